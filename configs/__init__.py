@@ -1,0 +1,1 @@
+"""Config files: each has get_config(arg)."""

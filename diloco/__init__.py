@@ -1,0 +1,1 @@
+"""Resilient, low-communication pre-training of language models in JAX."""

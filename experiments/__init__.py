@@ -1,0 +1,1 @@
+"""Absl mains: `python -m experiments.<name> --config=configs/<file>.py --workdir=DIR`."""
