@@ -1,0 +1,293 @@
+"""Outer-gradient codecs: fp32, bf16, int8 and fp4 E3M0, with exact wire byte counts.
+
+Everything here is host-side numpy, vectorised over values. A payload is the exact byte string that
+would go on the wire: little-endian, per-block float32 scales first (int8, fp4), then the values.
+
+Codecs and their per-element error bounds (``error_bound`` computes them; x is the input after the cast
+to float32, s the scale of the value's block):
+
+- ``fp32``: raw float32, exact.
+- ``bf16``: round to nearest, ties to even, on bfloat16 (8 significant bits):
+  |x̂ - x| <= 2^-8·|x| (or half the subnormal spacing, 2^-134). A value whose rounding overflows
+  bfloat16 raises ValueError.
+- ``int8``: per block, s = max|x|/127 and q = round(x/s) in [-127, 127] (computed as
+  x·(127/max|x|)): |x̂ - x| <= s/2.
+- ``fp4`` (E3M0: 1 sign bit, 3 exponent bits, no mantissa): per block, s = max|x|; code 0 is zero and
+  code k in 1..7 is the magnitude s·2^(k-7), i.e. {0, s/64, s/32, s/16, s/8, s/4, s/2, s}. A value is
+  rounded to the nearest magnitude *in log space* (|x| between s·2^(j-1) and s·2^j goes to the one whose
+  exponent is nearer to log2|x|, the boundary being the geometric mean s·2^(j-1/2)); |x| < s·2^-6.5
+  becomes zero. So |x̂ - x| <= (√2 - 1)·|x| for values kept, and |x̂ - x| = |x| < s·2^-6.5 for values
+  dropped. Two values per byte: value 2i in the low nibble, value 2i+1 in the high nibble, each nibble
+  ``sign << 3 | code``; an odd count is padded with a zero nibble.
+
+The last block of an array whose size is not a multiple of ``block`` is simply shorter; its scale covers
+only the values it holds. For int8 and fp4, a block whose max|x| is below 2^-100 decodes as zeros (this
+keeps scales and reciprocals normal floats), and ``error_bound`` adds 2^-21·max|x| of the block for
+float32 rounding of scales and products.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+CODECS = ("fp32", "bf16", "int8", "fp4")
+DEFAULT_BLOCK = 256
+
+_SCALE_BYTES = 4
+_F32 = np.dtype("<f4")
+_U16 = np.dtype("<u2")
+# Blocks whose max|x| is below this decode as zeros (int8, fp4): keeps scales and codes normal floats.
+_TINY = np.float32(2.0**-100)
+# The smallest |x| whose bfloat16 rounding is Inf: bf16 max (0x7F7F) plus half an ulp, a tie to odd.
+_BF16_OVERFLOW = np.uint32(0x7F7F8000).view(np.float32)
+# Nibble -> signed magnitude in units of the block scale (code 0 is zero whatever the sign bit).
+_FP4_LUT = np.array(
+    [0.0] + [2.0 ** (k - 7) for k in range(1, 8)] + [-0.0] + [-(2.0 ** (k - 7)) for k in range(1, 8)],
+    dtype=np.float32,
+)
+# Byte -> its two values (low nibble first), float32 [256, 2].
+_FP4_PAIRS = np.stack([_FP4_LUT[np.arange(256) & 15], _FP4_LUT[np.arange(256) >> 4]], axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """One encoded tensor: codec, original shape, wire bytes (scales included), block size."""
+
+    codec: str
+    shape: tuple[int, ...]
+    payload: bytes
+    block: int
+
+    def __post_init__(self):
+        _check_codec(self.codec, self.block)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload)
+
+    @property
+    def num_values(self) -> int:
+        return math.prod(self.shape)
+
+
+def _check_codec(codec: str, block: int) -> None:
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
+    if not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block must be a positive integer, got {block!r}")
+
+
+def _num_blocks(num_values: int, block: int) -> int:
+    return -(-num_values // block)
+
+
+def encoded_nbytes(codec: str, num_values: int, block: int = DEFAULT_BLOCK) -> int:
+    """Exact payload size of ``encode`` for ``num_values`` values (equals ``encode(...).nbytes``)."""
+    _check_codec(codec, block)
+    if num_values < 0:
+        raise ValueError(f"num_values must be >= 0, got {num_values}")
+    if codec == "fp32":
+        return 4 * num_values
+    if codec == "bf16":
+        return 2 * num_values
+    scales = _SCALE_BYTES * _num_blocks(num_values, block)
+    if codec == "int8":
+        return scales + num_values
+    return scales + (num_values + 1) // 2
+
+
+def _as_f32(x: np.ndarray) -> np.ndarray:
+    """Flat float32 view (or copy) of ``x``; ValueError for dtypes that are not real numbers."""
+    x = np.asarray(x)
+    # 'V' admits ml_dtypes floats (bfloat16 from jax); a structured dtype fails the cast below.
+    if x.dtype.kind not in "fiuV":
+        raise ValueError(f"can only encode real numbers, got dtype {x.dtype}")
+    try:
+        with np.errstate(over="ignore"):  # overflow to Inf is reported as non-finite below
+            x_N = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"cannot cast dtype {x.dtype} to float32 for encoding") from err
+    return x_N
+
+
+def _check_finite(amax: np.ndarray, x_N: np.ndarray) -> None:
+    """ValueError if ``amax`` (max|x| of x_N or of its blocks; NaN propagates) is not all finite."""
+    if amax.size and not np.isfinite(amax).all():
+        bad = int(np.count_nonzero(~np.isfinite(x_N)))
+        raise ValueError(f"cannot encode non-finite values: {bad} of {x_N.size} are NaN or Inf "
+                         "(after the cast to float32)")
+
+
+def _amax(x_N: np.ndarray) -> np.ndarray:
+    """max|x| as a float32 array of 0 or 1 element, without a temporary the size of x."""
+    if not x_N.size:
+        return np.zeros(0, np.float32)
+    return np.maximum(x_N.max(keepdims=True), -x_N.min(keepdims=True))
+
+
+def _blocks(x_N: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Splits into a (nb, block) view of the whole blocks and the short tail (or None)."""
+    whole = (x_N.size // block) * block
+    tail = x_N[whole:] if whole < x_N.size else None
+    return x_N[:whole].reshape(-1, block), tail
+
+
+def _block_amax(x_N: np.ndarray, block: int) -> np.ndarray:
+    """max|x| of every block (the last may be short), float32 [num_blocks]."""
+    x_BxK, tail = _blocks(x_N, block)
+    amax = np.empty(_num_blocks(x_N.size, block), np.float32)
+    if x_BxK.size:
+        np.maximum(x_BxK.max(axis=1), -x_BxK.min(axis=1), out=amax[: x_BxK.shape[0]])
+    if tail is not None:
+        amax[-1] = np.abs(tail).max()
+    return amax
+
+
+def _blockwise(op: np.ufunc, src_N: np.ndarray, scale: np.ndarray, block: int,
+               out_N: np.ndarray) -> None:
+    """``out = op(src, scale of the value's block)`` over the whole blocks and the short tail."""
+    s_BxK, s_tail = _blocks(src_N, block)
+    o_BxK, o_tail = _blocks(out_N, block)
+    nb = s_BxK.shape[0]
+    if nb:
+        op(s_BxK, scale[:nb, None], out=o_BxK)
+    if s_tail is not None:
+        op(s_tail, scale[-1], out=o_tail)
+
+
+def _bf16_bits(x_N: np.ndarray, amax: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even bfloat16 bit patterns, uint16 [n]."""
+    if amax.size and amax[0] >= _BF16_OVERFLOW:
+        raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} rounds to Inf")
+    u = x_N.view(np.uint32)
+    t = u >> 16
+    t &= 1
+    t += 0x7FFF  # half an ulp, plus one when the kept part is odd: ties go to even
+    t += u
+    t >>= 16
+    return t.astype(_U16)
+
+
+def _usable_scale(amax: np.ndarray) -> np.ndarray:
+    """amax with blocks below ``_TINY`` flushed to zero (their values decode as 0)."""
+    return np.where(amax >= _TINY, amax, np.float32(0))
+
+
+def _int8_codes(x_N: np.ndarray, amax: np.ndarray, block: int) -> np.ndarray:
+    """round(x/s) with s = amax/127, int8 [n]."""
+    q = np.empty_like(x_N)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    _blockwise(np.multiply, x_N, inv, block, q)
+    np.rint(q, out=q)  # |x·127/amax| <= 127 up to an ulp, so no clip is needed
+    return q.astype(np.int8)
+
+
+def _fp4_nibbles(x_N: np.ndarray, amax: np.ndarray, block: int) -> np.ndarray:
+    """sign << 3 | code of every value, uint8 [n].
+
+    Log-space rounding of r = |x|/s to 2^round(log2 r) is floor(log2(√2·r)), the unbiased exponent
+    field of the float32 √2·r; so one multiply by √2/s and a shift give the code (exponent + 7).
+    """
+    r = np.abs(x_N)
+    inv = np.divide(np.float32(math.sqrt(2)), amax, out=np.zeros_like(amax), where=amax > 0)
+    _blockwise(np.multiply, r, inv, block, r)  # √2·|x|/s in [0, √2]
+    code = (r.view(np.uint32) >> 23).astype(np.uint8)  # biased exponent, at most 127
+    np.maximum(code, 127 - 7, out=code)  # √2·r < 2^-6, i.e. |x| < s·2^-6.5 -> code 0
+    code -= 127 - 7
+    code |= (x_N.view(np.uint32) >> 31).astype(np.uint8) << 3
+    return code
+
+
+def encode(x: np.ndarray, codec: str, block: int = DEFAULT_BLOCK) -> Encoded:
+    """Encodes an array (cast to float32) with ``codec``; ValueError on NaN/Inf."""
+    _check_codec(codec, block)
+    shape = tuple(int(d) for d in np.shape(x))
+    x_N = _as_f32(x)
+    n = x_N.size
+    if codec in ("fp32", "bf16"):
+        amax = _amax(x_N)
+        _check_finite(amax, x_N)
+        bits = x_N.astype(_F32, copy=False) if codec == "fp32" else _bf16_bits(x_N, amax)
+        return Encoded(codec, shape, bits.tobytes(), block)
+    amax = _block_amax(x_N, block)
+    _check_finite(amax, x_N)
+    amax = _usable_scale(amax)
+    nb = amax.size
+    out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
+    out[: _SCALE_BYTES * nb].view(_F32)[:] = amax / np.float32(127) if codec == "int8" else amax
+    body = out[_SCALE_BYTES * nb:]
+    if codec == "int8":
+        body.view(np.int8)[:] = _int8_codes(x_N, amax, block)
+    elif n:
+        nib = _fp4_nibbles(x_N, amax, block)
+        np.bitwise_or(nib[0: n - 1: 2], nib[1::2] << 4, out=body[: n // 2])
+        if n % 2:
+            body[-1] = nib[-1]
+    return Encoded(codec, shape, out.tobytes(), block)
+
+
+def decode(e: Encoded) -> np.ndarray:
+    """Decodes to a new, writable float32 array of the original shape; ValueError on a bad length."""
+    n = e.num_values
+    expected = encoded_nbytes(e.codec, n, e.block)
+    if e.nbytes != expected:
+        raise ValueError(f"corrupt payload: {e.nbytes} bytes, but {e.codec} with {n} values and "
+                         f"block {e.block} takes {expected}")
+    buf = np.frombuffer(e.payload, np.uint8)
+    if e.codec == "fp32":
+        return buf.view(_F32).astype(np.float32).reshape(e.shape)
+    if e.codec == "bf16":
+        return (buf.view(_U16).astype(np.uint32) << 16).view(np.float32).reshape(e.shape)
+    nb = _num_blocks(n, e.block)
+    scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
+    body = buf[_SCALE_BYTES * nb:]
+    if e.codec == "int8":
+        x_N = body.view(np.int8).astype(np.float32)
+    else:
+        x_N = np.take(_FP4_PAIRS, body, axis=0).reshape(-1)[:n]
+    _blockwise(np.multiply, x_N, scale, e.block, x_N)
+    return x_N.reshape(e.shape)
+
+
+def error_bound(codec: str, x: np.ndarray, block: int = DEFAULT_BLOCK) -> np.ndarray:
+    """Per-element bound on |decode(encode(x)) - x| (float64, shape of x), float rounding included.
+
+    For int8 and fp4 a block whose max|x| is below 2^-100 is flushed to zero, so its bound is 2^-100.
+    """
+    _check_codec(codec, block)
+    x_N = _as_f32(x)
+    a = np.abs(x_N).astype(np.float64)
+    if codec == "fp32":
+        bound = np.zeros_like(a)
+    elif codec == "bf16":
+        bound = np.maximum(a * 2.0**-8, 2.0**-134)
+    else:
+        amax = _block_amax(x_N, block).astype(np.float64)
+        s = np.repeat(amax, block)[: a.size]
+        slack = s * 2.0**-21  # float32 rounding of the scale, the reciprocal and the products
+        if codec == "int8":
+            bound = s / 254 + slack
+        else:
+            bound = np.maximum((math.sqrt(2) - 1) * a, s * 2.0**-6.5) + slack
+        bound = np.where(s < _TINY, _TINY, bound)
+    return bound.reshape(np.shape(x))
+
+
+def encode_tree(arrays: Mapping[str, np.ndarray], codec: str,
+                block: int = DEFAULT_BLOCK) -> dict[str, Encoded]:
+    """Encodes every array of a path-keyed flat dict."""
+    return {path: encode(x, codec, block) for path, x in arrays.items()}
+
+
+def decode_tree(encoded: Mapping[str, Encoded]) -> dict[str, np.ndarray]:
+    """Decodes every entry of a path-keyed dict of ``Encoded``."""
+    return {path: decode(e) for path, e in encoded.items()}
+
+
+def tree_nbytes(encoded: Mapping[str, Encoded]) -> int:
+    """Total wire bytes of a path-keyed dict of ``Encoded``."""
+    return sum(e.nbytes for e in encoded.values())
