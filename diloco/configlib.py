@@ -1,0 +1,58 @@
+"""Helpers for config files: parsing 'key=value,flag' arguments and model size presets."""
+
+from typing import Any
+
+import ml_collections
+
+MODEL_SIZES: dict[str, dict[str, Any]] = {
+    # ~29k parameters: unit tests.
+    "tiny": dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, max_len=64),
+    # ~0.8M parameters: the default demo on a 2-core CPU.
+    "small": dict(d_model=128, num_layers=4, num_heads=4, d_ff=384, max_len=512),
+    # ~27M parameters: real runs on accelerators.
+    "base": dict(d_model=512, num_layers=8, num_heads=8, d_ff=1536, max_len=2048),
+}
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """Parses 'a=1,b=x,flag' into a ConfigDict typed like `defaults`; bare words set True.
+
+  Unknown keys fail, so a typo in a variant is caught as early as a typo in an override.
+  """
+  out = ml_collections.ConfigDict(dict(defaults))
+  if not arg:
+    return out
+  for token in arg.split(","):
+    token = token.strip()
+    if not token:
+      continue
+    key, _, raw = token.partition("=")
+    if key not in defaults:
+      raise ValueError(f"unknown config variant {key!r}; known: {sorted(defaults)}")
+    default = defaults[key]
+    if not _:
+      if not isinstance(default, bool):
+        raise ValueError(f"variant {key!r} needs a value ({key}=...)")
+      out[key] = True
+      continue
+    out[key] = _convert(key, raw, default)
+  return out
+
+
+def _convert(key: str, raw: str, default: Any) -> Any:
+  if isinstance(default, bool):
+    if raw.lower() not in ("true", "false", "1", "0"):
+      raise ValueError(f"variant {key}={raw!r} is not a boolean")
+    return raw.lower() in ("true", "1")
+  try:
+    return type(default)(raw)
+  except ValueError as e:
+    raise ValueError(f"variant {key}={raw!r} is not a {type(default).__name__}") from e
+
+
+def model_config(size: str) -> ml_collections.ConfigDict:
+  if size not in MODEL_SIZES:
+    raise ValueError(f"unknown model size {size!r}; known: {sorted(MODEL_SIZES)}")
+  base = dict(vocab_size=256, mlp="swiglu", tied_embeddings=True, attention="einsum",
+              rope_base=10_000.0, dtype="float32")
+  return ml_collections.ConfigDict({**base, **MODEL_SIZES[size]})

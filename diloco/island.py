@@ -1,0 +1,64 @@
+"""One island: its mesh, data shard and compiled step, built from a config."""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+
+from diloco import checkpoint, data as data_lib, sharding
+from diloco import step as step_lib
+from diloco.models import transformer
+
+
+@dataclasses.dataclass
+class Island:
+  """Everything one learner needs to take inner steps."""
+
+  fns: step_lib.StepFns
+  data: Any  # diloco.data.Datasets
+  model_cfg: transformer.ModelConfig
+  seed: int
+  param_count: int
+  flops_per_token: float
+
+  def init_state(self) -> step_lib.TrainState:
+    return self.fns.init(jax.random.key(self.seed))
+
+  def abstract_state(self) -> step_lib.TrainState:
+    shapes = jax.eval_shape(self.fns.init, jax.random.key(self.seed))
+    return checkpoint.abstract_like(shapes, self.fns.state_shardings)
+
+  def restore_or_init(self, ckpt: checkpoint.Checkpointer) -> tuple[step_lib.TrainState, int]:
+    """The newest checkpoint (state and data position) if there is one, else a fresh state."""
+    if ckpt.latest_step() is None:
+      return self.init_state(), 0
+    step, state = ckpt.restore(self.abstract_state(), self.data.train_iter)
+    return state, step
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> transformer.ModelConfig:
+  """The model's config, with the vocabulary the tokenizer actually has."""
+  return transformer.ModelConfig(**{**config.model.to_dict(), "vocab_size": vocab_size})
+
+
+def optimizer_config(config: ml_collections.ConfigDict) -> step_lib.OptimizerConfig:
+  return step_lib.OptimizerConfig(**config.optimizer.to_dict())
+
+
+def build_island(config: ml_collections.ConfigDict, devices: Sequence[jax.Device],
+                 shard_index: int = 0, num_shards: int = 1, seed_offset: int = 0) -> Island:
+  """Mesh over `devices`, this shard's data, and the jitted step functions."""
+  mesh = sharding.make_island_mesh(devices, config.mesh.data, config.mesh.fsdp)
+  data = data_lib.build_datasets(
+      config.data, seed=config.seed + seed_offset, global_batch_size=config.batch_size,
+      seq_len=config.seq_len, shard_index=shard_index, num_shards=num_shards)
+  model_cfg = model_config(config, data.vocab_size)
+  if config.seq_len > model_cfg.max_len:
+    raise ValueError(f"seq_len={config.seq_len} exceeds model.max_len={model_cfg.max_len}")
+  fns = step_lib.build_step_fns(model_cfg, optimizer_config(config), mesh)
+  shapes = jax.eval_shape(fns.init, jax.random.key(0))
+  return Island(fns=fns, data=data, model_cfg=model_cfg, seed=config.seed,
+                param_count=transformer.param_count(shapes.params),
+                flops_per_token=transformer.flops_per_token(model_cfg, config.seq_len))

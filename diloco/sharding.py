@@ -1,0 +1,85 @@
+"""Island meshes and partition rules for parameters, optimizer state and batches.
+
+An island is a 2-D mesh ('data', 'fsdp'). Batches are split over both axes; each weight matrix is
+split over 'fsdp' along the dimension named in the rules below (ZeRO-3 style), and replicated over
+'data'. Optimizer moments follow the parameters they belong to, because rules match path suffixes.
+"""
+
+import re
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA, FSDP = "data", "fsdp"
+BATCH_AXES = (DATA, FSDP)
+
+# (regex on the '/'-joined leaf path, spec). The first match wins; unmatched leaves are replicated.
+PARAM_RULES: tuple[tuple[str, P], ...] = (
+    (r"embed/embedding$", P(FSDP, None)),  # [V, D]
+    (r"attn/qkv$", P(FSDP, None, None, None)),  # [D, 3, H, Dh]
+    (r"attn/out$", P(None, None, FSDP)),  # [H, Dh, D]
+    (r"mlp/wi$", P(FSDP)),  # [D, F] or [D, 2, F]
+    (r"mlp/wo$", P(None, FSDP)),  # [F, D]
+    (r"unembed/kernel$", P(FSDP, None)),  # [D, V]
+)
+
+
+def make_island_mesh(devices: Sequence[jax.Device], data: int = -1, fsdp: int = 1) -> Mesh:
+  """A ('data', 'fsdp') mesh over exactly these devices; -1 takes what is left."""
+  n = len(devices)
+  if data == -1 and fsdp == -1:
+    raise ValueError("at most one of mesh.data and mesh.fsdp may be -1")
+  if data == -1:
+    data = n // fsdp if fsdp > 0 else 0
+  if fsdp == -1:
+    fsdp = n // data if data > 0 else 0
+  if data <= 0 or fsdp <= 0 or data * fsdp != n:
+    raise ValueError(f"mesh data={data} x fsdp={fsdp} does not tile {n} devices")
+  auto = (jax.sharding.AxisType.Auto,) * 2  # the compiler propagates shardings inside the step
+  return jax.make_mesh((data, fsdp), (DATA, FSDP), axis_types=auto, devices=list(devices))
+
+
+def path_str(path) -> str:
+  """'/'-joined key path of a pytree leaf: blocks/0/attn/qkv."""
+  parts = []
+  for k in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
+  """The partition spec of one leaf; a dimension that does not divide falls back to replicated."""
+  for pattern, spec in PARAM_RULES:
+    if re.search(pattern, path) and len(shape) >= len(spec):
+      size = dict(mesh.shape)
+      for dim, axis in zip(shape, spec):
+        if axis is not None and dim % size[axis]:
+          raise ValueError(
+              f"{path} has shape {shape}: dimension {dim} is not divisible by mesh axis"
+              f" {axis!r} of size {size[axis]}; change the model or mesh.fsdp")
+      return spec
+  return P()
+
+
+def tree_shardings(tree, mesh: Mesh):
+  """NamedShardings for a params-like tree (params, optimizer state, abstract state)."""
+  def one(path, leaf):
+    shape = tuple(np.shape(leaf))
+    return NamedSharding(mesh, spec_for(path_str(path), shape, mesh))
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Batches [B, L] are split along B over every device of the island."""
+  return NamedSharding(mesh, P(BATCH_AXES, None))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())

@@ -1,0 +1,133 @@
+"""The pure inner step: (state, batch) -> (state, metrics), jitted over one island's mesh."""
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from diloco import sharding
+from diloco.models import transformer
+
+Params = dict[str, Any]
+
+
+class TrainState(NamedTuple):
+  step: jax.Array  # int32 scalar: inner steps taken
+  params: Params  # pure dict, see models/transformer.py
+  opt_state: optax.OptState
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """Inner optimizer: AdamW (or SGD) with linear warmup, cosine decay and global-norm clipping."""
+
+  name: str = "adamw"
+  lr: float = 3e-3
+  warmup_steps: int = 50
+  decay_steps: int = 1000  # cosine from lr to lr * min_lr_ratio over these steps, after warmup
+  min_lr_ratio: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.95
+  weight_decay: float = 0.1
+  clip_norm: float = 1.0  # 0 disables clipping
+
+
+def lr_schedule(cfg: OptimizerConfig) -> optax.Schedule:
+  if cfg.warmup_steps == 0 and cfg.decay_steps == 0:
+    return optax.constant_schedule(cfg.lr)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
+      warmup_steps=cfg.warmup_steps, decay_steps=cfg.warmup_steps + max(cfg.decay_steps, 1),
+      end_value=cfg.lr * cfg.min_lr_ratio)
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+  """The inner optimizer; weight decay skips vectors (norm scales)."""
+  schedule = lr_schedule(cfg)
+  if cfg.name == "adamw":
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
+    opt = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
+                      mask=decay_mask)
+  elif cfg.name == "sgd":
+    opt = optax.sgd(schedule)
+  else:
+    raise ValueError(f"unknown inner optimizer {cfg.name!r}; expected 'adamw' or 'sgd'")
+  if cfg.clip_norm > 0:
+    opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
+  return opt
+
+
+def cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
+  """Mean next-token cross entropy in nats."""
+  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
+  nll_BxL = -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
+  return jnp.mean(nll_BxL)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFns:
+  """Compiled step functions and the shardings they were built with, for one island."""
+
+  graphdef: nnx.GraphDef
+  mesh: Mesh
+  state_shardings: TrainState
+  init: Any  # (rng) -> TrainState
+  train: Any  # (TrainState, batch) -> (TrainState, metrics)
+  eval: Any  # (params, batch) -> loss
+  lr: optax.Schedule
+
+
+def abstract_state(model_cfg: transformer.ModelConfig, tx) -> tuple[nnx.GraphDef, TrainState]:
+  """Graphdef and shapes of the train state, without allocating it."""
+  def build():
+    model = transformer.Transformer(model_cfg, nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(model))
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: transformer.Transformer(model_cfg, nnx.Rngs(0))))
+  return graphdef, jax.eval_shape(build)
+
+
+def build_step_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig,
+                   mesh: Mesh) -> StepFns:
+  """Jits init, train and eval steps with explicit shardings over `mesh` and donation."""
+  tx = make_optimizer(opt_cfg)
+  schedule = lr_schedule(opt_cfg)
+  graphdef, shapes = abstract_state(model_cfg, tx)
+  state_sh = TrainState(*(sharding.tree_shardings(x, mesh) for x in shapes))
+  batch_sh = {"inputs_BxL": sharding.batch_sharding(mesh),
+              "targets_BxL": sharding.batch_sharding(mesh)}
+  rep = sharding.replicated(mesh)
+
+  def init(rng: jax.Array) -> TrainState:
+    model = transformer.Transformer(model_cfg, nnx.Rngs(params=rng))
+    params = nnx.to_pure_dict(nnx.state(model))
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+  def loss_fn(params, batch):
+    model = nnx.merge(graphdef, params)
+    return cross_entropy(model(batch["inputs_BxL"]), batch["targets_BxL"])
+
+  def train(state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return StepFns(
+      graphdef=graphdef, mesh=mesh, state_shardings=state_sh,
+      init=jax.jit(init, in_shardings=rep, out_shardings=state_sh),
+      train=jax.jit(train, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep),
+                    donate_argnums=0),
+      eval=jax.jit(loss_fn, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
+      lr=schedule)
+
+
+def put_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
+  """This process's slice of a global batch -> a global array sharded over the island."""
+  sh = sharding.batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sh, v) for k, v in batch.items()}
