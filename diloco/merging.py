@@ -1,0 +1,165 @@
+"""Merging the outer gradients of several learners: token weights, weighted mean, RDA.
+
+Host-side numpy, float32 accumulation. Tensors are processed in chunks of ``CHUNK`` values so that the
+accumulator and one temporary stay in cache: each learner's delta is read once per pass and the result
+written once, with no temporaries the size of a tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from diloco import fragments
+
+RULES = ("mean", "rda")
+CHUNK = 1 << 17  # values per chunk: 512 KiB of float32
+
+# Coefficients outside [2^-100, 2^100] are applied as two float32 factors (no overflow or underflow).
+_SAFE = 2.0**100
+# Below this float32 sum of squares, squares of small elements may have underflowed: redo in float64.
+_SUMSQ_TINY = 2.0**-100
+
+
+def token_weights(tokens: Sequence[float], steps: Sequence[float]) -> np.ndarray:
+    """w_m = c_tokens·(c_tokens/c_steps), "quantity times quality"; float64 [M].
+
+    A learner with zero steps (nothing done since it last received the fragment) gets weight 0; zero
+    steps with tokens > 0 is inconsistent and raises ValueError.
+    """
+    t = np.asarray(tokens, np.float64)
+    s = np.asarray(steps, np.float64)
+    if t.ndim != 1 or t.shape != s.shape:
+        raise ValueError(f"tokens and steps must be 1-D of equal length, got {t.shape} and {s.shape}")
+    if not (np.isfinite(t).all() and np.isfinite(s).all()) or (t < 0).any() or (s < 0).any():
+        raise ValueError(f"tokens and steps must be finite and >= 0, got {t.tolist()} and {s.tolist()}")
+    if ((s == 0) & (t > 0)).any():
+        raise ValueError(f"a learner reports tokens but zero steps: tokens={t.tolist()}, steps={s.tolist()}")
+    return np.divide(t * t, s, out=np.zeros_like(t), where=s > 0)
+
+
+def equal_weights(n: int) -> np.ndarray:
+    """1/n for each of n learners; float64 [n]."""
+    if n < 1:
+        raise ValueError(f"need at least one learner, got n={n}")
+    return np.full(n, 1.0 / n)
+
+
+def _normalised(weights: Sequence[float], n: int) -> np.ndarray:
+    w = np.asarray(weights, np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"need {n} weights (one per delta), got shape {w.shape}")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError(f"weights must be finite and >= 0, got {w.tolist()}")
+    total = w.sum()
+    if total <= 0:
+        raise ValueError("all weights are zero: nothing to merge")
+    return w / total
+
+
+def _flat_f32(deltas: Sequence[np.ndarray]) -> tuple[tuple[int, ...], list[np.ndarray]]:
+    """Common shape and flat float32 views (copies only for other dtypes or non-contiguous inputs)."""
+    if not deltas:
+        raise ValueError("need at least one delta to merge")
+    shape = tuple(np.shape(deltas[0]))
+    flats = []
+    for m, d in enumerate(deltas):
+        if tuple(np.shape(d)) != shape:
+            raise ValueError(f"delta {m} has shape {tuple(np.shape(d))}, delta 0 has {shape}")
+        flats.append(np.ascontiguousarray(d, dtype=np.float32).reshape(-1))
+    return shape, flats
+
+
+def _factors(c: float) -> tuple[np.float32, ...]:
+    """``c`` as one float32, or two whose product is c when c alone would over/underflow."""
+    if c == 0 or 1 / _SAFE <= abs(c) <= _SAFE:
+        return (np.float32(c),)
+    root = math.sqrt(abs(c))
+    return (np.float32(math.copysign(root, c)), np.float32(root))
+
+
+def _sumsq(x_N: np.ndarray) -> float:
+    """Σx² with float32 chunk dots summed in float64; float64 throughout when that is unsafe."""
+    total = 0.0
+    with np.errstate(over="ignore", under="ignore"):  # both are caught below
+        for c0 in range(0, x_N.size, CHUNK):
+            chunk = x_N[c0: c0 + CHUNK]
+            total += float(np.dot(chunk, chunk))
+    if not math.isfinite(total) or total < _SUMSQ_TINY:
+        x64 = x_N.astype(np.float64)
+        total = float(np.dot(x64, x64))
+    return total
+
+
+def _combine(terms: list[tuple[np.ndarray, float]], out_N: np.ndarray) -> None:
+    """out = Σ c·x over ``terms``, chunk by chunk, in float32."""
+    tmp = np.empty(min(CHUNK, out_N.size), np.float32)
+    plans = [(x, _factors(c)) for x, c in terms]
+    for c0 in range(0, out_N.size, CHUNK):
+        acc = out_N[c0: c0 + CHUNK]
+        t = tmp[: acc.size]
+        for i, (x, factors) in enumerate(plans):
+            dst = acc if i == 0 else t
+            np.multiply(x[c0: c0 + CHUNK], factors[0], out=dst)
+            for f in factors[1:]:
+                dst *= f
+            if i:
+                acc += t
+
+
+def weighted_mean(deltas: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """Σ w_m Δ_m / Σ w_m, float32, shape of the deltas; zero-weight deltas are skipped."""
+    shape, flats = _flat_f32(deltas)
+    w = _normalised(weights, len(flats))
+    out = np.empty(math.prod(shape), np.float32)
+    _combine([(x, wm) for x, wm in zip(flats, w) if wm > 0], out)
+    return out.reshape(shape)
+
+
+def rda(deltas: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """Radial-directional averaging of one tensor; float32, shape of the deltas.
+
+    norm = Σ w‖Δ‖ / Σ w; direction = normalize(Σ w·Δ/‖Δ‖) with normalize(0) = 0; result norm·direction.
+    A zero delta adds 0 to the norm's numerator (its weight stays in the denominator) and nothing to
+    the direction. Directions are summed as w·(‖Δ‖max/‖Δ‖)·Δ, the same direction at the scale of the
+    largest delta, so tiny deltas do not overflow float32.
+    """
+    shape, flats = _flat_f32(deltas)
+    w = _normalised(weights, len(flats))
+    norms = [math.sqrt(_sumsq(x)) if wm > 0 else 0.0 for x, wm in zip(flats, w)]
+    target = float(np.dot(w, norms))
+    out = np.zeros(math.prod(shape), np.float32)
+    if target == 0:
+        return out.reshape(shape)
+    ref = max(norms)
+    _combine([(x, wm * (ref / n)) for x, wm, n in zip(flats, w, norms) if wm > 0 and n > 0], out)
+    length = math.sqrt(_sumsq(out))
+    if length == 0:  # the unit directions cancel exactly
+        return np.zeros(shape, np.float32)
+    for f in _factors(target / length):
+        out *= f
+    return out.reshape(shape)
+
+
+def merge_fragment(deltas: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
+                   rule: str = "rda",
+                   is_embedding: Callable[[str], bool] = fragments.is_embedding) -> dict[str, np.ndarray]:
+    """Merges path-keyed outer gradients leaf by leaf; embedding leaves always by weighted mean."""
+    if rule not in RULES:
+        raise ValueError(f"unknown merge rule {rule!r}; expected one of {RULES}")
+    if not deltas:
+        raise ValueError("need at least one learner's deltas to merge")
+    paths = sorted(deltas[0])
+    for m, d in enumerate(deltas[1:], start=1):
+        if sorted(d) != paths:
+            missing, extra = sorted(set(paths) - set(d)), sorted(set(d) - set(paths))
+            raise ValueError(f"learner {m}'s fragment differs from learner 0's: missing {missing[:5]}, "
+                             f"extra {extra[:5]}")
+    w = _normalised(weights, len(deltas))
+    merged = {}
+    for path in paths:
+        merge = weighted_mean if rule == "mean" or is_embedding(path) else rda
+        merged[path] = merge([d[path] for d in deltas], w)
+    return merged
