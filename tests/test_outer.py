@@ -1,0 +1,123 @@
+"""Outer optimizers against hand-computed steps and the Delayed Nesterov formula."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from diloco import outer
+
+LR, BETA = 0.7, 0.9
+
+
+def _run(tx, theta0: float, grads) -> list[float]:
+    """θ after each outer gradient, for a one-leaf path-keyed dict."""
+    params = {"blocks/0/w": np.array([theta0], np.float32)}
+    state = tx.init(params)
+    out = []
+    for g in grads:
+        updates, state = tx.update({"blocks/0/w": np.array([g], np.float32)}, state, params)
+        params = optax.apply_updates(params, updates)
+        out.append(float(params["blocks/0/w"][0]))
+    return out
+
+
+def _delayed_reference(theta, grads, lr, beta, n, c):
+    """DESIGN.md 3.4 written out in plain floats."""
+    m = acc = 0.0
+    out = []
+    for t, g in enumerate(grads, start=1):
+        acc += g
+        if t % n == 0:
+            m = beta * m + acc / n
+            theta -= lr * ((1 - c * n + c) * beta * m + g / n)
+            acc = 0.0
+        else:
+            theta -= lr * (c * beta * m + g / n)
+        out.append(theta)
+    return out
+
+
+def test_nesterov_steps_by_hand():
+    # Step 1: m = 0.5, θ = 1 − 0.7·(0.5 + 0.9·0.5) = 0.335.
+    # Step 2: m = 0.5 + 0.9·0.5 = 0.95, θ = 0.335 − 0.7·(0.5 + 0.9·0.95) = −0.6135.
+    np.testing.assert_allclose(_run(outer.nesterov(LR, BETA), 1.0, [0.5, 0.5]), [0.335, -0.6135], rtol=1e-6)
+
+
+def test_zero_momentum_is_plain_sgd():
+    np.testing.assert_allclose(_run(outer.nesterov(LR, 0.0), 1.0, [0.5, 0.5]), [0.65, 0.3], rtol=1e-6)
+    np.testing.assert_allclose(_run(outer.make_outer("sgd"), 1.0, [0.25]), [0.75], rtol=1e-6)
+
+
+@pytest.mark.parametrize("c,want", [
+    # N=2, grads 1, 2, 3, 4 from θ=0, worked by hand:
+    # c=0:   −0.35, −0.35 − 0.7·(0.9·1.5 + 1) = −1.995, −1.995 − 0.7·1.5 = −3.045,
+    #        m = 0.9·1.5 + 7/2 = 4.85: −3.045 − 0.7·(0.9·4.85 + 2) = −7.5005.
+    (0.0, [-0.35, -1.995, -3.045, -7.5005]),
+    # c=0.5: 1 − cN + c = 0.5: −0.35, −0.35 − 0.7·(0.5·0.9·1.5 + 1) = −1.5225,
+    #        −1.5225 − 0.7·(0.5·0.9·1.5 + 1.5) = −3.045, −3.045 − 0.7·(0.5·0.9·4.85 + 2) = −5.97275.
+    (0.5, [-0.35, -1.5225, -3.045, -5.97275]),
+])
+def test_delayed_nesterov_by_hand(c, want):
+    got = _run(outer.delayed_nesterov(LR, BETA, period=2, c=c), 0.0, [1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(_delayed_reference(0.0, [1.0, 2.0, 3.0, 4.0], LR, BETA, 2, c), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("n,c", [(2, 0.0), (2, 0.5), (3, 0.25), (4, 1.0)])
+def test_delayed_nesterov_matches_formula_step_by_step(n, c):
+    grads = list(np.random.default_rng(n).standard_normal(11))
+    got = _run(outer.delayed_nesterov(LR, BETA, n, c), 0.3, grads)
+    np.testing.assert_allclose(got, _delayed_reference(0.3, grads, LR, BETA, n, c), rtol=1e-5, atol=1e-6)
+
+
+def test_delayed_nesterov_period_one_is_nesterov():
+    grads = list(np.random.default_rng(0).standard_normal(7))
+    np.testing.assert_allclose(_run(outer.delayed_nesterov(LR, BETA, 1), 0.0, grads),
+                               _run(outer.nesterov(LR, BETA), 0.0, grads), rtol=1e-5, atol=1e-6)
+
+
+def test_four_identical_gradients_overshoot_vs_delayed():
+    # Nesterov one at a time: ε(4 + 4β + 3β² + 2β³ + β⁴)g = 0.7·12.1441 = 8.50087.
+    # Delayed, N=4, c=0: three SGD steps of εg/4, then m = g: ε(g/4 + βg), total ε(1 + β)g = 1.33.
+    nest = _run(outer.nesterov(LR, BETA), 0.0, [1.0] * 4)[-1]
+    assert nest == pytest.approx(-LR * (4 + 4 * BETA + 3 * BETA**2 + 2 * BETA**3 + BETA**4), rel=1e-6)
+    assert nest == pytest.approx(-8.50087, rel=1e-6)
+    delayed = _run(outer.delayed_nesterov(LR, BETA, 4), 0.0, [1.0] * 4)[-1]
+    assert delayed == pytest.approx(-1.33, rel=1e-6)
+
+
+def test_delayed_nesterov_on_a_tree_and_under_jit():
+    tx = outer.make_outer("delayed_nesterov", lr=LR, momentum=BETA, period=2, c=0.5)
+    params = {"a/w": np.ones((2, 3), np.float32), "b/scale": np.zeros(3, np.float32)}
+    g = {"a/w": np.full((2, 3), 0.5, np.float32), "b/scale": np.ones(3, np.float32)}
+    state = tx.init(params)
+    jit_update = jax.jit(tx.update)
+    s_eager, s_jit = state, state
+    for _ in range(3):
+        u_eager, s_eager = tx.update(g, s_eager)
+        u_jit, s_jit = jit_update(g, s_jit)
+        for k in params:
+            np.testing.assert_allclose(u_jit[k], u_eager[k], rtol=1e-6)
+            assert u_eager[k].dtype == np.float32 and u_eager[k].shape == params[k].shape
+    # Three identical gradients g, N=2, c=0.5: −ε·[g/2, 0.5β(g) + g/2, 0.5β(g) + g/2] in total.
+    want = -LR * (0.5 + 2 * (0.5 * BETA + 0.5))
+    theta = _run(tx, 0.0, [1.0] * 3)[-1]
+    assert theta == pytest.approx(want, rel=1e-6)
+    assert int(s_eager.count) == 3
+
+
+def test_make_outer_and_errors():
+    assert _run(outer.make_outer("nesterov"), 1.0, [0.5]) == pytest.approx([0.335])
+    with pytest.raises(ValueError, match="unknown outer optimizer"):
+        outer.make_outer("adam")
+    with pytest.raises(ValueError, match="bad arguments"):
+        outer.make_outer("nesterov", period=3)
+    with pytest.raises(ValueError, match="learning rate"):
+        outer.nesterov(lr=0.0)
+    with pytest.raises(ValueError, match="momentum"):
+        outer.nesterov(momentum=1.0)
+    with pytest.raises(ValueError, match="period"):
+        outer.delayed_nesterov(LR, BETA, 0)
+    with pytest.raises(ValueError, match="c must"):
+        outer.delayed_nesterov(LR, BETA, 2, c=1.5)
