@@ -1,4 +1,4 @@
-"""Preparing the Shakespeare cache: member selection, hashes, atomic writes, corrupt caches, offline."""
+"""Preparing the Shakespeare cache: member selection, hashes, atomic writes, corruption, offline."""
 
 import hashlib
 import io
@@ -23,7 +23,8 @@ def work_text(name: str, lines: int) -> bytes:
                  for i in range(lines)).encode()
 
 
-FAKE_WORKS = {n: work_text(n, 20 + 7 * i) for i, n in enumerate(TRAIN_WORKS + shakespeare.VALIDATION_PLAYS)}
+FAKE_WORKS = {n: work_text(n, 20 + 7 * i)
+              for i, n in enumerate(TRAIN_WORKS + shakespeare.VALIDATION_PLAYS)}
 DECOYS = {
     f"{TOP}/shksprdata/texts/hamlet_gut_f.txt": b"folio spelling, not wanted",
     f"{TOP}/shksprdata/texts/metadata.txt": b"metadata, not wanted",

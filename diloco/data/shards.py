@@ -9,8 +9,8 @@ def balanced_assignment(sizes: Sequence[int], num_shards: int) -> list[list[int]
   """Splits document indices into num_shards groups of near-equal total size.
 
   Greedy longest-first: documents in decreasing size (ties by index) each go to the shard with the
-  smallest total so far (ties by shard index). Each group is returned in increasing index order, so the
-  result depends only on the sizes. With positive sizes every shard gets at least one document.
+  smallest total so far (ties by shard index). Each group is returned in increasing index order, so
+  the result depends only on the sizes. With positive sizes every shard gets at least one document.
   """
   if num_shards < 1:
     raise ValueError(f"num_shards must be >= 1, got {num_shards}")

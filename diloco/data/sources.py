@@ -1,8 +1,9 @@
-"""Token corpora and grain random-access sources over them: packed sequences, text files, ArrayRecord.
+"""Token corpora and grain random-access sources: packed sequences, text files, ArrayRecord.
 
 ArrayRecord shard format (what `write_array_record` writes and `read_array_record_docs` reads): one
 record per document, holding that document's token ids as little-endian int32
-(`np.asarray(ids, '<i4').tobytes()`), written with `group_size:1` so grain can read records at random.
+(`np.asarray(ids, '<i4').tobytes()`), written with `group_size:1` so grain can read records at
+random.
 Documents are concatenated as they are, with no separator token added between them.
 """
 
@@ -37,7 +38,8 @@ class TokenCorpus:
     starts = self.starts
     if (len(starts) != len(self.names) + 1 or starts[0] != 0 or starts[-1] != len(self.tokens)
         or any(a > b for a, b in zip(starts, starts[1:]))):
-      raise ValueError(f"document starts {starts[:5]}... do not partition {len(self.tokens)} tokens")
+      raise ValueError(f"document starts {starts[:5]}... do not partition "
+                       f"{len(self.tokens)} tokens")
     if len(self.doc_bytes) != len(self.names):
       raise ValueError(f"{len(self.doc_bytes)} byte counts for {len(self.names)} documents")
 
@@ -49,7 +51,8 @@ class TokenCorpus:
       raise ValueError(f"{len(names)} names for {len(docs)} documents")
     starts = np.concatenate([[0], np.cumsum([len(d) for d in docs], dtype=np.int64)])
     tokens = np.concatenate(docs) if docs else np.zeros(0, np.uint8)
-    return cls(tokens, tuple(names), tuple(int(s) for s in starts), tuple(int(b) for b in doc_bytes))
+    return cls(tokens, tuple(names), tuple(int(s) for s in starts),
+               tuple(int(b) for b in doc_bytes))
 
   @property
   def num_bytes(self) -> int:

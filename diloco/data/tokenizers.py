@@ -1,4 +1,4 @@
-"""Tokenizers: raw bytes (the default, vocabulary 256) and SentencePiece trained on the training split.
+"""Tokenizers: raw bytes (the default, vocabulary 256) and SentencePiece trained on the train split.
 
 Bits per byte from a mean loss in nats per token: bpb = loss / ln 2 / bytes_per_token, where
 bytes_per_token = (bytes of text) / (tokens it encodes to), measured on the evaluation text.
