@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping
 
+import ml_dtypes  # installed with jax
 import numpy as np
 
 CODECS = ("fp32", "bf16", "int8", "fp4")
@@ -49,8 +51,16 @@ _FP4_LUT = np.array(
     [0.0] + [2.0 ** (k - 7) for k in range(1, 8)] + [-0.0] + [-(2.0 ** (k - 7)) for k in range(1, 8)],
     dtype=np.float32,
 )
-# Byte -> its two values (low nibble first), float32 [256, 2].
-_FP4_PAIRS = np.stack([_FP4_LUT[np.arange(256) & 15], _FP4_LUT[np.arange(256) >> 4]], axis=1)
+# Top 16 bits of the float32 √2·x/s -> nibble: sign << 3 | clip(biased exponent - 120, 0, 7), uint8
+# [65536]. A biased exponent of at most 120 means |x| < s·2^-6.5: code 0 (zero).
+_TOP16 = np.arange(1 << 16, dtype=np.uint32)
+_FP4_NIBBLE_OF_TOP16 = ((np.clip((_TOP16 >> 7) & 0xFF, 120, 127) - 120) | ((_TOP16 >> 15) << 3)
+                        ).astype(np.uint8)
+_FP4_HIGH_NIBBLE_OF_TOP16 = _FP4_NIBBLE_OF_TOP16 << 4
+del _TOP16
+# Byte -> its two values (low nibble first) as one 8-byte word, so a gather yields float32 pairs.
+_FP4_PAIRS = np.stack([_FP4_LUT[np.arange(256) & 15], _FP4_LUT[np.arange(256) >> 4]], axis=1
+                      ).view(np.uint64).reshape(256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +74,9 @@ class Encoded:
 
     def __post_init__(self):
         _check_codec(self.codec, self.block)
+        if not isinstance(self.shape, tuple) or any(
+                not isinstance(d, (int, np.integer)) or d < 0 for d in self.shape):
+            raise ValueError(f"shape must be a tuple of non-negative ints, got {self.shape!r}")
 
     @property
     def nbytes(self) -> int:
@@ -160,16 +173,10 @@ def _blockwise(op: np.ufunc, src_N: np.ndarray, scale: np.ndarray, block: int,
 
 
 def _bf16_bits(x_N: np.ndarray, amax: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even bfloat16 bit patterns, uint16 [n]."""
+    """Round-to-nearest-even bfloat16 bit patterns (ml_dtypes' cast), little-endian uint16 [n]."""
     if amax.size and amax[0] >= _BF16_OVERFLOW:
         raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} rounds to Inf")
-    u = x_N.view(np.uint32)
-    t = u >> 16
-    t &= 1
-    t += 0x7FFF  # half an ulp, plus one when the kept part is odd: ties go to even
-    t += u
-    t >>= 16
-    return t.astype(_U16)
+    return x_N.astype(ml_dtypes.bfloat16).view(np.uint16).astype(_U16, copy=False)
 
 
 def _usable_scale(amax: np.ndarray) -> np.ndarray:
@@ -186,20 +193,19 @@ def _int8_codes(x_N: np.ndarray, amax: np.ndarray, block: int) -> np.ndarray:
     return q.astype(np.int8)
 
 
-def _fp4_nibbles(x_N: np.ndarray, amax: np.ndarray, block: int) -> np.ndarray:
-    """sign << 3 | code of every value, uint8 [n].
+def _fp4_pack(x_N: np.ndarray, amax: np.ndarray, block: int, out: np.ndarray) -> None:
+    """Writes the packed nibbles (sign << 3 | code), two per byte, into ``out`` uint8 [(n + 1) // 2].
 
-    Log-space rounding of r = |x|/s to 2^round(log2 r) is floor(log2(√2·r)), the unbiased exponent
-    field of the float32 √2·r; so one multiply by √2/s and a shift give the code (exponent + 7).
+    Log-space rounding of r = |x|/s to 2^round(log2 r) is 2^floor(log2(√2·r)): the exponent field of
+    the float32 √2·r. So y = x·(√2/s) is computed once, and the top 16 bits of y (sign, exponent, 7
+    mantissa bits) index tables of low and high nibbles.
     """
-    r = np.abs(x_N)
+    y = np.empty_like(x_N)
     inv = np.divide(np.float32(math.sqrt(2)), amax, out=np.zeros_like(amax), where=amax > 0)
-    _blockwise(np.multiply, r, inv, block, r)  # √2·|x|/s in [0, √2]
-    code = (r.view(np.uint32) >> 23).astype(np.uint8)  # biased exponent, at most 127
-    np.maximum(code, 127 - 7, out=code)  # √2·r < 2^-6, i.e. |x| < s·2^-6.5 -> code 0
-    code -= 127 - 7
-    code |= (x_N.view(np.uint32) >> 31).astype(np.uint8) << 3
-    return code
+    _blockwise(np.multiply, x_N, inv, block, y)  # |y| in [0, √2]
+    top16 = y.view(np.uint16)[1::2] if sys.byteorder == "little" else y.view(np.uint16)[0::2]
+    np.take(_FP4_NIBBLE_OF_TOP16, top16[0::2], out=out, mode="clip")  # indices are all in range
+    out[: x_N.size // 2] |= np.take(_FP4_HIGH_NIBBLE_OF_TOP16, top16[1::2], mode="clip")
 
 
 def encode(x: np.ndarray, codec: str, block: int = DEFAULT_BLOCK) -> Encoded:
@@ -223,10 +229,7 @@ def encode(x: np.ndarray, codec: str, block: int = DEFAULT_BLOCK) -> Encoded:
     if codec == "int8":
         body.view(np.int8)[:] = _int8_codes(x_N, amax, block)
     elif n:
-        nib = _fp4_nibbles(x_N, amax, block)
-        np.bitwise_or(nib[0: n - 1: 2], nib[1::2] << 4, out=body[: n // 2])
-        if n % 2:
-            body[-1] = nib[-1]
+        _fp4_pack(x_N, amax, block, body)
     return Encoded(codec, shape, out.tobytes(), block)
 
 
@@ -241,14 +244,15 @@ def decode(e: Encoded) -> np.ndarray:
     if e.codec == "fp32":
         return buf.view(_F32).astype(np.float32).reshape(e.shape)
     if e.codec == "bf16":
-        return (buf.view(_U16).astype(np.uint32) << 16).view(np.float32).reshape(e.shape)
+        bits = buf.view(_U16).astype(np.uint16, copy=False)
+        return bits.view(ml_dtypes.bfloat16).astype(np.float32).reshape(e.shape)
     nb = _num_blocks(n, e.block)
     scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
     body = buf[_SCALE_BYTES * nb:]
     if e.codec == "int8":
         x_N = body.view(np.int8).astype(np.float32)
     else:
-        x_N = np.take(_FP4_PAIRS, body, axis=0).reshape(-1)[:n]
+        x_N = _FP4_PAIRS[body].view(np.float32)[:n]
     _blockwise(np.multiply, x_N, scale, e.block, x_N)
     return x_N.reshape(e.shape)
 

@@ -53,11 +53,24 @@ def test_fp32_exact():
     np.testing.assert_array_equal(C.decode(C.encode(x, "fp32")), x)
 
 
-def test_bf16_exact_on_bf16_values_and_matches_ml_dtypes_rounding():
+def _bf16_reference(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even on the float32 bits: add half an ulp (plus 1 if the kept part is odd)."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    kept = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return (kept << 16).astype(np.uint32).view(np.float32)
+
+
+def test_bf16_matches_bitwise_round_to_nearest_even():
     x = _wide_range(4097, seed=1)
-    as_bf16 = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    x[:3] = [1e-40, -3e-39, 2.0**-133]  # float32 subnormals
+    np.testing.assert_array_equal(C.decode(C.encode(x, "bf16")), _bf16_reference(x))
+
+
+def test_bf16_exact_on_bf16_values():
+    as_bf16 = _bf16_reference(_wide_range(4097, seed=2))
     np.testing.assert_array_equal(C.decode(C.encode(as_bf16, "bf16")), as_bf16)
-    np.testing.assert_array_equal(C.decode(C.encode(x, "bf16")), as_bf16)  # RNE, same as ml_dtypes
+    from_jax_dtype = as_bf16.astype(ml_dtypes.bfloat16)  # a bfloat16 input is accepted as is
+    np.testing.assert_array_equal(C.decode(C.encode(from_jax_dtype, "bf16")), as_bf16)
 
 
 def test_bf16_ties_go_to_even():
@@ -193,6 +206,8 @@ def test_bad_arguments():
         C.encode(x, "int8", block=0)
     with pytest.raises(ValueError, match="real numbers"):
         C.encode(np.ones(3, np.complex64), "fp32")
+    with pytest.raises(ValueError, match="shape"):
+        C.Encoded("fp32", (-1, 2), b"", 4)
     e = C.encode(x, "fp4", block=2)
     with pytest.raises(ValueError, match="corrupt"):
         C.decode(C.Encoded("fp4", e.shape, e.payload[:-1], e.block))
