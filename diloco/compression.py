@@ -3,8 +3,8 @@
 Everything here is host-side numpy, vectorised over values. A payload is the exact byte string that
 would go on the wire: little-endian, per-block float32 scales first (int8, fp4), then the values.
 
-Codecs and their per-element error bounds (``error_bound`` computes them; x is the input after the cast
-to float32, s the scale of the value's block):
+Codecs and their per-element error bounds (``error_bound`` computes them; x is the input after the
+cast to float32, s the scale of the value's block):
 
 - ``fp32``: raw float32, exact.
 - ``bf16``: round to nearest, ties to even, on bfloat16 (8 significant bits):
@@ -12,18 +12,19 @@ to float32, s the scale of the value's block):
   bfloat16 raises ValueError.
 - ``int8``: per block, s = max|x|/127 and q = round(x/s) in [-127, 127] (computed as
   x·(127/max|x|)): |x̂ - x| <= s/2.
-- ``fp4`` (E3M0: 1 sign bit, 3 exponent bits, no mantissa): per block, s = max|x|; code 0 is zero and
-  code k in 1..7 is the magnitude s·2^(k-7), i.e. {0, s/64, s/32, s/16, s/8, s/4, s/2, s}. A value is
-  rounded to the nearest magnitude *in log space* (|x| between s·2^(j-1) and s·2^j goes to the one whose
-  exponent is nearer to log2|x|, the boundary being the geometric mean s·2^(j-1/2)); |x| < s·2^-6.5
-  becomes zero. So |x̂ - x| <= (√2 - 1)·|x| for values kept, and |x̂ - x| = |x| < s·2^-6.5 for values
-  dropped. Two values per byte: value 2i in the low nibble, value 2i+1 in the high nibble, each nibble
-  ``sign << 3 | code``; an odd count is padded with a zero nibble.
+- ``fp4`` (E3M0: 1 sign bit, 3 exponent bits, no mantissa): per block, s = max|x|; code 0 is zero
+  and code k in 1..7 is the magnitude s·2^(k-7), i.e. {0, s/64, s/32, s/16, s/8, s/4, s/2, s}. A
+  value is rounded to the nearest magnitude *in log space* (|x| between s·2^(j-1) and s·2^j goes to
+  the one whose exponent is nearer to log2|x|, the boundary being the geometric mean s·2^(j-1/2));
+  |x| < s·2^-6.5 becomes zero. So |x̂ - x| <= (√2 - 1)·|x| for values kept, and
+  |x̂ - x| = |x| < s·2^-6.5 for values dropped. Two values per byte: value 2i in the low nibble,
+  value 2i+1 in the high nibble, each nibble ``sign << 3 | code``; an odd count is padded with a
+  zero nibble.
 
-The last block of an array whose size is not a multiple of ``block`` is simply shorter; its scale covers
-only the values it holds. For int8 and fp4, a block whose max|x| is below 2^-100 decodes as zeros (this
-keeps scales and reciprocals normal floats), and ``error_bound`` adds 2^-21·max|x| of the block for
-float32 rounding of scales and products.
+The last block of an array whose size is not a multiple of ``block`` is simply shorter; its scale
+covers only the values it holds. For int8 and fp4, a block whose max|x| is below 2^-100 decodes as
+zeros (this keeps scales and reciprocals normal floats), and ``error_bound`` adds 2^-21·max|x| of
+the block for float32 rounding of scales and products.
 """
 
 from __future__ import annotations
@@ -42,15 +43,13 @@ DEFAULT_BLOCK = 256
 _SCALE_BYTES = 4
 _F32 = np.dtype("<f4")
 _U16 = np.dtype("<u2")
-# Blocks whose max|x| is below this decode as zeros (int8, fp4): keeps scales and codes normal floats.
+# Blocks whose max|x| is below this decode as zeros (int8, fp4): scales and codes stay normal.
 _TINY = np.float32(2.0**-100)
 # The smallest |x| whose bfloat16 rounding is Inf: bf16 max (0x7F7F) plus half an ulp, a tie to odd.
 _BF16_OVERFLOW = np.uint32(0x7F7F8000).view(np.float32)
 # Nibble -> signed magnitude in units of the block scale (code 0 is zero whatever the sign bit).
-_FP4_LUT = np.array(
-    [0.0] + [2.0 ** (k - 7) for k in range(1, 8)] + [-0.0] + [-(2.0 ** (k - 7)) for k in range(1, 8)],
-    dtype=np.float32,
-)
+_FP4_MAGNITUDES = [0.0] + [2.0 ** (k - 7) for k in range(1, 8)]
+_FP4_LUT = np.array(_FP4_MAGNITUDES + [-m for m in _FP4_MAGNITUDES], dtype=np.float32)
 # Top 16 bits of the float32 √2·x/s -> nibble: sign << 3 | clip(biased exponent - 120, 0, 7), uint8
 # [65536]. A biased exponent of at most 120 means |x| < s·2^-6.5: code 0 (zero).
 _TOP16 = np.arange(1 << 16, dtype=np.uint32)
@@ -99,7 +98,7 @@ def _num_blocks(num_values: int, block: int) -> int:
 
 
 def encoded_nbytes(codec: str, num_values: int, block: int = DEFAULT_BLOCK) -> int:
-    """Exact payload size of ``encode`` for ``num_values`` values (equals ``encode(...).nbytes``)."""
+    """Exact payload size of ``encode`` for ``num_values`` values (``encode(...).nbytes``)."""
     _check_codec(codec, block)
     if num_values < 0:
         raise ValueError(f"num_values must be >= 0, got {num_values}")
@@ -175,7 +174,8 @@ def _blockwise(op: np.ufunc, src_N: np.ndarray, scale: np.ndarray, block: int,
 def _bf16_bits(x_N: np.ndarray, amax: np.ndarray) -> np.ndarray:
     """Round-to-nearest-even bfloat16 bit patterns (ml_dtypes' cast), little-endian uint16 [n]."""
     if amax.size and amax[0] >= _BF16_OVERFLOW:
-        raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} rounds to Inf")
+        raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} "
+                         "rounds to Inf")
     return x_N.astype(ml_dtypes.bfloat16).view(np.uint16).astype(_U16, copy=False)
 
 
@@ -194,7 +194,7 @@ def _int8_codes(x_N: np.ndarray, amax: np.ndarray, block: int) -> np.ndarray:
 
 
 def _fp4_pack(x_N: np.ndarray, amax: np.ndarray, block: int, out: np.ndarray) -> None:
-    """Writes the packed nibbles (sign << 3 | code), two per byte, into ``out`` uint8 [(n + 1) // 2].
+    """Writes the nibbles (sign << 3 | code), two per byte, into ``out`` uint8 [(n + 1) // 2].
 
     Log-space rounding of r = |x|/s to 2^round(log2 r) is 2^floor(log2(√2·r)): the exponent field of
     the float32 √2·r. So y = x·(√2/s) is computed once, and the top 16 bits of y (sign, exponent, 7
@@ -234,7 +234,7 @@ def encode(x: np.ndarray, codec: str, block: int = DEFAULT_BLOCK) -> Encoded:
 
 
 def decode(e: Encoded) -> np.ndarray:
-    """Decodes to a new, writable float32 array of the original shape; ValueError on a bad length."""
+    """Decodes to a new, writable float32 array of the original shape; ValueError on bad length."""
     n = e.num_values
     expected = encoded_nbytes(e.codec, n, e.block)
     if e.nbytes != expected:
@@ -260,7 +260,7 @@ def decode(e: Encoded) -> np.ndarray:
 def error_bound(codec: str, x: np.ndarray, block: int = DEFAULT_BLOCK) -> np.ndarray:
     """Per-element bound on |decode(encode(x)) - x| (float64, shape of x), float rounding included.
 
-    For int8 and fp4 a block whose max|x| is below 2^-100 is flushed to zero, so its bound is 2^-100.
+    For int8 and fp4 a block whose max|x| is below 2^-100 is flushed to zero: its bound is 2^-100.
     """
     _check_codec(codec, block)
     x_N = _as_f32(x)

@@ -1,10 +1,10 @@
 """Cutting a params tree into P fragments, and the step at which each fragment syncs.
 
-A params tree is a nested dict of arrays (``nnx.State.to_pure_dict()``); transformer blocks sit under
-``'blocks'`` keyed by ints or digit strings. A leaf's path is its keys joined by '/', e.g.
+A params tree is a nested dict of arrays (``nnx.State.to_pure_dict()``); transformer blocks sit
+under ``'blocks'`` keyed by ints or digit strings. A leaf's path is its keys joined by '/', e.g.
 ``'blocks/3/attn/qkv/kernel'``. Learners and the synchronizer exchange path-keyed flat dicts; every
-function here accepts either form. Fragment ids are 0..P-1, and which leaf goes where depends only on
-the sorted path strings and the shapes and dtypes, never on dict insertion order.
+function here accepts either form. Fragment ids are 0..P-1, and which leaf goes where depends only
+on the sorted path strings and the shapes and dtypes, never on dict insertion order.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def is_flat(params: Params) -> bool:
 
 
 def flatten(params: Params) -> dict[str, Any]:
-    """Path-keyed flat dict of the leaves, in sorted path order; a flat dict is returned re-sorted."""
+    """Path-keyed flat dict of the leaves, sorted by path (a flat dict comes back re-sorted)."""
     if not isinstance(params, Mapping):
         raise ValueError(f"params must be a dict, got {type(params).__name__}")
     if is_flat(params):
@@ -76,7 +76,7 @@ def _check_same_paths(have: Sequence[str], want: Sequence[str], what: str) -> No
 
 
 def unflatten(flat: Mapping[str, Any], like: Params | None = None) -> Params:
-    """Nested dict from a flat one; with ``like``, its structure and key types (int or str) are kept.
+    """Nested dict from a flat one; with ``like``, its structure and key types (int/str) are kept.
 
     ``like`` that is itself flat gives a flat dict. Without ``like``, keys stay strings.
     """
@@ -97,8 +97,9 @@ def unflatten(flat: Mapping[str, Any], like: Params | None = None) -> Params:
     return _rebuild(like, "", flat, prefixes=None)
 
 
-def _rebuild(node: Mapping, prefix: str, flat: Mapping[str, Any], prefixes: set[str] | None) -> dict:
-    """Copy of ``node`` with leaves taken from ``flat``; subtrees outside ``prefixes`` are shared."""
+def _rebuild(node: Mapping, prefix: str, flat: Mapping[str, Any],
+             prefixes: set[str] | None) -> dict:
+    """Copy of ``node`` with leaves from ``flat``; subtrees outside ``prefixes`` are shared."""
     out = {}
     for key, value in node.items():
         path = prefix + _key_str(key)
@@ -120,7 +121,7 @@ def leaf_nbytes(x: Any) -> int:
 
 
 def is_embedding(path: str) -> bool:
-    """True for the token-embedding leaves (under 'embed'), which are always merged by plain mean."""
+    """True for the token-embedding leaves (under 'embed'), always merged by plain mean."""
     return path.split(SEP, 1)[0] == EMBED_KEY
 
 
@@ -170,7 +171,8 @@ class Fragmentation:
 
     def check(self, params: Params) -> None:
         """ValueError unless ``params`` has exactly this fragmentation's leaves."""
-        _check_same_paths(leaf_paths(params), self.all_paths, f"{self.kind} fragmentation vs params")
+        _check_same_paths(leaf_paths(params), self.all_paths,
+                          f"{self.kind} fragmentation vs params")
 
 
 def _check_p(num_fragments: int) -> None:
@@ -190,10 +192,10 @@ def strided(params: Params, num_fragments: int, *, blocks_key: str = "blocks",
             last: Sequence[str] = ("final_norm", "unembed")) -> Fragmentation:
     """Block i -> fragment i mod P (Streaming DiLoCo); ``first`` keys -> 0, ``last`` keys -> P-1.
 
-    Top-level keys are placed explicitly: the embedding goes with the first blocks and the final norm
-    and unembedding with the last, so no leaf lands anywhere by accident; any other top-level key is a
-    ValueError (pass it in ``first`` or ``last``). P must not exceed the number of blocks (a fragment
-    would hold no block); P=1 puts everything in fragment 0.
+    Top-level keys are placed explicitly: the embedding goes with the first blocks and the final
+    norm and unembedding with the last, so no leaf lands anywhere by accident; any other top-level
+    key is a ValueError (pass it in ``first`` or ``last``). P must not exceed the number of blocks
+    (a fragment would hold no block); P=1 puts everything in fragment 0.
     """
     _check_p(num_fragments)
     assign: dict[str, int] = {}
@@ -257,7 +259,7 @@ def extract(params: Params, frag: Fragmentation, p: int) -> dict[str, Any]:
 
 
 def insert(params: Params, frag: Fragmentation, p: int, values: Mapping[str, Any]) -> Params:
-    """New params (same form as ``params``) with fragment p replaced by ``values``; inputs untouched.
+    """New params (same form as ``params``) with fragment p set to ``values``; inputs untouched.
 
     ``values`` must hold exactly fragment p's paths, each with the shape and dtype it replaces.
     Subtrees that hold no leaf of fragment p are shared with ``params``, not copied.
@@ -269,7 +271,8 @@ def insert(params: Params, frag: Fragmentation, p: int, values: Mapping[str, Any
         if not hasattr(new, "shape") or not hasattr(new, "dtype"):
             raise ValueError(f"insert {path!r}: value is not an array ({type(new).__name__})")
         if tuple(new.shape) != tuple(old[path].shape):
-            raise ValueError(f"insert {path!r}: shape {tuple(new.shape)} != {tuple(old[path].shape)}")
+            raise ValueError(f"insert {path!r}: shape {tuple(new.shape)} != "
+                             f"{tuple(old[path].shape)}")
         if np.dtype(new.dtype) != np.dtype(old[path].dtype):
             raise ValueError(f"insert {path!r}: dtype {np.dtype(new.dtype)} != "
                              f"{np.dtype(old[path].dtype)}")
@@ -289,9 +292,9 @@ class Schedule:
     """When each fragment syncs: fragment p at inner steps t >= 1 with (t - t_p) mod H == 0.
 
     Step t counts completed inner steps (t = 1 after the first), so with P=1 fragment 0 syncs at
-    H, 2H, ...; fragment p's offset is t_p = p·H // P, and its first sync comes after t_p steps (or H
-    when t_p = 0). Every fragment syncs exactly once in any H consecutive steps; with P > H several
-    fragments share a step.
+    H, 2H, ...; fragment p's offset is t_p = p·H // P, and its first sync comes after t_p steps
+    (or H when t_p = 0). Every fragment syncs exactly once in any H consecutive steps; with P > H
+    several fragments share a step.
     """
 
     num_fragments: int

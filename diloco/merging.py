@@ -1,8 +1,8 @@
 """Merging the outer gradients of several learners: token weights, weighted mean, RDA.
 
-Host-side numpy, float32 accumulation. Tensors are processed in chunks of ``CHUNK`` values so that the
-accumulator and one temporary stay in cache: each learner's delta is read once per pass and the result
-written once, with no temporaries the size of a tensor.
+Host-side numpy, float32 accumulation. Tensors are processed in chunks of ``CHUNK`` values so that
+the accumulator and one temporary stay in cache: each learner's delta is read once per pass and the
+result written once, with no temporaries the size of a tensor.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from diloco import fragments
 RULES = ("mean", "rda")
 CHUNK = 1 << 17  # values per chunk: 512 KiB of float32
 
-# Coefficients outside [2^-100, 2^100] are applied as two float32 factors (no overflow or underflow).
+# Coefficients outside [2^-100, 2^100] are applied as two float32 factors (no over/underflow).
 _SAFE = 2.0**100
-# Below this float32 sum of squares, squares of small elements may have underflowed: redo in float64.
+# Below this float32 sum of squares, small elements' squares may have underflowed: use float64.
 _SUMSQ_TINY = 2.0**-100
 
 
@@ -32,11 +32,14 @@ def token_weights(tokens: Sequence[float], steps: Sequence[float]) -> np.ndarray
     t = np.asarray(tokens, np.float64)
     s = np.asarray(steps, np.float64)
     if t.ndim != 1 or t.shape != s.shape:
-        raise ValueError(f"tokens and steps must be 1-D of equal length, got {t.shape} and {s.shape}")
+        raise ValueError(f"tokens and steps must be 1-D of equal length, got {t.shape} and "
+                         f"{s.shape}")
     if not (np.isfinite(t).all() and np.isfinite(s).all()) or (t < 0).any() or (s < 0).any():
-        raise ValueError(f"tokens and steps must be finite and >= 0, got {t.tolist()} and {s.tolist()}")
+        raise ValueError(f"tokens and steps must be finite and >= 0, got {t.tolist()} and "
+                         f"{s.tolist()}")
     if ((s == 0) & (t > 0)).any():
-        raise ValueError(f"a learner reports tokens but zero steps: tokens={t.tolist()}, steps={s.tolist()}")
+        raise ValueError(f"a learner reports tokens but zero steps: tokens={t.tolist()}, "
+                         f"steps={s.tolist()}")
     return np.divide(t * t, s, out=np.zeros_like(t), where=s > 0)
 
 
@@ -60,7 +63,7 @@ def _normalised(weights: Sequence[float], n: int) -> np.ndarray:
 
 
 def _flat_f32(deltas: Sequence[np.ndarray]) -> tuple[tuple[int, ...], list[np.ndarray]]:
-    """Common shape and flat float32 views (copies only for other dtypes or non-contiguous inputs)."""
+    """Common shape and flat float32 views (copies only for other dtypes or non-contiguous)."""
     if not deltas:
         raise ValueError("need at least one delta to merge")
     shape = tuple(np.shape(deltas[0]))
@@ -121,7 +124,8 @@ def weighted_mean(deltas: Sequence[np.ndarray], weights: Sequence[float]) -> np.
 def rda(deltas: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     """Radial-directional averaging of one tensor; float32, shape of the deltas.
 
-    norm = Σ w‖Δ‖ / Σ w; direction = normalize(Σ w·Δ/‖Δ‖) with normalize(0) = 0; result norm·direction.
+    norm = Σ w‖Δ‖ / Σ w; direction = normalize(Σ w·Δ/‖Δ‖) with normalize(0) = 0; the result is
+    norm·direction.
     A zero delta adds 0 to the norm's numerator (its weight stays in the denominator) and nothing to
     the direction. Directions are summed as w·(‖Δ‖max/‖Δ‖)·Δ, the same direction at the scale of the
     largest delta, so tiny deltas do not overflow float32.
@@ -145,7 +149,8 @@ def rda(deltas: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
 
 def merge_fragment(deltas: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
                    rule: str = "rda",
-                   is_embedding: Callable[[str], bool] = fragments.is_embedding) -> dict[str, np.ndarray]:
+                   is_embedding: Callable[[str], bool] = fragments.is_embedding,
+                   ) -> dict[str, np.ndarray]:
     """Merges path-keyed outer gradients leaf by leaf; embedding leaves always by weighted mean."""
     if rule not in RULES:
         raise ValueError(f"unknown merge rule {rule!r}; expected one of {RULES}")
@@ -155,8 +160,8 @@ def merge_fragment(deltas: Sequence[Mapping[str, np.ndarray]], weights: Sequence
     for m, d in enumerate(deltas[1:], start=1):
         if sorted(d) != paths:
             missing, extra = sorted(set(paths) - set(d)), sorted(set(d) - set(paths))
-            raise ValueError(f"learner {m}'s fragment differs from learner 0's: missing {missing[:5]}, "
-                             f"extra {extra[:5]}")
+            raise ValueError(f"learner {m}'s fragment differs from learner 0's: missing "
+                             f"{missing[:5]}, extra {extra[:5]}")
     w = _normalised(weights, len(deltas))
     merged = {}
     for path in paths:

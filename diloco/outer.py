@@ -2,8 +2,8 @@
 
 The outer gradient is Δ = θ_global − θ_learner (a descent direction, like a gradient), so
 ``optax.apply_updates(θ, updates)`` gives the new global parameters. The synchronizer runs these on
-the host: pin them there with ``jax.default_device(jax.devices('cpu')[0])`` on a machine whose default
-device is an accelerator.
+the host: pin them there with ``jax.default_device(jax.devices('cpu')[0])`` on a machine whose
+default device is an accelerator.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class DelayedNesterovState(NamedTuple):
 
 def delayed_nesterov(lr: float, momentum: float, period: int,
                      c: float = 0.0) -> optax.GradientTransformation:
-    """Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135, Algorithm 3), one outer gradient per update.
+    """Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135, Algorithm 3): one outer gradient each.
 
     Δ ← Δ + g. Every ``period``-th update (N): m ← β·m + Δ/N, θ ← θ − ε·((1 − c·N + c)·β·m + g/N),
     Δ ← 0. Otherwise θ ← θ − ε·(c·β·m + g/N). With c = 0 the updates in between are SGD on g/N; with
@@ -80,7 +80,7 @@ def delayed_nesterov(lr: float, momentum: float, period: int,
 
 
 def make_outer(name: str, **kwargs: Any) -> optax.GradientTransformation:
-    """Outer optimizer by name: 'nesterov' | 'sgd' | 'delayed_nesterov', with its keyword arguments."""
+    """Outer optimizer by name: 'nesterov' | 'sgd' | 'delayed_nesterov', with its keywords."""
     makers = {"nesterov": nesterov, "sgd": sgd, "delayed_nesterov": delayed_nesterov}
     if name not in makers:
         raise ValueError(f"unknown outer optimizer {name!r}; expected one of {NAMES}")

@@ -3,8 +3,9 @@
   python scripts/bench_codecs.py [--mbytes=64] [--learners=8] [--repeats=5]
 
 One fragment is --mbytes of float32 outer gradient (normal values). Reference: np.copyto of the
-fragment into a preallocated buffer (reads and writes the fragment once). For each codec it prints
-encode and decode time as a multiple of that memcpy. For the merges of --learners deltas it prints the
+fragment into a preallocated buffer (reads and writes the fragment once), timed alternately with
+each measured operation so that both see the same machine load. For each codec it prints encode and
+decode time as a multiple of that memcpy. For the merges of --learners deltas it prints the
 effective bandwidth (bytes of deltas read plus result written, over the time) as a fraction of the
 memcpy's, and the speedup over the plain numpy expression sum(w·Δ). The last line is
 `mean_merge_bandwidth_vs_memcpy=X.XX`.
@@ -25,14 +26,16 @@ _LEARNERS = flags.DEFINE_integer("learners", 8, "Deltas merged.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per measurement; the best is reported.")
 
 
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Fastest of ``repeats`` runs, after one warm-up."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+def best_seconds(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Fastest of ``repeats`` runs of each function, run in turn, after one warm-up each."""
+    best = [float("inf")] * len(fns)
+    for fn in fns:
         fn()
-        best = min(best, time.perf_counter() - start)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
     return best
 
 
@@ -47,30 +50,35 @@ def main(argv):
     rng = np.random.default_rng(0)
     x_N = rng.standard_normal(n, dtype=np.float32)
     dst = np.empty_like(x_N)
-    memcpy = best_seconds(lambda: np.copyto(dst, x_N), reps)
-    print(f"fragment {x_N.nbytes / 2**20:.0f} MiB, memcpy {memcpy * 1e3:.2f} ms "
-          f"({2 * x_N.nbytes / memcpy / 1e9:.1f} GB/s read+write)")
+    copy = lambda: np.copyto(dst, x_N)  # noqa: E731
+    print(f"fragment {x_N.nbytes / 2**20:.0f} MiB of float32, {reps} timed runs each, best kept")
+    memcpy, t_bytes = best_seconds([copy, x_N.tobytes], reps)
+    print(f"x.tobytes() alone (a fresh bytes object, as every payload is): "
+          f"{t_bytes * 1e3:.2f} ms = {t_bytes / memcpy:.2f}x memcpy")
 
     for codec in compression.CODECS:
         enc = compression.encode(x_N, codec)
-        t_enc = best_seconds(lambda: compression.encode(x_N, codec), reps)
-        t_dec = best_seconds(lambda: compression.decode(enc), reps)
-        print(f"{codec:5s} wire {enc.nbytes / x_N.nbytes:.4f} of fp32  encode {t_enc * 1e3:7.2f} ms "
-              f"= {t_enc / memcpy:5.2f}x memcpy  decode {t_dec * 1e3:7.2f} ms = {t_dec / memcpy:5.2f}x memcpy")
+        memcpy, t_enc, t_dec = best_seconds(
+            [copy, lambda: compression.encode(x_N, codec), lambda: compression.decode(enc)], reps)
+        print(f"{codec:5s} wire {enc.nbytes / x_N.nbytes:.4f} of fp32  "
+              f"memcpy {memcpy * 1e3:5.2f} ms  "
+              f"encode {t_enc * 1e3:6.2f} ms = {t_enc / memcpy:5.2f}x  "
+              f"decode {t_dec * 1e3:6.2f} ms = {t_dec / memcpy:5.2f}x memcpy")
 
     m = _LEARNERS.value
     deltas = [rng.standard_normal(n, dtype=np.float32) for _ in range(m)]
     w = merging.equal_weights(m)
-    moved = (m + 1) * x_N.nbytes  # every delta read once, the result written once
+    memcpy, t_naive, t_mean, t_rda = best_seconds(
+        [copy, lambda: naive_mean(deltas, w), lambda: merging.weighted_mean(deltas, w),
+         lambda: merging.rda(deltas, w)], reps)
     memcpy_bw = 2 * x_N.nbytes / memcpy
-    t_naive = best_seconds(lambda: naive_mean(deltas, w), reps)
-    t_mean = best_seconds(lambda: merging.weighted_mean(deltas, w), reps)
-    t_rda = best_seconds(lambda: merging.rda(deltas, w), reps)
+    moved = (m + 1) * x_N.nbytes  # every delta read once, the result written once
+    print(f"memcpy {memcpy * 1e3:.2f} ms ({memcpy_bw / 1e9:.1f} GB/s read+write)")
     for name, t in (("naive sum(w*d)", t_naive), ("weighted_mean", t_mean), ("rda", t_rda)):
         print(f"merge {m} x {x_N.nbytes / 2**20:.0f} MiB {name:15s} {t * 1e3:8.2f} ms  "
-              f"bandwidth {moved / t / memcpy_bw:.2f} of memcpy  speedup over naive {t_naive / t:.2f}x")
+              f"bandwidth {moved / t / memcpy_bw:.2f} of memcpy  "
+              f"speedup over naive {t_naive / t:.2f}x")
     print(f"mean_merge_bandwidth_vs_memcpy={moved / t_mean / memcpy_bw:.2f}")
-
 
 if __name__ == "__main__":
     app.run(main)

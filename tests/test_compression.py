@@ -33,7 +33,7 @@ def test_error_bounds_are_the_documented_formulas():
     # rtol: the bounds add a float-rounding slack of 2^-21 times the block max.
     np.testing.assert_allclose(C.error_bound("int8", x, 4), s / 254, rtol=1e-3)
     fp4 = C.error_bound("fp4", x, 4)
-    np.testing.assert_allclose(fp4[:2], [(math.sqrt(2) - 1) * 1.0, (math.sqrt(2) - 1) * 0.5], rtol=1e-5)
+    np.testing.assert_allclose(fp4[:2], [(math.sqrt(2) - 1), (math.sqrt(2) - 1) * 0.5], rtol=1e-5)
     np.testing.assert_allclose(fp4[2:], 2.0**-6.5, rtol=1e-4)  # small values: the zero threshold
     np.testing.assert_allclose(C.error_bound("bf16", x, 4)[:3], np.abs(x[:3]) * 2.0**-8)
     assert (C.error_bound("fp32", x, 4) == 0).all()
@@ -54,7 +54,7 @@ def test_fp32_exact():
 
 
 def _bf16_reference(x: np.ndarray) -> np.ndarray:
-    """Round to nearest even on the float32 bits: add half an ulp (plus 1 if the kept part is odd)."""
+    """Round to nearest even on float32 bits: add half an ulp (plus 1 if the kept part is odd)."""
     u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
     kept = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     return (kept << 16).astype(np.uint32).view(np.float32)
@@ -182,7 +182,7 @@ def test_float64_overflowing_float32_rejected():
 
 def test_bf16_overflow_rejected():
     bf16_max = np.uint32(0x7F7F0000).view(np.float32)  # (2 - 2^-7)·2^127
-    tie = np.uint32(0x7F7F8000).view(np.float32)  # bf16 max + half an ulp: the tie goes to even, Inf
+    tie = np.uint32(0x7F7F8000).view(np.float32)  # bf16 max + half an ulp: tie to even, Inf
     below = np.uint32(0x7F7F7FFF).view(np.float32)
     with pytest.raises(ValueError, match="bfloat16"):
         C.encode(np.array([1.0, -tie], np.float32), "bf16")
@@ -220,4 +220,5 @@ def test_tree_helpers():
     dec = C.decode_tree(enc)
     assert dec.keys() == tree.keys()
     np.testing.assert_array_equal(dec["b/scale"], tree["b/scale"])
-    assert (np.abs(dec["a/kernel"] - tree["a/kernel"]) <= C.error_bound("fp4", tree["a/kernel"])).all()
+    err = np.abs(dec["a/kernel"] - tree["a/kernel"])
+    assert (err <= C.error_bound("fp4", tree["a/kernel"])).all()

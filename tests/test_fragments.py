@@ -83,7 +83,8 @@ def test_strided_by_hand():
     assert frag.fragment_of("blocks/5/attn_norm/scale") == 2
     assert frag.fragment_of("final_norm/scale") == 2
     assert frag.fragment_of("unembed/kernel") == 2
-    assert [len(g) for g in frag.paths] == [1 + 2 * BLOCK_LEAVES, 2 * BLOCK_LEAVES, 2 * BLOCK_LEAVES + 2]
+    two_blocks = 2 * BLOCK_LEAVES
+    assert [len(g) for g in frag.paths] == [1 + two_blocks, two_blocks, two_blocks + 2]
     block_bytes = 4 * (D + 3 * NH * DH * D + NH * DH * D + D + 8 * D * D)
     assert frag.nbytes(1, params) == 2 * block_bytes
     assert frag.nbytes(0, params) == 2 * block_bytes + 4 * V * D
@@ -208,7 +209,7 @@ def test_schedule_by_hand():
     assert s.syncs_at(0) == [] and s.syncs_at(1) == []
     assert s.syncs_at(4) == [1] and s.syncs_at(8) == [2] and s.syncs_at(12) == [0]
     assert s.syncs_at(16) == [1]
-    assert (s.next_sync(1, 0), s.next_sync(1, 3), s.next_sync(1, 4), s.next_sync(0, 0)) == (4, 4, 16, 12)
+    assert [s.next_sync(p, t) for p, t in [(1, 0), (1, 3), (1, 4), (0, 0)]] == [4, 4, 16, 12]
     crowded = F.Schedule(num_fragments=5, inner_steps=3)  # offsets 0, 0, 1, 1, 2
     assert crowded.syncs_at(3) == [0, 1] and crowded.syncs_at(4) == [2, 3]
 

@@ -12,7 +12,7 @@ R2 = math.sqrt(2)
 
 def test_token_weights_by_hand():
     # w = tokens·(tokens/steps): 100·10, 200·20; the idle learner gets 0.
-    np.testing.assert_array_equal(M.token_weights([100, 200, 0], [10, 10, 0]), [1000.0, 4000.0, 0.0])
+    np.testing.assert_array_equal(M.token_weights([100, 200, 0], [10, 10, 0]), [1000, 4000, 0])
     # Same tokens in fewer (larger) steps counts more: 300·100 vs 300·50.
     np.testing.assert_array_equal(M.token_weights([300, 300], [3, 6]), [30000.0, 15000.0])
 

@@ -41,11 +41,13 @@ def _delayed_reference(theta, grads, lr, beta, n, c):
 def test_nesterov_steps_by_hand():
     # Step 1: m = 0.5, θ = 1 − 0.7·(0.5 + 0.9·0.5) = 0.335.
     # Step 2: m = 0.5 + 0.9·0.5 = 0.95, θ = 0.335 − 0.7·(0.5 + 0.9·0.95) = −0.6135.
-    np.testing.assert_allclose(_run(outer.nesterov(LR, BETA), 1.0, [0.5, 0.5]), [0.335, -0.6135], rtol=1e-6)
+    got = _run(outer.nesterov(LR, BETA), 1.0, [0.5, 0.5])
+    np.testing.assert_allclose(got, [0.335, -0.6135], rtol=1e-6)
 
 
 def test_zero_momentum_is_plain_sgd():
-    np.testing.assert_allclose(_run(outer.nesterov(LR, 0.0), 1.0, [0.5, 0.5]), [0.65, 0.3], rtol=1e-6)
+    got = _run(outer.nesterov(LR, 0.0), 1.0, [0.5, 0.5])
+    np.testing.assert_allclose(got, [0.65, 0.3], rtol=1e-6)
     np.testing.assert_allclose(_run(outer.make_outer("sgd"), 1.0, [0.25]), [0.75], rtol=1e-6)
 
 
@@ -61,14 +63,16 @@ def test_zero_momentum_is_plain_sgd():
 def test_delayed_nesterov_by_hand(c, want):
     got = _run(outer.delayed_nesterov(LR, BETA, period=2, c=c), 0.0, [1.0, 2.0, 3.0, 4.0])
     np.testing.assert_allclose(got, want, rtol=1e-6)
-    np.testing.assert_allclose(_delayed_reference(0.0, [1.0, 2.0, 3.0, 4.0], LR, BETA, 2, c), want, rtol=1e-12)
+    reference = _delayed_reference(0.0, [1.0, 2.0, 3.0, 4.0], LR, BETA, 2, c)
+    np.testing.assert_allclose(reference, want, rtol=1e-12)
 
 
 @pytest.mark.parametrize("n,c", [(2, 0.0), (2, 0.5), (3, 0.25), (4, 1.0)])
 def test_delayed_nesterov_matches_formula_step_by_step(n, c):
     grads = list(np.random.default_rng(n).standard_normal(11))
     got = _run(outer.delayed_nesterov(LR, BETA, n, c), 0.3, grads)
-    np.testing.assert_allclose(got, _delayed_reference(0.3, grads, LR, BETA, n, c), rtol=1e-5, atol=1e-6)
+    want = _delayed_reference(0.3, grads, LR, BETA, n, c)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_delayed_nesterov_period_one_is_nesterov():
@@ -81,7 +85,8 @@ def test_four_identical_gradients_overshoot_vs_delayed():
     # Nesterov one at a time: ε(4 + 4β + 3β² + 2β³ + β⁴)g = 0.7·12.1441 = 8.50087.
     # Delayed, N=4, c=0: three SGD steps of εg/4, then m = g: ε(g/4 + βg), total ε(1 + β)g = 1.33.
     nest = _run(outer.nesterov(LR, BETA), 0.0, [1.0] * 4)[-1]
-    assert nest == pytest.approx(-LR * (4 + 4 * BETA + 3 * BETA**2 + 2 * BETA**3 + BETA**4), rel=1e-6)
+    overshoot = 4 + 4 * BETA + 3 * BETA**2 + 2 * BETA**3 + BETA**4
+    assert nest == pytest.approx(-LR * overshoot, rel=1e-6)
     assert nest == pytest.approx(-8.50087, rel=1e-6)
     delayed = _run(outer.delayed_nesterov(LR, BETA, 4), 0.0, [1.0] * 4)[-1]
     assert delayed == pytest.approx(-1.33, rel=1e-6)
