@@ -13,6 +13,7 @@ INSTALL_REQUIRES = [
     "ml-collections>=1.1.0",
     "absl-py>=2.5.1",
     "numpy>=2.4",
+    "ml-dtypes>=0.6",
     "tqdm>=4.70",
     "tensorboardX>=2.6.5",
     "sentencepiece>=0.2.1",

@@ -13,8 +13,8 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
 Any key can also be overridden on the command line, e.g. `--config.optimizer.lr=1e-3`; unknown keys
 fail (the config is locked).
 
-Expected (2-core CPU, small model, 600 steps of 32x128 bytes = 2.46M bytes): eval loss about
-1.55 nats, about 2.2 bits per byte, in about 3 minutes; see BENCHMARKS.md for measured figures.
+Expected (2-core CPU, small model, 300 steps of 32x128 bytes = 1.23M bytes): eval loss about
+1.9 nats, about 2.7 bits per byte, in about 2-3 minutes; BENCHMARKS.md has measured figures.
 """
 
 import ml_collections
@@ -34,10 +34,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.seq_len = 128
   c.batch_size = 32  # global, in sequences
-  c.steps = 600
+  c.steps = 300
+  c.stop_after_steps = 0  # >0: stop this invocation after N steps, as a preemption would
 
   c.optimizer = ml_collections.ConfigDict(dict(
-      name="adamw", lr=3e-3, warmup_steps=50, decay_steps=550, min_lr_ratio=0.1,
+      name="adamw", lr=1e-2, warmup_steps=20, decay_steps=280, min_lr_ratio=0.1,
       b1=0.9, b2=0.95, weight_decay=0.1, clip_norm=1.0))
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: the remaining devices

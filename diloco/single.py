@@ -49,7 +49,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
     return loss
 
-  for step in range(start + 1, config.steps + 1):
+  last = config.steps
+  if config.get("stop_after_steps", 0):
+    last = min(config.steps, start + config.stop_after_steps)
+  for step in range(start + 1, last + 1):
     batch = step_lib.put_batch(next(data.train_iter), fns.mesh)
     state, device_metrics = fns.train(state, batch)
     if pending is not None:
@@ -58,7 +61,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     pending = (step, device_metrics)
     bar.update(1)
     due_eval = step % config.eval_every == 0 or step == config.steps
-    due_ckpt = step % config.checkpoint_every == 0 or step == config.steps
+    due_ckpt = step % config.checkpoint_every == 0 or step == last
     if due_eval or due_ckpt:  # never save or evaluate a state that went non-finite
       loss = log(*pending)
       first_loss = loss if first_loss is None else first_loss
@@ -67,7 +70,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       eval_row = evaluation.evaluate(fns, state.params, data)
       writer.write({"step": step, "tokens": step * tokens_per_step, **eval_row})
     if due_ckpt:
-      ckpt.save(step, state, data.train_iter, force=step == config.steps)
+      ckpt.save(step, state, data.train_iter, force=step == last)
   if pending is not None:
     log(*pending)
   bar.close()
@@ -75,10 +78,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   writer.close()
 
   wall = time.perf_counter() - t_start
-  steady_tokens = (config.steps - steady_from) * tokens_per_step
+  steady_tokens = (last - steady_from) * tokens_per_step
   summary = {
-      "mode": config.mode, "runtime": "spmd", "steps": config.steps,
-      "tokens": config.steps * tokens_per_step, "resumed_from_step": start,
+      "mode": config.mode, "runtime": "spmd", "steps": last, "finished": last == config.steps,
+      "tokens": last * tokens_per_step, "resumed_from_step": start,
       "params": island.param_count, "flops_per_token": island.flops_per_token,
       "first_loss": first_loss, "wall_s": wall,
       "tokens_per_s": steady_tokens / max(time.perf_counter() - t_steady, 1e-9)

@@ -19,4 +19,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  flags.FLAGS.set_default("verbosity", -1)  # library INFO logs off unless -v 0 is passed
   app.run(main)

@@ -167,7 +167,7 @@ class Transformer(nnx.Module):
     x_BxLxD = self.final_norm(x_BxLxD)
     if cfg.tied_embeddings:
       table_VxD = self.embed.embedding[...].astype(cfg.dtype)
-      logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, table_VxD) * cfg.d_model**-0.5
+      logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, table_VxD)
     else:
       logits_BxLxV = self.unembed(x_BxLxD)
     return logits_BxLxV.astype(jnp.float32)

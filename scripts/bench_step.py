@@ -1,0 +1,95 @@
+"""Times the training step against a large matmul of the same dtype on the same devices.
+
+  python scripts/bench_step.py --model=small --batch=32 --seq=128
+
+Prints achieved FLOP/s of the step (model FLOPs per token x tokens / step time) and of an N x N x N
+`jnp.dot` whose rows are split over the island's devices, then the ratio as its last line:
+`step_vs_matmul=0.xx`. With --attention=both it times both attention implementations and reports
+the ratio of the faster one.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from diloco import configlib, sharding
+from diloco import step as step_lib
+from diloco.models import transformer
+
+_MODEL = flags.DEFINE_enum("model", "small", list(configlib.MODEL_SIZES), "Model size.")
+_BATCH = flags.DEFINE_integer("batch", 32, "Global batch (sequences).")
+_SEQ = flags.DEFINE_integer("seq", 128, "Sequence length.")
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (after 3 warm-up steps).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
+_ATTENTION = flags.DEFINE_enum("attention", "both", ["einsum", "dot_product_attention", "both"],
+                               "Attention implementation(s) to time.")
+_MATMUL_N = flags.DEFINE_integer("matmul_n", 0, "Matmul size N (0: 2048 on CPU, 8192 else).")
+
+
+def _best_time(fn, repeats: int) -> float:
+  """Median seconds per call after warm-up; fn must block until done."""
+  for _ in range(3):
+    fn()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))
+
+
+def step_flops_per_s(model_cfg, mesh) -> float:
+  opt = step_lib.OptimizerConfig(warmup_steps=0, decay_steps=0)
+  fns = step_lib.build_step_fns(model_cfg, opt, mesh)
+  state = [fns.init(jax.random.key(0))]
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 256, (_BATCH.value, _SEQ.value + 1)).astype(np.int32)
+  batch = step_lib.put_batch({"inputs_BxL": tokens[:, :-1], "targets_BxL": tokens[:, 1:]}, mesh)
+
+  def one():
+    state[0], m = fns.train(state[0], batch)
+    jax.block_until_ready(m["loss"])
+
+  seconds = _best_time(one, _STEPS.value)
+  flops = transformer.flops_per_token(model_cfg, _SEQ.value) * _BATCH.value * _SEQ.value
+  print(f"step[{model_cfg.attention}]: {seconds * 1e3:.2f} ms, {flops / seconds / 1e9:.2f} GFLOP/s,"
+        f" {_BATCH.value * _SEQ.value / seconds:,.0f} tokens/s")
+  return flops / seconds
+
+
+def matmul_flops_per_s(mesh, dtype) -> float:
+  n = _MATMUL_N.value or (2048 if jax.default_backend() == "cpu" else 8192)
+  rows = NamedSharding(mesh, P(sharding.BATCH_AXES, None))
+  a = jax.device_put(jnp.ones((n, n), dtype), rows)
+  b = jax.device_put(jnp.ones((n, n), dtype), NamedSharding(mesh, P()))
+  dot = jax.jit(jnp.dot, out_shardings=rows)
+  seconds = _best_time(lambda: jax.block_until_ready(dot(a, b)), 10)
+  print(f"matmul {n}x{n}x{n} {jnp.dtype(dtype).name}: {seconds * 1e3:.2f} ms,"
+        f" {2 * n**3 / seconds / 1e9:.2f} GFLOP/s")
+  return 2 * n**3 / seconds
+
+
+def main(argv):
+  del argv
+  devices = jax.devices()
+  mesh = sharding.make_island_mesh(devices, data=-1, fsdp=1)
+  print(f"devices: {len(devices)} x {devices[0].device_kind} ({jax.default_backend()}),"
+        f" model={_MODEL.value} batch={_BATCH.value} seq={_SEQ.value} dtype={_DTYPE.value}")
+  base = {**configlib.MODEL_SIZES[_MODEL.value], "max_len": max(_SEQ.value, 64),
+          "dtype": _DTYPE.value}
+  kinds = (["einsum", "dot_product_attention"] if _ATTENTION.value == "both"
+           else [_ATTENTION.value])
+  rates = {k: step_flops_per_s(transformer.ModelConfig(**base, attention=k), mesh) for k in kinds}
+  best = max(rates, key=rates.get)
+  peak = matmul_flops_per_s(mesh, jnp.dtype(_DTYPE.value))
+  if len(rates) > 1:
+    print(f"faster attention: {best} ({rates[best] / min(rates.values()):.2f}x)")
+  print(f"step_vs_matmul={rates[best] / peak:.2f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,100 @@
+"""End to end: the main, outputs, resume, config errors and the NaN guard."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import shakespeare
+from diloco import checkpoint, island as island_lib, metrics, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUMMARY_KEYS = {"mode", "steps", "tokens", "params", "flops_per_token", "eval_loss", "eval_bpb",
+                "wall_s", "tokens_per_s"}
+ROW_KEYS = {"step", "tokens", "loss", "lr", "tokens_per_s", "wall_s"}
+
+
+def _run_main(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_runlocal_through_the_main_writes_valid_outputs(tmp_path):
+  proc = _run_main("--config=configs/shakespeare.py:runlocal", f"--workdir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "eval_bpb" in proc.stdout and str(tmp_path) in proc.stdout
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert SUMMARY_KEYS <= set(summary)
+  assert summary["mode"] == "dp" and summary["steps"] == 40 and summary["tokens"] == 40 * 8 * 32
+  assert summary["eval_loss"] < summary["first_loss"]
+  assert summary["eval_bpb"] == pytest.approx(summary["eval_loss"] / np.log(2))
+  rows = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+  train_rows = [r for r in rows if "loss" in r]
+  eval_rows = [r for r in rows if "eval_loss" in r]
+  assert all(ROW_KEYS <= set(r) for r in train_rows)
+  assert [r["step"] for r in train_rows] == list(range(5, 41, 5))
+  assert [r["step"] for r in eval_rows] == [20, 40]
+  assert {"eval_loss", "eval_bpb"} <= set(eval_rows[-1])
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tb"))
+
+
+def test_unknown_override_key_fails_clearly(tmp_path):
+  proc = _run_main("--config=configs/shakespeare.py:runlocal", f"--workdir={tmp_path}",
+                   "--config.optimizer.lrr=0.1")
+  assert proc.returncode != 0
+  assert "Did you mean \"lr\" instead of \"lrr\"" in proc.stderr.replace("\\", "")
+  assert not (tmp_path / "summary.json").exists()
+
+
+def test_unknown_variant_fails_clearly():
+  with pytest.raises(ValueError, match="unknown config variant 'modle'"):
+    shakespeare.get_config("modle=tiny")
+  with pytest.raises(ValueError, match="not a int"):
+    shakespeare.get_config("steps=many")
+  config = shakespeare.get_config("runlocal")
+  with pytest.raises(AttributeError, match="lrr"):
+    config.optimizer.lrr = 0.1
+
+
+def _final_params(config, workdir):
+  isl = island_lib.build_island(config, jax.devices())
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint_every)
+  step, state = ckpt.restore(isl.abstract_state())
+  ckpt.close()
+  return step, jax.device_get(state.params)
+
+
+def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
+  config = shakespeare.get_config("runlocal")
+  full = train.train_and_evaluate(config, str(tmp_path / "full"))
+
+  with config.unlocked():
+    config.stop_after_steps = 25  # preempted after step 25; the checkpoint of step 20 is older
+  part = train.train_and_evaluate(config, str(tmp_path / "split"))
+  assert part["steps"] == 25 and not part["finished"]
+  with config.unlocked():
+    config.stop_after_steps = 0
+  rest = train.train_and_evaluate(config, str(tmp_path / "split"))
+  assert rest["resumed_from_step"] == 25 and rest["finished"]
+
+  step_a, params_a = _final_params(config, str(tmp_path / "full"))
+  step_b, params_b = _final_params(config, str(tmp_path / "split"))
+  assert step_a == step_b == 40
+  jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+  assert rest["eval_loss"] == full["eval_loss"]
+  rows_a = [r for r in metrics.read_jsonl(tmp_path / "full" / "metrics.jsonl") if "loss" in r]
+  rows_b = [r for r in metrics.read_jsonl(tmp_path / "split" / "metrics.jsonl") if "loss" in r]
+  assert [(r["step"], r["loss"]) for r in rows_a] == [(r["step"], r["loss"]) for r in rows_b]
+
+
+def test_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path):
+  config = shakespeare.get_config("runlocal")
+  config.optimizer.lr = 1e6
+  config.optimizer.clip_norm = 0.0
+  with pytest.raises(FloatingPointError, match=r"loss is (nan|inf) at step \d+"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not (tmp_path / "summary.json").exists()
