@@ -1,0 +1,21 @@
+"""Bandwidth model: python -m experiments.bandwidth --config=configs/bandwidth.py --workdir=DIR."""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from diloco.sim import bandwidth
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where bandwidth.json goes.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  bandwidth.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
