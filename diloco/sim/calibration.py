@@ -97,3 +97,16 @@ def fit(seeds=range(10), *, unit_chips: int = 4, return_time_s: float = 4 * 3600
                 checkpoint_interval_s=checkpoint_interval_s, downscale_s=pause, upscale_s=pause,
                 speed_std=std)
   return params, errors
+
+
+def calibrated_cluster(chips: int = PUBLISHED_CHIPS, days: float = 1.0) -> Cluster:
+  """A cluster with the calibrated unit, return time and speed spread."""
+  return Cluster(chips=chips, mtbi_years=PUBLISHED_MTBI_YEARS, unit_chips=CALIBRATED["unit_chips"],
+                 return_time_s=CALIBRATED["return_time_s"], speed_std=CALIBRATED["speed_std"],
+                 days=days)
+
+
+def calibrated_timing() -> dict[str, float]:
+  """The calibrated pause and checkpoint times, as keyword arguments of `goodput.make_policy`."""
+  return {k: CALIBRATED[k] for k in ("restart_s", "checkpoint_interval_s", "downscale_s",
+                                     "upscale_s")}
