@@ -25,7 +25,9 @@ from diloco.data import default_data_config
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = configlib.parse_arg(arg, mode="dp", model="small", runlocal=False, steps=0, batch=0,
-                            seq=0)
+                            seq=0, learners=0)
+  if arg.mode not in MODES:
+    raise ValueError(f"unknown mode {arg.mode!r}; known: {sorted(MODES)}")
   c = ml_collections.ConfigDict()
   c.mode = arg.mode
   c.seed = 0
@@ -49,12 +51,45 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 200
   c.progress_bar = True
 
+  c.outer = ml_collections.ConfigDict(dict(
+      learners=4,  # M islands; the local devices are split evenly between them
+      inner_steps=50,  # H: each fragment syncs once every H inner steps
+      fragments=1,  # P: fragments of the parameters, synced at staggered offsets p*H/P
+      fragment_kind="strided",  # strided: block i -> fragment i mod P; balanced: bin-packing
+      overlap=0,  # tau: a fragment sent at step t is applied after step t+tau
+      alpha=0.0,  # theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival
+      codec="fp32",  # outer gradients on the wire: fp32 | bf16 | int8 | fp4
+      downlink_codec="",  # merged updates sent back; '' = same as codec
+      optimizer="nesterov",  # outer optimizer: nesterov | sgd | delayed_nesterov
+      lr=0.7, momentum=0.9,
+      delayed_period=4, delayed_c=0.0,  # delayed_nesterov: momentum every N merges, and c
+      quorum=0,  # K: merge once K learners uploaded; 0 = all live learners (synchronous)
+      grace_gamma=0.0,  # >0: adaptive grace window gamma*(tau*step - quorum - sync) after quorum
+      weighting="equal",  # equal | tokens (w = tokens * tokens / steps)
+      merge="mean",  # mean | rda (radial-directional averaging; embeddings always by mean)
+      ema_decay=0.9,  # of the step, quorum and sync times behind the grace window
+      max_staleness=1 << 20,  # contributions more versions behind are dropped
+      blocking=True,  # learners wait for a fragment tau steps after sending it (synchronous)
+  ))
+  c.sim = ml_collections.ConfigDict(dict(
+      step_s=1.0,  # simulated seconds per inner step of a speed-1 learner at batch_size
+      step_jitter=0.0,  # sigma of a log-normal factor on every step time
+      speeds="",  # per learner slowdown, e.g. '1,1,1,3'; '' = all 1
+      batch_sizes="",  # per learner batch, e.g. '32,32,16,16'; '' = all batch_size
+      start_times="",  # per learner start (simulated s); '' = all 0
+      latency_s=0.1,  # one-way latency of each learner-synchronizer link
+      bandwidth_gbps=1.0,  # bandwidth of each link
+  ))
+  MODES[arg.mode](c, arg)
+
   if arg.runlocal:
     c.model = configlib.model_config("tiny" if arg.model == "small" else arg.model)
     c.seq_len, c.batch_size, c.steps = 32, 8, 40
     c.optimizer.warmup_steps, c.optimizer.decay_steps = 5, 35
     c.log_every, c.eval_every, c.checkpoint_every = 5, 20, 20
     c.data.eval_batches = 4
+  if arg.learners:
+    c.outer.learners = arg.learners
   if arg.steps:
     c.steps = arg.steps
     c.optimizer.decay_steps = max(arg.steps - c.optimizer.warmup_steps, 1)
@@ -63,3 +98,32 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.lock()
   return c
+
+
+def _dp(c, arg):
+  del c, arg
+
+
+def _diloco(c, arg):
+  """Synchronous DiLoCo: all learners, every H steps, plain mean, Nesterov outer step."""
+  if arg.runlocal:
+    c.outer.learners, c.outer.inner_steps = 2, 10
+
+
+def _streaming(c, arg):
+  """Streaming DiLoCo: P strided fragments, overlap tau=1, fp4 outer gradients."""
+  c.outer.update(dict(fragments=4, overlap=1, codec="fp4"))
+  if arg.runlocal:
+    c.outer.update(dict(learners=2, inner_steps=10, fragments=2))
+
+
+def _decoupled(c, arg):
+  """Decoupled DiLoCo: quorum K=1, adaptive grace, token weights, RDA, learners never wait."""
+  c.outer.update(dict(fragments=24, fragment_kind="balanced", inner_steps=24, overlap=2,
+                      codec="fp4", quorum=1, grace_gamma=0.8, weighting="tokens", merge="rda",
+                      blocking=False))
+  if arg.runlocal:
+    c.outer.update(dict(learners=2, inner_steps=8, fragments=4))
+
+
+MODES = {"dp": _dp, "diloco": _diloco, "streaming": _streaming, "decoupled": _decoupled}

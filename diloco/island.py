@@ -48,11 +48,15 @@ def optimizer_config(config: ml_collections.ConfigDict) -> step_lib.OptimizerCon
 
 
 def build_island(config: ml_collections.ConfigDict, devices: Sequence[jax.Device],
-                 shard_index: int = 0, num_shards: int = 1, seed_offset: int = 0) -> Island:
-  """Mesh over `devices`, this shard's data, and the jitted step functions."""
+                 shard_index: int = 0, num_shards: int = 1, splits=None) -> Island:
+  """Mesh over `devices`, this shard's data, and the jitted step functions.
+
+  `splits` (from diloco.data.load_splits) avoids reading the corpus again for every island.
+  """
   mesh = sharding.make_island_mesh(devices, config.mesh.data, config.mesh.fsdp)
-  data = data_lib.build_datasets(
-      config.data, seed=config.seed + seed_offset, global_batch_size=config.batch_size,
+  splits = data_lib.load_splits(config.data) if splits is None else splits
+  data = data_lib.make_datasets(
+      splits, config.data, seed=config.seed, global_batch_size=config.batch_size,
       seq_len=config.seq_len, shard_index=shard_index, num_shards=num_shards)
   model_cfg = model_config(config, data.vocab_size)
   if config.seq_len > model_cfg.max_len:

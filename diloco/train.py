@@ -8,11 +8,14 @@ from typing import Any
 import jax
 import ml_collections
 
-from diloco import metrics, single
+from diloco import metrics, multi, single
 
 # A mode is a choice of components made here, once; each runner owns its loop.
 RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] = {
     "dp": single.run,
+    "diloco": multi.run,
+    "streaming": multi.run,
+    "decoupled": multi.run,
 }
 
 

@@ -1,6 +1,7 @@
 """Data: the Shakespeare corpus, grain sources, tokenizers and the training/evaluation pipeline."""
 
-from diloco.data.pipeline import Datasets, build_datasets, default_data_config
+from diloco.data.pipeline import (Datasets, build_datasets, default_data_config, load_splits,
+                                   make_datasets)
 from diloco.data.shakespeare import PreparedCorpus, ensure_prepared, prepare_corpus
 from diloco.data.sources import PackedTokenSource, write_array_record
 
@@ -10,6 +11,8 @@ __all__ = [
     "PreparedCorpus",
     "build_datasets",
     "default_data_config",
+    "load_splits",
+    "make_datasets",
     "ensure_prepared",
     "prepare_corpus",
     "write_array_record",
