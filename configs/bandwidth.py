@@ -13,7 +13,7 @@ Variants after the colon, comma-separated (e.g. `configs/bandwidth.py:blog,metho
 Any key can be overridden on the command line, e.g. `--config.step_time_s=0.5 --config.codec=int8`;
 unknown keys fail (the config is locked).
 
-Expected (2-core CPU, about 5 s): Table 4 reproduced within 22% on every 50-95% cell, each at most
+Expected (2-core CPU, about 4 s): Table 4 reproduced within 22% on every 50-95% cell, each at most
 one grid step above the published one (data-parallel 97.6 / 180 / 213 / 231 Gbit/s against 86.8 /
 152.6 / 184.2 / 222.3); the blog setting gives 198.1 Gbit/s for data-parallel and 0.835 Gbit/s for
 Decoupled DiLoCo. See BENCHMARKS.md.

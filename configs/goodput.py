@@ -8,14 +8,14 @@ Variants after the colon, comma-separated (e.g. `configs/goodput.py:policy=decou
   policy=all|dp|elastic_dp|decoupled   all (default): dp, elastic_dp, and decoupled for each M in
                                        learners_sweep.
   chips=N, learners=M, quorum=K, seeds=S, days=D
-  tiny            a 12,000-chip cluster for a few hours, 3 seeds: a smoke run in about a second.
+  tiny            12,000 chips for 6 hours, hosts back after 10 minutes, 3 seeds: a smoke run.
 
 Any key can be overridden on the command line, e.g. `--config.chips=2400000`; unknown keys fail (the
 config is locked). `get_sweep()` lists the scales the calibrated model is asked to predict.
 
-Expected (2-core CPU, about 3 s): every published point within 3 goodput points, e.g. dp 27.0 (27),
-elastic_dp 56.6 (58), decoupled M=2 71.4 (70), M=4 82.2 (82), M=8 88.9 (88), M=16 92.7 (93), with
-95% CI half-widths of 0.1 to 0.3 points over 10 seeds; see BENCHMARKS.md for the measured table.
+Expected (2-core CPU, about 2 s): every published point within 3 goodput points (largest gap 1.5):
+dp 27.0 (published 27), elastic_dp 56.5 (58), decoupled M=2 71.3 (70), M=4 82.1 (82), M=8 88.8
+(88), M=16 92.7 (93), with 95% CI half-widths of 0.1 to 0.5 points over 10 seeds; see BENCHMARKS.md.
 """
 
 import ml_collections

@@ -1,4 +1,7 @@
-"""Goodput simulator: python -m experiments.simulate_goodput --config=configs/goodput.py --workdir=DIR."""
+"""Goodput simulator.
+
+  python -m experiments.simulate_goodput --config=configs/goodput.py --workdir=DIR
+"""
 
 from absl import app, flags
 from ml_collections import config_flags

@@ -17,9 +17,9 @@
 # How much bandwidth between datacenters does each method need to keep the chips busy? The model in
 # `diloco/sim/bandwidth.py` (the same code as `experiments/bandwidth.py`) lays out one learner's
 # steps layer by layer (forward, then backward) and puts each sync on a FIFO link as soon as the
-# layer's backward is done; a late sync stalls the forward that needs it. Payload sizes come from the
-# codecs in `diloco/compression.py`. Set `DILOCO_NOTEBOOK_TINY=1` to run it in a few seconds (the test
-# suite does); the figures quoted in the text come from the full run.
+# layer's backward is done; a late sync stalls the forward that needs it. Payload sizes come from
+# the codecs in `diloco/compression.py`. Set `DILOCO_NOTEBOOK_TINY=1` to run it in a few seconds
+# (the test suite does); the figures quoted in the text come from the full run.
 
 # %%
 import dataclasses
@@ -29,7 +29,7 @@ import sys
 TINY = os.environ.get("DILOCO_NOTEBOOK_TINY") == "1"  # shrinks every sweep for tests
 try:
   import diloco  # installed with `pip install -e .`
-except ImportError:  # a clone that is not installed: the repository root is the parent of notebooks/
+except ImportError:  # a clone that is not installed: the repository root holds notebooks/
   here = os.getcwd()
   sys.path.insert(0, os.path.dirname(here) if os.path.basename(here) == "notebooks" else here)
 
@@ -99,8 +99,8 @@ plt.show()
 # Decoupled DiLoCo about 0.84 Gbit/s, without the setting. One plausible setting that gives both: a
 # 27B dense model in 46 layers at 5 s per step, 90% utilization; data-parallel gradients in bf16
 # over a ring of 8; Decoupled DiLoCo with its default schedule (24 fragments, each every 24 steps, 2
-# steps of overlap) and fp4 both ways to a central synchronizer. Both figures scale as parameters per
-# second (here 5.4e9), so model size and step time trade one for one.
+# steps of overlap) and fp4 both ways to a central synchronizer. Both figures scale as parameters
+# per second (here 5.4e9), so model size and step time trade one for one.
 
 # %%
 blog = ref.blog_comparison(ref.VARIATIONS[::4] if TINY else ref.VARIATIONS)

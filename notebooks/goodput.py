@@ -15,8 +15,8 @@
 # # Goodput of a training job on a million failing chips
 #
 # Every chip fails about once a year, so 1.2M chips see a failure every 26 s. This notebook runs the
-# simulator in `diloco/sim` (the same code as `experiments/simulate_goodput.py`) to compare three ways
-# of reacting to failures:
+# simulator in `diloco/sim` (the same code as `experiments/simulate_goodput.py`) to compare three
+# ways of reacting to failures:
 #
 # - **dp**: synchronous data-parallel without elasticity. Any failure stops everyone for a restart;
 #   the work since the last checkpoint is lost.
@@ -36,7 +36,7 @@ import sys
 TINY = os.environ.get("DILOCO_NOTEBOOK_TINY") == "1"  # shrinks every sweep for tests
 try:
   import diloco  # installed with `pip install -e .`
-except ImportError:  # a clone that is not installed: the repository root is the parent of notebooks/
+except ImportError:  # a clone that is not installed: the repository root holds notebooks/
   here = os.getcwd()
   sys.path.insert(0, os.path.dirname(here) if os.path.basename(here) == "notebooks" else here)
 

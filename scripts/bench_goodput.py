@@ -35,7 +35,8 @@ def _median_time(fn, repeats: int) -> float:
 
 def main(argv):
   del argv
-  config = goodput_config.get_config(f"chips={_CHIPS.value},days={_DAYS.value},seeds={_SEEDS.value}")
+  config = goodput_config.get_config(
+      f"chips={_CHIPS.value},days={_DAYS.value},seeds={_SEEDS.value}")
   cluster = goodput.cluster_from_config(config)
   seeds = range(_SEEDS.value)
   timing = dict(restart_s=config.restart_s, checkpoint_interval_s=config.checkpoint_interval_s,

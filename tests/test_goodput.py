@@ -169,6 +169,8 @@ def test_bad_input_fails_clearly():
 
 def test_run_writes_rows_and_published_points(tmp_path, capsys):
   cfg = goodput_config.get_config("tiny")
+  for override in goodput_config.get_sweep():
+    assert set(override) <= set(cfg.keys())
   rows = goodput.run(cfg, str(tmp_path))
   saved = json.loads((tmp_path / "goodput.json").read_text())
   assert saved == json.loads(json.dumps(rows))

@@ -1,1 +1,1 @@
-"""sim."""
+"""Cluster-scale models that train nothing: the goodput simulator and the bandwidth model."""

@@ -1,10 +1,10 @@
 """Published bandwidth figures and how the model compares with them.
 
 Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512), Table 4, 1B-parameter rows: Gbit/s
-needed for 50/80/90/95/99% compute utilization, H=100, step time 0.1 s. Every published value is,
-to the printed digit, a point of the log-spaced grid 10^(-1 + 4k/49), k = 0..49 (np.logspace(-1, 3,
-50)), except 0.9, which falls between 0.79 and 0.95: the table reports the smallest grid bandwidth that
-reaches the target. So we compare our continuous answer x both directly (ratio to the published
+needed for 50/80/90/95/99% compute utilization, H=100, step time 0.1 s. Every published value is, to
+the printed digit, a point of the log-spaced grid 10^(-1 + 4k/49), k = 0..49 (np.logspace(-1, 3,
+50)), except 0.9, which falls between 0.79 and 0.95: the table reports the smallest grid bandwidth
+that reaches the target. So we compare our continuous answer x both directly (ratio to the published
 value) and after snapping it up to that grid (how many grid steps from the published point; 0 means
 the same cell, i.e. x lies in (previous grid point, published value]).
 
@@ -72,8 +72,8 @@ def table4_rows(workload: Workload = TABLE4_WORKLOAD, methods: dict | None = Non
 
 
 def format_table4(rows: list[dict]) -> str:
-  lines = ["Streaming DiLoCo Table 4, 1B rows (Gbit/s): published | ours (continuous) | ours snapped "
-           "up to the grid | ratio ours/published",
+  lines = ["Streaming DiLoCo Table 4, 1B rows (Gbit/s): published | ours (continuous) | ours "
+           "snapped up to the grid | ratio ours/published",
            f"{'method':<14} {'util':>5} {'published':>9} {'ours':>9} {'on grid':>9} {'ratio':>6} "
            f"{'steps':>5}"]
   for r in rows:

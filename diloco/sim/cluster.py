@@ -2,21 +2,21 @@
 
 One call to `sample_trace` draws everything random about one seed of one cluster, vectorised over
 chips and failure events (never a Python object per chip), so that every policy can be run on the
-same draws (common random numbers: `elastic_dp` and `decoupled` with one learner see the same world).
+same draws (common random numbers: `elastic_dp` and one-learner `decoupled` see the same world).
 
 Failure model. Every chip fails as a Poisson process with rate 1/MTBI. A failure takes out its whole
 unit (a host or a slice of `unit_chips` chips) for `return_time_s`, after which the unit comes back
 repaired. Chips of a unit that is down do not fail again (they are not running), so the failures a
 unit suffers form an alternating renewal process: up for Exp(MTBI/unit_chips), down for the return
-time. We draw it exactly by thinning: a Poisson stream of rate chips/MTBI with a uniform unit for each
-event, where an event that lands on a unit still down is dropped. The simulation starts `warmup_s`
-before time 0 in the stationary state of that process (each unit down with probability
-R/(R + MTBI/unit_chips), for a remaining time uniform in [0, R)), so that jobs settle into their
-own steady state before time 0; only [0, horizon) is measured.
+time. We draw it exactly by thinning: a Poisson stream of rate chips/MTBI with a uniform unit for
+each event, where an event that lands on a unit still down is dropped. The simulation starts
+`warmup_s` before time 0 in the stationary state of that process (each unit down with probability
+R/(R + MTBI/unit_chips), for a remaining time uniform in [0, R)), so that jobs settle into their own
+steady state before time 0; only [0, horizon) is measured.
 
-Speed model. Each chip has a persistent speed factor 1 + speed_std * z, z ~ N(0, 1) (nominal mean 1).
-A synchronous group runs at the speed of its slowest member, so only each unit's slowest chip matters
-once the draw is made: `unit_speed` holds it.
+Speed model. Each chip has a persistent speed factor 1 + speed_std * z, z ~ N(0, 1) (nominal mean
+1). A synchronous group runs at the speed of its slowest member, so only each unit's slowest chip
+matters once the draw is made: `unit_speed` holds it.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def sample_trace(cluster: Cluster, seed: int) -> Trace:
   t = np.r_[down0_t, raw_t]
   unit = np.r_[rng.permutation(down0), raw_unit]
   keep = _thin(t, unit, cluster.return_time_s)
-  return Trace(cluster=cluster, raw_t=raw_t, raw_unit=raw_unit, fail_t=t[keep], fail_unit=unit[keep],
-               unit_speed=_unit_speeds(cluster, rng))
+  return Trace(cluster=cluster, raw_t=raw_t, raw_unit=raw_unit, fail_t=t[keep],
+               fail_unit=unit[keep], unit_speed=_unit_speeds(cluster, rng))
 
 def _thin(t: np.ndarray, unit: np.ndarray, return_time_s: float) -> np.ndarray:
   """Mask of failures that find their unit up (not within return_time_s of its last failure)."""

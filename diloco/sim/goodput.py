@@ -2,7 +2,8 @@
 
 Goodput = useful chip-seconds / allocated chip-seconds; uptime = share of time the global model
 advances. `simulate` runs one policy on one cluster for several seeds and reports means with 95%
-confidence half-widths (Student t over seeds). `run` is what `experiments/simulate_goodput.py` calls.
+confidence half-widths (Student t over seeds). `run` is what `experiments/simulate_goodput.py`
+calls.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def policies_from_config(config: ml_collections.ConfigDict) -> list:
     return [make_policy(config.policy, learners=config.learners, quorum=config.quorum, **timing)]
   out = [make_policy("dp", **timing), make_policy("elastic_dp", **timing)]
   for m in config.learners_sweep:
-    out.append(make_policy("decoupled", learners=int(m), quorum=min(config.quorum, int(m)), **timing))
+    out.append(make_policy("decoupled", learners=int(m), quorum=min(config.quorum, int(m)),
+                           **timing))
   return out
 
 
@@ -147,7 +149,8 @@ def format_table(rows: Sequence[dict], cluster: Cluster) -> str:
     diff = "" if pub is None else f"{100 * (r['goodput'] - pub):+6.1f}"
     worst = max(worst, 0.0 if pub is None else abs(100 * (r["goodput"] - pub)))
     lines.append(f"{r['policy']:<11} {r['learners']:>3} {r['quorum']:>3} "
-                 f"{_pct(r['goodput'], r['goodput_ci']):>14} {_pct(r['uptime'], r['uptime_ci']):>14} "
+                 f"{_pct(r['goodput'], r['goodput_ci']):>14} "
+                 f"{_pct(r['uptime'], r['uptime_ci']):>14} "
                  f"{r['failures']:>9.0f} {'' if pub is None else f'{100 * pub:.0f}':>9} {diff:>6}")
   if any(r.get("published") is not None for r in rows):
     lines.append(f"largest |model - published|: {worst:.1f} points")

@@ -4,8 +4,8 @@ Each policy turns one seed's `Trace` into an `Outcome`: useful chip-seconds, the
 model advances, and the failures that hit the job, all within the measured horizon [0, T).
 
 Shared rules (stated once, used by every policy):
-- A pause is triggered by an event that finds the job (or learner) running; events that arrive during
-  a pause are handled by that pause at no extra cost (`intervals.absorb_pauses`).
+- A pause is triggered by an event that finds the job (or learner) running; events that arrive
+  during a pause are handled by that pause at no extra cost (`intervals.absorb_pauses`).
 - A synchronous group of chips runs at the speed of its slowest chip; useful chip-seconds are
   chips x running time x that speed, against a nominal mean speed of 1.
 - Allocated chip-seconds are chips x T for every policy, so chips of a unit awaiting repair count as
@@ -56,7 +56,8 @@ class DataParallel:
     p_start, p_end = intervals.absorb_pauses(t, np.full(t.size, self.restart_s))
     resumed = np.r_[-cluster.warmup_s, p_end][:p_start.size]
     progress = p_start - resumed  # training time since the last restart, when a failure stops it
-    lost = np.mod(progress, self.checkpoint_interval_s) if self.checkpoint_interval_s else 0 * progress
+    every = self.checkpoint_interval_s
+    lost = np.mod(progress, every) if every else np.zeros_like(progress)
     # Lost work and the pause that follows are contiguous: [start - lost, end).
     wasted = intervals.covered_within(p_start - lost, p_end, 0.0, horizon)
     paused = intervals.covered_within(p_start, p_end, 0.0, horizon)
@@ -72,9 +73,9 @@ class Decoupled:
   """M learners of about N/M chips, each elastic on its own; the model advances while K are up.
 
   A failure pauses only its learner for `downscale_s`, which then continues without the failed unit;
-  when the unit returns the learner pauses for `upscale_s` and takes it back. Learners never wait for
-  each other, so all their work counts as useful; the quorum K only decides when the global model
-  advances (the uptime).
+  when the unit returns the learner pauses for `upscale_s` and takes it back. Learners never wait
+  for each other, so all their work counts as useful; the quorum K only decides when the global
+  model advances (the uptime).
   """
 
   downscale_s: float
@@ -111,7 +112,7 @@ class Decoupled:
                    learner_uptime_s=learner_up)
 
   def _run_learner(self, trace: Trace, lo: int, hi: int):
-    """Useful chip-seconds, not-advancing intervals and failures of the learner on units [lo, hi)."""
+    """Useful chip-seconds, down intervals and failures of the learner on units lo..hi-1."""
     cluster = trace.cluster
     horizon = cluster.horizon_s
     mine = (trace.fail_unit >= lo) & (trace.fail_unit < hi)

@@ -1,13 +1,13 @@
 """A per-layer timeline of one learner's steps: forward, backward, and the link that carries syncs.
 
-The learner computes layer by layer: forward 0..L-1, then backward L-1..0, each layer taking an equal
-share of the step's forward or backward time. A layer that syncs at a step puts its payload on the
-link as soon as its backward is done (the reduction overlaps the rest of the backward pass), in the
-order the layers finish; the link is FIFO and carries one payload at a time at the given bandwidth.
-The synced values are needed by that layer's forward `tau` steps later (tau = 0: the next step), so
-a late arrival stalls the forward. With a `down` payload the sync is a round trip through a central
-synchronizer (upload, then download on the other direction of a full-duplex link); without one it is
-an all-reduce whose per-learner traffic the caller has already put in `up_bits`.
+The learner computes layer by layer: forward 0..L-1, then backward L-1..0, each layer taking an
+equal share of the step's forward or backward time. A layer that syncs at a step puts its payload on
+the link as soon as its backward is done (the reduction overlaps the rest of the backward pass), in
+the order the layers finish; the link is FIFO and carries one payload at a time at the given
+bandwidth. The synced values are needed by that layer's forward `tau` steps later (tau = 0: the next
+step), so a late arrival stalls the forward. With a `down` payload the sync is a round trip through
+a central synchronizer (upload, then download on the other direction of a full-duplex link); without
+one it is an all-reduce whose per-learner traffic the caller has already put in `up_bits`.
 
 Compute utilization = compute time / wall-clock time over whole periods in the steady state.
 """
@@ -103,7 +103,7 @@ def utilization(work: Workload, plan: SyncPlan, gbit_per_s: float, periods: int 
 
 
 def _fifo(ready: np.ndarray, duration: np.ndarray, free: float) -> tuple[np.ndarray, float]:
-  """End times of jobs served in order on one server free from `free`: e_k = max(e_k-1, r_k) + d_k."""
+  """End times of jobs served in order by one server free from `free`: max(e_k-1, r_k) + d_k."""
   cum = np.cumsum(duration)
   before = np.r_[0.0, cum[:-1]]
   ends = cum + np.maximum(free, np.maximum.accumulate(ready - before))
