@@ -19,15 +19,13 @@ Expected (2-core CPU, small model, 300 steps of 32x128 bytes = 1.23M bytes): eva
 
 import ml_collections
 
-from diloco import configlib
+from diloco import configlib, modes
 from diloco.data import default_data_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = configlib.parse_arg(arg, mode="dp", model="small", runlocal=False, steps=0, batch=0,
                             seq=0, learners=0)
-  if arg.mode not in MODES:
-    raise ValueError(f"unknown mode {arg.mode!r}; known: {sorted(MODES)}")
   c = ml_collections.ConfigDict()
   c.mode = arg.mode
   c.seed = 0
@@ -80,7 +78,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       latency_s=0.1,  # one-way latency of each learner-synchronizer link
       bandwidth_gbps=1.0,  # bandwidth of each link
   ))
-  MODES[arg.mode](c, arg)
+  c.compare = ml_collections.ConfigDict(dict(
+      modes="dp,diloco,decoupled",  # mode=compare runs these on one token budget
+      decoupled_fragments=24, decoupled_inner_steps=24,
+  ))
+  modes.apply(c, arg.mode, arg.runlocal)
 
   if arg.runlocal:
     c.model = configlib.model_config("tiny" if arg.model == "small" else arg.model)
@@ -90,6 +92,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.eval_batches = 4
   if arg.learners:
     c.outer.learners = arg.learners
+  if c.mode == "compare":  # the last learner is 3x slower
+    c.sim.speeds = ",".join(["1"] * (c.outer.learners - 1) + ["3"])
+    if arg.runlocal:
+      c.compare.decoupled_fragments, c.compare.decoupled_inner_steps = 4, 8
   if arg.steps:
     c.steps = arg.steps
     c.optimizer.decay_steps = max(arg.steps - c.optimizer.warmup_steps, 1)
@@ -98,32 +104,3 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.lock()
   return c
-
-
-def _dp(c, arg):
-  del c, arg
-
-
-def _diloco(c, arg):
-  """Synchronous DiLoCo: all learners, every H steps, plain mean, Nesterov outer step."""
-  if arg.runlocal:
-    c.outer.learners, c.outer.inner_steps = 2, 10
-
-
-def _streaming(c, arg):
-  """Streaming DiLoCo: P strided fragments, overlap tau=1, fp4 outer gradients."""
-  c.outer.update(dict(fragments=4, overlap=1, codec="fp4"))
-  if arg.runlocal:
-    c.outer.update(dict(learners=2, inner_steps=10, fragments=2))
-
-
-def _decoupled(c, arg):
-  """Decoupled DiLoCo: quorum K=1, adaptive grace, token weights, RDA, learners never wait."""
-  c.outer.update(dict(fragments=24, fragment_kind="balanced", inner_steps=24, overlap=2,
-                      codec="fp4", quorum=1, grace_gamma=0.8, weighting="tokens", merge="rda",
-                      blocking=False))
-  if arg.runlocal:
-    c.outer.update(dict(learners=2, inner_steps=8, fragments=4))
-
-
-MODES = {"dp": _dp, "diloco": _diloco, "streaming": _streaming, "decoupled": _decoupled}

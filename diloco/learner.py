@@ -68,8 +68,11 @@ class Learner:
         return metrics
 
     def due(self) -> list[int]:
-        """Fragments whose schedule says to sync after the step just taken."""
-        return self.schedule.syncs_at(self.steps)
+        """Fragments whose schedule says to sync after the step just taken, if they progressed.
+
+        A fragment received during the step has no progress left to send (its counters are 0).
+        """
+        return [p for p in self.schedule.syncs_at(self.steps) if self.c_steps[p] > 0]
 
     def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float) -> Upload:
         """The outer gradient of fragment p against the last global version received."""

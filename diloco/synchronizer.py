@@ -12,7 +12,7 @@ itself applies the decoded update, so learners and synchronizer hold bit-identic
 quantisation error is fed back into the next update of that fragment (error feedback).
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -102,8 +102,8 @@ class Synchronizer:
             return f"unknown base version {up.base_version} (current {self.versions[up.fragment]})"
         if self.versions[up.fragment] - up.base_version > self.policy.max_staleness:
             return f"stale: base version {up.base_version}, current {self.versions[up.fragment]}"
-        if up.steps < 0 or up.tokens < 0 or (up.steps == 0) != (up.tokens == 0):
-            return f"bad counters: {up.steps} steps, {up.tokens} tokens"
+        if up.steps <= 0 or up.tokens <= 0:
+            return f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
         return None
 
     def _tick(self, now: float) -> list[Action]:
@@ -214,8 +214,3 @@ def outer_gradient(global_copy: Mapping[str, np.ndarray], local: Mapping[str, np
     return compression.encode_tree(
         {k: np.asarray(global_copy[k], np.float32) - np.asarray(local[k], np.float32)
          for k in global_copy}, codec)
-
-
-def check_versions(versions: Sequence[int], num_fragments: int) -> None:
-    if len(versions) != num_fragments:
-        raise ValueError(f"{len(versions)} versions for {num_fragments} fragments")

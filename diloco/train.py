@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from diloco import metrics, multi, single
+from diloco import compare, metrics, multi, single
 
 # A mode is a choice of components made here, once; each runner owns its loop.
 RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] = {
@@ -16,6 +16,7 @@ RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] =
     "diloco": multi.run,
     "streaming": multi.run,
     "decoupled": multi.run,
+    "compare": compare.run,
 }
 
 

@@ -1,0 +1,58 @@
+"""Modes as config presets: each sets the policy knobs of the `outer` section, once, here.
+
+Synchronous DiLoCo and Streaming DiLoCo are the synchronizer with quorum = all learners, no grace,
+equal weights and a plain mean, with blocking learners; Decoupled DiLoCo changes only those knobs.
+"""
+
+import ml_collections
+
+
+def dp(c: ml_collections.ConfigDict, runlocal: bool) -> None:
+    """Data-parallel SPMD on one island: the outer section is unused."""
+    del c, runlocal
+
+
+def diloco(c: ml_collections.ConfigDict, runlocal: bool) -> None:
+    """Synchronous DiLoCo: all learners, every H steps, plain mean, Nesterov outer step."""
+    c.outer.update(dict(fragments=1, overlap=0, codec="fp32", quorum=0, grace_gamma=0.0,
+                        weighting="equal", merge="mean", blocking=True))
+    if runlocal:
+        c.outer.update(dict(learners=2, inner_steps=10))
+
+
+def streaming(c: ml_collections.ConfigDict, runlocal: bool) -> None:
+    """Streaming DiLoCo: P strided fragments, overlap tau=1, fp4 outer gradients."""
+    diloco(c, runlocal)
+    c.outer.update(dict(fragments=4, overlap=1, codec="fp4"))
+    if runlocal:
+        c.outer.update(dict(fragments=2))
+
+
+def decoupled(c: ml_collections.ConfigDict, runlocal: bool) -> None:
+    """Decoupled DiLoCo: quorum K=1, adaptive grace, token weights, RDA; learners never wait.
+
+    Paper defaults (reconstructed): P=24 balanced fragments, each synced every H=24 steps, tau=2.
+    """
+    c.outer.update(dict(fragments=24, fragment_kind="balanced", inner_steps=24, overlap=2,
+                        codec="fp4", quorum=1, grace_gamma=0.8, weighting="tokens", merge="rda",
+                        blocking=False))
+    if runlocal:
+        c.outer.update(dict(learners=2, inner_steps=8, fragments=4))
+
+
+def compare(c: ml_collections.ConfigDict, runlocal: bool) -> None:
+    """dp, diloco and decoupled on one token budget (see diloco/compare.py)."""
+    if runlocal:
+        c.outer.update(dict(learners=2, inner_steps=10))
+
+
+PRESETS = {"dp": dp, "diloco": diloco, "streaming": streaming, "decoupled": decoupled,
+           "compare": compare}
+
+
+def apply(c: ml_collections.ConfigDict, mode: str, runlocal: bool) -> None:
+    """Sets c.mode and the knobs of that mode."""
+    if mode not in PRESETS:
+        raise ValueError(f"unknown mode {mode!r}; known: {sorted(PRESETS)}")
+    c.mode = mode
+    PRESETS[mode](c, runlocal)
