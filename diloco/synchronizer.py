@@ -161,7 +161,7 @@ class Synchronizer:
         record = {
             "event": "merge", "time": now, "fragment": p, "version": self.versions[p],
             "quorum": len(ups), "learners": [u.learner for u in ups],
-            "weights": [float(w) for w in weights],
+            "weights": [float(w) for w in weights / weights.sum()],  # normalised, as merged
             "staleness": [self.versions[p] - 1 - u.base_version for u in ups],
             "grace_s": now - self.quorum_s[p] if self.quorum_s[p] is not None else 0.0,
             "steps": [u.steps for u in ups], "tokens": [u.tokens for u in ups],
