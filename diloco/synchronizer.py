@@ -98,6 +98,8 @@ class Synchronizer:
         for k, e in up.delta.items():
             if tuple(e.shape) != want[k].shape:
                 return f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
+            if e.nbytes != compression.encoded_nbytes(e.codec, e.num_values, e.block):
+                return f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
         if up.base_version > self.versions[up.fragment] or up.base_version < 0:
             return f"unknown base version {up.base_version} (current {self.versions[up.fragment]})"
         if self.versions[up.fragment] - up.base_version > self.policy.max_staleness:
@@ -134,7 +136,7 @@ class Synchronizer:
 
     def _merge(self, p: int, now: float) -> list[Action]:
         ups = [self.pending[p][m] for m in sorted(self.pending[p])]
-        deltas = [compression.decode_tree(u.delta) for u in ups]
+        deltas = [{k: _read_only(e) for k, e in u.delta.items()} for u in ups]
         bad = [u.learner for u, d in zip(ups, deltas) if not all(np.isfinite(x).all() for x in d.values())]
         if bad:  # a non-finite contribution never reaches the global state
             keep = [i for i, u in enumerate(ups) if u.learner not in bad]
@@ -198,6 +200,13 @@ class Synchronizer:
 def _reject(learner: int, fragment: int | None, time: float, reason: str) -> Log:
     return Log({"event": "reject", "learner": learner, "fragment": fragment, "time": time,
                 "reason": reason})
+
+
+def _read_only(e: compression.Encoded) -> np.ndarray:
+    """Decoded values to merge; fp32 payloads are viewed in place, not copied."""
+    if e.codec == "fp32":
+        return np.frombuffer(e.payload, "<f4").reshape(e.shape)
+    return compression.decode(e)
 
 
 def apply_send(global_copy: Mapping[str, np.ndarray], send: Send) -> dict[str, np.ndarray]:

@@ -276,6 +276,7 @@ def _with_delta(up: Upload, delta: dict) -> Upload:
     ("future base version", "unknown base version 2 (current 1)"),
     ("negative base version", "unknown base version -1"),
     ("no progress", "no progress to merge"),
+    ("corrupt payload", "embed/embedding: corrupt fp32 payload of 12 bytes"),
 ])
 def test_invalid_uploads_are_rejected_and_change_nothing(merged_once, case, reason):
     sync = merged_once
@@ -288,6 +289,8 @@ def test_invalid_uploads_are_rejected_and_change_nothing(merged_once, case, reas
         "future base version": Upload(0, 0, 2, good.delta, 1, 8, 1.0, 1.0, 1.0),
         "negative base version": Upload(0, 0, -1, good.delta, 1, 8, 1.0, 1.0, 1.0),
         "no progress": Upload(0, 0, 1, good.delta, 0, 0, 1.0, 1.0, 1.0),
+        "corrupt payload": _with_delta(good, {**good.delta, E: compression.Encoded(
+            "fp32", (2, 2), good.delta[E].payload[:12], compression.DEFAULT_BLOCK)}),
     }[case]
     before = _snapshot(sync)
     (log,) = sync.handle(bad)
