@@ -1,0 +1,131 @@
+"""Times the synchronizer merging one fragment from M learners against a memcpy, in the same run.
+
+  python scripts/bench_sync.py [--mbytes=64] [--learners=8] [--merge=mean] [--downlink=fp4]
+
+One fragment of --mbytes MiB of float32 (four leaves of equal size). Each timed round hands the
+synchronizer M fp32 uploads of that fragment; the last one triggers the merge: view the payloads
+as float32 and check them for NaN/Inf, merge them (mean or RDA), step Nesterov SGD, encode the update with the downlink codec, apply its
+decoding and keep the residual, and build the sends. Reference: np.copyto of the fragment's bytes
+into a preallocated buffer, timed alternately with the rounds so both see the same machine load.
+
+Merged bandwidth counts the fragment once per learner (M × fragment bytes per round); the last line
+is `sync_vs_memcpy=X.XX`, that bandwidth over the memcpy's. Before it, the round is split into its
+phases (each timed alone, same inputs) to show where the time goes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from diloco import compression, fragments, merging, outer, policies
+from diloco.protocol import Join, Upload
+from diloco.synchronizer import Synchronizer
+
+_MBYTES = flags.DEFINE_integer("mbytes", 64, "Fragment size in MiB of float32.")
+_LEARNERS = flags.DEFINE_integer("learners", 8, "Learners uploading the fragment each round.")
+_MERGE = flags.DEFINE_enum("merge", "mean", list(merging.RULES), "Merge rule.")
+_DOWNLINK = flags.DEFINE_enum("downlink", "fp4", list(compression.CODECS), "Downlink codec.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds; the fastest is reported.")
+LEAVES = 4
+
+
+def best_seconds(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Fastest of ``repeats`` runs of each function, run in turn, after one warm-up each."""
+    best = [float("inf")] * len(fns)
+    for fn in fns:
+        fn()
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+
+
+def make_fragment(mbytes: int) -> dict[str, np.ndarray]:
+    """LEAVES float32 matrices of 1024 columns, --mbytes MiB together."""
+    rows = max(mbytes * 2**20 // 4 // 1024 // LEAVES, 1)
+    rng = np.random.default_rng(0)
+    return {f"blocks/0/w{i}": rng.standard_normal((rows, 1024), dtype=np.float32)
+            for i in range(LEAVES)}
+
+
+def main(argv):
+    del argv
+    m, reps = _LEARNERS.value, _REPEATS.value
+    params = make_fragment(_MBYTES.value)
+    frag = fragments.balanced(params, 1)
+    nbytes = sum(x.nbytes for x in params.values())
+    policy = policies.Policy(policies.AllLearners(), policies.NoGrace(), weighting="equal",
+                             merge=_MERGE.value)
+    sync = Synchronizer(params, frag, policy, outer.nesterov(0.7, 0.9),
+                        downlink_codec=_DOWNLINK.value)
+    for i in range(m):
+        sync.handle(Join(i, 0.0, (0,)))
+    rng = np.random.default_rng(1)
+    deltas = [{k: rng.standard_normal(x.shape, dtype=np.float32) * np.float32(1e-3)
+               for k, x in params.items()} for _ in range(m)]
+    uploads = [Upload(i, 0, 0, compression.encode_tree(d, "fp32"), 8, 8 * 1024, 0.0, 0.0, 1.0)
+               for i, d in enumerate(deltas)]
+
+    def round_() -> None:
+        v = sync.versions[0]
+        actions = []
+        for up in uploads:
+            actions = sync.handle(dataclasses.replace(up, base_version=v))
+        assert sync.versions[0] == v + 1 and len(actions) == m + 1, actions[:1]
+
+    flat = next(iter(params.values()))
+    src = np.concatenate([x.reshape(-1) for x in params.values()])
+    dst = np.empty_like(src)
+    memcpy, t_round = best_seconds([lambda: np.copyto(dst, src), round_], reps)
+    merged_bw = m * nbytes / t_round
+    copy_bw = nbytes / memcpy
+    print(f"fragment {nbytes / 2**20:.0f} MiB ({LEAVES} leaves of {flat.shape}), {m} learners, "
+          f"merge={_MERGE.value}, outer nesterov, downlink {_DOWNLINK.value}, best of {reps}")
+    print(f"memcpy {memcpy * 1e3:8.2f} ms  ({copy_bw / 1e9:.2f} GB/s)")
+    print(f"round  {t_round * 1e3:8.2f} ms  ({merged_bw / 1e9:.2f} GB/s of uploads merged)")
+
+    # Phases of one round, each on the same inputs, to see where the time goes.
+    decoded = [compression.decode_tree(u.delta) for u in uploads]
+    weights = merging.equal_weights(m)
+    merged = merging.merge_fragment(decoded, weights, rule=_MERGE.value)
+    tx, old = outer.nesterov(0.7, 0.9), sync.globals[0]
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        opt_state = tx.init(old)
+
+    def outer_step():
+        with jax.default_device(cpu):
+            updates, _ = tx.update(merged, opt_state, old)
+        return {k: np.asarray(updates[k], np.float32) for k in old}
+
+    raw = outer_step()
+    enc = compression.encode_tree(raw, _DOWNLINK.value)
+    phases = {  # the synchronizer views fp32 payloads in place and checks them for NaN/Inf
+        "finite check": lambda: [np.isfinite(np.frombuffer(e.payload, np.float32)).all()
+                                 for u in uploads for e in u.delta.values()],
+        f"merge ({_MERGE.value})": lambda: merging.merge_fragment(decoded, weights,
+                                                                  rule=_MERGE.value),
+        "outer step (optax)": outer_step,
+        "downlink encode": lambda: compression.encode_tree(raw, _DOWNLINK.value),
+        "downlink decode": lambda: compression.decode_tree(enc),
+        "apply + residual": lambda: ({k: old[k] + raw[k] for k in old},
+                                     {k: raw[k] - old[k] for k in old}),
+    }
+    times = best_seconds([lambda: np.copyto(dst, src), *phases.values()], reps)
+    for name, t in zip(phases, times[1:]):
+        print(f"  {name:22s} {t * 1e3:8.2f} ms = {t / times[0]:6.2f}x memcpy  "
+              f"({t / t_round:5.1%} of a round)")
+    print(f"  {'sum of the phases':22s} {sum(times[1:]) * 1e3:8.2f} ms")
+    print(f"sync_vs_memcpy={merged_bw / copy_bw:.2f}")
+
+
+if __name__ == "__main__":
+    app.run(main)
