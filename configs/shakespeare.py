@@ -59,7 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       codec="fp32",  # outer gradients on the wire: fp32 | bf16 | int8 | fp4
       downlink_codec="",  # merged updates sent back; '' = same as codec
       optimizer="nesterov",  # outer optimizer: nesterov | sgd | delayed_nesterov
-      lr=0.7, momentum=0.9,
+      lr=0.4, momentum=0.9,  # outer Nesterov; 0.4 beat 0.7 and 1.0 here (BENCHMARKS.md)
       delayed_period=4, delayed_c=0.0,  # delayed_nesterov: momentum every N merges, and c
       quorum=0,  # K: merge once K learners uploaded; 0 = all live learners (synchronous)
       grace_gamma=0.0,  # >0: adaptive grace window gamma*(tau*step - quorum - sync) after quorum
