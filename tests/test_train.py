@@ -98,3 +98,22 @@ def test_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path):
   with pytest.raises(FloatingPointError, match=r"loss is (nan|inf) at step \d+"):
     train.train_and_evaluate(config, str(tmp_path))
   assert not (tmp_path / "summary.json").exists()
+
+
+def test_compare_mode_prints_a_table_and_draws_the_plot(tmp_path, capsys):
+  config = shakespeare.get_config("runlocal,mode=compare")
+  assert config.sim.speeds == "1,3"  # runlocal: 2 learners, the last 3x slower
+  summary = train.train_and_evaluate(config, str(tmp_path))
+  runs = summary["runs"]
+  assert list(runs) == ["dp", "diloco", "decoupled"]
+  assert len({r["tokens"] for r in runs.values()}) == 1  # one token budget
+  assert runs["dp"]["sim_time_s"] == 40 * 3.0  # 40 steps at the slowest island's pace
+  # Synchronous DiLoCo waits for the slow learner; Decoupled DiLoCo does not.
+  assert runs["decoupled"]["sim_time_s"] < 0.75 * runs["diloco"]["sim_time_s"]
+  assert runs["decoupled"]["goodput"] > runs["diloco"]["goodput"]
+  out = capsys.readouterr().out
+  for mode in runs:
+    assert mode in out and mode in summary["table"]
+  png = tmp_path / "compare.png"
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+  assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "compare"
