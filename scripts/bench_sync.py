@@ -4,9 +4,10 @@
 
 One fragment of --mbytes MiB of float32 (four leaves of equal size). Each timed round hands the
 synchronizer M fp32 uploads of that fragment; the last one triggers the merge: view the payloads
-as float32 and check them for NaN/Inf, merge them (mean or RDA), step Nesterov SGD, encode the update with the downlink codec, apply its
-decoding and keep the residual, and build the sends. Reference: np.copyto of the fragment's bytes
-into a preallocated buffer, timed alternately with the rounds so both see the same machine load.
+as float32 and check them for NaN/Inf, merge them (mean or RDA), step Nesterov SGD, encode the
+update with the downlink codec, apply its decoding and keep the residual, and build the sends.
+Reference: np.copyto of the fragment's bytes into a preallocated buffer, timed alternately with the
+rounds so both see the same machine load.
 
 Merged bandwidth counts the fragment once per learner (M × fragment bytes per round); the last line
 is `sync_vs_memcpy=X.XX`, that bandwidth over the memcpy's. Before it, the round is split into its

@@ -16,6 +16,7 @@ from diloco.synchronizer import Synchronizer
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_compiled_steps():
+    """build_step_fns memoised by (model config, optimizer config, mesh) for this module."""
     cache = {}
     build = step_lib.build_step_fns
 

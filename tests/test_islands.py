@@ -31,6 +31,7 @@ BATCH, SEQ, STEPS = 8, 32, 40  # runlocal
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_compiled_steps():
+    """build_step_fns memoised by (model config, optimizer config, mesh) for this module."""
     cache = {}
     build = step_lib.build_step_fns
 
@@ -257,6 +258,7 @@ def test_every_mode_writes_a_valid_summary(runs, initial_eval_loss, mode):
     assert s["mode"] == mode
     assert (MULTI_KEYS if mode != "dp" else SUMMARY_KEYS) <= set(s)
     assert s["eval_loss"] < initial_eval_loss - 1.0, (s["eval_loss"], initial_eval_loss)
+    assert s["eval_bpb"] == pytest.approx(s["eval_loss"] / math.log(2))  # byte tokens
     assert s["params"] == 28832
     if mode == "dp":
         assert s["tokens"] == STEPS * BATCH * SEQ

@@ -129,7 +129,7 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
 
 
 def test_synchronous_merge_with_the_paper_outer_hyperparameters():
-    """lr 0.7, momentum 0.9 (not dyadic): the first step is θ − 0.7·1.9·g within float32 rounding."""
+    """lr 0.7, momentum 0.9 (not dyadic): the first step is θ − 0.7·1.9·g to float32 rounding."""
     sync = _sync(policies.SYNCHRONOUS, outer.nesterov(0.7, 0.9), learners=2)
     rng = np.random.default_rng(0)
     d = [{W1: rng.normal(size=3).astype(F32), S: rng.normal(size=2).astype(F32)} for _ in range(2)]
