@@ -1,6 +1,7 @@
 """The pure inner step: (state, batch) -> (state, metrics), jitted over one island's mesh."""
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -91,9 +92,13 @@ def abstract_state(model_cfg: transformer.ModelConfig, tx) -> tuple[nnx.GraphDef
   return graphdef, jax.eval_shape(build)
 
 
+@functools.cache
 def build_step_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig,
                    mesh: Mesh) -> StepFns:
-  """Jits init, train and eval steps with explicit shardings over `mesh` and donation."""
+  """Jits init, train and eval steps with explicit shardings over `mesh` and donation.
+
+  Cached: islands (and tests) with the same model, optimizer and mesh share one compilation.
+  """
   tx = make_optimizer(opt_cfg)
   schedule = lr_schedule(opt_cfg)
   graphdef, shapes = abstract_state(model_cfg, tx)

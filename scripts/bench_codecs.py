@@ -13,30 +13,15 @@ memcpy's, and the speedup over the plain numpy expression sum(w·Δ). The last l
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 
 import numpy as np
 from absl import app, flags
 
-from diloco import compression, merging
+from diloco import compression, merging, timing
 
 _MBYTES = flags.DEFINE_integer("mbytes", 64, "Fragment size in MiB of float32.")
 _LEARNERS = flags.DEFINE_integer("learners", 8, "Deltas merged.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per measurement; the best is reported.")
-
-
-def best_seconds(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Fastest of ``repeats`` runs of each function, run in turn, after one warm-up each."""
-    best = [float("inf")] * len(fns)
-    for fn in fns:
-        fn()
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
 
 
 def naive_mean(deltas: list[np.ndarray], w: np.ndarray) -> np.ndarray:
@@ -52,13 +37,13 @@ def main(argv):
     dst = np.empty_like(x_N)
     copy = lambda: np.copyto(dst, x_N)  # noqa: E731
     print(f"fragment {x_N.nbytes / 2**20:.0f} MiB of float32, {reps} timed runs each, best kept")
-    memcpy, t_bytes = best_seconds([copy, x_N.tobytes], reps)
+    memcpy, t_bytes = timing.best_seconds([copy, x_N.tobytes], reps)
     print(f"x.tobytes() alone (a fresh bytes object, as every payload is): "
           f"{t_bytes * 1e3:.2f} ms = {t_bytes / memcpy:.2f}x memcpy")
 
     for codec in compression.CODECS:
         enc = compression.encode(x_N, codec)
-        memcpy, t_enc, t_dec = best_seconds(
+        memcpy, t_enc, t_dec = timing.best_seconds(
             [copy, lambda: compression.encode(x_N, codec), lambda: compression.decode(enc)], reps)
         print(f"{codec:5s} wire {enc.nbytes / x_N.nbytes:.4f} of fp32  "
               f"memcpy {memcpy * 1e3:5.2f} ms  "
@@ -68,7 +53,7 @@ def main(argv):
     m = _LEARNERS.value
     deltas = [rng.standard_normal(n, dtype=np.float32) for _ in range(m)]
     w = merging.equal_weights(m)
-    memcpy, t_naive, t_mean, t_rda = best_seconds(
+    memcpy, t_naive, t_mean, t_rda = timing.best_seconds(
         [copy, lambda: naive_mean(deltas, w), lambda: merging.weighted_mean(deltas, w),
          lambda: merging.rda(deltas, w)], reps)
     memcpy_bw = 2 * x_N.nbytes / memcpy

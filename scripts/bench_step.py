@@ -16,7 +16,7 @@ import numpy as np
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from diloco import configlib, sharding
+from diloco import configlib, sharding, timing
 from diloco import step as step_lib
 from diloco.models import transformer
 
@@ -28,18 +28,6 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute
 _ATTENTION = flags.DEFINE_enum("attention", "both", ["einsum", "dot_product_attention", "both"],
                                "Attention implementation(s) to time.")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 0, "Matmul size N (0: 2048 on CPU, 8192 else).")
-
-
-def _best_time(fn, repeats: int) -> float:
-  """Median seconds per call after warm-up; fn must block until done."""
-  for _ in range(3):
-    fn()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return float(np.median(times))
 
 
 def step_flops_per_s(model_cfg, mesh) -> float:
@@ -54,7 +42,7 @@ def step_flops_per_s(model_cfg, mesh) -> float:
     state[0], m = fns.train(state[0], batch)
     jax.block_until_ready(m["loss"])
 
-  seconds = _best_time(one, _STEPS.value)
+  seconds = timing.median_seconds(one, _STEPS.value, warmup=3)
   flops = transformer.flops_per_token(model_cfg, _SEQ.value) * _BATCH.value * _SEQ.value
   print(f"step[{model_cfg.attention}]: {seconds * 1e3:.2f} ms, {flops / seconds / 1e9:.2f} GFLOP/s,"
         f" {_BATCH.value * _SEQ.value / seconds:,.0f} tokens/s")
@@ -67,7 +55,7 @@ def matmul_flops_per_s(mesh, dtype) -> float:
   a = jax.device_put(jnp.ones((n, n), dtype), rows)
   b = jax.device_put(jnp.ones((n, n), dtype), NamedSharding(mesh, P()))
   dot = jax.jit(jnp.dot, out_shardings=rows)
-  seconds = _best_time(lambda: jax.block_until_ready(dot(a, b)), 10)
+  seconds = timing.median_seconds(lambda: jax.block_until_ready(dot(a, b)), 10, warmup=3)
   print(f"matmul {n}x{n}x{n} {jnp.dtype(dtype).name}: {seconds * 1e3:.2f} ms,"
         f" {2 * n**3 / seconds / 1e9:.2f} GFLOP/s")
   return 2 * n**3 / seconds

@@ -17,14 +17,12 @@ phases (each timed alone, same inputs) to show where the time goes.
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable
 
 import jax
 import numpy as np
 from absl import app, flags
 
-from diloco import compression, fragments, merging, outer, policies
+from diloco import compression, fragments, merging, outer, policies, timing
 from diloco.protocol import Join, Upload
 from diloco.synchronizer import Synchronizer
 
@@ -34,19 +32,6 @@ _MERGE = flags.DEFINE_enum("merge", "mean", list(merging.RULES), "Merge rule.")
 _DOWNLINK = flags.DEFINE_enum("downlink", "fp4", list(compression.CODECS), "Downlink codec.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds; the fastest is reported.")
 LEAVES = 4
-
-
-def best_seconds(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Fastest of ``repeats`` runs of each function, run in turn, after one warm-up each."""
-    best = [float("inf")] * len(fns)
-    for fn in fns:
-        fn()
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
 
 
 def make_fragment(mbytes: int) -> dict[str, np.ndarray]:
@@ -85,7 +70,7 @@ def main(argv):
     flat = next(iter(params.values()))
     src = np.concatenate([x.reshape(-1) for x in params.values()])
     dst = np.empty_like(src)
-    memcpy, t_round = best_seconds([lambda: np.copyto(dst, src), round_], reps)
+    memcpy, t_round = timing.best_seconds([lambda: np.copyto(dst, src), round_], reps)
     merged_bw = m * nbytes / t_round
     copy_bw = nbytes / memcpy
     print(f"fragment {nbytes / 2**20:.0f} MiB ({LEAVES} leaves of {flat.shape}), {m} learners, "
@@ -120,7 +105,7 @@ def main(argv):
         "apply + residual": lambda: ({k: old[k] + raw[k] for k in old},
                                      {k: raw[k] - old[k] for k in old}),
     }
-    times = best_seconds([lambda: np.copyto(dst, src), *phases.values()], reps)
+    times = timing.best_seconds([lambda: np.copyto(dst, src), *phases.values()], reps)
     for name, t in zip(phases, times[1:]):
         print(f"  {name:22s} {t * 1e3:8.2f} ms = {t / times[0]:6.2f}x memcpy  "
               f"({t / t_round:5.1%} of a round)")

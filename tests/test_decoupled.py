@@ -10,25 +10,8 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import metrics, multi, step as step_lib, train
+from diloco import metrics, multi, train
 from diloco.synchronizer import Synchronizer
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_compiled_steps():
-    """build_step_fns memoised by (model config, optimizer config, mesh) for this module."""
-    cache = {}
-    build = step_lib.build_step_fns
-
-    def cached(model_cfg, opt_cfg, mesh):
-        key = (model_cfg, opt_cfg, mesh)
-        if key not in cache:
-            cache[key] = build(model_cfg, opt_cfg, mesh)
-        return cache[key]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(step_lib, "build_step_fns", cached)
-        yield
 
 
 def _config(arg: str, **overrides):

@@ -29,23 +29,6 @@ MULTI_KEYS = SUMMARY_KEYS | {"learners", "outer_steps", "bytes_sent", "bytes_rec
 BATCH, SEQ, STEPS = 8, 32, 40  # runlocal
 
 
-@pytest.fixture(scope="module", autouse=True)
-def shared_compiled_steps():
-    """build_step_fns memoised by (model config, optimizer config, mesh) for this module."""
-    cache = {}
-    build = step_lib.build_step_fns
-
-    def cached(model_cfg, opt_cfg, mesh):
-        key = (model_cfg, opt_cfg, mesh)
-        if key not in cache:
-            cache[key] = build(model_cfg, opt_cfg, mesh)
-        return cache[key]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(step_lib, "build_step_fns", cached)
-        yield
-
-
 def _config(arg: str, **overrides):
     """shakespeare.get_config(arg) with dotted-key overrides (`outer__lr=1.0` is outer.lr)."""
     c = shakespeare.get_config(arg)
