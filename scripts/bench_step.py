@@ -8,7 +8,6 @@ Prints achieved FLOP/s of the step (model FLOPs per token x tokens / step time) 
 the ratio of the faster one.
 """
 
-import time
 
 import jax
 import jax.numpy as jnp

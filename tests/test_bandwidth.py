@@ -2,13 +2,12 @@
 
 import json
 
-import numpy as np
 import pytest
 
 from configs import bandwidth as bandwidth_config
 from diloco import compression
 from diloco.sim import bandwidth, bandwidth_reference
-from diloco.sim.timeline import SyncPlan, Workload, required_bandwidth, utilization
+from diloco.sim.timeline import Workload, required_bandwidth, utilization
 
 
 def test_data_parallel_bytes_per_step_are_the_ring_all_reduce():
