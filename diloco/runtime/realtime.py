@@ -1,0 +1,339 @@
+"""Real-time drivers shared by the threads and gRPC runtimes: the synchronizer host and the loop of
+one learner.
+
+`SyncHost` owns one `Synchronizer` (the sans-I/O state machine) and serializes every event into it
+under one lock, because callers (learner threads, gRPC worker threads, the timer thread) run
+concurrently. It adds what a real deployment needs around the state machine: sessions (a learner id
+is held by one live process at a time), heartbeats (a learner silent for `absent_after_s` becomes a
+`Leave` and is left out of quorums until it joins again), a per-learner outbox of numbered sends
+that learners long-poll and acknowledge, real timers for the grace window, a progress rate limit
+and a cap on registered learners. Refusals raise `Refused(code, message)` and never reach the
+synchronizer, so they leave its state unchanged.
+
+`run_learner` trains one learner continuously over any `Link` (in-process or gRPC): it joins, takes
+steps, uploads due fragments, applies what arrives, keeps training while the synchronizer is
+unreachable and rejoins with exponential backoff.
+"""
+
+import heapq
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from diloco import protocol
+from diloco.learner import Learner
+from diloco.synchronizer import Synchronizer
+
+# Synchronizer reject codes that mean "the upload itself is malformed" (vs. no longer applicable).
+INVALID_UPLOAD = ("unknown_fragment", "checksum", "paths", "shape", "payload_size", "no_progress")
+
+
+class Refused(Exception):
+    """A call the host turns down; `code` is one of RPC_CODES' keys in diloco/rpc/service.py."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class Unreachable(Exception):
+    """The synchronizer could not be reached (a learner keeps training and retries)."""
+
+
+class SyncHost:
+    """Thread-safe real-time host of one synchronizer state machine."""
+
+    def __init__(self, sync: Synchronizer, *, absent_after_s: float = 5.0,
+                 max_learners: int = 64, progress_per_s: float = 50.0,
+                 on_log: Callable[[dict], None] = lambda r: None,
+                 on_checkpoint: Callable[[Synchronizer], None] = lambda s: None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.sync, self.absent_after_s, self.max_learners = sync, absent_after_s, max_learners
+        self.progress_per_s = progress_per_s
+        self.on_log, self.on_checkpoint, self.clock = on_log, on_checkpoint, clock
+        self.t0 = clock()
+        self.cond = threading.Condition()
+        self.sessions: dict[int, str] = {}
+        self.last_seen: dict[int, float] = {}
+        self.finished: set[int] = set()
+        self.outbox: dict[int, list[tuple[int, protocol.Send]]] = {}
+        self.last_seq: dict[int, int] = {}
+        self.buckets: dict[int, tuple[float, float]] = {}  # learner -> (tokens, last refill)
+        self.timers: list[float] = []
+        self.counts: dict[str, int] = {}
+        self.merges = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._background, daemon=True, name="sync-timers")
+        self._thread.start()
+
+    def now(self) -> float:
+        return self.clock() - self.t0
+
+    def count(self, code: str) -> None:
+        with self.cond:
+            self.counts[code] = self.counts.get(code, 0) + 1
+
+    def _refuse(self, code: str, message: str) -> Refused:
+        self.counts[code] = self.counts.get(code, 0) + 1
+        self.on_log({"event": "refused", "code": code, "reason": message, "time": self.now()})
+        return Refused(code, message)
+
+    # ---- calls from learners ----
+
+    def join(self, learner: int, session: str, versions: tuple[int, ...],
+             generations: tuple[int, ...] = ()) -> tuple[int, int]:
+        """Registers (or re-registers) a learner; returns (generation, last sequence number)."""
+        with self.cond:
+            if learner < 0:
+                raise self._refuse("invalid", f"learner id must be >= 0, got {learner}")
+            held = self.sessions.get(learner)
+            if held is not None and held != session and learner in self.sync.live:
+                raise self._refuse("already_exists", f"learner {learner} is held by a live "
+                                   "process; retry after it has been silent for "
+                                   f"{self.absent_after_s} s")
+            if held is None and len(self.sessions) >= self.max_learners:
+                raise self._refuse("too_many", f"{self.max_learners} learners registered already")
+            num = self.sync.frag.num_fragments
+            if len(versions) != num or (generations and len(generations) != num):
+                raise self._refuse("invalid", f"join with {len(versions)} versions and "
+                                   f"{len(generations)} generations, expected {num}")
+            self.sessions[learner] = session
+            self.last_seen[learner] = self.now()
+            self.outbox[learner] = []
+            self.last_seq.setdefault(learner, 0)
+            self.finished.discard(learner)
+            self._act(self.sync.handle(protocol.Join(learner, self.now(), tuple(versions),
+                                                     tuple(generations))))
+            return self.sync.generation, self.last_seq[learner] - len(self.outbox[learner])
+
+    def _check_session(self, learner: int, session: str) -> None:
+        if self.sessions.get(learner) != session or learner not in self.sync.live:
+            raise self._refuse("not_joined", f"learner {learner} has no live session here; "
+                               "join again")
+        self.last_seen[learner] = self.now()
+
+    def progress(self, learner: int, session: str, finished: bool = False) -> bool:
+        """A heartbeat; returns whether the run is settled (see `settled`)."""
+        with self.cond:
+            self._check_session(learner, session)
+            if not self._take_token(learner):
+                raise self._refuse("rate_limited", f"learner {learner} reports progress more than "
+                                   f"{self.progress_per_s}/s")
+            if finished:
+                self.finished.add(learner)
+            return self.settled()
+
+    def _take_token(self, learner: int) -> bool:
+        burst = max(self.progress_per_s, 1.0)
+        tokens, last = self.buckets.get(learner, (burst, self.now()))
+        tokens = min(burst, tokens + (self.now() - last) * self.progress_per_s)
+        ok = tokens >= 1.0
+        self.buckets[learner] = (tokens - 1.0 if ok else tokens, self.now())
+        return ok
+
+    def settled(self) -> bool:
+        """Every member finished, no upload waits for a merge and no send waits for delivery."""
+        live = self.sync.live
+        return (bool(self.sync.members) and self.sync.members <= self.finished | (
+            self.sync.members - live) and live <= self.finished
+            and not any(self.sync.pending) and not any(self.outbox.get(m) for m in live))
+
+    def upload(self, learner: int, session: str, up: protocol.Upload) -> int:
+        """Hands an upload to the synchronizer; returns how many merges it triggered."""
+        with self.cond:
+            self._check_session(learner, session)
+            if up.learner != learner:
+                raise self._refuse("invalid", f"upload names learner {up.learner}, sent by "
+                                   f"{learner}")
+            up = _with_time(up, self.now())
+            before = self.merges
+            actions = self.sync.handle(up)
+            rejects = [a for a in actions if isinstance(a, protocol.Log)
+                       and a.record["event"] == "reject" and a.record["learner"] == learner
+                       and a.record["fragment"] == up.fragment]
+            self._act(actions)
+            if len(actions) == 1 and rejects:
+                r = rejects[0].record
+                kind = "invalid" if r["code"] in INVALID_UPLOAD else "stale"
+                self.counts[kind] = self.counts.get(kind, 0) + 1
+                raise Refused(kind, f"upload of fragment {up.fragment} rejected "
+                              f"({r['code']}): {r['reason']}")
+            return self.merges - before
+
+    def poll(self, learner: int, session: str, after_seq: int,
+             wait_s: float) -> list[tuple[int, protocol.Send]]:
+        """Sends numbered after `after_seq`, waiting up to `wait_s` for one to exist."""
+        deadline = time.monotonic() + max(wait_s, 0.0)
+        with self.cond:
+            self._check_session(learner, session)
+            while True:
+                box = self.outbox[learner]
+                box[:] = [(s, m) for s, m in box if s > after_seq]  # acknowledged: forget
+                if box or self._stop.is_set():
+                    return list(box)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self.cond.wait(left)
+                if self.sessions.get(learner) != session:
+                    raise self._refuse("not_joined", f"learner {learner} joined elsewhere")
+                self.last_seen[learner] = self.now()
+
+    # ---- actions, timers and liveness ----
+
+    def _act(self, actions: list[protocol.Action]) -> None:
+        for a in actions:
+            if isinstance(a, protocol.Send):
+                if a.learner in self.outbox:
+                    self.last_seq[a.learner] += 1
+                    self.outbox[a.learner].append((self.last_seq[a.learner], a))
+            elif isinstance(a, protocol.SetTimer):
+                heapq.heappush(self.timers, a.time)
+            elif isinstance(a, protocol.Checkpoint):
+                self.on_checkpoint(self.sync)
+            elif isinstance(a, protocol.Log):
+                self.merges += a.record["event"] == "merge"
+                self.on_log(a.record)
+        self.cond.notify_all()
+
+    def _background(self) -> None:
+        while not self._stop.wait(0.05):
+            with self.cond:
+                now = self.now()
+                while self.timers and self.timers[0] <= now:
+                    heapq.heappop(self.timers)
+                    self._act(self.sync.handle(protocol.Tick(now)))
+                for m in sorted(self.sync.live):
+                    if now - self.last_seen.get(m, now) > self.absent_after_s:
+                        self.counts["absent"] = self.counts.get("absent", 0) + 1
+                        self.on_log({"event": "absent", "learner": m, "time": now})
+                        self._act(self.sync.handle(protocol.Leave(m, now)))
+
+    def close(self) -> None:
+        self._stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        self._thread.join(timeout=2.0)
+
+
+def _with_time(up: protocol.Upload, now: float) -> protocol.Upload:
+    """The upload stamped with its arrival time (the checksum does not cover times)."""
+    import dataclasses
+    return dataclasses.replace(up, time=now)
+
+
+class Link(Protocol):
+    """A learner's connection to the synchronizer (in-process or gRPC)."""
+
+    def join(self, versions: tuple[int, ...], generations: tuple[int, ...]) -> None: ...
+    def progress(self, finished: bool) -> bool: ...
+    def upload(self, up: protocol.Upload) -> None: ...
+    def poll(self, wait_s: float) -> list[protocol.Send]: ...
+
+
+def run_learner(learner: Learner, link: Link, next_batch: Callable[[], dict], steps: int, *,
+                overlap: int, blocking: bool, heartbeat_s: float = 0.5,
+                stop: threading.Event | None = None, on_step: Callable[..., None] | None = None,
+                max_backoff_s: float = 4.0, settle_timeout_s: float = 60.0,
+                seed: int = 0) -> dict[str, Any]:
+    """Trains `learner` to `steps` inner steps over `link`, then waits for the run to settle."""
+    stop = stop or threading.Event()
+    rng = random.Random(seed)
+    st = {"joined": False, "retry_at": 0.0, "backoff": 0.1, "beat": 0.0, "rejoins": 0,
+          "unreachable_steps": 0, "applied": 0, "dropped": 0}
+    inflight: dict[int, int] = {}
+
+    def fail(err: Exception) -> None:
+        st["joined"] = False
+        st["retry_at"] = time.monotonic() + st["backoff"] * (0.5 + rng.random())
+        st["backoff"] = min(2 * st["backoff"], max_backoff_s)
+        del err
+
+    def ensure_joined() -> bool:
+        if st["joined"] or time.monotonic() < st["retry_at"]:
+            return st["joined"]
+        try:
+            link.join(tuple(learner.versions), tuple(learner.generations))
+        except (Unreachable, Refused) as err:
+            fail(err)
+            return False
+        st.update(joined=True, backoff=0.1, beat=time.monotonic())
+        st["rejoins"] += 1
+        inflight.clear()  # the synchronizer forgot them or will answer them through the join
+        return True
+
+    def deliver(wait_s: float) -> None:
+        try:
+            sends = link.poll(wait_s)
+        except (Unreachable, Refused) as err:
+            fail(err)
+            return
+        for s in sends:
+            why = learner.accepts(s)
+            if why is None:
+                learner.receive(s)
+                inflight.pop(s.fragment, None)
+                st["applied"] += 1
+            elif why == "gap":
+                st["joined"] = False  # messages were lost: join again to be sent what we miss
+            else:
+                st["dropped"] += 1
+
+    def beat(finished: bool = False) -> bool:
+        try:
+            settled = link.progress(finished)
+            st["beat"] = time.monotonic()
+            return settled
+        except (Unreachable, Refused) as err:
+            fail(err)
+            return False
+
+    last = time.monotonic()
+    while learner.steps < steps and not stop.is_set():
+        if ensure_joined():
+            deliver(0.0)
+            if st["joined"] and time.monotonic() - st["beat"] > heartbeat_s:
+                beat()
+        holds_all = all(v >= 0 for v in learner.versions)
+        waiting = blocking and any(learner.steps >= s + overlap for s in inflight.values())
+        if not holds_all or waiting:
+            if st["joined"]:
+                deliver(min(heartbeat_s, 0.5))
+            else:
+                time.sleep(0.05)
+            last = time.monotonic()
+            continue
+        metrics = learner.step(next_batch())
+        now = time.monotonic()
+        step_time, last = now - last, now
+        if on_step is not None:
+            on_step(learner, metrics)
+        if not st["joined"]:
+            st["unreachable_steps"] += 1
+        for p in learner.due():
+            if not st["joined"]:
+                continue  # the progress stays in the counters and goes with the next upload
+            try:
+                link.upload(learner.upload(p, sent_time=0.0, arrival_time=0.0,
+                                           step_time=step_time))
+                inflight[p] = learner.steps
+            except Refused:
+                pass  # rejected (stale or duplicate): the next scheduled upload carries on
+            except Unreachable as err:
+                fail(err)
+    deadline = time.monotonic() + settle_timeout_s
+    settled = False
+    while not stop.is_set() and time.monotonic() < deadline:
+        if ensure_joined():
+            deliver(0.2)
+            if beat(finished=True) and not inflight:
+                deliver(0.0)
+                settled = True
+                break
+        else:
+            time.sleep(0.05)
+    return {"steps": learner.steps, "tokens": learner.tokens, "settled": settled,
+            "joins": st["rejoins"], "unreachable_steps": st["unreachable_steps"],
+            "applied": st["applied"], "dropped": st["dropped"]}

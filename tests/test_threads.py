@@ -1,0 +1,57 @@
+"""Threads runtime: one thread per learner on its own sub-mesh, against the virtual runtime."""
+
+import numpy as np
+import pytest
+
+from configs import shakespeare
+from diloco import multi
+from diloco.runtime import threads
+
+
+@pytest.fixture(scope="module")
+def both_runs(tmp_path_factory):
+    """The same synchronous config (K = all, blocking, tau = 0) on the virtual and threads runtimes."""
+    config = shakespeare.get_config("mode=diloco,runlocal,steps=20")
+    made = []
+
+    class Recording(multi.Synchronizer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    original = multi.Synchronizer
+    multi.Synchronizer = Recording
+    try:
+        virtual = multi.run(config, str(tmp_path_factory.mktemp("virtual")))
+    finally:
+        multi.Synchronizer = original
+    return config, virtual, made[0].global_params(), threads.run(config)
+
+
+def test_threads_matches_virtual_bit_for_bit(both_runs):
+    config, virtual, virtual_globals, run = both_runs
+    # 20 steps, H = 10: two merges, each learner does all 20 steps.
+    assert run["merges"] == virtual["merges"] == 2
+    assert [r["steps"] for r in run["per_learner"]] == [20, 20]
+    # Timing cannot matter here, so the global parameters are bit-identical (tolerance 0).
+    assert threads.max_abs_diff(virtual_globals, run["global_params"]) == 0.0
+    for learner_copy in run["learner_globals"]:
+        assert threads.max_abs_diff(run["global_params"], learner_copy) == 0.0
+    assert all(r["settled"] for r in run["per_learner"])
+    assert run["refusals"] == {}
+    # Training moved the parameters away from their initial values.
+    _, _, sync = threads.build(config)
+    assert threads.max_abs_diff(sync.global_params(), run["global_params"]) > 1e-4
+
+
+def test_split_devices_gives_disjoint_sub_meshes():
+    import jax
+    islands = multi.split_devices(jax.devices(), 2)
+    assert [len(d) for d in islands] == [4, 4]
+    assert not set(islands[0]) & set(islands[1])
+
+
+def test_max_abs_diff_checks_paths():
+    with pytest.raises(ValueError, match="different paths"):
+        threads.max_abs_diff({"a": np.zeros(1)}, {"b": np.zeros(1)})
+    assert threads.max_abs_diff({"a": np.array([1.0, 2.0])}, {"a": np.array([1.5, 2.0])}) == 0.5
