@@ -25,7 +25,7 @@ from diloco.data import default_data_config
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = configlib.parse_arg(arg, mode="dp", model="small", runlocal=False, steps=0, batch=0,
-                            seq=0, learners=0)
+                            seq=0, learners=0, chaos="none")
   c = ml_collections.ConfigDict()
   c.mode = arg.mode
   c.seed = 0
@@ -68,6 +68,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       ema_decay=0.9,  # of the step, quorum and sync times behind the grace window
       max_staleness=1 << 20,  # contributions more versions behind are dropped
       blocking=True,  # learners wait for a fragment tau steps after sending it (synchronous)
+      elastic=False,  # quorum=0 only: crashed learners leave the quorum (else merges wait for them)
+      outlier_factor=100.0,  # reject outer gradients with norm > factor x recent median; 0 = off
+      outlier_history=4, outlier_window=16,  # norms before the fragment's median is used; kept
+      learner_checkpoint_every=0,  # learner checkpoints every N inner steps (0 = none)
+      sync_checkpoint_every=0,  # synchronizer checkpoints every N merges (0 = none)
   ))
   c.sim = ml_collections.ConfigDict(dict(
       step_s=1.0,  # simulated seconds per inner step of a speed-1 learner at batch_size
@@ -77,6 +82,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       start_times="",  # per learner start (simulated s); '' = all 0
       latency_s=0.1,  # one-way latency of each learner-synchronizer link
       bandwidth_gbps=1.0,  # bandwidth of each link
+  ))
+  c.chaos = ml_collections.ConfigDict(dict(
+      schedule=arg.chaos,  # none | light | heavy | fault lines ('a; b') | a schedule file
+      seed=0,  # of generated schedules and of bit flips
+      mtbf_s=0.0,  # light/heavy: mean time between faults per learner; 0 = preset (x run length)
+      recovery_s=0.0,  # light/heavy: mean fault duration (crash recovery); 0 = preset
+      recovery_dist="exp",  # exp | fixed | uniform (0.5-1.5 x the mean)
+      sync_mtbf_s=-1.0,  # light/heavy: synchronizer crashes; -1 = preset, 0 = none
+      kinds="",  # light/heavy: learner fault kinds, e.g. 'crash,straggle'; '' = preset
   ))
   c.compare = ml_collections.ConfigDict(dict(
       modes="dp,diloco,decoupled",  # mode=compare runs these on one token budget
@@ -101,6 +115,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.optimizer.decay_steps = max(arg.steps - c.optimizer.warmup_steps, 1)
   c.batch_size = arg.batch or c.batch_size
   c.seq_len = arg.seq or c.seq_len
+  if arg.chaos != "none":  # checkpoints on both sides, and a staleness bound for late learners
+    c.outer.learner_checkpoint_every = c.outer.inner_steps
+    c.outer.sync_checkpoint_every = 4 * c.outer.fragments
+    c.outer.max_staleness = 4 * c.outer.learners
 
   c.lock()
   return c

@@ -4,6 +4,11 @@ Per fragment p it keeps its copy of the last global version it received (Θ_p, o
 version number, and counters of inner steps and tokens since it received p. Uploads carry the
 encoded outer gradient Θ_p − θ_p; a received fragment is mixed in as θ_p ← α·θ_p + (1−α)·Θ_p and
 resets p's counters.
+
+It also keeps the synchronizer generation of each fragment version it holds (see protocol), and
+`accepts` decides whether a Send can be applied: intact, from a synchronizer generation not older
+than one already heard from, and (for an update) based on exactly the version held.
+`checkpoint_state`/`load_checkpoint_state` are what survives a crash of this learner.
 """
 
 import dataclasses
@@ -30,6 +35,8 @@ class Learner:
     state: Any = None
     global_copy: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
+    generations: list[int] = dataclasses.field(default_factory=list)
+    sync_generation: int = 0  # the newest synchronizer generation heard from
     c_steps: list[int] = dataclasses.field(default_factory=list)
     c_tokens: list[int] = dataclasses.field(default_factory=list)
     steps: int = 0
@@ -40,6 +47,7 @@ class Learner:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         n = self.frag.num_fragments
         self.versions, self.c_steps, self.c_tokens = [0] * n, [0] * n, [0] * n
+        self.generations = [0] * n
         if self.state is None:
             self.state = self.island.init_state()
 
@@ -81,7 +89,27 @@ class Learner:
             learner=self.index, fragment=p, base_version=self.versions[p],
             delta=synchronizer.outer_gradient(self.global_copy[p], local, self.codec),
             steps=self.c_steps[p], tokens=self.c_tokens[p], time=arrival_time,
-            sent_time=sent_time, step_time=step_time)
+            sent_time=sent_time, step_time=step_time, base_generation=self.generations[p])
+
+    def accepts(self, send: Send) -> str | None:
+        """Why `send` cannot be applied ('checksum', 'old_generation', 'duplicate', 'gap'), or None.
+
+        A 'gap' (an update to a version not held, or full values of an unknown newer history) means
+        messages were lost: the learner should re-join to be sent what it misses.
+        """
+        p = send.fragment
+        if not 0 <= p < self.frag.num_fragments:
+            raise ValueError(f"learner {self.index} got fragment {p} of {self.frag.num_fragments}")
+        if not send.checksum_ok():
+            return "checksum"
+        if send.generation < self.sync_generation:
+            return "old_generation"
+        held = (self.generations[p], self.versions[p])
+        if send.update is not None:
+            if (send.base_generation, send.version - 1) == held:
+                return None
+            return "duplicate" if (send.generation, send.version) <= held else "gap"
+        return None if (send.generation, send.version) > held else "duplicate"
 
     def receive(self, send: Send) -> None:
         """Takes a new global version of a fragment and mixes it into the local parameters."""
@@ -89,13 +117,49 @@ class Learner:
         if send.update is not None and send.version != self.versions[p] + 1:
             raise ValueError(f"learner {self.index} holds version {self.versions[p]} of fragment {p}"
                              f" but got an update to version {send.version}")
+        held_nothing = self.versions[p] < 0
         new = synchronizer.apply_send(self.global_copy[p], send)
         self.global_copy[p], self.versions[p] = new, send.version
-        if self.alpha > 0:
+        self.generations[p] = send.generation
+        self.sync_generation = max(self.sync_generation, send.generation)
+        if self.alpha > 0 and not held_nothing:  # nothing local worth keeping otherwise
             local = self._read(p)
             new = {k: self.alpha * local[k] + (1 - self.alpha) * new[k] for k in new}
         self._write(new)
         self.c_steps[p] = self.c_tokens[p] = 0
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a crash must not lose: {'train': TrainState, 'host': name -> np.ndarray}."""
+        host = {"versions": self.versions, "generations": self.generations,
+                "c_steps": self.c_steps, "c_tokens": self.c_tokens,
+                "counters": [self.steps, self.tokens, self.sync_generation]}
+        host = {k: np.asarray(v, np.int64) for k, v in host.items()}
+        for p in range(self.frag.num_fragments):
+            for i, k in enumerate(self.frag.paths[p]):
+                host[f"global.{p}.{i}"] = np.asarray(self.global_copy[p][k], np.float32)
+        return {"train": self.state, "host": host}
+
+    def checkpoint_like(self) -> dict[str, Any]:
+        """The shapes of `checkpoint_state()` (a restore target), from this learner's island."""
+        n, params = self.frag.num_fragments, fragments.flatten(self.island.abstract_state().params)
+        host = {k: np.zeros(n, np.int64) for k in ("versions", "generations", "c_steps",
+                                                    "c_tokens")}
+        host["counters"] = np.zeros(3, np.int64)
+        for p in range(n):
+            for i, k in enumerate(self.frag.paths[p]):
+                host[f"global.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
+        return {"train": self.island.abstract_state(), "host": host}
+
+    def load_checkpoint_state(self, saved: Mapping[str, Any]) -> None:
+        """Continues from `checkpoint_state()` output (restored onto this learner's island)."""
+        host, n = saved["host"], self.frag.num_fragments
+        self.state = saved["train"]
+        self.versions, self.generations = ([int(x) for x in host[k]] for k in ("versions",
+                                                                               "generations"))
+        self.c_steps, self.c_tokens = ([int(x) for x in host[k]] for k in ("c_steps", "c_tokens"))
+        self.steps, self.tokens, self.sync_generation = (int(x) for x in host["counters"])
+        self.global_copy = [{k: np.array(host[f"global.{p}.{i}"], np.float32)
+                             for i, k in enumerate(self.frag.paths[p])} for p in range(n)]
 
     def _read(self, p: int) -> dict[str, np.ndarray]:
         flat = fragments.flatten(self.state.params)

@@ -1,6 +1,13 @@
-"""mode=diloco|streaming|decoupled: M islands and a synchronizer on the virtual runtime."""
+"""mode=diloco|streaming|decoupled: M islands and a synchronizer on the virtual runtime.
 
+With a fault schedule (the `chaos` section) the runtime is runtime/chaotic.py and the summary gains
+a `chaos` section; learner and synchronizer checkpoints (`outer.learner_checkpoint_every`,
+`outer.sync_checkpoint_every`) can also be on without faults.
+"""
+
+import collections
 import math
+import os
 import time
 from typing import Any
 
@@ -8,10 +15,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import data as data_lib, evaluation, fragments, island as island_lib, metrics
-from diloco import outer, policies, protocol
+from diloco import chaos, data as data_lib, evaluation, fragments, integrity
+from diloco import island as island_lib, metrics, outer, policies, protocol, recovery
 from diloco.learner import Learner
-from diloco.runtime import virtual
+from diloco.runtime import chaotic, virtual
 from diloco.synchronizer import Synchronizer
 
 
@@ -73,23 +80,45 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
     schedule = fragments.Schedule(o.fragments, o.inner_steps)
-    learners = [Learner(m, isl, frag, schedule, o.codec, o.alpha, batches[m] * config.seq_len)
-                for m, isl in enumerate(islands)]
+    def make_learner(m: int) -> Learner:
+        return Learner(m, islands[m], frag, schedule, o.codec, o.alpha, batches[m] * config.seq_len)
+
+    learners = [make_learner(m) for m in range(m_count)]
     for learner in learners:
         learner.load_global(params0, [0] * o.fragments)
-    sync = Synchronizer(params0, frag, policies.from_config(config), make_outer(o),
-                        downlink_codec=o.downlink_codec or o.codec)
+    policy = policies.from_config(config)
+    screen = (integrity.OutlierScreen(o.outlier_factor, o.outlier_history, o.outlier_window)
+              if o.outlier_factor > 0 else None)
+
+    def make_sync() -> Synchronizer:
+        return Synchronizer(params0, frag, policy, make_outer(o),
+                            downlink_codec=o.downlink_codec or o.codec, screen=screen,
+                            quorum_of="members" if o.quorum == 0 and not o.elastic else "live",
+                            checkpoint_every=o.sync_checkpoint_every)
+
+    sync = make_sync()
     for m in range(m_count):
         sync.handle(_join(m, o.fragments))
+    faults = chaos.from_config(config.chaos, m_count, horizon_s=config.steps * sim.step_s)
+    if any(f.kind == "sync_crash" for f in faults) and not o.sync_checkpoint_every:
+        raise ValueError("sync_crash faults need synchronizer checkpoints: set "
+                         "outer.sync_checkpoint_every > 0")
+    recover = None
+    if faults or o.learner_checkpoint_every or o.sync_checkpoint_every:
+        recover = recovery.Recovery(workdir, make_learner, [isl.data.train_iter for isl in islands],
+                                    o.learner_checkpoint_every, o.sync_checkpoint_every)
 
     writer = metrics.MetricsWriter(workdir)
     merges: list[dict] = []
     evals: list[dict] = []
+    rejected: collections.Counter = collections.Counter()
     state = {"total_steps": 0, "pending": [None] * m_count}
     eval_every = config.eval_every * m_count
 
-    def evaluate(sim_time: float) -> dict[str, float]:
-        row = evaluate_global(islands[0], learners[0], sync)
+    def evaluate(sim_time: float) -> dict[str, float] | None:
+        if runtime.sync is None:  # down: nothing to evaluate until it restarts
+            return None
+        row = evaluate_global(islands[0], runtime.sync)
         row.update(step=state["total_steps"] // m_count, sim_time_s=sim_time,
                    tokens=sum(l.tokens for l in learners))
         writer.write(row)
@@ -107,19 +136,32 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     def on_log(record):
         if record["event"] == "merge":
             merges.append(record)
+        elif record["event"] == "reject":
+            rejected[record["code"]] += 1
         writer.write({"step": state["total_steps"] // m_count, **record}, prefix="sync/")
+
+    def on_chaos(record):
+        writer.write({"step": state["total_steps"] // m_count, **record}, prefix="chaos/")
 
     clocks = [virtual.LearnerClock(step_s=sim.step_s * speeds[m] * batches[m] / config.batch_size,
                                    rng=np.random.default_rng([config.seed, m]),
                                    jitter=sim.step_jitter, start_s=starts[m])
               for m in range(m_count)]
-    runtime = virtual.VirtualRuntime(
-        learners, sync, clocks, virtual.Network(sim.latency_s, sim.bandwidth_gbps),
-        next_batch=lambda m: next(islands[m].data.train_iter),
-        token_budget=config.steps * sum(batches) * config.seq_len, overlap=o.overlap,
-        blocking=o.blocking, on_step=on_step, on_log=on_log)
+    args = (learners, sync, clocks, virtual.Network(sim.latency_s, sim.bandwidth_gbps))
+    kwargs = dict(next_batch=lambda m: next(islands[m].data.train_iter),
+                  token_budget=config.steps * sum(batches) * config.seq_len, overlap=o.overlap,
+                  blocking=o.blocking, on_step=on_step, on_log=on_log, recovery=recover)
+    if faults:
+        with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
+            f.write(chaos.format_schedule(faults))
+        runtime = chaotic.ChaosRuntime(*args, **kwargs, faults=faults, make_sync=make_sync,
+                                       seed=config.chaos.seed, on_chaos=on_chaos)
+    else:
+        runtime = virtual.VirtualRuntime(*args, **kwargs)
     sim_time = runtime.run()
     runtime.finish()
+    if recover is not None:
+        recover.close()
     for m, prev in enumerate(state["pending"]):
         if prev is not None:
             _log_learner(writer, config, m, learners[m], *prev, force=True)
@@ -131,7 +173,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     sent, received = sum(runtime.bytes_up), sum(runtime.bytes_down)
     n_params = islands[0].param_count
     allocated = m_count * sim_time
-    return {
+    summary = {
         "mode": config.mode, "runtime": "virtual", "learners": m_count,
         "steps": max(l.steps for l in learners), "tokens": tokens, "params": n_params,
         "flops_per_token": islands[0].flops_per_token,
@@ -142,7 +184,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "bytes_per_token": (sent + received) / max(tokens, 1),
         "dp_bytes_per_token": dp_bytes_per_token(n_params, m_count, sum(batches) * config.seq_len),
         "sim_time_s": sim_time,
-        "goodput": sum(c.busy_s for c in clocks) / allocated if allocated else 0.0,
+        "goodput": sum(c.busy_s - c.wasted_s for c in clocks) / allocated if allocated else 0.0,
         "uptime": uptime(merges, sim_time, o.inner_steps * sim.step_s / o.fragments),
         "mean_quorum": float(np.mean([r["quorum"] for r in merges])) if merges else 0.0,
         "mean_staleness": float(np.mean([s for r in merges for s in r["staleness"]])) if merges else 0.0,
@@ -152,7 +194,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                         for m, (l, c, up, down) in enumerate(
                             zip(learners, clocks, runtime.bytes_up, runtime.bytes_down))],
         "eval_curve": [{"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]} for r in evals],
+        "rejected": dict(sorted(rejected.items())),
+        "merges_skipped": runtime.sync.rounds_skipped,
+        "faults": {}, "rejoins": 0, "synchronizer_restarts": 0,
     }
+    if faults:
+        summary.update(chaos_summary(runtime, faults, sim_time))
+    return summary
 
 
 def _join(m: int, num_fragments: int) -> protocol.Join:
@@ -170,12 +218,56 @@ def _log_learner(writer, config, m, learner, step, device_metrics, now, force=Fa
                   "sim_time_s": now, "tokens": learner.tokens}, prefix=f"learner{m}/")
 
 
-def evaluate_global(isl: island_lib.Island, like: Learner, sync: Synchronizer) -> dict[str, float]:
+def evaluate_global(isl: island_lib.Island, sync: Synchronizer) -> dict[str, float]:
     """Eval loss and bits per byte of the synchronizer's global parameters, on one island."""
     flat = sync.global_params()
-    cur = fragments.flatten(like.state.params)
-    placed = {k: jax.device_put(flat[k], cur[k].sharding) for k in cur}
-    return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like.state.params), isl.data)
+    shardings = fragments.flatten(isl.fns.state_shardings.params)
+    placed = {k: jax.device_put(flat[k], shardings[k]) for k in shardings}
+    like = isl.abstract_state().params
+    return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like), isl.data)
+
+
+def chaos_summary(runtime: chaotic.ChaosRuntime, faults: list[chaos.Fault],
+                  sim_time: float) -> dict[str, Any]:
+    """Summary keys of a run with faults (documented in the README)."""
+    st = runtime.stats
+    crashes = st.crashes
+    rejoined = [c for c in crashes if c["rejoined"] is not None]
+    to_rejoin = [c["rejoined"] - c["back"] for c in rejoined]
+    down = collections.Counter()
+    for c in crashes:
+        down[c["learner"]] += (c["rejoined"] if c["rejoined"] is not None else sim_time) - c["time"]
+    params = runtime.sync.global_params()
+    tainted = {k: dict(sorted(v.items())) for k, v in sorted(st.tainted.items())}
+    return {
+        "faults": dict(sorted(st.faults.items())),
+        "rejoins": len(rejoined),
+        "synchronizer_restarts": len(st.restarts),
+        "merges_skipped": st.merges_skipped + runtime.sync.rounds_skipped,
+        "chaos": {
+            "faults_scheduled": len(faults), "faults_ignored": st.ignored,
+            "faults_unused": st.unused, "crashes": len(crashes),
+            "every_crashed_learner_rejoined": all(c["rejoined"] is not None for c in crashes
+                                                  if c["back"] <= sim_time),
+            "down_at_end": sum(c["rejoined"] is None for c in crashes),
+            "learner_downtime_s": float(sum(down.values())),
+            "time_to_rejoin_s": {"mean": float(np.mean(to_rejoin)) if to_rejoin else 0.0,
+                                 "max": float(max(to_rejoin, default=0.0))},
+            "restored_from_checkpoint": sum(c["restored_step"] is not None for c in crashes),
+            "steps_lost": int(sum(st.steps_lost)),
+            "synchronizer_downtime_s": float(sum(min(r["back"], sim_time) - r["time"]
+                                                 for r in st.restarts)),
+            "merges_lost": int(sum(r["merges"] - r["restored"] for r in st.restarts
+                                   if r["restored"] is not None)),
+            "resyncs": st.resyncs,
+            "messages_dropped": dict(sorted(st.dropped.items())),
+            "refused_by_learners": dict(sorted(st.refused_by_learners.items())),
+            "tainted": tainted,
+            "tainted_merged": sum(v.get("merged", 0) for v in tainted.values()),
+            "global_params_finite": bool(all(np.isfinite(v).all() for v in params.values())),
+            "per_learner_downtime_s": [float(down[m]) for m in range(len(runtime.learners))],
+        },
+    }
 
 
 def uptime(merges: list[dict], sim_time: float, period_s: float) -> float:

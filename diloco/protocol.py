@@ -4,6 +4,13 @@ Fragments travel as path-keyed dicts ('blocks/3/attn/qkv' -> array). Learners up
 gradient Δ = Θ_base − θ_local, encoded by a codec; the synchronizer sends back either the encoded
 update that turns the learner's version v−1 into v, or the full fp32 fragment when the learner holds
 an older version.
+
+Every Upload and Send carries a CRC-32 checksum of its header numbers and payload, computed when the
+message is built (by the sender) unless given, and verified by the receiver (`checksum_ok`).
+Synchronizer generations: a synchronizer that restarts from a checkpoint starts a new generation, and
+fragment versions are numbered within the history of generations; messages carry the generation of
+the version they hold or send, so versions that a restarted synchronizer no longer knows are told
+apart from versions it does.
 """
 
 import dataclasses
@@ -11,7 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from diloco import compression
+from diloco import compression, integrity
 
 Flat = Mapping[str, np.ndarray]
 EncodedFlat = Mapping[str, compression.Encoded]
@@ -26,7 +33,8 @@ class Join:
 
     learner: int
     time: float
-    versions: tuple[int, ...]
+    versions: tuple[int, ...]  # -1: holds nothing of that fragment yet
+    generations: tuple[int, ...] = ()  # synchronizer generation of each version; () = current
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +56,21 @@ class Upload:
     time: float  # arrival at the synchronizer
     sent_time: float  # departure from the learner
     step_time: float  # the learner's recent seconds per inner step
+    base_generation: int = 0  # synchronizer generation of base_version
+    checksum: int | None = None  # None: computed now, as the sender does
+
+    def __post_init__(self):
+        if self.checksum is None:
+            object.__setattr__(self, "checksum", self.expected_checksum())
+
+    def expected_checksum(self) -> int:
+        """The checksum of this message's header numbers and payload as they are now."""
+        return integrity.with_header(
+            (self.fragment, self.base_generation, self.base_version, self.steps, self.tokens),
+            integrity.tree_crc(self.delta))
+
+    def checksum_ok(self) -> bool:
+        return self.checksum == self.expected_checksum()
 
     @property
     def nbytes(self) -> int:
@@ -76,6 +99,23 @@ class Send:
     version: int
     update: EncodedFlat | None = None  # apply to version - 1
     values: Flat | None = None  # full fp32 fragment
+    generation: int = 0  # the sender's synchronizer generation
+    base_generation: int = 0  # an update applies to version - 1 of this generation
+    checksum: int | None = None  # None: computed now; `send_checksum` reuses a payload's CRC
+
+    def __post_init__(self):
+        if self.checksum is None:
+            object.__setattr__(self, "checksum", self.expected_checksum())
+
+    def expected_checksum(self, payload_crc: int | None = None) -> int:
+        """The checksum of this message's header numbers and payload as they are now."""
+        if payload_crc is None:
+            payload_crc = integrity.tree_crc(self.update if self.update is not None else self.values)
+        return send_checksum(self.fragment, self.version, self.generation, self.base_generation,
+                             payload_crc)
+
+    def checksum_ok(self) -> bool:
+        return self.checksum == self.expected_checksum()
 
     @property
     def nbytes(self) -> int:
@@ -94,4 +134,18 @@ class Log:
     record: dict
 
 
-Action = Send | SetTimer | Log
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """Save the synchronizer's `state_dict()` now (due every N merges); `merges` names the save."""
+
+    merges: int
+
+
+Action = Send | SetTimer | Log | Checkpoint
+
+
+def send_checksum(fragment: int, version: int, generation: int, base_generation: int,
+                  payload_crc: int) -> int:
+    """A Send's checksum from its header numbers and the CRC of its payload (shared by a merge's
+    sends of one encoded update)."""
+    return integrity.with_header((fragment, version, generation, base_generation), payload_crc)

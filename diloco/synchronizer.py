@@ -10,16 +10,33 @@ window (cut short when every live learner has uploaded), then merge every pendin
 learner. The update Θ_new − Θ_old is sent encoded with the downlink codec, and the synchronizer
 itself applies the decoded update, so learners and synchronizer hold bit-identical fragments; the
 quantisation error is fed back into the next update of that fragment (error feedback).
+
+Everything that arrives is checked before it can touch the state (see `_invalid` and `_screen`): the
+checksum, the fragment id, paths, shapes and payload sizes against the model, the base version
+(known to this generation's history, not too stale, not already merged from that learner), progress,
+finite values and, with an `integrity.OutlierScreen`, the norm. A rejection is a 'reject' Log with
+the learner, fragment, a short `code` and a reason, and changes nothing else.
+
+Restarts: `state_dict()` is everything that must survive a crash (globals, outer optimizer states,
+versions, downlink residuals, EMAs, outlier history, generation history); `restart(state, g)` loads
+it and begins generation g. Who is live, what each learner holds and uploads not yet merged are
+rebuilt from learners' Joins and new uploads. With `checkpoint_every=N` a `Checkpoint` action asks
+the runtime to save the state after every N-th merge.
 """
 
+import hashlib
+import json
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
 import optax
 
-from diloco import compression, fragments, merging, policies
+from diloco import compression, fragments, integrity, merging, policies, protocol
 from diloco.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
+
+QUORUM_OF = ("live", "members")
 
 
 class Synchronizer:
@@ -27,9 +44,18 @@ class Synchronizer:
 
     def __init__(self, params: Mapping[str, np.ndarray], frag: fragments.Fragmentation,
                  policy: policies.Policy, outer_tx: optax.GradientTransformation,
-                 downlink_codec: str = "fp32"):
+                 downlink_codec: str = "fp32", *, screen: integrity.OutlierScreen | None = None,
+                 quorum_of: str = "live", checkpoint_every: int = 0):
+        """`quorum_of='members'` counts every learner that ever joined, crashed ones included, in
+        the quorum (synchronous DiLoCo without elasticity waits for them to come back); 'live'
+        counts only live learners."""
         if downlink_codec not in compression.CODECS:
             raise ValueError(f"unknown downlink codec {downlink_codec!r}")
+        if quorum_of not in QUORUM_OF:
+            raise ValueError(f"quorum_of must be one of {QUORUM_OF}, got {quorum_of!r}")
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+        self.screen, self.quorum_of, self.checkpoint_every = screen, quorum_of, checkpoint_every
         flat = fragments.flatten(params)
         frag.check(flat)
         self.frag, self.policy, self.tx, self.codec = frag, policy, outer_tx, downlink_codec
@@ -40,8 +66,16 @@ class Synchronizer:
             self.opt_states = [outer_tx.init(g) for g in self.globals]
         self.residuals = [{k: np.zeros_like(v) for k, v in g.items()} for g in self.globals]
         self.versions = [0] * num
+        self.generation = 0
+        self.lineage: dict[int, list[int]] = {}  # earlier generation -> versions shared with ours
+        self.contributed: list[dict[int, int]] = [{} for _ in range(num)]  # m -> last merged base
+        self.norms: list[list[float]] = [[] for _ in range(num)]  # recent finite Δ norms
+        self.rms: list[float] = []  # recent finite Δ norm / sqrt(values), any fragment
+        self.members: set[int] = set()
+        self.rounds_skipped = 0  # rounds that had uploads but ended with every one rejected
         self.live: set[int] = set()
         self.held: dict[int, list[int]] = {}  # fragment versions each learner was sent
+        self.held_gen: dict[int, list[int]] = {}  # ... and their generations
         self.pending: list[dict[int, Upload]] = [{} for _ in range(num)]
         self.first_upload_s: list[float | None] = [None] * num
         self.quorum_s: list[float | None] = [None] * num
@@ -66,21 +100,36 @@ class Synchronizer:
         raise TypeError(f"unknown event {event!r}")
 
     def _join(self, event: Join) -> list[Action]:
-        if len(event.versions) != self.frag.num_fragments:
+        num = self.frag.num_fragments
+        if len(event.versions) != num:
             return [_reject(event.learner, None, event.time,
-                            f"join with {len(event.versions)} versions, expected {self.frag.num_fragments}")]
+                            f"join with {len(event.versions)} versions, expected {num}", "join")]
+        gens = tuple(event.generations) or (self.generation,) * num
+        if len(gens) != num:
+            return [_reject(event.learner, None, event.time,
+                            f"join with {len(gens)} generations, expected {num}", "join")]
         self.live.add(event.learner)
+        self.members.add(event.learner)
         self.held[event.learner] = list(event.versions)
+        self.held_gen[event.learner] = list(gens)
         actions: list[Action] = [Log({"event": "join", "learner": event.learner, "time": event.time})]
-        for p, v in enumerate(event.versions):
-            if v != self.versions[p]:
+        for p, (v, g) in enumerate(zip(event.versions, gens)):
+            if v != self.versions[p] or not self._known(p, g, v):
                 actions.append(self._send(event.learner, p))
         return actions
 
+    def _known(self, p: int, generation: int, version: int) -> bool:
+        """Whether version `version` of fragment p from `generation` is in our own history."""
+        if not 0 <= version <= self.versions[p]:
+            return False
+        if generation == self.generation:
+            return True
+        return generation in self.lineage and version <= self.lineage[generation][p]
+
     def _upload(self, up: Upload) -> list[Action]:
-        reason = self._invalid(up)
-        if reason:
-            return [_reject(up.learner, up.fragment, up.time, reason)]
+        invalid = self._invalid(up)
+        if invalid:
+            return [_reject(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)]
         p = up.fragment
         self.ema_step.update(up.step_time)
         self.ema_sync.update(2.0 * max(up.time - up.sent_time, 0.0))  # up and back down
@@ -89,23 +138,33 @@ class Synchronizer:
         self.pending[p][up.learner] = up
         return self._maybe_merge(p, up.time)
 
-    def _invalid(self, up: Upload) -> str | None:
-        if not 0 <= up.fragment < self.frag.num_fragments:
-            return f"unknown fragment {up.fragment}"
-        want = self.globals[up.fragment]
+    def _invalid(self, up: Upload) -> tuple[str, str] | None:
+        """(code, reason) of the first check the upload fails, or None."""
+        p = up.fragment
+        if not 0 <= p < self.frag.num_fragments:
+            return "unknown_fragment", f"unknown fragment {p}"
+        if not up.checksum_ok():
+            return "checksum", f"checksum mismatch: payload of fragment {p} corrupted in transit"
+        want = self.globals[p]
         if sorted(up.delta) != sorted(want):
-            return "fragment paths differ from the model's"
+            return "paths", "fragment paths differ from the model's"
         for k, e in up.delta.items():
             if tuple(e.shape) != want[k].shape:
-                return f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
+                return "shape", f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
             if e.nbytes != compression.encoded_nbytes(e.codec, e.num_values, e.block):
-                return f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
-        if up.base_version > self.versions[up.fragment] or up.base_version < 0:
-            return f"unknown base version {up.base_version} (current {self.versions[up.fragment]})"
-        if self.versions[up.fragment] - up.base_version > self.policy.max_staleness:
-            return f"stale: base version {up.base_version}, current {self.versions[up.fragment]}"
+                return "payload_size", f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
+        if not self._known(p, up.base_generation, up.base_version):
+            where = (f" of generation {up.base_generation}, now {self.generation}"
+                     if up.base_generation != self.generation else "")
+            return ("unknown_base_version", f"unknown base version {up.base_version}{where} "
+                    f"(current {self.versions[p]})")
+        if self.versions[p] - up.base_version > self.policy.max_staleness:
+            return "stale", f"stale: base version {up.base_version}, current {self.versions[p]}"
+        if up.base_version <= self.contributed[p].get(up.learner, -1):
+            return ("duplicate", f"learner {up.learner} already contributed to fragment {p} on "
+                    f"base version {self.contributed[p][up.learner]}")
         if up.steps <= 0 or up.tokens <= 0:
-            return f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
+            return "no_progress", f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
         return None
 
     def _tick(self, now: float) -> list[Action]:
@@ -119,36 +178,53 @@ class Synchronizer:
 
     def _maybe_merge(self, p: int, now: float) -> list[Action]:
         pending = self.pending[p]
-        arrived = len(self.live.intersection(pending))
-        if not pending or arrived < self.policy.quorum.required(len(self.live)):
+        group = self.live if self.quorum_of == "live" else self.members
+        arrived = len(group.intersection(pending))
+        if not pending or arrived < self.policy.quorum.required(len(group)):
             return []
         if self.quorum_s[p] is None:
             self.quorum_s[p] = now
             self.ema_quorum.update(now - self.first_upload_s[p])
             grace = self.policy.grace.window(self.ema_step.get(), self.ema_quorum.get(),
                                              self.ema_sync.get())
-            if grace > 0 and not self.live.issubset(pending):
+            if grace > 0 and not group.issubset(pending):
                 self.deadline_s[p] = now + grace
                 return [SetTimer(now + grace)]
-        elif self.deadline_s[p] is not None and not self.live.issubset(pending):
+        elif self.deadline_s[p] is not None and not group.issubset(pending):
             return []  # still inside the grace window
         return self._merge(p, now)
 
-    def _merge(self, p: int, now: float) -> list[Action]:
+    def _screen(self, p: int, now: float) -> tuple[list[Upload], list[dict], list[Action]]:
+        """Pending uploads of p with their decoded deltas, less non-finite ones and outliers."""
         ups = [self.pending[p][m] for m in sorted(self.pending[p])]
         deltas = [{k: _read_only(e) for k, e in u.delta.items()} for u in ups]
-        bad = [u.learner for u, d in zip(ups, deltas) if not all(np.isfinite(x).all() for x in d.values())]
-        if bad:  # a non-finite contribution never reaches the global state
-            keep = [i for i, u in enumerate(ups) if u.learner not in bad]
-            rejects = [_reject(m, p, now, "non-finite values") for m in bad]
-            ups, deltas = [ups[i] for i in keep], [deltas[i] for i in keep]
-            for m in bad:
-                del self.pending[p][m]
-            if not ups:
-                self._reset_round(p)
-                return rejects
-        else:
-            rejects = []
+        rejected: dict[int, tuple[str, str]] = {}
+        for i, d in enumerate(deltas):  # a non-finite contribution never reaches the global state
+            if not all(np.isfinite(x).all() for x in d.values()):
+                rejected[i] = ("non_finite", "non-finite values")
+        if self.screen is not None:
+            size = sum(x.size for x in self.globals[p].values())
+            limit = self.screen.limit(self.norms[p], self.rms, size)
+            norms = {i: integrity.norm(d) for i, d in enumerate(deltas) if i not in rejected}
+            for i, n in norms.items():
+                if not n <= limit:
+                    rejected[i] = ("outlier", f"outlier: norm {n:.4g} above the limit {limit:.4g}")
+            seen = list(norms.values())  # outliers too, so a shift of the norms is followed
+            self.norms[p] = self.screen.remember(self.norms[p], seen)
+            self.rms = self.screen.remember(self.rms, [n / np.sqrt(size) for n in seen])
+        rejects: list[Action] = [_reject(ups[i].learner, p, now, rejected[i][1], rejected[i][0],
+                                         ups[i]) for i in sorted(rejected)]
+        for i in rejected:
+            del self.pending[p][ups[i].learner]
+        keep = [i for i in range(len(ups)) if i not in rejected]
+        return [ups[i] for i in keep], [deltas[i] for i in keep], rejects
+
+    def _merge(self, p: int, now: float) -> list[Action]:
+        ups, deltas, rejects = self._screen(p, now)
+        if not ups:
+            self.rounds_skipped += 1
+            self._reset_round(p)
+            return rejects
         weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
         merged = merging.merge_fragment(deltas, weights, rule=self.policy.merge)
         old = self.globals[p]
@@ -160,6 +236,9 @@ class Synchronizer:
         self.globals[p] = {k: old[k] + decoded[k] for k in old}
         self.residuals[p] = {k: raw[k] - decoded[k] for k in old}
         self.versions[p] += 1
+        for u in ups:
+            self.contributed[p][u.learner] = max(u.base_version,
+                                                 self.contributed[p].get(u.learner, -1))
         record = {
             "event": "merge", "time": now, "fragment": p, "version": self.versions[p],
             "quorum": len(ups), "learners": [u.learner for u in ups],
@@ -170,21 +249,103 @@ class Synchronizer:
         }
         self._reset_round(p)
         actions: list[Action] = rejects + [Log(record)]
+        crc = integrity.tree_crc(encoded)
         for m in sorted(self.live):
-            actions.append(self._send(m, p, encoded))
+            actions.append(self._send(m, p, encoded, crc))
+        if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
+            actions.append(protocol.Checkpoint(self.merges))
         return actions
 
     def _reset_round(self, p: int) -> None:
         self.pending[p] = {}
         self.first_upload_s[p] = self.quorum_s[p] = self.deadline_s[p] = None
 
-    def _send(self, learner: int, p: int, update=None) -> Send:
-        held = self.held.setdefault(learner, [-1] * self.frag.num_fragments)
-        v = self.versions[p]
-        send = (Send(learner, p, v, update=update) if update is not None and held[p] == v - 1
-                else Send(learner, p, v, values={k: x.copy() for k, x in self.globals[p].items()}))
-        held[p] = v
+    def _send(self, learner: int, p: int, update=None, update_crc: int | None = None) -> Send:
+        num = self.frag.num_fragments
+        held = self.held.setdefault(learner, [-1] * num)
+        held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
+        v, g = self.versions[p], self.generation
+        if update is not None and held[p] == v - 1:
+            send = Send(learner, p, v, update=update, generation=g, base_generation=held_gen[p],
+                        checksum=protocol.send_checksum(p, v, g, held_gen[p], update_crc))
+        else:
+            send = Send(learner, p, v, values={k: x.copy() for k, x in self.globals[p].items()},
+                        generation=g)
+        held[p], held_gen[p] = v, g
         return send
+
+    # ---- restarts ----
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a restart needs: {'arrays': flat name -> np.ndarray, 'meta': JSON-able}."""
+        arrays: dict[str, np.ndarray] = {"versions": np.asarray(self.versions, np.int64)}
+        for p in range(self.frag.num_fragments):
+            for i, k in enumerate(self.frag.paths[p]):
+                arrays[f"global.{p}.{i}"] = np.array(self.globals[p][k], np.float32)
+                arrays[f"residual.{p}.{i}"] = np.array(self.residuals[p][k], np.float32)
+            for i, x in enumerate(jax.tree.leaves(self.opt_states[p])):
+                arrays[f"opt.{p}.{i}"] = np.array(x)
+        meta = {
+            "generation": self.generation,
+            "lineage": [[g, list(v)] for g, v in sorted(self.lineage.items())],
+            "contributed": [sorted(c.items()) for c in self.contributed],
+            "norms": [list(n) for n in self.norms], "rms": list(self.rms),
+            "members": sorted(self.members),
+            "ema": [self.ema_step.value, self.ema_quorum.value, self.ema_sync.value],
+        }
+        return {"arrays": arrays, "meta": json.loads(json.dumps(meta))}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replaces the durable state with `state` (from `state_dict`); learners must re-join."""
+        arrays, meta = state["arrays"], state["meta"]
+        want = self.state_dict()["arrays"]
+        if sorted(arrays) != sorted(want):
+            raise ValueError(f"synchronizer state has arrays {sorted(set(arrays) ^ set(want))} "
+                             "that this model's fragments and outer optimizer do not")
+        for name, x in want.items():
+            if np.shape(arrays[name]) != x.shape or np.asarray(arrays[name]).dtype != x.dtype:
+                raise ValueError(f"synchronizer state {name}: {np.asarray(arrays[name]).dtype}"
+                                 f"{np.shape(arrays[name])}, expected {x.dtype}{x.shape}")
+        num = self.frag.num_fragments
+        self.versions = [int(v) for v in arrays["versions"]]
+        for p in range(num):
+            paths = self.frag.paths[p]
+            self.globals[p] = {k: np.array(arrays[f"global.{p}.{i}"]) for i, k in enumerate(paths)}
+            self.residuals[p] = {k: np.array(arrays[f"residual.{p}.{i}"])
+                                 for i, k in enumerate(paths)}
+            treedef = jax.tree.structure(self.opt_states[p])
+            leaves = [np.array(arrays[f"opt.{p}.{i}"]) for i in range(treedef.num_leaves)]
+            self.opt_states[p] = jax.tree.unflatten(treedef, leaves)
+        self.generation = int(meta["generation"])
+        self.lineage = {int(g): [int(x) for x in v] for g, v in meta["lineage"]}
+        self.contributed = [{int(m): int(v) for m, v in c} for c in meta["contributed"]]
+        self.norms = [[float(x) for x in n] for n in meta["norms"]]
+        self.rms = [float(x) for x in meta["rms"]]
+        self.members = {int(m) for m in meta["members"]}
+        self.ema_step.value, self.ema_quorum.value, self.ema_sync.value = meta["ema"]
+        self.live, self.held, self.held_gen = set(), {}, {}
+        for p in range(num):
+            self._reset_round(p)
+
+    def restart(self, state: Mapping[str, Any], generation: int) -> None:
+        """Loads a checkpoint and begins `generation` (larger than any generation before it).
+
+        Versions up to the checkpoint's are shared with the checkpoint's generation and, as far as
+        they were shared with it, with earlier ones; versions merged after it are forgotten.
+        """
+        self.load_state_dict(state)
+        if generation <= self.generation:
+            raise ValueError(f"new generation {generation} must exceed {self.generation}")
+        restored = list(self.versions)
+        self.lineage = {g: [min(a, b) for a, b in zip(v, restored)]
+                        for g, v in self.lineage.items()}
+        for g in range(self.generation, generation):
+            self.lineage[g] = list(restored)
+        self.generation = generation
+
+    def digest(self) -> str:
+        """sha256 of `state_dict()`: equal digests, bit-identical durable state."""
+        return state_digest(self.state_dict())
 
     # ---- views ----
 
@@ -197,9 +358,24 @@ class Synchronizer:
         return int(sum(self.versions))
 
 
-def _reject(learner: int, fragment: int | None, time: float, reason: str) -> Log:
-    return Log({"event": "reject", "learner": learner, "fragment": fragment, "time": time,
-                "reason": reason})
+def _reject(learner: int, fragment: int | None, time: float, reason: str, code: str,
+            up: Upload | None = None) -> Log:
+    record = {"event": "reject", "learner": learner, "fragment": fragment, "time": time,
+              "reason": reason, "code": code}
+    if up is not None:
+        record.update(sent_time=up.sent_time, base_version=up.base_version)
+    return Log(record)
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    """sha256 over a `state_dict()`: every array's name, dtype, shape and bytes, then the meta."""
+    h = hashlib.sha256()
+    for name in sorted(state["arrays"]):
+        x = np.ascontiguousarray(state["arrays"][name])
+        h.update(f"{name}:{x.dtype.str}:{x.shape}:".encode())
+        h.update(memoryview(x).cast("B"))
+    h.update(json.dumps(state["meta"], sort_keys=True).encode())
+    return h.hexdigest()
 
 
 def _read_only(e: compression.Encoded) -> np.ndarray:

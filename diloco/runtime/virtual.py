@@ -10,6 +10,11 @@ gives the same bits. The run stops when the learners have used the token budget
 
 Blocking learners (synchronous and Streaming DiLoCo) do not start step s+τ+1 before the fragment
 they sent at step s has come back; non-blocking learners (Decoupled DiLoCo) never wait.
+
+Every event has an owner (learner m or the synchronizer) and is dropped unchanged if its owner's
+epoch moved on before it happened (it was addressed to a process that crashed since); background
+events (faults, see runtime/chaotic.py) do not keep the run going by themselves. With a
+`recovery.Recovery`, learners and the synchronizer save checkpoints as they go.
 """
 
 import dataclasses
@@ -24,8 +29,9 @@ from diloco import protocol
 from diloco.learner import Learner
 from diloco.synchronizer import Synchronizer
 
-# Same-time ordering of event kinds (lower first).
-AT_SYNC, TIMER, AT_LEARNER, STEP_DONE, START = range(5)
+# Same-time ordering of event kinds (lower first); faults happen before anything else.
+FAULT, AT_SYNC, TIMER, AT_LEARNER, STEP_DONE, START = range(-1, 5)
+SYNC = "sync"  # owner of the synchronizer's events; learner m's events are owned by m
 
 
 @dataclasses.dataclass
@@ -38,6 +44,7 @@ class LearnerClock:
     start_s: float = 0.0
     busy_s: float = 0.0
     idle_s: float = 0.0
+    wasted_s: float = 0.0  # busy time whose work a crash lost
     waiting_since: float | None = None
     done: bool = False
     inflight: dict[int, int] = dataclasses.field(default_factory=dict)  # fragment -> step sent
@@ -62,27 +69,44 @@ class VirtualRuntime:
 
     def __init__(self, learners: list[Learner], sync: Synchronizer, clocks: list[LearnerClock],
                  network: Network, next_batch: Callable[[int], dict], token_budget: int,
-                 overlap: int, blocking: bool, on_step: Callable, on_log: Callable):
+                 overlap: int, blocking: bool, on_step: Callable, on_log: Callable,
+                 recovery: Any = None):
         self.learners, self.sync, self.clocks, self.net = learners, sync, clocks, network
         self.next_batch, self.budget = next_batch, token_budget
         self.overlap, self.blocking = overlap, blocking
         self.on_step, self.on_log = on_step, on_log
+        self.recovery = recovery  # a recovery.Recovery, or None: no checkpoints
         self.now = 0.0
         self.tokens_started = 0
         self.bytes_up = [0] * len(learners)
         self.bytes_down = [0] * len(learners)
-        self._queue: list[tuple[float, int, int, str, Any]] = []
+        self._queue: list[tuple] = []
         self._seq = itertools.count()
+        self._epochs: dict[Any, int] = {SYNC: 0, **{m: 0 for m in range(len(learners))}}
+        self._background = 0  # background events in the queue
 
-    def _push(self, time: float, order: int, kind: str, payload: Any) -> None:
-        heapq.heappush(self._queue, (time, order, next(self._seq), kind, payload))
+    def _push(self, time: float, order: int, kind: str, payload: Any, owner: Any = None,
+              background: bool = False) -> None:
+        epoch = self._epochs[owner] if owner is not None else None
+        self._background += background
+        heapq.heappush(self._queue, (time, order, next(self._seq), kind, payload, owner, epoch,
+                                     background))
+
+    def _more(self) -> bool:
+        """Whether the run goes on: some event other than a background one is due."""
+        return len(self._queue) > self._background
 
     def run(self) -> float:
         """Runs to the end of the token budget; returns the simulated time."""
+        if self.recovery is not None:
+            self.recovery.save_sync(self.sync, force=True)  # a restart always finds a checkpoint
         for m, clock in enumerate(self.clocks):
-            self._push(clock.start_s, START, "start", m)
-        while self._queue:
-            time, _, _, kind, payload = heapq.heappop(self._queue)
+            self._push(clock.start_s, START, "start", m, owner=m)
+        while self._more():
+            time, _, _, kind, payload, owner, epoch, background = heapq.heappop(self._queue)
+            self._background -= background
+            if owner is not None and self._epochs[owner] != epoch:
+                continue  # addressed to a process that crashed since
             self.now = time
             getattr(self, "_on_" + kind)(payload)
         return self.now
@@ -105,9 +129,13 @@ class VirtualRuntime:
             return
         self.tokens_started += learner.tokens_per_step
         metrics = learner.step(self.next_batch(m))
-        duration = clock.duration()
+        duration = self._duration(m)
         clock.busy_s += duration
-        self._push(self.now + duration, STEP_DONE, "step_done", (m, metrics, duration))
+        self._push(self.now + duration, STEP_DONE, "step_done", (m, metrics, duration), owner=m)
+
+    def _duration(self, m: int) -> float:
+        """Simulated seconds of the step learner m starts now."""
+        return self.clocks[m].duration()
 
     def _on_step_done(self, payload) -> None:
         m, metrics, duration = payload
@@ -115,23 +143,34 @@ class VirtualRuntime:
         self.on_step(m, learner, metrics, self.now)
         for p in learner.due():
             up = learner.upload(p, sent_time=self.now, arrival_time=0.0, step_time=duration)
-            arrival = self.now + self.net.delay(up.nbytes)
-            self.bytes_up[m] += up.nbytes
             clock.inflight[p] = learner.steps
-            self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(up, time=arrival))
-        self._push(self.now, START, "start", m)
+            self._send_up(m, up)
+        self._after_step(learner)
+        self._push(self.now, START, "start", m, owner=m)
+
+    def _after_step(self, learner: Learner) -> bool:
+        """Saves the learner's checkpoint if due; returns whether it saved."""
+        return self.recovery is not None and self.recovery.after_step(learner)
+
+    def _send_up(self, m: int, message: protocol.Upload | protocol.Join) -> None:
+        """Puts learner m's message on its link to the synchronizer."""
+        nbytes = message.nbytes if isinstance(message, protocol.Upload) else 0
+        arrival = self.now + self.net.delay(nbytes)
+        self.bytes_up[m] += nbytes
+        self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival),
+                   owner=SYNC)
 
     def _on_at_learner(self, send: protocol.Send) -> None:
         m = send.learner
         self.learners[m].receive(send)
         self.clocks[m].inflight.pop(send.fragment, None)
         if self.clocks[m].waiting_since is not None:
-            self._push(self.now, START, "start", m)
+            self._push(self.now, START, "start", m, owner=m)
 
     # ---- synchronizer side ----
 
-    def _on_at_sync(self, up: protocol.Upload) -> None:
-        self._act(self.sync.handle(up))
+    def _on_at_sync(self, event: protocol.Event) -> None:
+        self._act(self.sync.handle(event))
 
     def _on_timer(self, _) -> None:
         self._act(self.sync.handle(protocol.Tick(self.now)))
@@ -139,21 +178,38 @@ class VirtualRuntime:
     def _act(self, actions: list[protocol.Action]) -> None:
         for a in actions:
             if isinstance(a, protocol.Send):
-                self.bytes_down[a.learner] += a.nbytes
-                self._push(self.now + self.net.delay(a.nbytes), AT_LEARNER, "at_learner", a)
+                self._send_down(a)
             elif isinstance(a, protocol.SetTimer):
-                self._push(a.time, TIMER, "timer", None)
+                self._push(a.time, TIMER, "timer", None, owner=SYNC)
+            elif isinstance(a, protocol.Checkpoint):
+                self._checkpoint(a)
             elif isinstance(a, protocol.Log):
                 self.on_log(a.record)
-                if a.record["event"] == "reject":  # nothing will come back for it
-                    m, p = a.record["learner"], a.record["fragment"]
-                    self.clocks[m].inflight.pop(p, None)
-                    if self.clocks[m].waiting_since is not None:
-                        self._push(self.now, START, "start", m)
+                if a.record["event"] == "reject":
+                    self._on_reject(a.record)
+
+    def _send_down(self, send: protocol.Send) -> None:
+        """Puts a Send on the synchronizer's link to its learner."""
+        self.bytes_down[send.learner] += send.nbytes
+        self._push(self.now + self.net.delay(send.nbytes), AT_LEARNER, "at_learner", send,
+                   owner=send.learner)
+
+    def _on_reject(self, record: dict) -> None:
+        """Nothing will come back for a rejected upload: a learner waiting for it goes on."""
+        m, p = record["learner"], record["fragment"]
+        self.clocks[m].inflight.pop(p, None)
+        if self.clocks[m].waiting_since is not None:
+            self._push(self.now, START, "start", m, owner=m)
+
+    def _checkpoint(self, action: protocol.Checkpoint) -> None:
+        if self.recovery is not None:
+            self.recovery.save_sync(self.sync)
 
     def finish(self) -> None:
-        """Counts the idle time of learners still waiting at the end."""
+        """Counts the idle time of learners still waiting at the end; saves the synchronizer."""
         for clock in self.clocks:
             if clock.waiting_since is not None:
                 clock.idle_s += self.now - clock.waiting_since
                 clock.waiting_since = None
+        if self.recovery is not None and self.sync is not None:
+            self.recovery.save_sync(self.sync, force=True)
