@@ -247,8 +247,10 @@ def chaos_summary(runtime: chaotic.ChaosRuntime, faults: list[chaos.Fault],
         "chaos": {
             "faults_scheduled": len(faults), "faults_ignored": st.ignored,
             "faults_unused": st.unused, "crashes": len(crashes),
-            "every_crashed_learner_rejoined": all(c["rejoined"] is not None for c in crashes
-                                                  if c["back"] <= sim_time),
+            # ... those back before the end, unless the synchronizer was down from then on
+            "every_crashed_learner_rejoined": all(
+                c["rejoined"] is not None for c in crashes
+                if c["back"] <= sim_time and not c.get("sync_down_at_end")),
             "down_at_end": sum(c["rejoined"] is None for c in crashes),
             "learner_downtime_s": float(sum(down.values())),
             "time_to_rejoin_s": {"mean": float(np.mean(to_rejoin)) if to_rejoin else 0.0,

@@ -208,14 +208,15 @@ class ChaosRuntime(virtual.VirtualRuntime):
         for key, kind in self._taint_pending.values():
             self.stats.fate(kind, "lost")
         self._taint_pending.clear()
-        self.stats.restarts.append({"time": self.now, "back": f.end_s, "merges": sync.merges,
+        back = self.now + f.duration_s  # a 'save' crash fires after its scheduled time
+        self.stats.restarts.append({"time": self.now, "back": back, "merges": sync.merges,
                                     "restored": None, "mode": f.mode})
         self._log({"event": "fault", "kind": "sync_crash", "fault": f.describe(),
                    "merges": sync.merges})
         self._epochs[SYNC] += 1
         self.sync_up, self.sync = False, None
         self._join_inflight = [False] * len(self.learners)
-        self._push(f.end_s, FAULT, "sync_restart", None, background=True)
+        self._push(back, FAULT, "sync_restart", None, background=True)
 
     def _on_sync_restart(self, _) -> None:
         restarts = len(self.stats.restarts)
@@ -444,6 +445,8 @@ class ChaosRuntime(virtual.VirtualRuntime):
     def finish(self) -> None:
         """Brings a synchronizer still down back from its checkpoint (to evaluate and save it)."""
         if not self.sync_up:
+            for record in self._rejoin.values():  # back, but nobody to rejoin
+                record["sync_down_at_end"] = True
             self.sync = self.recovery.restore_sync(self.make_sync, generation=len(
                 self.stats.restarts))
             self.sync_up = True
