@@ -49,6 +49,8 @@ class Service:
         self._lock = threading.Lock()
         self.bytes_received = 0
         self.bytes_sent = 0
+        self.codec_bytes_up = 0  # the codec's own count of what was accepted and delivered
+        self.codec_bytes_down = 0
 
     def _add(self, received: int = 0, sent: int = 0) -> None:
         with self._lock:
@@ -126,6 +128,8 @@ class Service:
             merges = self.host.upload(first.learner, first.session, up)
         except realtime.Refused as err:
             self._fail(context, err.code, str(err))
+        with self._lock:
+            self.codec_bytes_up += up.nbytes
         return self._reply(pb.UploadReply(generation=self.host.sync.generation, merges=merges))
 
     def poll(self, data: bytes, context) -> Iterator[bytes]:
@@ -137,6 +141,8 @@ class Service:
         except realtime.Refused as err:
             self._fail(context, err.code, str(err))
         for seq, send in sends:
+            with self._lock:
+                self.codec_bytes_down += send.nbytes
             for piece in transport.split(transport.encode_message(send), self.limits.chunk_bytes):
                 yield self._reply(pb.Chunk(learner=req.learner, fragment=send.fragment,
                                            index=piece.index, total=piece.total,

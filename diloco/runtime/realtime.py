@@ -134,11 +134,11 @@ class SyncHost:
         return ok
 
     def settled(self) -> bool:
-        """Every member finished, no upload waits for a merge and no send waits for delivery."""
+        """Every learner that ever joined reported it finished (a restarted one must finish again),
+        no upload waits for a merge and no send waits for a live learner."""
         live = self.sync.live
-        return (bool(self.sync.members) and self.sync.members <= self.finished | (
-            self.sync.members - live) and live <= self.finished
-            and not any(self.sync.pending) and not any(self.outbox.get(m) for m in live))
+        return (bool(self.sync.members) and self.sync.members <= self.finished
+                and not any(self.sync.pending) and not any(self.outbox.get(m) for m in live))
 
     def upload(self, learner: int, session: str, up: protocol.Upload) -> int:
         """Hands an upload to the synchronizer; returns how many merges it triggered."""
@@ -290,12 +290,31 @@ def run_learner(learner: Learner, link: Link, next_batch: Callable[[], dict], st
             fail(err)
             return False
 
+    beating = threading.Event()
+
+    def heartbeats() -> None:  # a step (or its compilation) may outlast the absence timeout
+        while not beating.wait(heartbeat_s):
+            if st["joined"] and time.monotonic() - st["beat"] > heartbeat_s:
+                beat()
+
+    beater = threading.Thread(target=heartbeats, daemon=True, name=f"beat{learner.index}")
+    beater.start()
+    try:
+        result = _train(learner, link, next_batch, steps, overlap, blocking, heartbeat_s, stop,
+                        on_step, settle_timeout_s, st, inflight, ensure_joined, deliver, beat, fail)
+    finally:
+        beating.set()
+        beater.join()
+    return result
+
+
+def _train(learner, link, next_batch, steps, overlap, blocking, heartbeat_s, stop, on_step,
+           settle_timeout_s, st, inflight, ensure_joined, deliver, beat, fail) -> dict[str, Any]:
+    """The training and settling loops of `run_learner` (its closures passed in)."""
     last = time.monotonic()
     while learner.steps < steps and not stop.is_set():
         if ensure_joined():
             deliver(0.0)
-            if st["joined"] and time.monotonic() - st["beat"] > heartbeat_s:
-                beat()
         holds_all = all(v >= 0 for v in learner.versions)
         waiting = blocking and any(learner.steps >= s + overlap for s in inflight.values())
         if not holds_all or waiting:

@@ -1,0 +1,99 @@
+"""The synchronizer process: the gRPC service over a SyncHost, with orbax checkpoints.
+
+It starts from the newest checkpoint in WORKDIR/checkpoints/synchronizer if there is one (beginning
+a new generation, see Synchronizer.restart), else from the config's initial parameters (and saves
+that as checkpoint 0). It saves again whenever the state machine asks (every
+`outer.sync_checkpoint_every` merges) and at shutdown. The bound port goes to WORKDIR/port; the run
+ends when every learner finished, every merge was delivered and no learner is live any more (or on
+SIGTERM), and writes WORKDIR/summary.json with wire and codec byte counts.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from diloco import data as data_lib, fragments, island as island_lib, multi, policies, metrics
+from diloco import sync_checkpoint, synchronizer
+from diloco.rpc import limits as limits_lib, service
+from diloco.runtime import realtime
+from diloco.synchronizer import Synchronizer
+
+
+def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
+    """The synchronizer of a config, with the same initial parameters every learner builds."""
+    o = config.outer
+    isl = island_lib.build_island(config, jax.devices()[:1], splits=data_lib.load_splits(
+        config.data))
+    params0 = fragments.flatten(jax.device_get(isl.init_state().params))
+    frag = fragments.make(o.fragment_kind, params0, o.fragments)
+    return Synchronizer(params0, frag, policies.from_config(config), multi.make_outer(o),
+                        downlink_codec=o.downlink_codec or o.codec,
+                        checkpoint_every=max(int(o.get("sync_checkpoint_every", 0)), 1))
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, *, port: int, token: str,
+        bind: str = "127.0.0.1", cert: str = "", key: str = "",
+        limits: limits_lib.Limits = limits_lib.Limits(), max_s: float = 3600.0) -> dict[str, Any]:
+    os.makedirs(workdir, exist_ok=True)
+    sync = make_synchronizer(config)
+    ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
+    restored_from = ckpt.latest_step()
+    restored: dict[str, Any] = {}
+    if restored_from is not None:
+        state = ckpt.restore(sync.state_dict())
+        sync.restart(state, int(state["meta"]["generation"]) + 1)
+        now = sync.state_dict()["arrays"]  # a restart changes only the generation bookkeeping
+        restored = {"restored_digest": synchronizer.state_digest(state),
+                    "restored_arrays_equal": all(np.array_equal(now[k], v)
+                                                 for k, v in state["arrays"].items())}
+    else:
+        ckpt.save(sync.merges, sync.state_dict())
+    # A restarted synchronizer appends to the log of the run before it.
+    writer = metrics.MetricsWriter(workdir, resume_step=None if restored_from is None else 1 << 60)
+    lock = threading.Lock()
+
+    def on_log(record: dict) -> None:
+        with lock:
+            writer.write({"step": sync.merges, "wall_time": time.time(), **record}, prefix="sync/")
+
+    def on_checkpoint(s: Synchronizer) -> None:
+        ckpt.save(s.merges, s.state_dict())
+
+    host = realtime.SyncHost(sync, absent_after_s=limits.absent_after_s,
+                             max_learners=limits.max_learners,
+                             progress_per_s=limits.progress_per_s, on_log=on_log,
+                             on_checkpoint=on_checkpoint)
+    server, svc, bound = service.serve(host, token, port=port, bind=bind, limits=limits,
+                                       cert=cert, key=key)
+    with open(os.path.join(workdir, "port.tmp"), "w") as f:
+        f.write(str(bound))
+    os.replace(os.path.join(workdir, "port.tmp"), os.path.join(workdir, "port"))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    t0 = time.monotonic()
+    while not stop.wait(0.2) and time.monotonic() - t0 < max_s:
+        with host.cond:
+            if host.settled() and not sync.live:
+                break
+    server.stop(1.0).wait()
+    host.close()
+    with host.cond:
+        ckpt.save(sync.merges, sync.state_dict())
+        summary = {"runtime": "grpc", "role": "synchronizer", "merges": sync.merges,
+                   "generation": sync.generation, "restored_from": restored_from,
+                   "versions": list(sync.versions), "digest": sync.digest(), **restored,
+                   "refusals": dict(host.counts), "wall_s": time.monotonic() - t0,
+                   "wire_bytes_received": svc.bytes_received, "wire_bytes_sent": svc.bytes_sent,
+                   "codec_bytes_received": svc.codec_bytes_up,
+                   "codec_bytes_sent": svc.codec_bytes_down, "port": bound}
+    ckpt.close()
+    writer.close()
+    metrics.write_summary(workdir, summary)
+    return summary
