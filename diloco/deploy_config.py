@@ -1,0 +1,35 @@
+"""The `deploy` config section: how the threads and gRPC runtimes are run and secured.
+
+Call `add_deploy_section(c)` in a config's get_config before `c.lock()`.
+"""
+
+import ml_collections
+
+RUNTIMES = ("virtual", "threads", "grpc")
+
+
+def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds c.deploy with the defaults below (loopback, no TLS, token from $DILOCO_TOKEN)."""
+  c.deploy = ml_collections.ConfigDict(dict(
+      runtime="virtual",  # virtual | threads | grpc
+      bind="127.0.0.1",  # the synchronizer binds loopback unless told otherwise
+      port=0,  # 0: a free port, written to WORKDIR/port
+      cert="", key="", ca_cert="",  # TLS when set (scripts/make_certs.py makes a local pair)
+      absent_after_s=5.0,  # a learner silent this long is left out of quorums until it rejoins
+      max_learners=64, chunk_bytes=1 << 20, max_message_bytes=4 << 20,
+      tpu=ml_collections.ConfigDict(dict(  # scripts/tpu/commands.py
+          project="", zone="us-central2-b", accelerator_type="v4-8",
+          runtime_version="tpu-ubuntu2204-base", name_prefix="diloco", sync_host="",
+          repo_dir="~/diloco")),
+  ))
+  return c
+
+
+def check(deploy: ml_collections.ConfigDict) -> None:
+  """ValueError naming the first bad setting."""
+  if deploy.runtime not in RUNTIMES:
+    raise ValueError(f"deploy.runtime must be one of {RUNTIMES}, got {deploy.runtime!r}")
+  if bool(deploy.cert) != bool(deploy.key):
+    raise ValueError("deploy.cert and deploy.key go together")
+  if not 0 <= deploy.port < 65536:
+    raise ValueError(f"deploy.port out of range: {deploy.port}")
