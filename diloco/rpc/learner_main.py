@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import data as data_lib, fragments, island as island_lib, integrity
+from diloco import data as data_lib, fragments, island as island_lib, integrity, metrics
 from diloco.learner import Learner
 from diloco.rpc import client as client_lib, limits as limits_lib
 from diloco.runtime import realtime
@@ -90,6 +90,5 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
                "versions": learner.versions, "generations": learner.generations,
                "global_crc": integrity.tree_crc(held),
                "wire_bytes_sent": link.bytes_sent, "wire_bytes_received": link.bytes_received}
-    from diloco import metrics
     metrics.write_summary(workdir, summary)
     return summary
