@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import multi
+from diloco import multi, protocol
 from diloco.runtime import threads
 
 
@@ -55,3 +55,59 @@ def test_max_abs_diff_checks_paths():
     with pytest.raises(ValueError, match="different paths"):
         threads.max_abs_diff({"a": np.zeros(1)}, {"b": np.zeros(1)})
     assert threads.max_abs_diff({"a": np.array([1.0, 2.0])}, {"a": np.array([1.5, 2.0])}) == 0.5
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class _TwoFragmentSync:
+    """Records the events a SyncHost feeds it; live/members as the real synchronizer keeps them."""
+
+    class frag:
+        num_fragments = 2
+
+    def __init__(self):
+        self.live, self.members, self.pending, self.generation, self.events = (
+            set(), set(), [{}, {}], 0, [])
+
+    def handle(self, event):
+        self.events.append(event)
+        if isinstance(event, protocol.Join):
+            self.live.add(event.learner)
+            self.members.add(event.learner)
+        elif isinstance(event, protocol.Leave):
+            self.live.discard(event.learner)
+        return []
+
+
+def test_silent_learner_is_absent_until_it_rejoins():
+    import time as time_lib
+    from diloco.runtime import realtime
+    clock, sync = _Clock(), _TwoFragmentSync()
+    host = realtime.SyncHost(sync, absent_after_s=2.0, clock=clock)
+    try:
+        host.join(0, "a", (0, 0))
+        host.join(1, "b", (0, 0))
+        clock.t = 1.5
+        host.progress(0, "a")  # learner 0 heartbeats, learner 1 stays silent
+        clock.t = 2.5
+        deadline = time_lib.monotonic() + 5
+        while sync.live != {0} and time_lib.monotonic() < deadline:
+            time_lib.sleep(0.01)
+        assert sync.live == {0}
+        assert isinstance(sync.events[-1], protocol.Leave) and sync.events[-1].learner == 1
+        assert sync.events[-1].time == 2.5 and host.counts["absent"] == 1
+        with pytest.raises(realtime.Refused, match="join again"):
+            host.progress(1, "b")
+        # Another process may take the id once it is absent; a live id is refused.
+        with pytest.raises(realtime.Refused, match="held by a live process"):
+            host.join(0, "c", (0, 0))
+        host.join(1, "c", (0, 0))
+        assert sync.live == {0, 1}
+    finally:
+        host.close()
