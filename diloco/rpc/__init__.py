@@ -1,0 +1,1 @@
+"""gRPC runtime: the synchronizer service and client, the learner and synchronizer processes."""

@@ -15,6 +15,7 @@ steps, uploads due fragments, applies what arrives, keeps training while the syn
 unreachable and rejoins with exponential backoff.
 """
 
+import dataclasses
 import heapq
 import random
 import threading
@@ -220,7 +221,6 @@ class SyncHost:
 
 def _with_time(up: protocol.Upload, now: float) -> protocol.Upload:
     """The upload stamped with its arrival time (the checksum does not cover times)."""
-    import dataclasses
     return dataclasses.replace(up, time=now)
 
 
@@ -238,121 +238,133 @@ def run_learner(learner: Learner, link: Link, next_batch: Callable[[], dict], st
                 stop: threading.Event | None = None, on_step: Callable[..., None] | None = None,
                 max_backoff_s: float = 4.0, settle_timeout_s: float = 60.0,
                 seed: int = 0) -> dict[str, Any]:
-    """Trains `learner` to `steps` inner steps over `link`, then waits for the run to settle."""
-    stop = stop or threading.Event()
-    rng = random.Random(seed)
-    st = {"joined": False, "retry_at": 0.0, "backoff": 0.1, "beat": 0.0, "rejoins": 0,
-          "unreachable_steps": 0, "applied": 0, "dropped": 0}
-    inflight: dict[int, int] = {}
+    """Trains `learner` to `steps` inner steps over `link`, then waits for the run to settle.
 
-    def fail(err: Exception) -> None:
-        st["joined"] = False
-        st["retry_at"] = time.monotonic() + st["backoff"] * (0.5 + rng.random())
-        st["backoff"] = min(2 * st["backoff"], max_backoff_s)
-        del err
-
-    def ensure_joined() -> bool:
-        if st["joined"] or time.monotonic() < st["retry_at"]:
-            return st["joined"]
-        try:
-            link.join(tuple(learner.versions), tuple(learner.generations))
-        except (Unreachable, Refused) as err:
-            fail(err)
-            return False
-        st.update(joined=True, backoff=0.1, beat=time.monotonic())
-        st["rejoins"] += 1
-        inflight.clear()  # the synchronizer forgot them or will answer them through the join
-        return True
-
-    def deliver(wait_s: float) -> None:
-        try:
-            sends = link.poll(wait_s)
-        except (Unreachable, Refused) as err:
-            fail(err)
-            return
-        for s in sends:
-            why = learner.accepts(s)
-            if why is None:
-                learner.receive(s)
-                inflight.pop(s.fragment, None)
-                st["applied"] += 1
-            elif why == "gap":
-                st["joined"] = False  # messages were lost: join again to be sent what we miss
-            else:
-                st["dropped"] += 1
-
-    def beat(finished: bool = False) -> bool:
-        try:
-            settled = link.progress(finished)
-            st["beat"] = time.monotonic()
-            return settled
-        except (Unreachable, Refused) as err:
-            fail(err)
-            return False
-
+    A heartbeat thread reports progress every `heartbeat_s`, so a long step (or its compilation)
+    does not get the learner marked absent. Blocking learners (synchronous modes) do not start step
+    s+overlap+1 before the fragment sent at step s is back; non-blocking ones never wait.
+    """
+    loop = _LearnerLoop(learner, link, stop or threading.Event(), heartbeat_s, max_backoff_s,
+                        random.Random(seed))
     beating = threading.Event()
 
-    def heartbeats() -> None:  # a step (or its compilation) may outlast the absence timeout
+    def heartbeats() -> None:
         while not beating.wait(heartbeat_s):
-            if st["joined"] and time.monotonic() - st["beat"] > heartbeat_s:
-                beat()
+            if loop.joined and time.monotonic() - loop.last_beat > heartbeat_s:
+                loop.beat()
 
     beater = threading.Thread(target=heartbeats, daemon=True, name=f"beat{learner.index}")
     beater.start()
     try:
-        result = _train(learner, link, next_batch, steps, overlap, blocking, heartbeat_s, stop,
-                        on_step, settle_timeout_s, st, inflight, ensure_joined, deliver, beat, fail)
+        loop.train(next_batch, steps, overlap, blocking, on_step)
+        settled = loop.settle(settle_timeout_s)
     finally:
         beating.set()
         beater.join()
-    return result
-
-
-def _train(learner, link, next_batch, steps, overlap, blocking, heartbeat_s, stop, on_step,
-           settle_timeout_s, st, inflight, ensure_joined, deliver, beat, fail) -> dict[str, Any]:
-    """The training and settling loops of `run_learner` (its closures passed in)."""
-    last = time.monotonic()
-    while learner.steps < steps and not stop.is_set():
-        if ensure_joined():
-            deliver(0.0)
-        holds_all = all(v >= 0 for v in learner.versions)
-        waiting = blocking and any(learner.steps >= s + overlap for s in inflight.values())
-        if not holds_all or waiting:
-            if st["joined"]:
-                deliver(min(heartbeat_s, 0.5))
-            else:
-                time.sleep(0.05)
-            last = time.monotonic()
-            continue
-        metrics = learner.step(next_batch())
-        now = time.monotonic()
-        step_time, last = now - last, now
-        if on_step is not None:
-            on_step(learner, metrics)
-        if not st["joined"]:
-            st["unreachable_steps"] += 1
-        for p in learner.due():
-            if not st["joined"]:
-                continue  # the progress stays in the counters and goes with the next upload
-            try:
-                link.upload(learner.upload(p, sent_time=0.0, arrival_time=0.0,
-                                           step_time=step_time))
-                inflight[p] = learner.steps
-            except Refused:
-                pass  # rejected (stale or duplicate): the next scheduled upload carries on
-            except Unreachable as err:
-                fail(err)
-    deadline = time.monotonic() + settle_timeout_s
-    settled = False
-    while not stop.is_set() and time.monotonic() < deadline:
-        if ensure_joined():
-            deliver(0.2)
-            if beat(finished=True) and not inflight:
-                deliver(0.0)
-                settled = True
-                break
-        else:
-            time.sleep(0.05)
     return {"steps": learner.steps, "tokens": learner.tokens, "settled": settled,
-            "joins": st["rejoins"], "unreachable_steps": st["unreachable_steps"],
-            "applied": st["applied"], "dropped": st["dropped"]}
+            "joins": loop.joins, "unreachable_steps": loop.unreachable_steps,
+            "applied": loop.applied, "dropped": loop.dropped}
+
+
+class _LearnerLoop:
+    """The state of one learner's connection: joined or not, backoff, fragments in flight."""
+
+    def __init__(self, learner: Learner, link: Link, stop: threading.Event, heartbeat_s: float,
+                 max_backoff_s: float, rng: random.Random):
+        self.learner, self.link, self.stop, self.rng = learner, link, stop, rng
+        self.heartbeat_s, self.max_backoff_s = heartbeat_s, max_backoff_s
+        self.joined, self.retry_at, self.backoff, self.last_beat = False, 0.0, 0.1, 0.0
+        self.joins = self.unreachable_steps = self.applied = self.dropped = 0
+        self.inflight: dict[int, int] = {}  # fragment -> step it was sent at
+
+    def fail(self) -> None:
+        """The link failed: join again after an exponential, jittered backoff."""
+        self.joined = False
+        self.retry_at = time.monotonic() + self.backoff * (0.5 + self.rng.random())
+        self.backoff = min(2 * self.backoff, self.max_backoff_s)
+
+    def ensure_joined(self) -> bool:
+        if self.joined or time.monotonic() < self.retry_at:
+            return self.joined
+        try:
+            self.link.join(tuple(self.learner.versions), tuple(self.learner.generations))
+        except (Unreachable, Refused):
+            self.fail()
+            return False
+        self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
+        self.joins += 1
+        self.inflight.clear()  # the synchronizer forgot them or answers them through the join
+        return True
+
+    def deliver(self, wait_s: float) -> None:
+        try:
+            sends = self.link.poll(wait_s)
+        except (Unreachable, Refused):
+            self.fail()
+            return
+        for s in sends:
+            why = self.learner.accepts(s)
+            if why is None:
+                self.learner.receive(s)
+                self.inflight.pop(s.fragment, None)
+                self.applied += 1
+            elif why == "gap":
+                self.joined = False  # messages were lost: join again to be sent what we miss
+            else:
+                self.dropped += 1
+
+    def beat(self, finished: bool = False) -> bool:
+        try:
+            settled = self.link.progress(finished)
+        except (Unreachable, Refused):
+            self.fail()
+            return False
+        self.last_beat = time.monotonic()
+        return settled
+
+    def train(self, next_batch, steps: int, overlap: int, blocking: bool, on_step) -> None:
+        learner, last = self.learner, time.monotonic()
+        while learner.steps < steps and not self.stop.is_set():
+            if self.ensure_joined():
+                self.deliver(0.0)
+            holds_all = all(v >= 0 for v in learner.versions)
+            waiting = blocking and any(learner.steps >= s + overlap
+                                       for s in self.inflight.values())
+            if not holds_all or waiting:
+                if self.joined:
+                    self.deliver(min(self.heartbeat_s, 0.5))
+                else:
+                    time.sleep(0.05)
+                last = time.monotonic()
+                continue
+            metrics = learner.step(next_batch())
+            now = time.monotonic()
+            step_time, last = now - last, now
+            if on_step is not None:
+                on_step(learner, metrics)
+            if not self.joined:
+                self.unreachable_steps += 1
+                continue  # progress stays in the counters and goes with the next upload
+            for p in learner.due():
+                try:
+                    self.link.upload(learner.upload(p, sent_time=0.0, arrival_time=0.0,
+                                                    step_time=step_time))
+                    self.inflight[p] = learner.steps
+                except Refused:
+                    pass  # rejected (stale or duplicate): the next scheduled upload carries on
+                except Unreachable:
+                    self.fail()
+                    break
+
+    def settle(self, timeout_s: float) -> bool:
+        """Keeps polling until every learner finished and every merge arrived (or timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if not self.ensure_joined():
+                time.sleep(0.05)
+                continue
+            self.deliver(0.2)
+            if self.beat(finished=True) and not self.inflight:
+                self.deliver(0.0)
+                return True
+        return False
