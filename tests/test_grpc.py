@@ -141,3 +141,8 @@ def test_grpc_matches_virtual_in_the_synchronous_setting(cluster_factory, tmp_pa
     assert sync["wire_bytes_received"] > sync["codec_bytes_received"] > 0
     assert sync["codec_bytes_received"] == 2 * 2 * 4 * sum(v.size for v in virtual.values())
     assert sync["wire_bytes_sent"] > sync["codec_bytes_sent"] > 0
+    for m in range(2):  # each learner's own counts: its two fp32 uploads, and what it got
+        mine = _summary(c, f"learner{m}")
+        assert mine["codec_bytes_sent"] == 2 * 4 * sum(v.size for v in virtual.values())
+        assert mine["wire_bytes_sent"] > mine["codec_bytes_sent"]
+        assert mine["wire_bytes_received"] > mine["codec_bytes_received"] > 0

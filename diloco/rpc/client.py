@@ -34,7 +34,8 @@ class GrpcLink:
         self.channel = (grpc.secure_channel(target, creds, options=options) if creds is not None
                         else grpc.insecure_channel(target, options=options))
         self._lock = threading.Lock()
-        self.bytes_sent = self.bytes_received = 0
+        self.bytes_sent = self.bytes_received = 0  # serialized gRPC messages, both directions
+        self.codec_bytes_sent = self.codec_bytes_received = 0  # the codec's payload counts
         self.acked = 0
         self.generation = 0
         self.step_time, self.steps, self.tokens = 0.0, 0, 0
@@ -100,6 +101,7 @@ class GrpcLink:
         self.step_time, self.steps, self.tokens = up.step_time, up.steps, up.tokens
         self._call(lambda: self._upload(chunks, timeout=self.limits.call_timeout_s,
                                         metadata=self._md()))
+        self.codec_bytes_sent += up.nbytes
 
     def poll(self, wait_s: float) -> list[protocol.Send]:
         req = pb.PollRequest(learner=self.learner, session=self.session, after_seq=self.acked,
@@ -124,6 +126,7 @@ class GrpcLink:
             raise realtime.Unreachable(f"corrupt delivery: {err}") from err
         if got:
             self.acked = got[-1][0]
+        self.codec_bytes_received += sum(s.nbytes for _, s in got)
         return [s for _, s in got]
 
     def close(self) -> None:

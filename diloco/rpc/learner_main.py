@@ -89,6 +89,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
                "wall_s": wall, "tokens_per_s": learner.tokens / wall,
                "versions": learner.versions, "generations": learner.generations,
                "global_crc": integrity.tree_crc(held),
-               "wire_bytes_sent": link.bytes_sent, "wire_bytes_received": link.bytes_received}
+               "wire_bytes_sent": link.bytes_sent, "wire_bytes_received": link.bytes_received,
+               "codec_bytes_sent": link.codec_bytes_sent,
+               "codec_bytes_received": link.codec_bytes_received}
     metrics.write_summary(workdir, summary)
     return summary
