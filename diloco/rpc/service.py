@@ -103,11 +103,12 @@ class Service:
     def upload(self, chunks: Iterator[bytes], context) -> bytes:
         self._auth(context)
         joiner = transport.Reassembler(self.limits.max_upload_bytes, self.limits.max_chunks)
-        first = None
+        first, started = None, None
         try:
             for data in chunks:
                 c = self._parse(pb.Chunk, data, context)
-                first = first or c
+                if first is None:
+                    first, started = c, self.host.now()
                 if (c.learner, c.session, c.fragment) != (first.learner, first.session,
                                                            first.fragment):
                     raise transport.WireError("inconsistent", "chunks of one upload name "
@@ -125,7 +126,7 @@ class Service:
             self.host.count(err.code)
             self._fail(context, code, str(err))
         try:
-            merges = self.host.upload(first.learner, first.session, up)
+            merges = self.host.upload(first.learner, first.session, up, started)
         except realtime.Refused as err:
             self._fail(context, err.code, str(err))
         with self._lock:

@@ -141,14 +141,20 @@ class SyncHost:
         return (bool(self.sync.members) and self.sync.members <= self.finished
                 and not any(self.sync.pending) and not any(self.outbox.get(m) for m in live))
 
-    def upload(self, learner: int, session: str, up: protocol.Upload) -> int:
-        """Hands an upload to the synchronizer; returns how many merges it triggered."""
+    def upload(self, learner: int, session: str, up: protocol.Upload,
+               started: float | None = None) -> int:
+        """Hands an upload to the synchronizer; returns how many merges it triggered.
+
+        Clocks of different hosts are not comparable, so the upload's times are the host's own:
+        it arrived now and left when its first chunk came in (`started`, host time), or now.
+        """
         with self.cond:
             self._check_session(learner, session)
             if up.learner != learner:
                 raise self._refuse("invalid", f"upload names learner {up.learner}, sent by "
                                    f"{learner}")
-            up = _with_time(up, self.now())
+            now = self.now()
+            up = dataclasses.replace(up, time=now, sent_time=now if started is None else started)
             before = self.merges
             actions = self.sync.handle(up)
             rejects = [a for a in actions if isinstance(a, protocol.Log)
@@ -217,11 +223,6 @@ class SyncHost:
         with self.cond:
             self.cond.notify_all()
         self._thread.join(timeout=2.0)
-
-
-def _with_time(up: protocol.Upload, now: float) -> protocol.Upload:
-    """The upload stamped with its arrival time (the checksum does not cover times)."""
-    return dataclasses.replace(up, time=now)
 
 
 class Link(Protocol):
