@@ -25,23 +25,23 @@ def both_runs(tmp_path_factory):
         virtual = multi.run(config, str(tmp_path_factory.mktemp("virtual")))
     finally:
         multi.Synchronizer = original
-    return config, virtual, made[0].global_params(), threads.run(config)
+    return config, virtual, made[0].global_params(), threads.train(config)
 
 
 def test_threads_matches_virtual_bit_for_bit(both_runs):
-    config, virtual, virtual_globals, run = both_runs
+    config, virtual, virtual_globals, (run, run_globals, learner_copies) = both_runs
     # 20 steps, H = 10: two merges, each learner does all 20 steps.
     assert run["merges"] == virtual["merges"] == 2
     assert [r["steps"] for r in run["per_learner"]] == [20, 20]
     # Timing cannot matter here, so the global parameters are bit-identical (tolerance 0).
-    assert threads.max_abs_diff(virtual_globals, run["global_params"]) == 0.0
-    for learner_copy in run["learner_globals"]:
-        assert threads.max_abs_diff(run["global_params"], learner_copy) == 0.0
+    assert threads.max_abs_diff(virtual_globals, run_globals) == 0.0
+    for learner_copy in learner_copies:
+        assert threads.max_abs_diff(run_globals, learner_copy) == 0.0
     assert all(r["settled"] for r in run["per_learner"])
     assert run["refusals"] == {}
     # Training moved the parameters away from their initial values.
     _, _, sync = threads.build(config)
-    assert threads.max_abs_diff(sync.global_params(), run["global_params"]) > 1e-4
+    assert threads.max_abs_diff(sync.global_params(), run_globals) > 1e-4
 
 
 def test_split_devices_gives_disjoint_sub_meshes():

@@ -66,8 +66,14 @@ def build(config: ml_collections.ConfigDict):
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:
-    """Trains every learner for `config.steps` inner steps in its own thread; returns a summary."""
+    """Trains every learner for `config.steps` inner steps in its own thread; a JSON-able summary."""
     del workdir  # the threads runtime keeps its records in the returned summary
+    return train(config)[0]
+
+
+def train(config: ml_collections.ConfigDict
+          ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """(summary, the synchronizer's global parameters, each learner's copy of them)."""
     islands, learners, sync = build(config)
     merges: list[dict] = []
     host = realtime.SyncHost(sync, absent_after_s=60.0,
@@ -98,12 +104,12 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[s
     if errors:
         raise errors[0]
     tokens = sum(l.tokens for l in learners)
-    return {"mode": config.mode, "runtime": "threads", "learners": len(learners),
-            "steps": max(l.steps for l in learners), "tokens": tokens, "wall_s": wall,
-            "tokens_per_s": tokens / wall, "merges": len(merges), "refusals": dict(host.counts),
-            "per_learner": results, "global_params": sync.global_params(),
-            "learner_globals": [{k: v for g in l.global_copy for k, v in g.items()}
-                                for l in learners]}
+    summary = {"mode": config.mode, "runtime": "threads", "learners": len(learners),
+               "steps": max(l.steps for l in learners), "tokens": tokens, "wall_s": wall,
+               "tokens_per_s": tokens / wall, "merges": len(merges),
+               "refusals": dict(host.counts), "per_learner": results}
+    copies = [{k: v for g in l.global_copy for k, v in g.items()} for l in learners]
+    return summary, sync.global_params(), copies
 
 
 def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
