@@ -29,6 +29,7 @@ EXTRAS_REQUIRE = {
         "nbclient>=0.11",
         "nbformat>=5.10",
         "ipykernel>=7.0",
+        "grpcio-tools>=1.85.1",  # only to regenerate diloco/rpc/synchronizer_pb2*.py
     ],
 }
 
