@@ -117,7 +117,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seq_len = arg.seq or c.seq_len
   if arg.chaos != "none":  # checkpoints on both sides, and a staleness bound for late learners
     c.outer.learner_checkpoint_every = c.outer.inner_steps
-    c.outer.sync_checkpoint_every = 4 * c.outer.fragments
+    c.outer.sync_checkpoint_every = c.outer.fragments
     c.outer.max_staleness = 4 * c.outer.learners
 
   c.lock()

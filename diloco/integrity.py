@@ -45,15 +45,18 @@ def norm(delta: Mapping[str, np.ndarray]) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class OutlierScreen:
-    """Rejects outer gradients with norm > factor × the median norm of recent ones.
+    """Rejects outer gradients with norm > factor × the (lower) median norm of recent ones.
 
-    The median is over the last `window` finite outer gradients of the fragment, outliers included:
-    an isolated poisoned upload barely moves it, and if every learner's norms grow (as they do
-    while the inner learning rate warms up) the median follows instead of locking them out. It
-    assumes fewer than half of a fragment's recent uploads are poisoned. Until the fragment has
-    `min_history` of them, the reference is √n × the median RMS (norm / √values) of recent outer
-    gradients of any fragment, n the fragment's number of values; before that (the first merges of
-    a run), no check.
+    The median is over the last `window` finite outer gradients of the fragment plus those of the
+    round being merged, outliers included: an isolated poisoned upload barely moves it, and if every
+    learner's norms grow (as they do while the inner learning rate warms up) the median follows
+    instead of locking them out. It assumes fewer than half of them are poisoned; the lower median
+    (the smaller middle value of an even count) lets a round of one honest and one poisoned upload
+    reject the poisoned one. While the fragment has fewer than `min_history` such norms, the
+    reference is √n × the lower median RMS (norm / √values) of recent outer gradients of any
+    fragment, n the fragment's number of values. The very first upload of a run is compared with
+    itself only. Zero norms (no movement, e.g. a first step at learning rate 0) set no scale and are
+    left out of the medians.
     """
 
     factor: float = 100.0
@@ -67,15 +70,24 @@ class OutlierScreen:
             raise ValueError(f"need 1 <= min_history <= window, got {self.min_history}, "
                              f"{self.window}")
 
-    def limit(self, norms: Sequence[float], rms: Sequence[float], size: int) -> float:
+    def limit(self, norms: Sequence[float], rms: Sequence[float], size: int,
+              round_norms: Sequence[float]) -> float:
         """The largest acceptable norm for a fragment of `size` values with recent `norms`, given
-        the recent RMS values of all fragments (inf: no check yet)."""
-        if len(norms) >= self.min_history:
-            return self.factor * float(np.median(norms[-self.window:]))
-        if len(rms) >= self.min_history:
-            return self.factor * float(np.median(rms[-self.window:])) * float(np.sqrt(size))
-        return float("inf")
+        the recent RMS values of all fragments and the norms of the round being merged."""
+        own = [n for n in list(norms[-self.window:]) + list(round_norms) if n > 0]
+        if len(own) >= self.min_history:
+            return self.factor * lower_median(own)
+        scale = float(np.sqrt(size))
+        rms = [r for r in list(rms[-self.window:]) + [n / scale for n in round_norms] if r > 0]
+        return self.factor * scale * lower_median(rms) if rms else float("inf")
 
     def remember(self, history: Sequence[float], seen: Sequence[float]) -> list[float]:
         """The history after these values were seen (the last `window` kept)."""
         return (list(history) + [float(n) for n in seen])[-self.window:]
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The median of an odd count, the smaller of the two middle values of an even count."""
+    if not values:
+        raise ValueError("median of no values")
+    return float(sorted(values)[(len(values) - 1) // 2])

@@ -39,7 +39,7 @@ class LearnerCheckpointer:
         return self._manager().latest_step()
 
     def restore_into(self, learner: Learner, data_iter) -> int | None:
-        """Loads the newest checkpoint into `learner` (and rewinds `data_iter`); its step or None."""
+        """Loads the newest checkpoint into `learner`, rewinds `data_iter`; its step, or None."""
         if self.latest_step() is None:
             return None
         step, saved = self._manager().restore(learner.checkpoint_like(), data_iter)

@@ -155,7 +155,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
             f.write(chaos.format_schedule(faults))
         runtime = chaotic.ChaosRuntime(*args, **kwargs, faults=faults, make_sync=make_sync,
-                                       seed=config.chaos.seed, on_chaos=on_chaos)
+                                       seed=config.chaos.seed, on_chaos=on_chaos,
+                                       wait_timeout_s=o.inner_steps * sim.step_s)
     else:
         runtime = virtual.VirtualRuntime(*args, **kwargs)
     sim_time = runtime.run()
@@ -261,7 +262,7 @@ def chaos_summary(runtime: chaotic.ChaosRuntime, faults: list[chaos.Fault],
                                                  for r in st.restarts)),
             "merges_lost": int(sum(r["merges"] - r["restored"] for r in st.restarts
                                    if r["restored"] is not None)),
-            "resyncs": st.resyncs,
+            "resyncs": st.resyncs, "stalls_broken": st.stalls_broken,
             "messages_dropped": dict(sorted(st.dropped.items())),
             "refused_by_learners": dict(sorted(st.refused_by_learners.items())),
             "tainted": tainted,

@@ -5,12 +5,11 @@ gradient Δ = Θ_base − θ_local, encoded by a codec; the synchronizer sends b
 update that turns the learner's version v−1 into v, or the full fp32 fragment when the learner holds
 an older version.
 
-Every Upload and Send carries a CRC-32 checksum of its header numbers and payload, computed when the
-message is built (by the sender) unless given, and verified by the receiver (`checksum_ok`).
-Synchronizer generations: a synchronizer that restarts from a checkpoint starts a new generation, and
-fragment versions are numbered within the history of generations; messages carry the generation of
-the version they hold or send, so versions that a restarted synchronizer no longer knows are told
-apart from versions it does.
+Every Upload and Send carries a CRC-32 checksum of its header numbers and payload, computed when
+the message is built (by the sender) unless given, and verified by the receiver (`checksum_ok`).
+Synchronizer generations: a synchronizer that restarts from a checkpoint starts a new generation;
+messages carry the generation of the versions they hold or send, so that versions a restarted
+synchronizer no longer knows (merged after its checkpoint) are told apart from those it does.
 """
 
 import dataclasses
@@ -110,7 +109,8 @@ class Send:
     def expected_checksum(self, payload_crc: int | None = None) -> int:
         """The checksum of this message's header numbers and payload as they are now."""
         if payload_crc is None:
-            payload_crc = integrity.tree_crc(self.update if self.update is not None else self.values)
+            payload = self.update if self.update is not None else self.values
+            payload_crc = integrity.tree_crc(payload)
         return send_checksum(self.fragment, self.version, self.generation, self.base_generation,
                              payload_crc)
 

@@ -6,9 +6,12 @@ every N merges), at the start and at shutdown. A learner that comes back restore
 checkpoint, data iterator included; without one it starts over: fresh parameters and inner optimizer
 (step 0, so its learning-rate schedule warms up again), its data shard from the beginning, and no
 fragment held (versions -1), so that its Join fetches every global fragment before it trains.
+A run starts with empty checkpoint directories (multi-learner runs do not resume), so that no
+restart can find a checkpoint of an earlier run.
 """
 
 import os
+import shutil
 from collections.abc import Callable
 
 from diloco import sync_checkpoint
@@ -23,6 +26,8 @@ class Recovery:
     def __init__(self, workdir: str, make_learner: Callable[[int], Learner],
                  data_iters: list, learner_every: int, sync_every: int):
         root = os.path.join(workdir, "checkpoints")
+        for name in [f"learner{m}" for m in range(len(data_iters))] + ["synchronizer"]:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         self.make_learner, self.data_iters = make_learner, data_iters
         self.learner_ckpts = [LearnerCheckpointer(os.path.join(root, f"learner{m}"), learner_every)
                               for m in range(len(data_iters))]
@@ -70,7 +75,8 @@ class Recovery:
                              "(set outer.sync_checkpoint_every > 0)")
         sync = make_sync()
         self.sync_ckpt.reopen()
-        sync.restart(self.sync_ckpt.restore(sync.state_dict()), generation)
+        state = self.sync_ckpt.restore(sync.state_dict())
+        sync.restart(state, max(generation, state["meta"]["generation"] + 1))
         return sync
 
     def close(self) -> None:

@@ -11,11 +11,16 @@ learner. The update Θ_new − Θ_old is sent encoded with the downlink codec, a
 itself applies the decoded update, so learners and synchronizer hold bit-identical fragments; the
 quantisation error is fed back into the next update of that fragment (error feedback).
 
-Everything that arrives is checked before it can touch the state (see `_invalid` and `_screen`): the
-checksum, the fragment id, paths, shapes and payload sizes against the model, the base version
-(known to this generation's history, not too stale, not already merged from that learner), progress,
-finite values and, with an `integrity.OutlierScreen`, the norm. A rejection is a 'reject' Log with
-the learner, fragment, a short `code` and a reason, and changes nothing else.
+Everything that arrives is checked before it can touch the state (see `_invalid` and `_screen`):
+the checksum, the fragment id, paths, shapes and payload sizes against the model, the base version
+(known to this generation's history, not too stale, not already merged from that learner),
+progress, finite values and, with an `integrity.OutlierScreen`, the norm. A rejection is a 'reject'
+Log with the learner, fragment, a short `code` and a reason. It leaves the global values, outer
+optimizer states, residuals and versions as they were. Unless the payload was corrupted in transit
+(a checksum mismatch: the learner is expected to send it again), the fragment's current round stops
+waiting for that learner, which may let the others merge; so does a round in progress when a
+learner that is not live joins. The outlier screen's norm history records what it screened. Non-finite values and outliers are found at merge time, so such an upload has
+already fed the timing EMAs behind the grace window when it arrived.
 
 Restarts: `state_dict()` is everything that must survive a crash (globals, outer optimizer states,
 versions, downlink residuals, EMAs, outlier history, generation history); `restart(state, g)` loads
@@ -24,8 +29,6 @@ rebuilt from learners' Joins and new uploads. With `checkpoint_every=N` a `Check
 the runtime to save the state after every N-th merge.
 """
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +37,7 @@ import numpy as np
 import optax
 
 from diloco import compression, fragments, integrity, merging, policies, protocol
+from diloco import sync_state
 from diloco.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 QUORUM_OF = ("live", "members")
@@ -77,6 +81,7 @@ class Synchronizer:
         self.held: dict[int, list[int]] = {}  # fragment versions each learner was sent
         self.held_gen: dict[int, list[int]] = {}  # ... and their generations
         self.pending: list[dict[int, Upload]] = [{} for _ in range(num)]
+        self.abstaining: list[set[int]] = [set() for _ in range(num)]  # refused in this round
         self.first_upload_s: list[float | None] = [None] * num
         self.quorum_s: list[float | None] = [None] * num
         self.deadline_s: list[float | None] = [None] * num
@@ -108,15 +113,22 @@ class Synchronizer:
         if len(gens) != num:
             return [_reject(event.learner, None, event.time,
                             f"join with {len(gens)} generations, expected {num}", "join")]
+        returning = event.learner not in self.live  # not a live learner asking for a resync
         self.live.add(event.learner)
         self.members.add(event.learner)
         self.held[event.learner] = list(event.versions)
         self.held_gen[event.learner] = list(gens)
-        actions: list[Action] = [Log({"event": "join", "learner": event.learner, "time": event.time})]
+        actions: list[Action] = [Log({"event": "join", "learner": event.learner,
+                                      "time": event.time})]
         for p, (v, g) in enumerate(zip(event.versions, gens)):
             if v != self.versions[p] or not self._known(p, g, v):
                 actions.append(self._send(event.learner, p))
-        return actions
+        # Rounds already in progress do not wait for a learner that (re)joins in their middle.
+        late = [p for p in range(num) if returning and self.pending[p]
+                and event.learner not in self.pending[p]]
+        for p in late:
+            self.abstaining[p].add(event.learner)
+        return actions + [a for p in late for a in self._maybe_merge(p, event.time)]
 
     def _known(self, p: int, generation: int, version: int) -> bool:
         """Whether version `version` of fragment p from `generation` is in our own history."""
@@ -129,7 +141,13 @@ class Synchronizer:
     def _upload(self, up: Upload) -> list[Action]:
         invalid = self._invalid(up)
         if invalid:
-            return [_reject(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)]
+            reject = _reject(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
+            if invalid[0] in ("unknown_fragment", "checksum"):
+                return [reject]  # corrupted on the way: the learner is expected to send it again
+            # Sending it again would not help: the round does not wait for that learner any more.
+            self.abstaining[up.fragment].add(up.learner)
+            return [reject] + self._maybe_merge(up.fragment, up.time)
+        self.abstaining[up.fragment].discard(up.learner)
         p = up.fragment
         self.ema_step.update(up.step_time)
         self.ema_sync.update(2.0 * max(up.time - up.sent_time, 0.0))  # up and back down
@@ -178,7 +196,7 @@ class Synchronizer:
 
     def _maybe_merge(self, p: int, now: float) -> list[Action]:
         pending = self.pending[p]
-        group = self.live if self.quorum_of == "live" else self.members
+        group = (self.live if self.quorum_of == "live" else self.members) - self.abstaining[p]
         arrived = len(group.intersection(pending))
         if not pending or arrived < self.policy.quorum.required(len(group)):
             return []
@@ -204,8 +222,9 @@ class Synchronizer:
                 rejected[i] = ("non_finite", "non-finite values")
         if self.screen is not None:
             size = sum(x.size for x in self.globals[p].values())
-            limit = self.screen.limit(self.norms[p], self.rms, size)
             norms = {i: integrity.norm(d) for i, d in enumerate(deltas) if i not in rejected}
+            limit = (self.screen.limit(self.norms[p], self.rms, size, list(norms.values()))
+                     if norms else 0.0)
             for i, n in norms.items():
                 if not n <= limit:
                     rejected[i] = ("outlier", f"outlier: norm {n:.4g} above the limit {limit:.4g}")
@@ -258,6 +277,7 @@ class Synchronizer:
 
     def _reset_round(self, p: int) -> None:
         self.pending[p] = {}
+        self.abstaining[p] = set()
         self.first_upload_s[p] = self.quorum_s[p] = self.deadline_s[p] = None
 
     def _send(self, learner: int, p: int, update=None, update_crc: int | None = None) -> Send:
@@ -278,53 +298,13 @@ class Synchronizer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a restart needs: {'arrays': flat name -> np.ndarray, 'meta': JSON-able}."""
-        arrays: dict[str, np.ndarray] = {"versions": np.asarray(self.versions, np.int64)}
-        for p in range(self.frag.num_fragments):
-            for i, k in enumerate(self.frag.paths[p]):
-                arrays[f"global.{p}.{i}"] = np.array(self.globals[p][k], np.float32)
-                arrays[f"residual.{p}.{i}"] = np.array(self.residuals[p][k], np.float32)
-            for i, x in enumerate(jax.tree.leaves(self.opt_states[p])):
-                arrays[f"opt.{p}.{i}"] = np.array(x)
-        meta = {
-            "generation": self.generation,
-            "lineage": [[g, list(v)] for g, v in sorted(self.lineage.items())],
-            "contributed": [sorted(c.items()) for c in self.contributed],
-            "norms": [list(n) for n in self.norms], "rms": list(self.rms),
-            "members": sorted(self.members),
-            "ema": [self.ema_step.value, self.ema_quorum.value, self.ema_sync.value],
-        }
-        return {"arrays": arrays, "meta": json.loads(json.dumps(meta))}
+        return sync_state.state_dict(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replaces the durable state with `state` (from `state_dict`); learners must re-join."""
-        arrays, meta = state["arrays"], state["meta"]
-        want = self.state_dict()["arrays"]
-        if sorted(arrays) != sorted(want):
-            raise ValueError(f"synchronizer state has arrays {sorted(set(arrays) ^ set(want))} "
-                             "that this model's fragments and outer optimizer do not")
-        for name, x in want.items():
-            if np.shape(arrays[name]) != x.shape or np.asarray(arrays[name]).dtype != x.dtype:
-                raise ValueError(f"synchronizer state {name}: {np.asarray(arrays[name]).dtype}"
-                                 f"{np.shape(arrays[name])}, expected {x.dtype}{x.shape}")
-        num = self.frag.num_fragments
-        self.versions = [int(v) for v in arrays["versions"]]
-        for p in range(num):
-            paths = self.frag.paths[p]
-            self.globals[p] = {k: np.array(arrays[f"global.{p}.{i}"]) for i, k in enumerate(paths)}
-            self.residuals[p] = {k: np.array(arrays[f"residual.{p}.{i}"])
-                                 for i, k in enumerate(paths)}
-            treedef = jax.tree.structure(self.opt_states[p])
-            leaves = [np.array(arrays[f"opt.{p}.{i}"]) for i in range(treedef.num_leaves)]
-            self.opt_states[p] = jax.tree.unflatten(treedef, leaves)
-        self.generation = int(meta["generation"])
-        self.lineage = {int(g): [int(x) for x in v] for g, v in meta["lineage"]}
-        self.contributed = [{int(m): int(v) for m, v in c} for c in meta["contributed"]]
-        self.norms = [[float(x) for x in n] for n in meta["norms"]]
-        self.rms = [float(x) for x in meta["rms"]]
-        self.members = {int(m) for m in meta["members"]}
-        self.ema_step.value, self.ema_quorum.value, self.ema_sync.value = meta["ema"]
+        sync_state.load_state_dict(self, state)
         self.live, self.held, self.held_gen = set(), {}, {}
-        for p in range(num):
+        for p in range(self.frag.num_fragments):
             self._reset_round(p)
 
     def restart(self, state: Mapping[str, Any], generation: int) -> None:
@@ -345,7 +325,7 @@ class Synchronizer:
 
     def digest(self) -> str:
         """sha256 of `state_dict()`: equal digests, bit-identical durable state."""
-        return state_digest(self.state_dict())
+        return sync_state.digest(self.state_dict())
 
     # ---- views ----
 
@@ -363,19 +343,9 @@ def _reject(learner: int, fragment: int | None, time: float, reason: str, code: 
     record = {"event": "reject", "learner": learner, "fragment": fragment, "time": time,
               "reason": reason, "code": code}
     if up is not None:
-        record.update(sent_time=up.sent_time, base_version=up.base_version)
+        record.update(sent_time=up.sent_time, base_version=up.base_version,
+                      base_generation=up.base_generation)
     return Log(record)
-
-
-def state_digest(state: Mapping[str, Any]) -> str:
-    """sha256 over a `state_dict()`: every array's name, dtype, shape and bytes, then the meta."""
-    h = hashlib.sha256()
-    for name in sorted(state["arrays"]):
-        x = np.ascontiguousarray(state["arrays"][name])
-        h.update(f"{name}:{x.dtype.str}:{x.shape}:".encode())
-        h.update(memoryview(x).cast("B"))
-    h.update(json.dumps(state["meta"], sort_keys=True).encode())
-    return h.hexdigest()
 
 
 def _read_only(e: compression.Encoded) -> np.ndarray:

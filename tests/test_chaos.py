@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from diloco import chaos, compression, fragments, integrity, outer, policies, synchronizer
+from diloco import chaos, compression, fragments, integrity, outer, policies, sync_state
 from diloco.learner import Learner
 from diloco.protocol import Join, Log, Send, Upload
 from diloco.synchronizer import Synchronizer
@@ -160,7 +160,7 @@ def test_checksums_are_computed_by_the_sender_and_catch_flipped_bits():
     diff = np.frombuffer(flipped.delta[changed[0]].payload, np.uint8) ^ np.frombuffer(
         up.delta[changed[0]].payload, np.uint8)
     assert 1 <= np.count_nonzero(diff) <= 8
-    send = Send(1, 0, 3, values={k: v.copy() for k, v in fragments.extract(PARAMS, FRAG, 0).items()})
+    send = Send(1, 0, 3, values=fragments.extract(PARAMS, FRAG, 0))
     assert send.checksum_ok()
     bad = dataclasses.replace(send, values=chaos.flip_bits(send.values, np.random.default_rng(1)))
     assert not bad.checksum_ok()
@@ -206,7 +206,7 @@ def _assert_same_bits(before, sync: Synchronizer, screened: bool = False) -> Non
         assert len(state1["meta"]["norms"][0]) == len(state0["meta"]["norms"][0]) + 1
         for state in (state0, state1):
             state["meta"] = {k: v for k, v in state["meta"].items() if k not in ("norms", "rms")}
-    assert synchronizer.state_digest(state0) == synchronizer.state_digest(state1)
+    assert sync_state.digest(state0) == sync_state.digest(state1)
 
 
 def _warm(sync: Synchronizer, rounds: int = 4) -> None:
@@ -265,12 +265,21 @@ def test_every_bad_upload_is_rejected_with_its_reason_and_changes_nothing(case, 
 
 def test_outlier_screen_limits_by_hand():
     screen = integrity.OutlierScreen(factor=10.0, min_history=3, window=4)
-    assert screen.limit([], [], 9) == math.inf  # the first merges: no reference yet
-    # Fragment history too short: sqrt(9) x median RMS of any fragment's recent ones.
-    assert screen.limit([1.0], [0.5, 1.0, 2.0], 9) == 10.0 * 1.0 * 3.0
-    assert screen.limit([1.0, 2.0, 3.0], [], 9) == 20.0  # median 2
-    assert screen.limit([1.0, 2.0, 3.0, 100.0, 4.0], [], 9) == 35.0  # last 4: median 3.5
+    # The very first upload of a run, alone: compared with itself (sqrt(9) x RMS 2/3 = 2).
+    assert screen.limit([], [], 9, [2.0]) == pytest.approx(20.0)
+    # Fragment history too short: sqrt(9) x lower median RMS of recent ones and this round's
+    # (0.5, 1, 2 and 3/3: lower median 1).
+    assert screen.limit([1.0], [0.5, 1.0, 2.0], 9, [3.0]) == 30.0
+    assert screen.limit([1.0, 2.0, 3.0], [], 9, [4.0]) == 20.0  # 1, 2, 3, 4: lower median 2
+    # The last 4 of the history (2, 3, 100, 4) and the round's 5: median 4.
+    assert screen.limit([1.0, 2.0, 3.0, 100.0, 4.0], [], 9, [5.0]) == 40.0
+    # One honest and one poisoned upload, no history: the lower median is the honest one's.
+    assert screen.limit([], [], 4, [1.0, 1e6]) == 10.0 * 2.0 * 0.5
+    # Zero norms (a step at learning rate 0) set no scale: 1 and 2 against RMS 0.5 (sqrt 4 = 2).
+    assert screen.limit([0.0, 0.0], [0.0, 0.5], 4, [0.0]) == 10.0 * 2.0 * 0.5
+    assert screen.limit([0.0], [0.0], 4, [0.0]) == math.inf
     assert screen.remember([1.0, 2.0, 3.0], [4.0, 5.0]) == [2.0, 3.0, 4.0, 5.0]
+    assert integrity.lower_median([3.0, 1.0, 2.0, 10.0]) == 2.0
     with pytest.raises(ValueError, match="factor must be > 1"):
         integrity.OutlierScreen(factor=1.0)
 
@@ -286,8 +295,8 @@ def test_outliers_enter_the_history_so_a_general_rise_is_followed():
         logs = [a.record for a in sync.handle(_up(0, 0, _delta(0, big), sync.versions[0]))
                 if isinstance(a, Log)]
         codes.append(logs[0].get("code", logs[0]["event"]))
-    # History [s, s] -> reject, [s, s, B] -> median s: reject, [s, s, B, B] -> median (s+B)/2:
-    # accepted from then on.
+    # With this round's norm: [s, s, B] -> lower median s: reject; [s, s, B, B] -> s: reject;
+    # [s, s, B, B, B] -> B: accepted, and from then on.
     assert codes == ["outlier", "outlier", "merge", "merge"]
 
 

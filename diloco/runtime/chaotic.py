@@ -5,71 +5,59 @@
   Work since its last checkpoint, and the step it was in, are wasted. When it comes back it restores
   its checkpoint (or starts over, see recovery.py) and re-joins with the versions it holds; the
   rejoin is complete once every fragment the synchronizer sent in answer has arrived (a learner that
-  started over trains only from then on).
+  started over trains only from then on). Rounds in progress at its Join do not wait for it; a
+  blocking (lockstep) learner resumes its fragment schedule at the leading live learner's step, so
+  that its uploads pair with the others' rounds again (redoing steps from an older checkpoint would
+  put it out of phase with them, and lockstep rounds of different fragments would wait on each
+  other forever).
 - sync_crash: the synchronizer's memory is lost (open rounds, timers, messages in flight to it);
   learners keep training and keep their unanswered uploads; it restarts from its newest checkpoint
   as a new generation, every live learner re-joins and sends again each fragment still unanswered,
   computed afresh. Mode 'save': it dies during its next checkpoint write instead.
 - straggle multiplies a learner's step times; delay adds latency to messages sent in the window
-  (both ways); partition holds them to the end of the window ('hold') or drops them ('drop': the
-  sender learns of it, a learner waiting for the lost answer stops waiting, and the learner re-joins
-  when the partition ends to be sent what it missed).
+  (both ways); partition holds them to the end of the window ('hold') or drops them ('drop'): when
+  it ends the learner re-joins, to be sent what it missed, and sends again, computed afresh, the
+  uploads that were dropped (it learned of each failed send).
 - corrupt flips bits in the next payload after its checksum; poison replaces the next upload by
   NaN/Inf/huge values at the source. Each tainted message is followed to its fate: rejected
   (by reason), merged (a failure of the checks), superseded, or lost.
 
 A learner that receives a Send it cannot apply (`Learner.accepts`: corrupt, or a gap after lost
 messages) drops it and re-joins (at most one Join of its in flight); so does one whose upload is
-refused for its base version. Faults are background events: they do not keep a finished run alive,
-and faults after the token budget is spent are ignored.
+refused for its base version. One whose upload arrived corrupt sends that fragment again, once,
+computed afresh (non-finite and outlier uploads are refused when their round merges without them:
+the learner's next scheduled upload carries its progress). If every live learner waits on a round
+while nothing else can happen (lockstep learners put out of phase by faults wait on each other's
+rounds), the one waiting longest gives up after `wait_timeout_s` and trains on. Faults are
+background events: they do not keep a finished run alive, and faults after the token budget is
+spent are ignored.
 """
 
-import collections
 import dataclasses
-from typing import Any
 
 import numpy as np
 
 from diloco import chaos, protocol, sync_checkpoint
 from diloco.learner import Learner
 from diloco.runtime import virtual
+from diloco.runtime.chaos_stats import ChaosStats, Taints
 from diloco.runtime.virtual import AT_LEARNER, AT_SYNC, FAULT, START, SYNC
 
 RESYNC_CODES = ("unknown_base_version", "stale", "duplicate")  # its base is off: re-join
-MERGE_TIME_CODES = ("non_finite", "outlier")  # rejections of uploads already in a round
-
-
-@dataclasses.dataclass
-class ChaosStats:
-    """What the faults did; `multi` turns it into summary keys."""
-
-    faults: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    ignored: int = 0  # faults that found nothing to act on (e.g. a crash of a learner down)
-    unused: int = 0  # taints and 'save' crashes still armed at the end
-    crashes: list = dataclasses.field(default_factory=list)  # {learner, time, back, rejoined...}
-    restarts: list = dataclasses.field(default_factory=list)  # {time, back, restored, lost}
-    merges_skipped: int = 0
-    resyncs: int = 0
-    dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    refused_by_learners: collections.Counter = dataclasses.field(
-        default_factory=collections.Counter)
-    tainted: dict = dataclasses.field(default_factory=dict)  # kind -> Counter of fates
-    steps_lost: list = dataclasses.field(default_factory=list)
-
-    def fate(self, kind: str, outcome: str) -> None:
-        self.tainted.setdefault(kind, collections.Counter())[outcome] += 1
+RESEND_CODES = ("checksum",)  # corrupted in transit: send it again (its round waits for it)
 
 
 class ChaosRuntime(virtual.VirtualRuntime):
     """VirtualRuntime plus faults; needs a `recovery.Recovery` and a synchronizer factory."""
 
     def __init__(self, *args, faults: list[chaos.Fault], make_sync, seed: int,
-                 on_chaos=lambda record: None, **kwargs):
+                 wait_timeout_s: float = 0.0, on_chaos=lambda record: None, **kwargs):
         super().__init__(*args, **kwargs)
         if self.recovery is None:
             raise ValueError("a chaos run needs checkpoints and restarts (a Recovery)")
         n = len(self.learners)
         self.faults, self.make_sync, self.on_chaos = list(faults), make_sync, on_chaos
+        self.wait_timeout_s = wait_timeout_s
         self.rng = np.random.default_rng([seed, 0xC4A05])
         self.stats = ChaosStats(steps_lost=[0] * n)
         self.up = [True] * n
@@ -82,9 +70,9 @@ class ChaosRuntime(virtual.VirtualRuntime):
         self._last_join = [-1.0] * n  # when learner m last sent a Join
         self._rejoin: dict[int, dict] = {}  # learner -> its crash record, until rejoined
         self._heals: set = set()
-        self._tainted_up: dict[tuple, str] = {}  # (m, p, sent_time) -> kind, on the wire
-        self._taint_pending: dict[tuple, tuple] = {}  # (m, p) -> (key, kind) pending at the sync
-        self._tainted_down: dict[int, tuple[str, Any]] = {}  # id(send) -> (kind, send)
+        self._owed: list[dict[int, tuple]] = [{} for _ in range(n)]  # p -> base, dropped
+        self._resends: set[tuple] = set()  # (m, p, sent_time) of uploads sent again
+        self.taints = Taints(self.stats)
 
     # ---- the loop ----
 
@@ -97,8 +85,30 @@ class ChaosRuntime(virtual.VirtualRuntime):
         return self.tokens_started + min(l_.tokens_per_step for l_ in self.learners) <= self.budget
 
     def _more(self) -> bool:
-        down = not self.sync_up or not all(self.up)
-        return super()._more() or (down and bool(self._queue) and self._budget_left())
+        if super()._more():
+            return True
+        if not self._budget_left():
+            return False
+        if not self.sync_up or not all(self.up):
+            return bool(self._queue)  # something is down: its recovery is on the way
+        return self._break_stall()
+
+    def _break_stall(self) -> bool:
+        """Lockstep learners all waiting for rounds that wait for each other (faults can put one
+        out of phase): the one waiting longest gives up after `wait_timeout_s` and trains on."""
+        waiting = [(c.waiting_since, m) for m, c in enumerate(self.clocks)
+                   if self.up[m] and c.waiting_since is not None and c.inflight]
+        if not waiting:
+            return False
+        since, m = min(waiting)
+        self._push(max(self.now, since + self.wait_timeout_s), AT_LEARNER, "give_up", m, owner=m)
+        return True
+
+    def _on_give_up(self, m: int) -> None:
+        self.stats.stalls_broken += 1
+        self._log({"event": "give_up", "learner": m, "fragments": sorted(self.clocks[m].inflight)})
+        self.clocks[m].inflight.clear()
+        self._push(self.now, START, "start", m, owner=m)
 
     def _log(self, record: dict) -> None:
         self.on_chaos({"time": self.now, **record})
@@ -150,6 +160,7 @@ class ChaosRuntime(virtual.VirtualRuntime):
             clock.idle_s += self.now - clock.waiting_since
             clock.waiting_since = None
         clock.inflight.clear()
+        self._owed[m].clear()
         self._step[m], self._since_ckpt[m] = None, [0, 0.0]
         self._join_inflight[m] = False
         learner.state = None  # its memory is gone; recovery builds a new learner
@@ -172,7 +183,11 @@ class ChaosRuntime(virtual.VirtualRuntime):
         clock.waiting_since, clock.done = None, False
         record = self._rejoin[m]
         record["restored_step"] = step
-        self._log({"event": "recover", "learner": m, "restored_step": step})
+        if self.blocking:  # lockstep: resume at the round in progress, as the leaders pace it
+            learner.steps = max([learner.steps] + [l_.steps for i, l_ in enumerate(self.learners)
+                                                   if self.up[i] and i != m])
+        self._log({"event": "recover", "learner": m, "restored_step": step,
+                   "resumes_at_step": learner.steps})
         if self.sync_up:
             self._join(m)
         if step is not None:  # trains on its checkpoint while the newer fragments come in
@@ -205,9 +220,7 @@ class ChaosRuntime(virtual.VirtualRuntime):
         sync = self.sync
         open_rounds = sum(1 for pending in sync.pending if pending)
         self.stats.merges_skipped += sync.rounds_skipped + open_rounds
-        for key, kind in self._taint_pending.values():
-            self.stats.fate(kind, "lost")
-        self._taint_pending.clear()
+        self.taints.synchronizer_crashed()
         back = self.now + f.duration_s  # a 'save' crash fires after its scheduled time
         self.stats.restarts.append({"time": self.now, "back": back, "merges": sync.merges,
                                     "restored": None, "mode": f.mode})
@@ -232,11 +245,7 @@ class ChaosRuntime(virtual.VirtualRuntime):
             self._join(m)
             clock = self.clocks[m]
             for p in sorted(clock.inflight):  # unanswered uploads: send again, computed afresh
-                if learner.c_steps[p] > 0 and learner.versions[p] >= 0:
-                    self._send_up(m, learner.upload(p, sent_time=self.now, arrival_time=0.0,
-                                                    step_time=clock.step_s))
-                else:
-                    clock.inflight.pop(p)
+                self._resend(m, p)
 
     def _checkpoint(self, action: protocol.Checkpoint) -> None:
         if self._crash_on_save is None:
@@ -294,46 +303,62 @@ class ChaosRuntime(virtual.VirtualRuntime):
 
     def _on_heal(self, m: int) -> None:
         self._resync(m)
+        for p, base in sorted(self._owed[m].items()):
+            self._resend(m, p, base)
+        self._owed[m].clear()
+
+    def _on_resend(self, payload: tuple[int, int, tuple]) -> None:
+        self._resend(*payload)
+
+    def _resend(self, m: int, p: int, base: tuple[int, int] | None = None) -> None:
+        """Learner m uploads fragment p again, computed afresh (more progress, same base), unless
+        it received another version since the upload on `base` (generation, version): that round
+        is over, and its progress goes with its next scheduled upload."""
+        learner, clock = self.learners[m], self.clocks[m]
+        same = base is None or base == (learner.generations[p], learner.versions[p])
+        if same and learner.c_steps[p] > 0 and learner.versions[p] >= 0:
+            clock.inflight.setdefault(p, learner.steps)
+            self._resends.add((m, p, self.now))
+            self._send_up(m, learner.upload(p, sent_time=self.now, arrival_time=0.0,
+                                            step_time=clock.step_s))
+        elif clock.inflight.pop(p, None) is not None and clock.waiting_since is not None:
+            self._push(self.now, START, "start", m, owner=m)
 
     def _send_up(self, m: int, message: protocol.Upload | protocol.Join) -> None:
         is_upload = isinstance(message, protocol.Upload)
         if not self.sync_up:  # unanswered uploads are sent again at the restart
             return
-        arrival, dropped = self._link(m, message.nbytes if is_upload else 0)
+        arrival, _ = self._link(m, message.nbytes if is_upload else 0)
         if arrival is None:
             self.stats.dropped["up"] += 1
-            if is_upload:
-                self.clocks[m].inflight.pop(message.fragment, None)  # the sender learns of it
-                if self.clocks[m].waiting_since is not None:
-                    self._push(self.now, START, "start", m, owner=m)
+            if is_upload:  # the sender learns of it, and sends it again when the link is back
+                self._owed[m][message.fragment] = (message.base_generation, message.base_version)
             else:
                 self._join_inflight[m] = False
             return
-        kind = None
-        if is_upload and self._taints[m]:
-            f = self._taints[m].pop(0)
-            if f.kind == "poison":
-                message = dataclasses.replace(message, delta=chaos.poison(message.delta, f.mode,
-                                                                          f.factor), checksum=None)
-            elif f.mode == "up":
-                message = dataclasses.replace(message, delta=chaos.flip_bits(message.delta,
-                                                                             self.rng))
-            else:
-                self._taints[m].insert(0, f)  # waits for the next download
-                f = None
-            if f is not None:
-                kind = f"{f.kind}_{f.mode}"
-                self._count_taint(f, m)
         if is_upload:
+            message = self._taint_up(m, message)
             self.bytes_up[m] += message.nbytes
-        message = dataclasses.replace(message, time=arrival)
-        if kind is not None:
-            self._tainted_up[(m, message.fragment, message.sent_time)] = kind
-        self._push(arrival, AT_SYNC, "at_sync", message, owner=SYNC)
+        self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival),
+                   owner=SYNC)
+
+    def _taint_up(self, m: int, up: protocol.Upload) -> protocol.Upload:
+        """The upload as an armed corrupt/poison fault of learner m leaves it."""
+        f = next((f for f in self._taints[m] if f.kind == "poison" or f.mode == "up"), None)
+        if f is None:
+            return up
+        self._taints[m].remove(f)
+        if f.kind == "poison":  # at the source: the checksum is computed over the poison
+            up = dataclasses.replace(up, delta=chaos.poison(up.delta, f.mode, f.factor),
+                                     checksum=None)
+        else:  # in transit: after the checksum
+            up = dataclasses.replace(up, delta=chaos.flip_bits(up.delta, self.rng))
+        self._count_taint(f, m)
+        self.taints.sent_up(up, f"{f.kind}_{f.mode}")
+        return up
 
     def _count_taint(self, f: chaos.Fault, m: int) -> None:
         self.stats.faults[f.kind] += 1
-        self.stats.fate(f"{f.kind}_{f.mode}", "sent")
         self._log({"event": "fault", "kind": f.kind, "learner": m, "fault": f.describe()})
 
     def _send_down(self, send: protocol.Send) -> None:
@@ -341,7 +366,7 @@ class ChaosRuntime(virtual.VirtualRuntime):
         if not self.up[m]:
             self.stats.dropped["down"] += 1
             return
-        arrival, dropped = self._link(m, send.nbytes)
+        arrival, _ = self._link(m, send.nbytes)
         if arrival is None:
             self.stats.dropped["down"] += 1
             return
@@ -353,17 +378,15 @@ class ChaosRuntime(virtual.VirtualRuntime):
             send = dataclasses.replace(send, **{"update" if send.update is not None else "values":
                                                 payload})
             self._count_taint(taint, m)
-            self._tainted_down[id(send)] = ("corrupt_down", send)
+            self.taints.sent_down(send, "corrupt_down")
         self.bytes_down[m] += send.nbytes
         self._push(arrival, AT_LEARNER, "at_learner", send, owner=m)
 
     def _on_at_learner(self, send: protocol.Send) -> None:
         m = send.learner
         learner = self.learners[m]
-        tainted = self._tainted_down.pop(id(send), None)
         reason = learner.accepts(send)
-        if tainted is not None:
-            self.stats.fate(tainted[0], f"refused ({reason})" if reason else "applied")
+        self.taints.arrived_down(send, reason)
         if reason is not None:
             self.stats.refused_by_learners[reason] += 1
             if reason in ("checksum", "gap"):
@@ -393,54 +416,23 @@ class ChaosRuntime(virtual.VirtualRuntime):
                 rejoining = self._rejoin[m]
                 rejoining["waiting"] = {a.fragment for a in actions
                                         if isinstance(a, protocol.Send) and a.learner == m}
-        if isinstance(event, protocol.Upload):
-            self._follow_upload(event, actions)
-        self._follow_merges(actions)
+        self.taints.handled(event, actions)
         self._act(actions)
         if rejoining is not None and not rejoining["waiting"]:
             self._rejoined(event.learner)
 
     def _on_reject(self, record: dict) -> None:
         super()._on_reject(record)
-        m = record["learner"]
+        m, p, code = record["learner"], record["fragment"], record.get("code")
+        if not self.up[m] or "sent_time" not in record:
+            return
         # A Join sent with or after the upload already reported the versions it was based on.
-        if record.get("code") in RESYNC_CODES and record["sent_time"] > self._last_join[m]:
+        if code in RESYNC_CODES and record["sent_time"] > self._last_join[m]:
             self._resync(m)
-
-    # ---- following tainted uploads ----
-
-    def _follow_upload(self, up: protocol.Upload, actions: list[protocol.Action]) -> None:
-        key = (up.learner, up.fragment, up.sent_time)
-        kind = self._tainted_up.pop(key, None)
-        reject = next((a.record for a in actions if isinstance(a, protocol.Log)
-                       and a.record["event"] == "reject" and a.record.get("sent_time") == key[2]
-                       and (a.record["learner"], a.record["fragment"]) == key[:2]), None)
-        if reject is None or reject["code"] in MERGE_TIME_CODES:  # it entered the round
-            old = self._taint_pending.pop(key[:2], None)
-            if old is not None:
-                self.stats.fate(old[1], "superseded")
-        if reject is not None:
-            if kind is not None:
-                self.stats.fate(kind, f"rejected ({reject['code']})")
-        elif kind is not None:
-            self._taint_pending[key[:2]] = (key, kind)
-
-    def _follow_merges(self, actions: list[protocol.Action]) -> None:
-        for a in actions:
-            if not isinstance(a, protocol.Log):
-                continue
-            r = a.record
-            if r["event"] == "merge":
-                for m in r["learners"]:
-                    pending = self._taint_pending.pop((m, r["fragment"]), None)
-                    if pending is not None:
-                        self.stats.fate(pending[1], "merged")
-            elif r["event"] == "reject" and "sent_time" in r:
-                key = (r["learner"], r["fragment"])
-                pending = self._taint_pending.get(key)
-                if pending is not None and pending[0][2] == r["sent_time"]:
-                    del self._taint_pending[key]
-                    self.stats.fate(pending[1], f"rejected ({r['code']})")
+        # Told of it one latency later, the learner sends the fragment again (once).
+        if code in RESEND_CODES and (m, p, record["sent_time"]) not in self._resends:
+            base = (record["base_generation"], record["base_version"])
+            self._push(self.now + self.net.latency_s, AT_LEARNER, "resend", (m, p, base), owner=m)
 
     def finish(self) -> None:
         """Brings a synchronizer still down back from its checkpoint (to evaluate and save it)."""
@@ -452,10 +444,5 @@ class ChaosRuntime(virtual.VirtualRuntime):
             self.sync_up = True
             self.stats.restarts[-1]["restored"] = self.sync.merges
         super().finish()
-        for key, kind in self._taint_pending.values():
-            self.stats.fate(kind, "pending at the end")
-        for kind in self._tainted_up.values():
-            self.stats.fate(kind, "lost")
-        for kind, _ in self._tainted_down.values():
-            self.stats.fate(kind, "lost")
+        self.taints.finish()
         self.stats.unused += sum(len(t) for t in self._taints) + (self._crash_on_save is not None)
