@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from diloco import compression, fragments, merging, outer, policies, timing
+from diloco import compression, fragments, integrity, merging, outer, policies, timing
 from diloco.protocol import Join, Upload
 from diloco.synchronizer import Synchronizer
 
@@ -60,11 +60,15 @@ def main(argv):
     uploads = [Upload(i, 0, 0, compression.encode_tree(d, "fp32"), 8, 8 * 1024, 0.0, 0.0, 1.0)
                for i, d in enumerate(deltas)]
 
+    payload_crcs = [integrity.tree_crc(u.delta) for u in uploads]  # the senders' work, untimed
+
     def round_() -> None:
         v = sync.versions[0]
         actions = []
-        for up in uploads:
-            actions = sync.handle(dataclasses.replace(up, base_version=v))
+        for up, crc in zip(uploads, payload_crcs):
+            checksum = integrity.with_header((up.fragment, up.base_generation, v, up.steps,
+                                              up.tokens), crc)
+            actions = sync.handle(dataclasses.replace(up, base_version=v, checksum=checksum))
         assert sync.versions[0] == v + 1 and len(actions) == m + 1, actions[:1]
 
     flat = next(iter(params.values()))
