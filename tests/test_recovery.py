@@ -178,6 +178,28 @@ def test_a_crashed_learner_rejoins_holding_exactly_the_global_fragments(tmp_path
     assert s["goodput"] < 1.0 - 8.0 / (4 * s["sim_time_s"])  # 8 s down, 5.5 s of work lost
 
 
+def test_a_learner_without_a_checkpoint_starts_over_from_the_global_parameters(tmp_path):
+    """Learner checkpoints off: learner 1 crashes at t=13.5 s for 5 s and comes back with nothing;
+    it fetches every global fragment before its first step, then trains from step 0."""
+    w = Watch().run(_config("crash learner 1 at t=13.5s for 5s", outer__learner_checkpoint_every=0),
+                    str(tmp_path))
+    s = w.summary
+    assert s["rejoins"] == 1 and s["chaos"]["restored_from_checkpoint"] == 0
+    assert s["chaos"]["steps_lost"] == 14  # steps 1-13 and the one in progress
+    (rejoin,) = w.rejoins
+    assert rejoin["versions"] == rejoin["sync_versions"]  # all four sent, none missing
+    for p in range(4):  # it holds the global fragments, and its parameters are exactly them
+        global_p = w.history[(0, p, rejoin["versions"][p])]
+        assert _bits_equal(rejoin["global_copy"][p], global_p)
+        assert _bits_equal({k: rejoin["local"][k] for k in global_p}, global_p)
+    (recover,) = [r for r in w.rows if r.get("event") == "recover"]
+    assert recover["restored_step"] is None and recover["resumes_at_step"] == 0
+    first_step = min(r["sim_time_s"] for r in w.rows if r.get("learner") == 1 and "loss" in r
+                     and r["sim_time_s"] > 13.5)
+    assert first_step > rejoin["time"]  # it trained only once it held them all
+    assert s["chaos"]["every_crashed_learner_rejoined"] and s["eval_loss"] < 4.0
+
+
 @pytest.mark.parametrize("mode", ["now", "save"])
 def test_a_restarted_synchronizer_is_its_last_checkpoint_bit_for_bit(tmp_path, mode):
     """`now`: it crashes between two merges at t=20.3 s; `save`: it crashes in the middle of its
