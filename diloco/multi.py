@@ -80,6 +80,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
     schedule = fragments.Schedule(o.fragments, o.inner_steps)
+
     def make_learner(m: int) -> Learner:
         return Learner(m, islands[m], frag, schedule, o.codec, o.alpha, batches[m] * config.seq_len)
 

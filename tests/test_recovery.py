@@ -146,6 +146,9 @@ def test_a_crashed_learner_rejoins_holding_exactly_the_global_fragments(tmp_path
     s = w.summary
     assert s["faults"] == {"crash": 1} and s["rejoins"] == 1 and s["rejected"] == {}
     assert s["chaos"]["restored_from_checkpoint"] == 1
+    # Back at t=21.5 from step 8, in the others' schedule phase: they are in step 22, so 8 + 6.
+    (recover,) = [r for r in w.rows if r.get("event") == "recover"]
+    assert (recover["restored_step"], recover["resumes_at_step"]) == (8, 14)
     # Steps 9-13 since the checkpoint and the step in progress are lost: 6 steps, 5.5 s of work.
     assert s["chaos"]["steps_lost"] == 6
     # The others' merges continue while it is down, without it.
@@ -193,7 +196,9 @@ def test_a_learner_without_a_checkpoint_starts_over_from_the_global_parameters(t
         assert _bits_equal(rejoin["global_copy"][p], global_p)
         assert _bits_equal({k: rejoin["local"][k] for k in global_p}, global_p)
     (recover,) = [r for r in w.rows if r.get("event") == "recover"]
-    assert recover["restored_step"] is None and recover["resumes_at_step"] == 0
+    # It starts over at step 0 in the others' schedule phase: at t=18.5 they are in step 19, and
+    # 19 mod H=8 = 3.
+    assert recover["restored_step"] is None and recover["resumes_at_step"] == 3
     first_step = min(r["sim_time_s"] for r in w.rows if r.get("learner") == 1 and "loss" in r
                      and r["sim_time_s"] > 13.5)
     assert first_step > rejoin["time"]  # it trained only once it held them all

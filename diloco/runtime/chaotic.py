@@ -5,11 +5,12 @@
   Work since its last checkpoint, and the step it was in, are wasted. When it comes back it restores
   its checkpoint (or starts over, see recovery.py) and re-joins with the versions it holds; the
   rejoin is complete once every fragment the synchronizer sent in answer has arrived (a learner that
-  started over trains only from then on). Rounds in progress at its Join do not wait for it; a
-  blocking (lockstep) learner resumes its fragment schedule at the leading live learner's step, so
-  that its uploads pair with the others' rounds again (redoing steps from an older checkpoint would
-  put it out of phase with them, and lockstep rounds of different fragments would wait on each
-  other forever).
+  started over trains only from then on). Rounds in progress at its Join do not wait for it. Its
+  step counter, which paces its fragment schedule, moves forward to the phase (modulo H) of the
+  leading live learner's, so that its uploads go with the others' again: restarting the schedule
+  from an older checkpoint's step would put it out of phase for the rest of the run (Decoupled
+  DiLoCo would then merge its fragments apart from the others', each through the outer optimizer
+  on its own; lockstep rounds of different fragments would wait on each other).
 - sync_crash: the synchronizer's memory is lost (open rounds, timers, messages in flight to it);
   learners keep training and keep their unanswered uploads; it restarts from its newest checkpoint
   as a new generation, every live learner re-joins and sends again each fragment still unanswered,
@@ -183,9 +184,9 @@ class ChaosRuntime(virtual.VirtualRuntime):
         clock.waiting_since, clock.done = None, False
         record = self._rejoin[m]
         record["restored_step"] = step
-        if self.blocking:  # lockstep: resume at the round in progress, as the leaders pace it
-            learner.steps = max([learner.steps] + [l_.steps for i, l_ in enumerate(self.learners)
-                                                   if self.up[i] and i != m])
+        others = [l_.steps for i, l_ in enumerate(self.learners) if self.up[i] and i != m]
+        if others:  # resume in the schedule's phase of the leading learner (see the module doc)
+            learner.steps += (max(others) - learner.steps) % learner.schedule.inner_steps
         self._log({"event": "recover", "learner": m, "restored_step": step,
                    "resumes_at_step": learner.steps})
         if self.sync_up:
