@@ -13,7 +13,7 @@ and whether the global parameters stayed finite and uncorrupted, every crashed l
 and training advanced.
 
 Variants after the colon: runs=N, steps=S, learners=M, mode=decoupled|diloco, preset=heavy|light.
-BENCHMARKS.md has the measured table and time.
+Run it to get the table; the test suite runs a one-run version (tests/test_recovery.py).
 """
 
 import ml_collections
