@@ -18,9 +18,10 @@ progress, finite values and, with an `integrity.OutlierScreen`, the norm. A reje
 Log with the learner, fragment, a short `code` and a reason. It leaves the global values, outer
 optimizer states, residuals and versions as they were. Unless the payload was corrupted in transit
 (a checksum mismatch: the learner is expected to send it again), the fragment's current round stops
-waiting for that learner, which may let the others merge; so does a round in progress when a
-learner that is not live joins. The outlier screen's norm history records what it screened. Non-finite values and outliers are found at merge time, so such an upload has
-already fed the timing EMAs behind the grace window when it arrived.
+waiting for that learner, which may let the others merge; with `quorum_of='live'`, so does a round
+in progress when a learner that is not live joins. The outlier screen's norm history records what it screened.
+Non-finite values and outliers are found at merge time, so such an upload has already fed the
+timing EMAs behind the grace window when it arrived.
 
 Restarts: `state_dict()` is everything that must survive a crash (globals, outer optimizer states,
 versions, downlink residuals, EMAs, outlier history, generation history); `restart(state, g)` loads
@@ -65,7 +66,8 @@ class Synchronizer:
         self.frag, self.policy, self.tx, self.codec = frag, policy, outer_tx, downlink_codec
         self._cpu = jax.devices("cpu")[0]
         num = frag.num_fragments
-        self.globals = [{k: np.array(flat[k], np.float32) for k in frag.paths[p]} for p in range(num)]
+        self.globals = [{k: np.array(flat[k], np.float32) for k in frag.paths[p]}
+                        for p in range(num)]
         with jax.default_device(self._cpu):
             self.opt_states = [outer_tx.init(g) for g in self.globals]
         self.residuals = [{k: np.zeros_like(v) for k, v in g.items()} for g in self.globals]
@@ -101,7 +103,8 @@ class Synchronizer:
             return self._join(event)
         if isinstance(event, Leave):
             self.live.discard(event.learner)
-            return [a for p in range(self.frag.num_fragments) for a in self._maybe_merge(p, event.time)]
+            return [a for p in range(self.frag.num_fragments)
+                    for a in self._maybe_merge(p, event.time)]
         raise TypeError(f"unknown event {event!r}")
 
     def _join(self, event: Join) -> list[Action]:
@@ -123,8 +126,9 @@ class Synchronizer:
         for p, (v, g) in enumerate(zip(event.versions, gens)):
             if v != self.versions[p] or not self._known(p, g, v):
                 actions.append(self._send(event.learner, p))
-        # Rounds already in progress do not wait for a learner that (re)joins in their middle.
-        late = [p for p in range(num) if returning and self.pending[p]
+        # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
+        # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
+        late = [p for p in range(num) if returning and self.quorum_of == "live" and self.pending[p]
                 and event.learner not in self.pending[p]]
         for p in late:
             self.abstaining[p].add(event.learner)

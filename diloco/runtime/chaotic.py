@@ -5,7 +5,8 @@
   Work since its last checkpoint, and the step it was in, are wasted. When it comes back it restores
   its checkpoint (or starts over, see recovery.py) and re-joins with the versions it holds; the
   rejoin is complete once every fragment the synchronizer sent in answer has arrived (a learner that
-  started over trains only from then on). Rounds in progress at its Join do not wait for it. Its
+  started over trains only from then on). Rounds in progress at its Join do not wait for it,
+  unless the quorum counts crashed members (synchronous DiLoCo without elasticity). Its
   step counter, which paces its fragment schedule, moves forward to the phase (modulo H) of the
   leading live learner's, so that its uploads go with the others' again: restarting the schedule
   from an older checkpoint's step would put it out of phase for the rest of the run (Decoupled
