@@ -19,7 +19,7 @@ Expected (2-core CPU, small model, 300 steps of 32x128 bytes = 1.23M bytes): eva
 
 import ml_collections
 
-from diloco import configlib, modes
+from diloco import configlib, deploy_config, modes
 from diloco.data import default_data_config
 
 
@@ -96,6 +96,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       modes="dp,diloco,decoupled",  # mode=compare runs these on one token budget
       decoupled_fragments=24, decoupled_inner_steps=24,
   ))
+  deploy_config.add_deploy_section(c)  # threads/gRPC runtimes: bind, port, TLS, limits, TPU
   modes.apply(c, arg.mode, arg.runlocal)
 
   if arg.runlocal:
