@@ -33,3 +33,13 @@ def check(deploy: ml_collections.ConfigDict) -> None:
     raise ValueError("deploy.cert and deploy.key go together")
   if not 0 <= deploy.port < 65536:
     raise ValueError(f"deploy.port out of range: {deploy.port}")
+  if not deploy.bind:
+    raise ValueError("deploy.bind is empty (127.0.0.1 for loopback, or an address to listen on)")
+  if deploy.absent_after_s <= 0:
+    raise ValueError(f"deploy.absent_after_s must be > 0, got {deploy.absent_after_s}")
+  for name in ("max_learners", "chunk_bytes", "max_message_bytes"):
+    if deploy[name] < 1:
+      raise ValueError(f"deploy.{name} must be >= 1, got {deploy[name]}")
+  if deploy.chunk_bytes + 1024 > deploy.max_message_bytes:
+    raise ValueError(f"deploy.chunk_bytes={deploy.chunk_bytes} leaves no room for the chunk header "
+                     f"under deploy.max_message_bytes={deploy.max_message_bytes}")

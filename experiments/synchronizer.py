@@ -1,20 +1,21 @@
 """The synchronizer process: python -m experiments.synchronizer --config=configs/shakespeare.py:...
---port=PORT --workdir=DIR (token in $DILOCO_TOKEN; binds 127.0.0.1 unless --bind says otherwise)."""
+--workdir=DIR [--config.deploy.port=PORT] (token in $DILOCO_TOKEN).
+
+Where it listens, TLS and limits come from the config's `deploy` section (diloco/deploy_config.py),
+overridden as usual with --config.deploy.KEY=VALUE: it binds deploy.bind (127.0.0.1 unless told
+otherwise) on deploy.port (0: a free one, written to WORKDIR/port).
+"""
 
 import os
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from diloco.rpc import limits as limits_lib, sync_main
+from diloco.rpc import sync_main
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
-_PORT = flags.DEFINE_integer("port", 0, "Port to listen on; 0 = a free one (written to WORKDIR/port).")
-_BIND = flags.DEFINE_string("bind", "127.0.0.1", "Address to bind; loopback unless told otherwise.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and summary.json.")
-_CERT = flags.DEFINE_string("cert", "", "TLS certificate (PEM); with --key enables TLS.")
-_KEY = flags.DEFINE_string("key", "", "TLS private key (PEM).")
-_ABSENT = flags.DEFINE_float("absent_after_s", 5.0, "Silent learners are absent after this.")
+_PORT = flags.DEFINE_integer("port", None, "Shorthand for --config.deploy.port.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -26,9 +27,10 @@ def main(argv):
   token = os.environ.get("DILOCO_TOKEN", "")
   if not token:
     raise app.UsageError("set DILOCO_TOKEN to the shared secret learners must present")
-  s = sync_main.run(_CONFIG.value, _WORKDIR.value, port=_PORT.value, token=token,
-                    bind=_BIND.value, cert=_CERT.value, key=_KEY.value,
-                    limits=limits_lib.Limits(absent_after_s=_ABSENT.value))
+  config = _CONFIG.value
+  if _PORT.value is not None:
+    config.deploy.port = _PORT.value
+  s = sync_main.run(config, _WORKDIR.value, token=token)
   print(f"synchronizer: {s['merges']} merges, generation {s['generation']}", flush=True)
 
 

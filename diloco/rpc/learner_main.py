@@ -1,13 +1,19 @@
 """A learner process: its own JAX program, training continuously against a remote synchronizer.
 
-Multi-host learners (one learner = one multi-host JAX job after `jax.distributed.initialize()`):
-only the process with `jax.process_index() == 0` may talk to the synchronizer (`talks_to_sync`).
-This loop keeps the learner's copy of the global fragments on the host of that process, so it runs
-learners of one process; a multi-host learner is refused with a clear error rather than letting its
-processes diverge (the other processes would have to receive every send through a broadcast from
-process 0, which is not built yet).
+Its connection settings come from the config's `deploy` section (TLS trust, limits; see
+diloco/deploy_config.py). It checkpoints into WORKDIR/checkpoints every
+`outer.learner_checkpoint_every` inner steps (params, inner optimizer state, data iterator,
+counters, the fragment versions it holds and its copy of them). A process that starts finds the
+newest checkpoint there and continues from it, else it starts from the global parameters with a
+fresh inner optimizer (it holds no fragment, so its Join fetches them all before it trains); either
+way its Join tells the synchronizer the versions it holds and receives every newer fragment.
+
+A learner may be a multi-process JAX job (`config.distributed`, or an explicit coordinator for
+local tests): its mesh spans every process's devices, only process 0 talks to the synchronizer and
+the others follow it operation by operation (diloco/rpc/multihost.py).
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,10 +25,20 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import data as data_lib, fragments, island as island_lib, integrity, metrics
-from diloco.learner import Learner
-from diloco.rpc import client as client_lib, limits as limits_lib
+from diloco import data as data_lib, deploy_config, fragments, island as island_lib, integrity
+from diloco import metrics
+from diloco.learner_checkpoint import LearnerCheckpointer
+from diloco.rpc import client as client_lib, limits as limits_lib, multihost
 from diloco.runtime import realtime
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """How this process joins a multi-process learner (all empty: a single-process learner)."""
+
+    coordinator: str = ""  # HOST:PORT of JAX process 0 (local tests); else auto-detected
+    num_processes: int = 0
+    process_id: int = -1
 
 
 def talks_to_sync() -> bool:
@@ -30,67 +46,125 @@ def talks_to_sync() -> bool:
     return jax.process_index() == 0
 
 
-def make_learner(config: ml_collections.ConfigDict, m: int) -> Learner:
-    """Learner m on every local device, holding nothing yet (its Join fetches every fragment)."""
+def make_learner(config: ml_collections.ConfigDict, m: int) -> multihost.SpmdLearner:
+    """Learner m on every device of its JAX job, holding nothing yet (its Join fetches them)."""
     o = config.outer
     if not 0 <= m < o.learners:
         raise ValueError(f"learner_id={m} is outside 0..{o.learners - 1} (outer.learners)")
-    isl = island_lib.build_island(config, jax.local_devices(), shard_index=m,
+    isl = island_lib.build_island(config, jax.devices(), shard_index=m,
                                   num_shards=o.learners, splits=data_lib.load_splits(config.data))
-    params0 = fragments.flatten(jax.device_get(isl.init_state().params))
+    params0 = {k: multihost.host_value(v)
+               for k, v in fragments.flatten(isl.init_state().params).items()}
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
-    learner = Learner(m, isl, frag, fragments.Schedule(o.fragments, o.inner_steps), o.codec,
-                      o.alpha, config.batch_size * config.seq_len)
+    learner = multihost.SpmdLearner(m, isl, frag, fragments.Schedule(o.fragments, o.inner_steps),
+                                    o.codec, o.alpha, config.batch_size * config.seq_len)
     learner.versions = [-1] * o.fragments
     learner.global_copy = [{} for _ in range(o.fragments)]
     return learner
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, target: str,
-        token: str, ca_cert: str = "", limits: limits_lib.Limits = limits_lib.Limits()
-        ) -> dict[str, Any]:
-    if config.get("distributed", False):
-        jax.distributed.initialize()
-    if jax.process_count() > 1:
-        raise ValueError(f"learner {learner_id} spans {jax.process_count()} JAX processes; only "
-                         "process 0 may talk to the synchronizer and the others cannot follow it "
-                         "yet: run one process per learner")
-    if not talks_to_sync():
-        raise ValueError("only JAX process 0 of a learner talks to the synchronizer")
-    os.makedirs(workdir, exist_ok=True)
-    learner = make_learner(config, learner_id)
-    link = client_lib.GrpcLink(target, learner_id, token, limits=limits, ca_cert=ca_cert)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    progress_path = os.path.join(workdir, "progress.jsonl")
-    progress = open(progress_path, "a", encoding="utf-8")
+def restore(learner: multihost.SpmdLearner, ckpt: LearnerCheckpointer) -> int | None:
+    """Continues from the newest checkpoint (its step), or None: the learner starts fresh."""
+    return ckpt.restore_into(learner, learner.island.data.train_iter)
 
-    def on_step(lrn: Learner, device_metrics) -> None:
-        if lrn.steps % config.log_every == 0:
+
+class _Progress:
+    """Appends {step, loss, time, versions} every `log_every` steps to WORKDIR/progress.jsonl,
+    and one {time, pid, restored_step, versions} line per process start to WORKDIR/starts.jsonl."""
+
+    def __init__(self, workdir: str, learner_id: int, log_every: int, start: dict):
+        self.learner_id, self.log_every = learner_id, log_every
+        with open(os.path.join(workdir, "starts.jsonl"), "a", encoding="utf-8") as f:
+            f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **start}) + "\n")
+        self.f = open(os.path.join(workdir, "progress.jsonl"), "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self.f.write(json.dumps({**record, "time": time.time()}) + "\n")
+        self.f.flush()
+
+    def __call__(self, lrn, device_metrics) -> None:
+        if lrn.steps % self.log_every == 0:
             loss = float(jax.device_get(device_metrics)["loss"])
             if not np.isfinite(loss):
-                raise FloatingPointError(f"learner {learner_id}: loss {loss} at step {lrn.steps}")
-            progress.write(json.dumps({"step": lrn.steps, "loss": loss, "time": time.time(),
-                                       "versions": lrn.versions}) + "\n")
-            progress.flush()
+                raise FloatingPointError(f"learner {self.learner_id}: loss {loss} at step "
+                                         f"{lrn.steps}")
+            self.write({"step": lrn.steps, "loss": loss, "versions": lrn.versions})
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, target: str,
+        token: str, cluster: Cluster = Cluster()) -> dict[str, Any]:
+    deploy_config.check(config.deploy)
+    multihost.initialize(config.get("distributed", False), cluster.coordinator,
+                         cluster.num_processes, cluster.process_id)
+    os.makedirs(workdir, exist_ok=True)
+    learner = make_learner(config, learner_id)
+    ckpt = LearnerCheckpointer(os.path.join(workdir, "checkpoints"),
+                               config.outer.learner_checkpoint_every)
+    restored = restore(learner, ckpt)
+    restored_state = {"restored_step": restored, "restored_versions": list(learner.versions)}
+
+    def after_step(lrn) -> None:
+        ckpt.maybe_save(lrn, lrn.island.data.train_iter)
+
+    def next_batch():
+        return next(learner.island.data.train_iter)
+
+    if not talks_to_sync():
+        counts = multihost.follow(learner, next_batch, after_step)
+        ckpt.close()
+        return _finish(learner, workdir, {"role": "follower", "ops": counts, **restored_state})
+    limits = limits_lib.Limits.from_deploy(config.deploy)
+    link = client_lib.GrpcLink(target, learner_id, token, limits=limits,
+                               ca_cert=config.deploy.ca_cert)
+    if jax.process_count() > 1:
+        multihost.lead(learner)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    progress = _Progress(workdir, learner_id, config.log_every, restored_state)
+
+    def on_step(lrn, device_metrics) -> None:
+        progress(lrn, device_metrics)
+        after_step(lrn)
 
     t0 = time.perf_counter()
-    result = realtime.run_learner(
-        learner, link, lambda: next(learner.island.data.train_iter), config.steps,
-        overlap=config.outer.overlap, blocking=config.outer.blocking,
-        heartbeat_s=limits.absent_after_s / 4, stop=stop, on_step=on_step, seed=learner_id,
-        settle_timeout_s=120.0)
+    try:
+        result = realtime.run_learner(
+            learner, link, next_batch, config.steps, overlap=config.outer.overlap,
+            blocking=config.outer.blocking, heartbeat_s=limits.absent_after_s / 4, stop=stop,
+            on_step=on_step, seed=learner_id, settle_timeout_s=120.0)
+    finally:
+        multihost.end(learner)
     wall = time.perf_counter() - t0
     progress.close()
     link.close()
+    ckpt.close()
     held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
     np.savez(os.path.join(workdir, "global_copy.npz"), **held)
-    summary = {**result, "runtime": "grpc", "role": "learner", "learner": learner_id,
-               "wall_s": wall, "tokens_per_s": learner.tokens / wall,
-               "versions": learner.versions, "generations": learner.generations,
-               "global_crc": integrity.tree_crc(held),
-               "wire_bytes_sent": link.bytes_sent, "wire_bytes_received": link.bytes_received,
-               "codec_bytes_sent": link.codec_bytes_sent,
-               "codec_bytes_received": link.codec_bytes_received}
-    metrics.write_summary(workdir, summary)
+    return _finish(learner, workdir, {
+        **result, "role": "learner", "wall_s": wall, **restored_state,
+        "tokens_per_s": (learner.tokens - (restored or 0) * learner.tokens_per_step) / wall,
+        "versions": learner.versions, "generations": learner.generations,
+        "global_crc": integrity.tree_crc(held),
+        "wire_bytes_sent": link.bytes_sent, "wire_bytes_received": link.bytes_received,
+        "codec_bytes_sent": link.codec_bytes_sent,
+        "codec_bytes_received": link.codec_bytes_received})
+
+
+def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict[str, Any]:
+    """Writes the summary (process 0) and, in a multi-process learner, each process's params."""
+    summary = {**summary, "runtime": "grpc", "learner": learner.index, "steps": learner.steps,
+               "tokens": learner.tokens, "process": jax.process_index(),
+               "processes": jax.process_count(), "devices": jax.device_count()}
+    if jax.process_count() > 1:  # every process: the parameters it ended with
+        params = learner.host_params()
+        np.savez(os.path.join(workdir, f"params.process{jax.process_index()}.npz"), **params)
+        summary["params_crc"] = integrity.tree_crc(params)
+    if talks_to_sync():
+        metrics.write_summary(workdir, summary)
+    else:
+        with open(os.path.join(workdir, f"summary.process{jax.process_index()}.json"), "w") as f:
+            json.dump(summary, f, indent=2)
     return summary

@@ -23,6 +23,13 @@ class Limits:
         if min(self.max_chunks, self.max_learners, self.max_upload_bytes) < 1:
             raise ValueError("limits must be positive")
 
+    @classmethod
+    def from_deploy(cls, deploy) -> "Limits":
+        """The limits a config's `deploy` section sets; the rest keep their defaults."""
+        return cls(max_message_bytes=int(deploy.max_message_bytes),
+                   chunk_bytes=int(deploy.chunk_bytes), max_learners=int(deploy.max_learners),
+                   absent_after_s=float(deploy.absent_after_s))
+
     def channel_options(self) -> list[tuple[str, int]]:
         return [("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.max_receive_message_length", self.max_message_bytes),

@@ -2,13 +2,18 @@
 
 Used by scripts/launch_local.py, scripts/chaos_local.py and the tests. Every process writes its log
 to WORKDIR/logs/<name>.log (appended across restarts); the synchronizer binds 127.0.0.1 on a port
-it picks itself and writes to WORKDIR/sync/port, which the learners are then pointed at.
+it picks itself and writes to WORKDIR/sync/port, which the learners are then pointed at. Settings
+of the deployment reach every process as --config.deploy.KEY=VALUE overrides (`overrides`). With
+`processes_per_learner` > 1 each learner is one JAX job of that many local processes (process 0,
+named learner<m>, talks to the synchronizer; learner<m>.p<i> follow it), meeting at a coordinator
+on a free loopback port.
 """
 
 import dataclasses
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +29,8 @@ class LocalCluster:
     learners: int
     workdir: str
     overrides: tuple[str, ...] = ()  # extra --config.key=value flags for every process
-    devices_per_learner: int = 1
+    devices_per_learner: int = 1  # per process
+    processes_per_learner: int = 1
     token: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16))
     absent_after_s: float = 3.0
     procs: dict = dataclasses.field(default_factory=dict)
@@ -56,8 +62,8 @@ class LocalCluster:
             os.remove(port_file)
         port = self.port or 0  # a restart reuses the port the learners know
         proc = self._spawn("sync", ["-m", "experiments.synchronizer", f"--config={self.config}",
-                                    f"--workdir={sync_dir}", f"--port={port}",
-                                    f"--absent_after_s={self.absent_after_s}"], 1)
+                                    f"--workdir={sync_dir}", f"--config.deploy.port={port}",
+                                    f"--config.deploy.absent_after_s={self.absent_after_s}"], 1)
         deadline = time.monotonic() + timeout_s
         while not os.path.exists(port_file):
             if proc.poll() is not None:
@@ -70,13 +76,26 @@ class LocalCluster:
             self.port = int(f.read())
         return self.port
 
+    def learner_names(self, m: int) -> list[str]:
+        """The process names of learner m: learner<m>, then its followers learner<m>.p<i>."""
+        return [f"learner{m}"] + [f"learner{m}.p{i}" for i in range(1, self.processes_per_learner)]
+
     def start_learner(self, m: int) -> subprocess.Popen:
+        """Starts (or restarts) every process of learner m; returns its process 0."""
         if self.port is None:
             raise ValueError("start the synchronizer first")
-        return self._spawn(f"learner{m}", [
-            "-m", "experiments.learner", f"--config={self.config}", f"--learner_id={m}",
-            f"--synchronizer=127.0.0.1:{self.port}",
-            f"--workdir={os.path.join(self.workdir, f'learner{m}')}"], self.devices_per_learner)
+        args = ["-m", "experiments.learner", f"--config={self.config}", f"--learner_id={m}",
+                f"--synchronizer=127.0.0.1:{self.port}",
+                f"--workdir={os.path.join(self.workdir, f'learner{m}')}",
+                f"--config.deploy.absent_after_s={self.absent_after_s}"]
+        n = self.processes_per_learner
+        if n == 1:
+            return self._spawn(f"learner{m}", args, self.devices_per_learner)
+        coordinator = f"127.0.0.1:{_free_port()}"
+        procs = [self._spawn(name, args + [f"--coordinator={coordinator}", f"--num_processes={n}",
+                                           f"--process_id={i}"], self.devices_per_learner)
+                 for i, name in enumerate(self.learner_names(m))]
+        return procs[0]
 
     def start(self) -> None:
         self.start_sync()
@@ -84,11 +103,14 @@ class LocalCluster:
             self.start_learner(m)
 
     def kill(self, name: str) -> None:
-        """SIGKILL, as a crash would; no cleanup runs in the process."""
-        proc = self.procs[name]
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        """SIGKILL, as a crash would; no cleanup runs in the process. Killing learner<m> kills
+        every process of that learner (one JAX job does not outlive its process 0)."""
+        names = [n for n in self.procs if n == name or n.startswith(name + ".p")]
+        for n in names:
+            proc = self.procs[n]
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
     def alive(self, name: str) -> bool:
         return name in self.procs and self.procs[name].poll() is None
@@ -111,3 +133,39 @@ class LocalCluster:
                 proc.wait(max(deadline - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 self.kill(name)
+
+
+def with_arg(spec: str, key: str, value) -> str:
+    """`spec` (file[:a=1,b]) with key=value added to its argument."""
+    return f"{spec}{',' if ':' in spec else ':'}{key}={value}"
+
+
+def load_config(spec: str, overrides: tuple[str, ...] = ()):
+    """The config a process started with --config=SPEC and these --config.KEY=VALUE overrides
+    gets (checked here, so that a bad override fails before any process starts)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from diloco import deploy_config
+    bad = [o for o in overrides if not o.startswith("--config.")]
+    if bad:
+        raise ValueError(f"expected --config.KEY=VALUE overrides, got {bad}")
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path) and os.path.exists(os.path.join(REPO, path)):
+        spec = os.path.join(REPO, path) + (":" + arg if arg else "")
+    argv = ["local", f"--config={spec}", *overrides]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+    try:
+        values(argv)
+    except (flags.Error, AttributeError, KeyError) as err:
+        raise ValueError(f"cannot load --config={spec} with {list(overrides)}: {err!r}") from err
+    config = values.config
+    deploy_config.check(config.deploy)
+    return config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,8 +1,9 @@
 """The synchronizer process: the gRPC service over a SyncHost, with orbax checkpoints.
 
-It starts from the newest checkpoint in WORKDIR/checkpoints/synchronizer if there is one (beginning
-a new generation, see Synchronizer.restart), else from the config's initial parameters (and saves
-that as checkpoint 0). It saves again whenever the state machine asks (every
+Where it listens, TLS and limits come from the config's `deploy` section. It starts from the
+newest checkpoint in WORKDIR/checkpoints/synchronizer if there is one (beginning a new generation,
+see Synchronizer.restart), else from the config's initial parameters (and saves that as
+checkpoint 0). It saves again whenever the state machine asks (every
 `outer.sync_checkpoint_every` merges) and at shutdown. The bound port goes to WORKDIR/port; the run
 ends when every learner finished, every merge was delivered and no learner is live any more (or on
 SIGTERM), and writes WORKDIR/summary.json with wire and codec byte counts.
@@ -20,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from diloco import data as data_lib, fragments, island as island_lib, multi, policies, metrics
-from diloco import sync_checkpoint
+from diloco import deploy_config, sync_checkpoint
 from diloco.rpc import limits as limits_lib, service
 from diloco.runtime import realtime
 from diloco.synchronizer import Synchronizer
@@ -48,9 +49,12 @@ def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
                         checkpoint_every=max(int(o.get("sync_checkpoint_every", 0)), 1))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *, port: int, token: str,
-        bind: str = "127.0.0.1", cert: str = "", key: str = "",
-        limits: limits_lib.Limits = limits_lib.Limits(), max_s: float = 3600.0) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, workdir: str, *, token: str,
+        max_s: float = 3600.0) -> dict[str, Any]:
+    """Serves on config.deploy's bind:port (TLS when deploy.cert/key are set) until settled."""
+    deploy = config.deploy
+    deploy_config.check(deploy)
+    limits = limits_lib.Limits.from_deploy(deploy)
     os.makedirs(workdir, exist_ok=True)
     sync = make_synchronizer(config)
     ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
@@ -80,8 +84,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, port: int, token: st
                              max_learners=limits.max_learners,
                              progress_per_s=limits.progress_per_s, on_log=on_log,
                              on_checkpoint=on_checkpoint)
-    server, svc, bound = service.serve(host, token, port=port, bind=bind, limits=limits,
-                                       cert=cert, key=key)
+    server, svc, bound = service.serve(host, token, port=deploy.port, bind=deploy.bind,
+                                       limits=limits, cert=deploy.cert, key=deploy.key)
     with open(os.path.join(workdir, "port.tmp"), "w") as f:
         f.write(str(bound))
     os.replace(os.path.join(workdir, "port.tmp"), os.path.join(workdir, "port"))

@@ -1,0 +1,143 @@
+"""One learner as a multi-process JAX job: process 0 talks to the synchronizer, the others follow.
+
+Every process of the learner builds the same island over all processes' devices (its mesh spans
+the job) and holds the same learner state. Only process 0 runs the learner loop against the
+synchronizer (`realtime.run_learner`); every operation that loop performs on the learner — take a
+step, apply a received fragment, compute an upload, end — is first broadcast from process 0
+(`multihost_utils.broadcast_one_to_all`) and the other processes perform the same operation in the
+same order (`follow`). Received fragments travel in the broadcast as the wire encoding of the Send,
+so every process applies identical values at identical steps; each process feeds its step its own
+slice of the global batch, and parameters that are not addressable from one process are gathered
+with `process_allgather` (a collective, so every process reads them at the same point too).
+Checkpoints are taken after steps in lockstep by every process (orbax coordinates a multi-process
+save; the checkpoint directory must be shared by the processes).
+"""
+
+import os
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from diloco import fragments
+from diloco.learner import Learner
+from diloco.protocol import Send
+from diloco.runtime import transport
+
+NOOP, STEP, RECEIVE, UPLOAD, END = range(5)
+OP_NAMES = {NOOP: "noop", STEP: "step", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
+
+
+def initialize(distributed: bool, coordinator: str = "", num_processes: int = 0,
+               process_id: int = -1) -> None:
+    """`jax.distributed.initialize`, with an explicit coordinator for local multi-process tests.
+
+    On CPU the cross-process collectives need gloo (set before the backend starts).
+    """
+    if not distributed and not coordinator:
+        return
+    if "cpu" in os.environ.get("JAX_PLATFORMS", ""):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if coordinator:
+        if num_processes < 1 or not 0 <= process_id < num_processes:
+            raise ValueError(f"--coordinator needs --num_processes >= 1 and --process_id in "
+                             f"0..num_processes-1, got {num_processes} and {process_id}")
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id)
+    else:
+        jax.distributed.initialize()
+
+
+def host_value(x) -> np.ndarray:
+    """The full value of one array on this host (gathered from every process if sharded)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+class SpmdLearner(Learner):
+    """A learner whose parameters may span processes; on process 0 it announces every operation.
+
+    `announce` is None on the other processes (they are driven by `follow`) and on single-process
+    learners, which then behave exactly like `Learner`.
+    """
+
+    announce: Callable[[int, int, bytes], None] | None = None
+
+    def host_params(self) -> dict[str, np.ndarray]:
+        return {k: host_value(v) for k, v in fragments.flatten(self.state.params).items()}
+
+    def _read(self, p: int) -> dict[str, np.ndarray]:
+        flat = fragments.flatten(self.state.params)
+        return {k: host_value(flat[k]) for k in self.frag.paths[p]}
+
+    def step(self, batch):
+        if self.announce is not None:
+            self.announce(STEP, 0, b"")
+        return super().step(batch)
+
+    def receive(self, send: Send) -> None:
+        if self.announce is not None:
+            self.announce(RECEIVE, send.fragment, transport.encode_message(send))
+        super().receive(send)
+
+    def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float):
+        if self.announce is not None:
+            self.announce(UPLOAD, p, b"")
+        return super().upload(p, sent_time, arrival_time, step_time)
+
+
+def broadcast(op: int, arg: int, payload: bytes) -> tuple[int, int, bytes]:
+    """(op, arg, payload) of process 0 on every process (the others pass anything)."""
+    from jax.experimental import multihost_utils
+    header = np.asarray(multihost_utils.broadcast_one_to_all(
+        np.array([op, arg, len(payload)], np.int64)))
+    op, arg, n = (int(v) for v in header)
+    if not n:
+        return op, arg, b""
+    buf = (np.frombuffer(payload, np.uint8) if jax.process_index() == 0
+           else np.zeros(n, np.uint8))
+    if buf.size != n:
+        raise ValueError(f"broadcast payload of {buf.size} bytes, header says {n}")
+    return op, arg, np.asarray(multihost_utils.broadcast_one_to_all(buf)).astype(np.uint8).tobytes()
+
+
+def lead(learner: SpmdLearner) -> None:
+    """Makes process 0's learner announce its operations to the followers."""
+    if jax.process_index() != 0:
+        raise ValueError("only process 0 of a learner leads it")
+    learner.announce = lambda op, arg, payload: broadcast(op, arg, payload)
+
+
+def end(learner: SpmdLearner) -> None:
+    """Process 0: tells the followers the run is over."""
+    if learner.announce is not None:
+        learner.announce(END, 0, b"")
+
+
+def follow(learner: SpmdLearner, next_batch: Callable[[], dict],
+           after_step: Callable[[Learner], None] = lambda lrn: None) -> dict[str, int]:
+    """A process other than 0: performs process 0's operations until it ends; counts of each."""
+    if jax.process_index() == 0:
+        raise ValueError("process 0 leads; it does not follow")
+    counts = {name: 0 for name in OP_NAMES.values()}
+    while True:
+        op, arg, payload = broadcast(NOOP, 0, b"")
+        if op not in OP_NAMES:
+            raise ValueError(f"process {jax.process_index()} got unknown operation {op}")
+        counts[OP_NAMES[op]] += 1
+        if op == END:
+            return counts
+        if op == STEP:
+            learner.step(next_batch())
+            after_step(learner)
+        elif op == RECEIVE:
+            send = transport.decode_message(payload)
+            if not isinstance(send, Send) or send.fragment != arg:
+                raise ValueError(f"process {jax.process_index()} got a bad broadcast send")
+            learner.receive(send)
+        elif op == UPLOAD:
+            learner.upload(arg, 0.0, 0.0, 0.0)
