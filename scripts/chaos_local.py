@@ -5,10 +5,14 @@
 
 Kill times are drawn uniformly over the first 85% of the run from the seed; each kill picks the
 synchronizer with probability --sync_share, else a random learner, and the killed process is started
-again after --down_s seconds. Learners run enough steps to outlast the chaos. The report (printed
-and written to WORKDIR/chaos_report.json) lists every kill, whether each killed process came back,
-the merges and steps reached, the synchronizer's generations, whether its last restart restored
-exactly the checkpointed arrays, the refusals it counted, and whether every logged loss is finite.
+again after --down_s seconds. Learners run enough steps to outlast the chaos and checkpoint every
+--learner_checkpoint_every steps, so a killed learner resumes from its newest checkpoint. Any
+--config.KEY=VALUE flag (e.g. --config.deploy.absent_after_s=5) goes to every process. The report
+(printed and written to WORKDIR/chaos_report.json) lists every kill, whether each killed process
+came back, each learner restart's resumed step (its newest checkpoint, or None: it started over)
+against the last step it logged before the kill, the merges and steps reached, the synchronizer's
+generations, whether its last restart restored exactly the checkpointed arrays, the refusals it
+counted, and whether every logged loss is finite.
 """
 
 import argparse
@@ -30,6 +34,20 @@ def _rows(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _resumes(learner_dir):
+    """Per restart of one learner: the step it resumed from and the last step logged before."""
+    starts = _rows(os.path.join(learner_dir, "starts.jsonl"))
+    progress = _rows(os.path.join(learner_dir, "progress.jsonl"))
+    out = []
+    for i, s in enumerate(starts[1:], 1):
+        until = starts[i + 1]["time"] if i + 1 < len(starts) else float("inf")
+        before = [r["step"] for r in progress if starts[i - 1]["time"] < r["time"] < s["time"]]
+        after = [r["step"] for r in progress if s["time"] < r["time"] < until]
+        out.append({"resumed_step": s["restored_step"], "last_logged_before": max(before, default=0),
+                    "first_logged_after": after[0] if after else None})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/shakespeare.py:mode=decoupled,runlocal")
@@ -40,11 +58,17 @@ def main() -> None:
     ap.add_argument("--sync_share", type=float, default=0.25)
     ap.add_argument("--down_s", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--learner_checkpoint_every", type=int, default=50)
     ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
+    args, extra = ap.parse_known_args()
     rng = random.Random(args.seed)
-    config = f"{args.config},learners={args.learners},steps={args.steps}"
-    c = local.LocalCluster(config, args.learners, os.path.abspath(args.workdir))
+    config = local.with_arg(local.with_arg(args.config, "learners", args.learners), "steps",
+                            args.steps)
+    overrides = (f"--config.outer.learner_checkpoint_every={args.learner_checkpoint_every}",
+                 *extra)
+    absent = local.load_config(config, overrides).deploy.absent_after_s
+    c = local.LocalCluster(config, args.learners, os.path.abspath(args.workdir),
+                           overrides=overrides, absent_after_s=absent)
     plan = sorted(rng.uniform(0.05, 0.85) * args.duration_s for _ in range(args.kills))
     victims = ["sync" if rng.random() < args.sync_share else f"learner{rng.randrange(args.learners)}"
                for _ in plan]
@@ -85,6 +109,8 @@ def main() -> None:
         "restored_arrays_equal": sync.get("restored_arrays_equal"),
         "learner_steps_logged": {m: (max(s) if s else 0) for m, s in steps.items()},
         "learner_restarts": {n: c.starts[n] - 1 for n in c.starts},
+        "learner_resumes": {m: _resumes(os.path.join(c.workdir, f"learner{m}"))
+                            for m in range(args.learners)},
         "all_losses_finite": all(l == l and abs(l) != float("inf") for l in losses),
         "loss_first_last": [losses[0], losses[-1]] if losses else None,
         "refusals": sync.get("refusals"),

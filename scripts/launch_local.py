@@ -1,10 +1,11 @@
 """Starts a synchronizer and M learner processes on this machine, waits, and stops them all.
 
   python scripts/launch_local.py --config=configs/shakespeare.py:mode=decoupled,runlocal \
-      --learners=4 --workdir=runs/local
+      --learners=4 --workdir=runs/local [--config.deploy.KEY=VALUE ...]
 
-Logs go to WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>. Ctrl-C (or
---timeout_s) stops every process: SIGTERM, then SIGKILL after a grace period.
+Any --config.KEY=VALUE flag (e.g. --config.deploy.absent_after_s=10) is checked here and passed to
+every process. Logs go to WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>.
+Ctrl-C (or --timeout_s) stops every process: SIGTERM, then SIGKILL after a grace period.
 """
 
 import argparse
@@ -21,11 +22,17 @@ def main() -> None:
     ap.add_argument("--config", required=True)
     ap.add_argument("--learners", type=int, required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--devices_per_learner", type=int, default=1)
+    ap.add_argument("--devices_per_learner", type=int, default=1, help="per process")
+    ap.add_argument("--processes_per_learner", type=int, default=1,
+                    help=">1: each learner is one multi-process JAX job")
     ap.add_argument("--timeout_s", type=float, default=3600.0)
-    args = ap.parse_args()
-    c = local.LocalCluster(args.config, args.learners, os.path.abspath(args.workdir),
-                           devices_per_learner=args.devices_per_learner)
+    args, overrides = ap.parse_known_args()
+    spec = local.with_arg(args.config, "learners", args.learners)
+    config = local.load_config(spec, tuple(overrides))
+    c = local.LocalCluster(spec, args.learners, os.path.abspath(args.workdir),
+                           overrides=tuple(overrides), devices_per_learner=args.devices_per_learner,
+                           processes_per_learner=args.processes_per_learner,
+                           absent_after_s=config.deploy.absent_after_s)
     try:
         c.start()
         print(f"synchronizer on 127.0.0.1:{c.port}; logs in {c.workdir}/logs", flush=True)

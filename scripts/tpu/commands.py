@@ -1,74 +1,125 @@
 """Commands to run the gRPC runtime on Cloud TPU VMs: one learner per slice, one synchronizer.
 
   python scripts/tpu/commands.py --config=configs/shakespeare.py:mode=decoupled \
-      --project=my-proj --zone=us-central2-b --accelerator_type=v4-8 --sync_host=10.0.0.2 \
-      [--run]
+      --config.outer.learners=2 --config.deploy.port=50051 \
+      --config.deploy.tpu.project=my-proj --config.deploy.tpu.zone=us-central2-b \
+      --config.deploy.tpu.accelerator_type=v4-8 --config.deploy.tpu.sync_host=10.0.0.2 [--run]
 
-Without --run it prints the commands (a dry run; tests/test_launch.py checks them). Each slice is
-created if absent (`describe || create`), gets a copy of this repository, installs it, and starts
-its learner on every worker with `gcloud compute tpus tpu-vm ssh --worker=all`; the learner's
-multi-host JAX job then talks to the synchronizer from process 0 only. The synchronizer starts
-first, on the machine that runs this script, bound to --sync_host (that machine's internal
-address); the shared token is $DILOCO_TOKEN on every host.
+Everything comes from the config's `deploy` section (diloco/deploy_config.py), overridden with
+--config.KEY=VALUE flags; those overrides are passed on to the synchronizer and every learner, so
+all of them see the same config. Without --run it prints the commands (a dry run;
+tests/test_launch.py checks them). The synchronizer starts first, on the machine that runs this
+script, bound to deploy.tpu.sync_host (that machine's internal address) on deploy.port. Each slice
+is created if absent (`describe || create`), gets a copy of this repository, installs it, and
+starts its learner on every worker with `gcloud compute tpus tpu-vm ssh --worker=all` and
+--config.distributed=True: the learner is one multi-host JAX job whose process 0 talks to the
+synchronizer. The shared token is $DILOCO_TOKEN (printed as that name; --run sends its value).
 """
 
-import argparse
+import os
 import shlex
 import subprocess
 import sys
 
+from absl import app, flags
+from ml_collections import config_flags
 
-def commands(config: str, learners: int, project: str, zone: str, accelerator_type: str,
-             runtime_version: str, sync_host: str, port: int = 50051, prefix: str = "diloco",
-             repo_dir: str = "~/diloco", workdir: str = "~/runs/diloco") -> list[list[str]]:
-    """Every command of a deployment, in order, as argument lists."""
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from diloco import deploy_config  # noqa: E402
+
+TOKEN = "$DILOCO_TOKEN"
+
+
+def commands(spec: str, config, overrides: tuple[str, ...] = (),
+             workdir: str = "$HOME/runs/diloco", token: str = TOKEN) -> list[list[str]]:
+    """Every command of a deployment, in order, as argument lists.
+
+    `spec` is the --config argument and `overrides` the --config.KEY=VALUE flags that made `config`.
+    """
+    d, t = config.deploy, config.deploy.tpu
+    deploy_config.check(d)
+    learners = config.outer.learners
     if learners < 1:
-        raise ValueError(f"need at least one learner, got {learners}")
-    if not project or not sync_host:
-        raise ValueError("--project and --sync_host are required")
+        raise ValueError(f"need at least one learner, got outer.learners={learners}")
+    if not t.project or not t.sync_host:
+        raise ValueError("deploy.tpu.project and deploy.tpu.sync_host are required")
+    if not d.port:
+        raise ValueError("deploy.port must be set: learners on other hosts connect to it")
     g = ["gcloud", "compute", "tpus", "tpu-vm"]
-    where = [f"--zone={zone}", f"--project={project}"]
-    cfg = shlex.quote(config)
-    cmds = []
+    where = [f"--zone={t.zone}", f"--project={t.project}"]
+    flags_ = " ".join(shlex.quote(a) for a in (f"--config={spec}", *overrides))
+    # Loopback is unreachable from the slices: bind the internal address unless told otherwise.
+    bind = f" --config.deploy.bind={shlex.quote(t.sync_host)}" if d.bind == "127.0.0.1" else ""
+    sync = (f"nohup python -m experiments.synchronizer {flags_}{bind} --workdir={workdir}/sync "
+            f"> sync.log 2>&1 &")
+    cmds = [["bash", "-c", sync]]
     for m in range(learners):
-        name = f"{prefix}-learner{m}"
+        name = f"{t.name_prefix}-learner{m}"
         exists = " ".join(g + ["describe", name] + where)
-        create = " ".join(g + ["create", name, f"--accelerator-type={accelerator_type}",
-                               f"--version={runtime_version}"] + where)
+        create = " ".join(g + ["create", name, f"--accelerator-type={t.accelerator_type}",
+                               f"--version={t.runtime_version}"] + where)
         cmds.append(["bash", "-c", f"{exists} >/dev/null 2>&1 || {create}"])
-        cmds.append(g + ["scp", "--recurse", ".", f"{name}:{repo_dir}", "--worker=all"] + where)
-        learner = (f"cd {repo_dir} && pip install -e . && DILOCO_TOKEN=$DILOCO_TOKEN nohup python "
-                   f"-m experiments.learner --config={cfg} --config.distributed=True "
-                   f"--learner_id={m} --synchronizer={sync_host}:{port} "
+        cmds.append(g + ["scp", "--recurse", ".", f"{name}:{t.repo_dir}", "--worker=all"] + where)
+        learner = (f"cd {t.repo_dir} && pip install -e . && DILOCO_TOKEN={token} nohup python "
+                   f"-m experiments.learner {flags_} --config.distributed=True "
+                   f"--learner_id={m} --synchronizer={t.sync_host}:{d.port} "
                    f"--workdir={workdir}/learner{m} > learner{m}.log 2>&1 &")
         cmds.append(g + ["ssh", name, "--worker=all", f"--command={learner}"] + where)
-    sync = (f"DILOCO_TOKEN=$DILOCO_TOKEN python -m experiments.synchronizer --config={cfg} "
-            f"--port={port} --bind={sync_host} --workdir={workdir}/sync")
-    cmds.insert(0, ["bash", "-c", f"nohup {sync} > sync.log 2>&1 &"])
     return cmds
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--learners", type=int, default=2)
-    ap.add_argument("--project", default="")
-    ap.add_argument("--zone", default="us-central2-b")
-    ap.add_argument("--accelerator_type", default="v4-8")
-    ap.add_argument("--runtime_version", default="tpu-ubuntu2204-base")
-    ap.add_argument("--sync_host", default="")
-    ap.add_argument("--port", type=int, default=50051)
-    ap.add_argument("--run", action="store_true", help="run the commands instead of printing")
-    args = ap.parse_args()
-    cmds = commands(args.config, args.learners, args.project, args.zone, args.accelerator_type,
-                    args.runtime_version, args.sync_host, args.port)
+def config_spec(argv: list[str]) -> str:
+    """The value of --config (file[:args]) on a command line."""
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    raise ValueError("--config is required")
+
+
+def config_overrides(argv: list[str]) -> tuple[str, ...]:
+    """The --config.KEY=VALUE flags of a command line (a value in the next argument is joined)."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--config."):
+            if "=" not in a and i + 1 < len(argv):
+                a, i = f"{a}={argv[i + 1]}", i + 1
+            out.append(a)
+        i += 1
+    return tuple(out)
+
+
+def _define_flags() -> None:
+    """Flags of the command line (defined here, not at import, so that tests can import this)."""
+    config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
+    flags.DEFINE_bool("run", False, "Run the commands instead of printing them.")
+    flags.DEFINE_string("workdir", "$HOME/runs/diloco", "Outputs on each host.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    run = flags.FLAGS.run
+    token = TOKEN
+    if run:
+        token = os.environ.get("DILOCO_TOKEN", "")
+        if not token:
+            raise app.UsageError("set DILOCO_TOKEN to the shared secret before --run")
+    cmds = commands(config_spec(sys.argv[1:]), flags.FLAGS.config,
+                    config_overrides(sys.argv[1:]), flags.FLAGS.workdir, token)
     for cmd in cmds:
-        print(shlex.join(cmd), flush=True)
-        if args.run:
+        if run:
+            print(shlex.join(cmd).replace(token, TOKEN), flush=True)
             subprocess.run(cmd, check=True)
-    if not args.run:
+        else:
+            print(shlex.join(cmd), flush=True)
+    if not run:
         print("# dry run: nothing was executed (add --run)", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    _define_flags()
+    app.run(main)
