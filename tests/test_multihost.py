@@ -1,9 +1,11 @@
 """One learner as a 2-process JAX job (CPU, gloo collectives) against a synchronizer process: only
-process 0 talks to the synchronizer, process 1 follows it, and both end with identical parameters,
-equal to the synchronizer's global parameters after the last merge."""
+process 0 talks to the synchronizer, process 1 follows it, both checkpoint together and, SIGKILLed
+and started again, resume from that checkpoint; both end with identical parameters, equal to the
+synchronizer's global parameters after the last merge."""
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -13,13 +15,15 @@ from diloco import sync_checkpoint
 from diloco.rpc import local, multihost, sync_main
 
 # Synchronous DiLoCo, H=10, alpha=0: after the last merge arrives every parameter is the global one.
-SPEC = "configs/shakespeare.py:mode=diloco,runlocal,learners=1,steps=20"
+SPEC = "configs/shakespeare.py:mode=diloco,runlocal,learners=1,steps=30"
+EVERY = 10
 
 
 @pytest.fixture
 def cluster(tmp_path):
     c = local.LocalCluster(SPEC, 1, str(tmp_path / "run"), devices_per_learner=2,
-                           processes_per_learner=2)
+                           processes_per_learner=2,
+                           overrides=(f"--config.outer.learner_checkpoint_every={EVERY}",))
     yield c
     c.stop(grace_s=2.0)
 
@@ -29,9 +33,29 @@ def _json(path):
         return json.load(f)
 
 
+def _last_step(c):
+    path = os.path.join(c.workdir, "learner0", "progress.jsonl")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows[-1]["step"] if rows else 0
+
+
 def test_two_process_learner_follows_process_zero(cluster):
     c = cluster
     c.start()
+    deadline = time.monotonic() + 180
+    while _last_step(c) < 15:
+        assert time.monotonic() < deadline, "the 2-process learner never reached step 15"
+        assert c.alive("learner0") and c.alive("learner0.p1")
+        time.sleep(0.05)
+    c.kill("learner0")  # both of its processes
+    assert not c.alive("learner0.p1")
+    ckpt_dir = os.path.join(c.workdir, "learner0", "checkpoints")
+    saved = max(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+    assert saved in (10, 20)
+    c.start_learner(0)
     codes = c.wait(240)
     logs = {n: open(os.path.join(c.workdir, "logs", f"{n}.log")).read()[-2000:] for n in c.procs}
     assert codes == {"sync": 0, "learner0": 0, "learner0.p1": 0}, (codes, logs)
@@ -39,14 +63,17 @@ def test_two_process_learner_follows_process_zero(cluster):
     follower = _json(os.path.join(c.workdir, "learner0", "summary.process1.json"))
     # One island over both processes' devices; process 1 never connected anywhere.
     assert (lead["processes"], lead["devices"], lead["process"]) == (2, 4, 0)
-    assert (follower["role"], follower["process"], follower["steps"]) == ("follower", 1, 20)
-    assert lead["steps"] == 20 and lead["settled"]
-    # It followed every operation of process 0: 20 steps, the initial fragment and two merged
-    # updates, the two uploads (one per H=10 steps), and the end.
-    assert follower["ops"] == {"noop": 0, "step": 20, "receive": 3, "upload": 2, "end": 1}
-    assert lead["applied"] == 3
+    assert (follower["role"], follower["process"], follower["steps"]) == ("follower", 1, 30)
+    assert lead["steps"] == 30 and lead["settled"]
+    # Both processes resumed from the same checkpoint, then the follower took every step after it,
+    # computed every upload (one per H=10 steps), applied what process 0 applied, and ended.
+    assert lead["restored_step"] == follower["restored_step"] == saved
+    ops = follower["ops"]
+    assert (ops["step"], ops["upload"], ops["end"], ops["noop"]) == (30 - saved,
+                                                                     (30 - saved) // EVERY, 1, 0)
+    assert ops["receive"] == lead["applied"] >= (30 - saved) // EVERY
     sync = _json(os.path.join(c.workdir, "sync", "summary.json"))
-    assert sync["merges"] == 2 and lead["versions"] == sync["versions"] == [2]
+    assert sync["merges"] == 3 and lead["versions"] == sync["versions"] == [3]
 
     p0 = np.load(os.path.join(c.workdir, "learner0", "params.process0.npz"))
     p1 = np.load(os.path.join(c.workdir, "learner0", "params.process1.npz"))
@@ -58,7 +85,7 @@ def test_two_process_learner_follows_process_zero(cluster):
     made.load_state_dict(ckpt.restore(made.state_dict()))
     ckpt.close()
     final = made.global_params()
-    assert made.merges == 2 and sorted(final) == sorted(p0.files)
+    assert made.merges == 3 and sorted(final) == sorted(p0.files)
     start = sync_main.make_synchronizer(config).global_params()
     for k, v in final.items():
         np.testing.assert_array_equal(p0[k], p1[k])  # identical on both processes
