@@ -181,6 +181,38 @@ def test_a_crashed_learner_rejoins_holding_exactly_the_global_fragments(tmp_path
     assert s["goodput"] < 1.0 - 8.0 / (4 * s["sim_time_s"])  # 8 s down, 5.5 s of work lost
 
 
+@pytest.mark.parametrize("down_s", [2.0, 4.0])
+def test_goodput_of_synchronous_diloco_counts_the_stall_and_the_redo_by_hand(tmp_path, down_s):
+    """Synchronous DiLoCo, 2 learners, H=10, 40 steps of 1 s, no latency, checkpoints every 10
+    steps. Learner 1 crashes at t=15.5 s in step 16 (steps 11-15 and half of 16 lost: 5.5 s) and is
+    back at 15.5 + R. It restores step 10 and redoes the round, steps 11-20, until 25.5 + R, while
+    learner 0, done with step 20 at t=20, waits for the merge: 5.5 + R s idle. Rounds 3 and 4 take
+    10 s each: the run ends at 45.5 + R. The 5 lost steps return to the budget, so both learners
+    train 40 steps. Goodput = useful / allocated learner-seconds = (40 + 40) / (2 (45.5 + R)): the
+    survivor's wait, the crashed learner's downtime and its lost 5.5 s are not useful. Uptime: the
+    merge at 20 came at 25.5 + R, 5.5 + R s late. (Before the fix, with R=2 learner 1 skipped the
+    redo, jumping to learner 0's step 18, and nobody waited.)"""
+    c = shakespeare.get_config(f"runlocal,mode=diloco,learners=2,chaos=crash learner 1 at "
+                               f"t=15.5s for {down_s:g}s")
+    c.progress_bar = False
+    c.sim.latency_s, c.sim.bandwidth_gbps = 0.0, 1e9
+    s = train.train_and_evaluate(c, str(tmp_path))
+    end = 45.5 + down_s
+    assert s["sim_time_s"] == pytest.approx(end)
+    assert s["goodput"] == pytest.approx(80.0 / (2 * end))
+    assert s["uptime"] == pytest.approx(1.0 - (5.5 + down_s) / end)
+    (l0, l1) = s["per_learner"]
+    assert (l0["steps"], l1["steps"], s["merges"]) == (40, 40, 4)
+    assert s["tokens"] == 80 * c.batch_size * c.seq_len  # the whole budget, trained
+    assert (l0["busy_s"], l0["idle_s"]) == pytest.approx((40.0, 5.5 + down_s), abs=1e-6)
+    assert (l1["busy_s"], l1["idle_s"]) == pytest.approx((45.5, 0.0), abs=1e-6)  # 5.5 s lost
+    assert s["chaos"]["steps_lost"] == 6 and s["chaos"]["learner_downtime_s"] == pytest.approx(
+        down_s)
+    rows = metrics.read_jsonl(os.path.join(tmp_path, metrics.METRICS_FILE))
+    (recover,) = [r for r in rows if r.get("event") == "recover"]
+    assert (recover["restored_step"], recover["resumes_at_step"]) == (10, 10)
+
+
 def test_a_learner_without_a_checkpoint_starts_over_from_the_global_parameters(tmp_path):
     """Learner checkpoints off: learner 1 crashes at t=13.5 s for 5 s and comes back with nothing;
     it fetches every global fragment before its first step, then trains from step 0."""

@@ -2,16 +2,20 @@
 
 - crash learner m: its memory is lost (state, counters, its data position since its checkpoint);
   events addressed to it are dropped (its epoch moves on); the synchronizer gets Leave(m) at once.
-  Work since its last checkpoint, and the step it was in, are wasted. When it comes back it restores
-  its checkpoint (or starts over, see recovery.py) and re-joins with the versions it holds; the
-  rejoin is complete once every fragment the synchronizer sent in answer has arrived (a learner that
-  started over trains only from then on). Rounds in progress at its Join do not wait for it,
-  unless the quorum counts crashed members (synchronous DiLoCo without elasticity). Its
-  step counter, which paces its fragment schedule, moves forward to the phase (modulo H) of the
-  leading live learner's, so that its uploads go with the others' again: restarting the schedule
-  from an older checkpoint's step would put it out of phase for the rest of the run (Decoupled
-  DiLoCo would then merge its fragments apart from the others', each through the outer optimizer
-  on its own; lockstep rounds of different fragments would wait on each other).
+  Work since its last checkpoint, and the step it was in, are wasted, and their tokens return to
+  the budget (it reads them again). When it comes back it restores its checkpoint (or starts over,
+  see recovery.py) and re-joins with the versions it holds; the rejoin is complete once every
+  fragment the synchronizer sent in answer has arrived (a learner that started over trains only
+  from then on). Rounds in progress at its Join do not wait for it, unless the quorum counts
+  crashed members (synchronous DiLoCo without elasticity). Its step counter, which paces its
+  fragment schedule, moves forward to the phase (modulo H) of the leading live learner's, so that
+  its uploads go with the others' again: restarting the schedule from an older checkpoint's step
+  would put it out of phase for the rest of the run (Decoupled DiLoCo would then merge its
+  fragments apart from the others', each through the outer optimizer on its own; lockstep rounds
+  of different fragments would wait on each other). Where lockstep rounds wait for it (blocking
+  learners, quorum of members), it resumes instead at the leading learner's last merge point (the
+  step after which that one last received a fragment) or its own checkpoint's step if later: it
+  redoes the rounds still open, as a restarted synchronous worker must, while the others wait.
 - sync_crash: the synchronizer's memory is lost (open rounds, timers, messages in flight to it);
   learners keep training and keep their unanswered uploads; it restarts from its newest checkpoint
   as a new generation, every live learner re-joins and sends again each fragment still unanswered,
@@ -60,6 +64,7 @@ class ChaosRuntime(virtual.VirtualRuntime):
         n = len(self.learners)
         self.faults, self.make_sync, self.on_chaos = list(faults), make_sync, on_chaos
         self.wait_timeout_s = wait_timeout_s
+        self._rounds_wait = self.sync.quorum_of == "members"  # rounds wait for crashed learners
         self.rng = np.random.default_rng([seed, 0xC4A05])
         self.stats = ChaosStats(steps_lost=[0] * n)
         self.up = [True] * n
@@ -158,6 +163,9 @@ class ChaosRuntime(virtual.VirtualRuntime):
             self.tokens_started -= learner.tokens_per_step
         clock.wasted_s += wasted
         self.stats.steps_lost[m] += lost_steps
+        # Their tokens were never trained into what survives: the restored learner reads them again
+        # from its checkpoint's data position, so they come back to the budget.
+        self.tokens_started -= self._since_ckpt[m][0] * learner.tokens_per_step
         if clock.waiting_since is not None:
             clock.idle_s += self.now - clock.waiting_since
             clock.waiting_since = None
@@ -185,15 +193,25 @@ class ChaosRuntime(virtual.VirtualRuntime):
         clock.waiting_since, clock.done = None, False
         record = self._rejoin[m]
         record["restored_step"] = step
-        others = [l_.steps for i, l_ in enumerate(self.learners) if self.up[i] and i != m]
-        if others:  # resume in the schedule's phase of the leading learner (see the module doc)
-            learner.steps += (max(others) - learner.steps) % learner.schedule.inner_steps
+        learner.steps = self._resume_step(m, learner)
         self._log({"event": "recover", "learner": m, "restored_step": step,
                    "resumes_at_step": learner.steps})
         if self.sync_up:
             self._join(m)
         if step is not None:  # trains on its checkpoint while the newer fragments come in
             self._push(self.now, START, "start", m, owner=m)
+
+    def _resume_step(self, m: int, learner: Learner) -> int:
+        """The step counter learner m resumes at (see the module doc): lockstep rounds that wait
+        for it need it to redo everything since the leading learner's last merged fragment;
+        otherwise it moves forward to the leading learner's phase."""
+        others = [l_ for i, l_ in enumerate(self.learners) if self.up[i] and i != m]
+        if not others:
+            return learner.steps
+        lead = max(others, key=lambda l_: l_.steps)
+        if self.blocking and self._rounds_wait:
+            return max(learner.steps, lead.steps - min(lead.c_steps))
+        return learner.steps + (lead.steps - learner.steps) % learner.schedule.inner_steps
 
     def _join(self, m: int) -> None:
         learner = self.learners[m]
