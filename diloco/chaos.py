@@ -18,7 +18,11 @@ One fault per line (or separated by ';'), times and durations in simulated secon
 `generate` draws a schedule: per learner, faults arrive as a Poisson process with mean time between
 failures `mtbf_s` (a learner's next fault is drawn after its previous one ends), of a kind drawn
 uniformly from `kinds`, lasting a time drawn from the recovery distribution; synchronizer crashes
-arrive as their own Poisson process. `from_config` reads a run's `chaos` section.
+arrive as their own Poisson process. `from_config` reads a run's `chaos` section; the schedules it
+generates run to SPAN times the nominal run length, because faults slow a run down (synchronous
+DiLoCo most: every crash stalls every learner) and a schedule that ended at the nominal length
+would leave the rest of a slowed run without faults. Faults after the token budget is spent are
+ignored, and drawing further does not change the earlier faults (each process is its own stream).
 """
 
 import dataclasses
@@ -38,6 +42,7 @@ MODES = {"partition": ("hold", "drop"), "corrupt": ("up", "down"), "poison": ("n
 TIMED = ("crash", "straggle", "delay", "partition", "sync_crash")  # need `for Ns`
 DEFAULT_FACTOR = {"straggle": 2.0, "delay": 1.0, "poison": 1e6}
 RECOVERY = ("exp", "fixed", "uniform")
+SPAN = 4.0  # generated schedules cover SPAN x the nominal run length (see the module doc)
 # Presets, relative to the run's nominal length T (steps x step_s): per-learner mean time between
 # failures, mean recovery time, synchronizer mean time between failures (0: none), kinds.
 PRESETS = {
@@ -201,7 +206,10 @@ def generate(seed: int, learners: int, horizon_s: float, mtbf_s: float,
 
 
 def from_config(c: ml_collections.ConfigDict, learners: int, horizon_s: float) -> list[Fault]:
-    """The run's schedule from its `chaos` section; learner indices checked against `learners`."""
+    """The run's schedule from its `chaos` section; learner indices checked against `learners`.
+
+    `horizon_s` is the run's nominal length: presets scale with it, and generated schedules cover
+    SPAN times it."""
     schedule = str(c.schedule).strip()
     if schedule in ("", "none"):
         return []
@@ -209,7 +217,8 @@ def from_config(c: ml_collections.ConfigDict, learners: int, horizon_s: float) -
         preset = PRESETS[schedule]
         kinds = tuple(k for k in str(c.kinds).split(",") if k) or preset["kinds"]
         sync_mtbf = c.sync_mtbf_s if c.sync_mtbf_s >= 0 else preset["sync_mtbf"] * horizon_s
-        faults = generate(c.seed, learners, horizon_s, c.mtbf_s or preset["mtbf"] * horizon_s,
+        faults = generate(c.seed, learners, SPAN * horizon_s,
+                          c.mtbf_s or preset["mtbf"] * horizon_s,
                           kinds, c.recovery_s or preset["recovery"] * horizon_s,
                           c.recovery_dist, sync_mtbf)
     elif " at t=" in schedule:

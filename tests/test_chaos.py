@@ -115,8 +115,14 @@ def _chaos_cfg(**kw):
 def test_from_config_presets_files_and_errors(tmp_path):
     assert chaos.from_config(_chaos_cfg(), 4, 100.0) == []
     heavy = chaos.from_config(_chaos_cfg(schedule="heavy", seed=1), 4, 1000.0)
-    # heavy: per-learner mtbf 0.25 x the run, recovery 5% of it, the synchronizer every half run.
-    assert heavy == chaos.generate(1, 4, 1000.0, 250.0, chaos.LEARNER_KINDS, 50.0, "exp", 500.0)
+    # heavy: per-learner mtbf 0.25 x the run, recovery 5% of it, the synchronizer every half run;
+    # drawn over 4x the run (a run slowed by faults meets them to its end).
+    assert chaos.SPAN == 4.0
+    assert heavy == chaos.generate(1, 4, 4000.0, 250.0, chaos.LEARNER_KINDS, 50.0, "exp", 500.0)
+    # Drawing further adds faults after the nominal end and changes none before it.
+    nominal = chaos.generate(1, 4, 1000.0, 250.0, chaos.LEARNER_KINDS, 50.0, "exp", 500.0)
+    assert [f for f in heavy if f.time_s < 1000.0] == nominal
+    assert max(f.time_s for f in heavy) > 3000.0 and len(heavy) > 2 * len(nominal)
     light = chaos.from_config(_chaos_cfg(schedule="light", kinds="crash", mtbf_s=100.0), 2, 1000.0)
     assert {f.kind for f in light} == {"crash"} and len(light) > 3
     path = tmp_path / "faults.txt"
