@@ -4,7 +4,8 @@
       --learners=4 --workdir=runs/local [--config.deploy.KEY=VALUE ...]
 
 Any --config.KEY=VALUE flag (e.g. --config.deploy.absent_after_s=10) is checked here and passed to
-every process. Logs go to WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>.
+every process. Learners checkpoint every --learner_checkpoint_every steps into
+WORKDIR/learner<m>/checkpoints and a learner started again resumes from there. Logs go to WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>.
 Ctrl-C (or --timeout_s) stops every process: SIGTERM, then SIGKILL after a grace period.
 """
 
@@ -26,7 +27,11 @@ def main() -> None:
     ap.add_argument("--processes_per_learner", type=int, default=1,
                     help=">1: each learner is one multi-process JAX job")
     ap.add_argument("--timeout_s", type=float, default=3600.0)
-    args, overrides = ap.parse_known_args()
+    ap.add_argument("--learner_checkpoint_every", type=int, default=50,
+                    help="learners checkpoint every N steps (0: never) and resume from it")
+    args, extra = ap.parse_known_args()
+    overrides = [f"--config.outer.learner_checkpoint_every={args.learner_checkpoint_every}",
+                 *extra]  # a --config.outer.learner_checkpoint_every given here comes later, wins
     spec = local.with_arg(args.config, "learners", args.learners)
     config = local.load_config(spec, tuple(overrides))
     c = local.LocalCluster(spec, args.learners, os.path.abspath(args.workdir),

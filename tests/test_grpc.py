@@ -83,9 +83,11 @@ def test_three_learners_survive_learner_and_synchronizer_kills(cluster_factory):
     assert sync["restored_arrays_equal"]
     learners = [_summary(c, f"learner{m}") for m in range(3)]
     assert all(s["settled"] and s["steps"] == 60 for s in learners)
-    # The others never stopped: they trained while learner 1 was down, and every learner
+    # The others never stopped: those not finished yet trained while learner 1 was down (on a
+    # loaded machine one may finish all 60 steps before learner 1 reaches 15), and every learner
     # reconnected after the synchronizer restart (a second join).
-    assert all(_steps_between(c, m, killed_at) > 0 for m in (0, 2)), others_at_kill
+    running = [m for m, s in zip((0, 2), others_at_kill) if s < 60]
+    assert all(_steps_between(c, m, killed_at) > 0 for m in running), others_at_kill
     assert all(s["joins"] >= 2 for s in learners), [s["joins"] for s in learners]
     # After the last broadcast every learner holds the same global parameters as the synchronizer.
     assert len({s["global_crc"] for s in learners}) == 1
