@@ -119,8 +119,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
     limits = limits_lib.Limits.from_deploy(config.deploy)
     link = client_lib.GrpcLink(target, learner_id, token, limits=limits,
                                ca_cert=config.deploy.ca_cert)
+    loop_link = link
     if jax.process_count() > 1:
         multihost.lead(learner)
+        loop_link = multihost.KeepFollowers(link, learner)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     progress = _Progress(workdir, learner_id, config.log_every, restored_state)
@@ -132,7 +134,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
     t0 = time.perf_counter()
     try:
         result = realtime.run_learner(
-            learner, link, next_batch, config.steps, overlap=config.outer.overlap,
+            learner, loop_link, next_batch, config.steps, overlap=config.outer.overlap,
             blocking=config.outer.blocking, heartbeat_s=limits.absent_after_s / 4, stop=stop,
             on_step=on_step, seed=learner_id, settle_timeout_s=120.0)
     finally:

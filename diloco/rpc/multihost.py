@@ -14,6 +14,7 @@ save; the checkpoint directory must be shared by the processes).
 """
 
 import os
+import time
 from collections.abc import Callable
 
 import jax
@@ -110,6 +111,45 @@ def lead(learner: SpmdLearner) -> None:
     if jax.process_index() != 0:
         raise ValueError("only process 0 of a learner leads it")
     learner.announce = lambda op, arg, payload: broadcast(op, arg, payload)
+
+
+class KeepFollowers:
+    """Process 0's link, announcing a NOOP every `every_s` while process 0 only waits on the
+    synchronizer (a blocking learner waiting for a merge, or rejoining after a restart of the
+    synchronizer), so the followers' pending broadcast never waits without bound.
+
+    The loop calls join and poll from its own thread only, the one that announces operations, so
+    the NOOPs stay in order with them.
+    """
+
+    def __init__(self, link, learner: SpmdLearner, every_s: float = 10.0):
+        self.link, self.learner, self.every_s = link, learner, every_s
+        self.last = time.monotonic()
+        announce = learner.announce
+
+        def timed(op, arg, payload):
+            self.last = time.monotonic()
+            announce(op, arg, payload)
+
+        learner.announce = timed
+
+    def _keep(self) -> None:
+        if self.learner.announce is not None and time.monotonic() - self.last > self.every_s:
+            self.learner.announce(NOOP, 0, b"")
+
+    def join(self, versions, generations) -> None:
+        self._keep()
+        self.link.join(versions, generations)
+
+    def poll(self, wait_s: float):
+        self._keep()
+        return self.link.poll(wait_s)
+
+    def progress(self, finished: bool) -> bool:
+        return self.link.progress(finished)  # from the heartbeat thread too: no broadcast here
+
+    def upload(self, up) -> None:
+        self.link.upload(up)
 
 
 def end(learner: SpmdLearner) -> None:
