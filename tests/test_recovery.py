@@ -117,7 +117,8 @@ class Watch:
         def recorded_rejoined(runtime, m):
             learner = runtime.learners[m]
             watch.rejoins.append({
-                "learner": m, "time": runtime.now, "versions": list(learner.versions),
+                "learner": m, "time": runtime.now, "steps": learner.steps,
+                "versions": list(learner.versions),
                 "generations": list(learner.generations),
                 "global_copy": [{k: v.copy() for k, v in g.items()} for g in learner.global_copy],
                 "local": learner.host_params(), "sync_versions": list(runtime.sync.versions)})
@@ -161,6 +162,7 @@ def test_a_crashed_learner_rejoins_holding_exactly_the_global_fragments(tmp_path
     # fragments it was sent overwrite its local parameters (alpha = 0).
     (rejoin,) = w.rejoins
     assert rejoin["learner"] == 2 and 21.5 < rejoin["time"] < 22.0
+    assert rejoin["steps"] == 14  # no step before the newer fragments arrived: they would undo it
     for p in range(4):
         key = (rejoin["generations"][p], p, rejoin["versions"][p])
         assert _bits_equal(rejoin["global_copy"][p], w.history[key]), p

@@ -2,20 +2,22 @@
 
 - crash learner m: its memory is lost (state, counters, its data position since its checkpoint);
   events addressed to it are dropped (its epoch moves on); the synchronizer gets Leave(m) at once.
-  Work since its last checkpoint, and the step it was in, are wasted, and their tokens return to
-  the budget (it reads them again). When it comes back it restores its checkpoint (or starts over,
-  see recovery.py) and re-joins with the versions it holds; the rejoin is complete once every
-  fragment the synchronizer sent in answer has arrived (a learner that started over trains only
-  from then on). Rounds in progress at its Join do not wait for it, unless the quorum counts
-  crashed members (synchronous DiLoCo without elasticity). Its step counter, which paces its
-  fragment schedule, moves forward to the phase (modulo H) of the leading live learner's, so that
-  its uploads go with the others' again: restarting the schedule from an older checkpoint's step
-  would put it out of phase for the rest of the run (Decoupled DiLoCo would then merge its
-  fragments apart from the others', each through the outer optimizer on its own; lockstep rounds
-  of different fragments would wait on each other). Where lockstep rounds wait for it (blocking
-  learners, quorum of members), it resumes instead at the leading learner's last merge point (the
-  step after which that one last received a fragment) or its own checkpoint's step if later: it
-  redoes the rounds still open, as a restarted synchronous worker must, while the others wait.
+  Work since its last checkpoint, and the step it was in, are wasted, and their tokens return to the
+  budget (it reads them again). When it comes back it restores its checkpoint (or starts over, see
+  recovery.py) and re-joins with the versions it holds; the rejoin is complete once every fragment
+  the synchronizer sent in answer has arrived, and it trains only from then on (a step taken before
+  would be overwritten by them), unless the synchronizer is down when it comes back: then one
+  restored from its checkpoint trains on it meanwhile. Rounds in progress at its Join do not wait
+  for it, unless the quorum counts crashed members (synchronous DiLoCo without elasticity). Its step
+  counter, which paces its fragment schedule, moves forward to the phase (modulo H) of the leading
+  live learner's, so that its uploads go with the others' again: restarting the schedule from an
+  older checkpoint's step would put it out of phase for the rest of the run (Decoupled DiLoCo would
+  then merge its fragments apart from the others', each through the outer optimizer on its own;
+  lockstep rounds of different fragments would wait on each other). Where lockstep rounds wait for
+  it (blocking learners, quorum of members), it resumes instead at the leading learner's last merge
+  point (the step after which that one last received a fragment) or its own checkpoint's step if
+  later: it redoes the rounds still open, as a restarted synchronous worker must, while the others
+  wait.
 - sync_crash: the synchronizer's memory is lost (open rounds, timers, messages in flight to it);
   learners keep training and keep their unanswered uploads; it restarts from its newest checkpoint
   as a new generation, every live learner re-joins and sends again each fragment still unanswered,
@@ -198,7 +200,8 @@ class ChaosRuntime(virtual.VirtualRuntime):
                    "resumes_at_step": learner.steps})
         if self.sync_up:
             self._join(m)
-        if step is not None:  # trains on its checkpoint while the newer fragments come in
+        elif step is not None:  # nobody to rejoin yet: it trains on its checkpoint meanwhile
+            record["training"] = True
             self._push(self.now, START, "start", m, owner=m)
 
     def _resume_step(self, m: int, learner: Learner) -> int:
@@ -230,7 +233,7 @@ class ChaosRuntime(virtual.VirtualRuntime):
         record["rejoined"] = self.now
         self._log({"event": "rejoin", "learner": m, "down_s": self.now - record["time"],
                    "to_rejoin_s": self.now - record["back"]})
-        if record["restored_step"] is None:  # started over: trains from the global parameters
+        if not record.get("training"):  # it trains once it holds the newest global fragments
             self._push(self.now, START, "start", m, owner=m)
 
     # ---- synchronizer crash and restart ----
