@@ -5,6 +5,8 @@ arithmetic of the synchronizer and of the hand computation is exact.
 """
 
 import math
+import struct
+import zlib
 
 import jax
 import numpy as np
@@ -405,3 +407,18 @@ def test_a_late_joiner_gets_the_full_fragment_then_updates():
     sends = _of(sync.handle(_good(1, 1)), Send)
     assert [s.update is not None for s in sends] == [True, True]
     _assert_bits(synchronizer.apply_send(copy, sends[1]), sync.globals[0])
+
+
+def test_checksums_are_zlibs_crc32_of_the_header_and_payload():
+    """Whichever library computes it (zlib-ng when installed), the value is zlib's CRC-32."""
+    up = _good(1, 0)
+    crc = 0
+    for path in sorted(up.delta):
+        e = up.delta[path]
+        for part in (path.encode(), f"{e.codec}{e.shape}{e.block}".encode(), e.payload):
+            crc = zlib.crc32(part, crc)
+    header = struct.pack("<5q", up.fragment, up.base_generation, up.base_version, up.steps,
+                         up.tokens)
+    assert up.checksum == zlib.crc32(header, crc) and up.checksum_ok()
+    sync = _sync(policies.SYNCHRONOUS, outer.sgd(1.0), learners=2)
+    assert sync.handle(up) == [] and sync.pending[0] == {1: up}  # accepted, waits for 0
