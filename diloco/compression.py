@@ -41,6 +41,9 @@ CODECS = ("fp32", "bf16", "int8", "fp4")
 DEFAULT_BLOCK = 256
 
 _SCALE_BYTES = 4
+# int8 and fp4 work through an array in chunks of this many values (a multiple of any block up to
+# it), so that their temporaries stay in cache.
+CHUNK = 1 << 16
 _F32 = np.dtype("<f4")
 _U16 = np.dtype("<u2")
 # Blocks whose max|x| is below this decode as zeros (int8, fp4): scales and codes stay normal.
@@ -184,23 +187,24 @@ def _usable_scale(amax: np.ndarray) -> np.ndarray:
     return np.where(amax >= _TINY, amax, np.float32(0))
 
 
-def _int8_codes(x_N: np.ndarray, amax: np.ndarray, block: int) -> np.ndarray:
-    """round(x/s) with s = amax/127, int8 [n]."""
-    q = np.empty_like(x_N)
+def _int8_codes(x_N: np.ndarray, amax: np.ndarray, block: int, tmp: np.ndarray,
+                out: np.ndarray) -> None:
+    """Writes round(x/s) with s = amax/127 into ``out`` int8 [n] (``tmp``: float32 [n] scratch)."""
     inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
-    _blockwise(np.multiply, x_N, inv, block, q)
-    np.rint(q, out=q)  # |x·127/amax| <= 127 up to an ulp, so no clip is needed
-    return q.astype(np.int8)
+    _blockwise(np.multiply, x_N, inv, block, tmp)
+    np.rint(tmp, out=tmp)  # |x·127/amax| <= 127 up to an ulp, so no clip is needed
+    out[:] = tmp
 
 
-def _fp4_pack(x_N: np.ndarray, amax: np.ndarray, block: int, out: np.ndarray) -> None:
-    """Writes the nibbles (sign << 3 | code), two per byte, into ``out`` uint8 [(n + 1) // 2].
+def _fp4_pack(x_N: np.ndarray, amax: np.ndarray, block: int, y: np.ndarray,
+              out: np.ndarray) -> None:
+    """Writes the nibbles (sign << 3 | code), two per byte, into ``out`` uint8 [(n + 1) // 2]
+    (``y``: float32 [n] scratch).
 
     Log-space rounding of r = |x|/s to 2^round(log2 r) is 2^floor(log2(√2·r)): the exponent field of
     the float32 √2·r. So y = x·(√2/s) is computed once, and the top 16 bits of y (sign, exponent, 7
     mantissa bits) index tables of low and high nibbles.
     """
-    y = np.empty_like(x_N)
     inv = np.divide(np.float32(math.sqrt(2)), amax, out=np.zeros_like(amax), where=amax > 0)
     _blockwise(np.multiply, x_N, inv, block, y)  # |y| in [0, √2]
     top16 = y.view(np.uint16)[1::2] if sys.byteorder == "little" else y.view(np.uint16)[0::2]
@@ -219,18 +223,28 @@ def encode(x: np.ndarray, codec: str, block: int = DEFAULT_BLOCK) -> Encoded:
         _check_finite(amax, x_N)
         bits = x_N.astype(_F32, copy=False) if codec == "fp32" else _bf16_bits(x_N, amax)
         return Encoded(codec, shape, bits.tobytes(), block)
-    amax = _block_amax(x_N, block)
-    _check_finite(amax, x_N)
-    amax = _usable_scale(amax)
-    nb = amax.size
+    nb = _num_blocks(n, block)
     out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
-    out[: _SCALE_BYTES * nb].view(_F32)[:] = amax / np.float32(127) if codec == "int8" else amax
-    body = out[_SCALE_BYTES * nb:]
-    if codec == "int8":
-        body.view(np.int8)[:] = _int8_codes(x_N, amax, block)
-    elif n:
-        _fp4_pack(x_N, amax, block, body)
+    scales, body = out[: _SCALE_BYTES * nb].view(_F32), out[_SCALE_BYTES * nb:]
+    step = _chunk(block)
+    tmp = np.empty(min(step, n), np.float32)
+    for c0 in range(0, n, step):  # whole blocks per chunk, so scales and bytes split evenly
+        x_c, b0 = x_N[c0: c0 + step], c0 // block
+        amax = _block_amax(x_c, block)
+        _check_finite(amax, x_N)
+        amax = _usable_scale(amax)
+        scales[b0: b0 + amax.size] = amax / np.float32(127) if codec == "int8" else amax
+        if codec == "int8":
+            _int8_codes(x_c, amax, block, tmp[: x_c.size], body[c0: c0 + x_c.size].view(np.int8))
+        else:
+            _fp4_pack(x_c, amax, block, tmp[: x_c.size], body[c0 // 2: (c0 + x_c.size + 1) // 2])
     return Encoded(codec, shape, out.tobytes(), block)
+
+
+def _chunk(block: int) -> int:
+    """Values per chunk: an even number of whole blocks' values, about CHUNK."""
+    step = max(CHUNK // block, 1) * block
+    return step * (1 + step % 2)
 
 
 def decode(e: Encoded) -> np.ndarray:
@@ -249,12 +263,18 @@ def decode(e: Encoded) -> np.ndarray:
     nb = _num_blocks(n, e.block)
     scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
     body = buf[_SCALE_BYTES * nb:]
-    if e.codec == "int8":
-        x_N = body.view(np.int8).astype(np.float32)
-    else:
-        x_N = _FP4_PAIRS[body].view(np.float32)[:n]
-    _blockwise(np.multiply, x_N, scale, e.block, x_N)
-    return x_N.reshape(e.shape)
+    x_N = np.empty(n + n % 2, np.float32)  # fp4 decodes whole bytes: room for the pad nibble
+    step = _chunk(e.block)
+    for c0 in range(0, n, step):
+        x_c = x_N[c0: min(c0 + step, n)]
+        if e.codec == "int8":
+            x_c[:] = body[c0: c0 + x_c.size].view(np.int8)
+        else:  # one gather of 8 bytes (two float32 values) per payload byte
+            pairs = x_N[c0: c0 + x_c.size + x_c.size % 2].view(np.uint64)
+            np.take(_FP4_PAIRS, body[c0 // 2: c0 // 2 + pairs.size], out=pairs)
+        b0 = c0 // e.block
+        _blockwise(np.multiply, x_c, scale[b0: b0 + _num_blocks(x_c.size, e.block)], e.block, x_c)
+    return x_N[:n].reshape(e.shape)
 
 
 def error_bound(codec: str, x: np.ndarray, block: int = DEFAULT_BLOCK) -> np.ndarray:

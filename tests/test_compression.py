@@ -222,3 +222,22 @@ def test_tree_helpers():
     np.testing.assert_array_equal(dec["b/scale"], tree["b/scale"])
     err = np.abs(dec["a/kernel"] - tree["a/kernel"])
     assert (err <= C.error_bound("fp4", tree["a/kernel"])).all()
+
+
+@pytest.mark.parametrize("codec", ["int8", "fp4"])
+@pytest.mark.parametrize("n,block", [(1001, 7), (1001, 256), (4096, 256), (9, 4)])
+def test_chunks_change_no_byte(monkeypatch, codec, n, block):
+    x = _wide_range(n, seed=n) * np.float32(1e-3)
+    x[: 2 * block] = 0.0  # a flushed block at the start
+    monkeypatch.setattr(C, "CHUNK", 1 << 30)  # the whole array in one chunk
+    whole = C.encode(x, codec, block)
+    want = C.decode(whole)
+    monkeypatch.setattr(C, "CHUNK", 3)  # one block (two for block 1) per chunk, a short tail
+    e = C.encode(x, codec, block)
+    assert e.payload == whole.payload
+    y = C.decode(e)
+    assert y.flags.writeable and y.shape == x.shape
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    x[-1] = np.nan  # in the last chunk: the message counts the whole array
+    with pytest.raises(ValueError, match="1 of 1001|1 of 4096|1 of 9"):
+        C.encode(x, codec, block)
