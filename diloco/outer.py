@@ -3,19 +3,23 @@
 The outer gradient is Δ = θ_global − θ_learner (a descent direction, like a gradient), so
 ``optax.apply_updates(θ, updates)`` gives the new global parameters. The synchronizer runs these on
 the host: pin them there with ``jax.default_device(jax.devices('cpu')[0])`` on a machine whose
-default device is an accelerator.
+default device is an accelerator. `nesterov` and `sgd` also run on host numpy (`host_step`): the
+same float32 operations in the same order as optax, so the same bits, chunk by chunk in cache.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 NAMES = ("nesterov", "sgd", "delayed_nesterov")
+CHUNK = 1 << 16  # values per chunk of the host step: 256 KiB of float32
 
 
 def _check(lr: float, momentum: float) -> None:
@@ -25,16 +29,75 @@ def _check(lr: float, momentum: float) -> None:
         raise ValueError(f"outer momentum must be in [0, 1), got {momentum!r}")
 
 
-def nesterov(lr: float = 0.7, momentum: float = 0.9) -> optax.GradientTransformation:
+class SGD(optax.GradientTransformation):
+    """`optax.sgd` with plain or Nesterov momentum, knowing its `lr` and `momentum` (0: none)."""
+
+    lr: float
+    momentum: float
+
+
+def _sgd(lr: float, momentum: float) -> SGD:
+    base = optax.sgd(lr, momentum=momentum or None, nesterov=momentum > 0)
+    tx = SGD(base.init, base.update)
+    tx.lr, tx.momentum = lr, momentum  # attributes of this instance, not tuple fields
+    return tx
+
+
+def nesterov(lr: float = 0.7, momentum: float = 0.9) -> SGD:
     """SGD with Nesterov momentum (DiLoCo's outer optimizer); plain SGD when momentum is 0."""
     _check(lr, momentum)
-    return optax.sgd(lr, momentum=momentum or None, nesterov=momentum > 0)
+    return _sgd(lr, momentum)
 
 
-def sgd(lr: float = 1.0) -> optax.GradientTransformation:
+def sgd(lr: float = 1.0) -> SGD:
     """Plain SGD; lr=1 makes the new global parameters the merged learner parameters."""
     _check(lr, 0.0)
-    return optax.sgd(lr)
+    return _sgd(lr, 0.0)
+
+
+def host_step(tx: optax.GradientTransformation, grads: Mapping[str, np.ndarray], state: Any,
+              params: Mapping[str, np.ndarray], plus: Mapping[str, np.ndarray]
+              ) -> tuple[dict[str, np.ndarray], Any]:
+    """``tx.update(grads, state, params)``'s updates + ``plus`` (new float32 arrays), and the state.
+
+    An `SGD` runs in numpy, chunk by chunk, bit-identical to optax; its momentum buffers are
+    updated in place when they are writable numpy arrays (the caller owns the state). Other
+    transformations run optax op by op: pin them to the host with ``jax.default_device``.
+    """
+    if not isinstance(tx, SGD):
+        updates, state = tx.update(grads, state, params)
+        return {k: np.asarray(updates[k], np.float32) + plus[k] for k in plus}, state
+    paths = sorted(grads)
+    leaves, treedef = jax.tree.flatten(state)
+    if len(leaves) != (len(paths) if tx.momentum else 0):
+        raise ValueError(f"SGD state has {len(leaves)} buffers for {len(paths)} tensors")
+    traces = [x if isinstance(x, np.ndarray) and x.flags.writeable else np.array(x, np.float32)
+              for x in leaves] or [None] * len(paths)
+    out = {}
+    for k, t in zip(paths, traces):
+        out[k] = np.empty(np.shape(grads[k]), np.float32)
+        _sgd_tensor(tx, np.asarray(grads[k], np.float32).reshape(-1),
+                    None if t is None else t.reshape(-1),
+                    np.asarray(plus[k], np.float32).reshape(-1), out[k].reshape(-1))
+    return out, jax.tree.unflatten(treedef, traces if tx.momentum else [])
+
+
+def _sgd_tensor(tx: SGD, g: np.ndarray, t: np.ndarray | None, plus: np.ndarray,
+                out: np.ndarray) -> None:
+    """optax's trace (t ← g + μ·t; Nesterov: g + μ·t) and scale (·(−lr)), then + plus, in place."""
+    mu, scale = np.float32(tx.momentum), np.float32(-tx.lr)
+    for c0 in range(0, g.size, CHUNK):
+        gc, o = g[c0: c0 + CHUNK], out[c0: c0 + CHUNK]
+        if t is None:
+            np.multiply(gc, scale, out=o)
+        else:
+            tc = t[c0: c0 + CHUNK]
+            tc *= mu
+            tc += gc
+            np.multiply(tc, mu, out=o)
+            o += gc
+            o *= scale
+        o += plus[c0: c0 + CHUNK]
 
 
 class DelayedNesterovState(NamedTuple):

@@ -37,11 +37,12 @@ import jax
 import numpy as np
 import optax
 
-from diloco import compression, fragments, integrity, merging, policies, protocol
+from diloco import compression, fragments, integrity, merging, outer, policies, protocol
 from diloco import sync_state
 from diloco.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 QUORUM_OF = ("live", "members")
+NON_FINITE = ("non_finite", "non-finite values")
 
 
 class Synchronizer:
@@ -217,16 +218,18 @@ class Synchronizer:
         return self._merge(p, now)
 
     def _screen(self, p: int, now: float) -> tuple[list[Upload], list[dict], list[Action]]:
-        """Pending uploads of p with their decoded deltas, less non-finite ones and outliers."""
+        """Pending uploads of p with their decoded deltas, less outliers and, when the outlier
+        screen is on, non-finite ones (`_merge` finds those otherwise)."""
         ups = [self.pending[p][m] for m in sorted(self.pending[p])]
         deltas = [{k: _read_only(e) for k, e in u.delta.items()} for u in ups]
         rejected: dict[int, tuple[str, str]] = {}
-        for i, d in enumerate(deltas):  # a non-finite contribution never reaches the global state
-            if not all(np.isfinite(x).all() for x in d.values()):
-                rejected[i] = ("non_finite", "non-finite values")
         if self.screen is not None:
             size = sum(x.size for x in self.globals[p].values())
-            norms = {i: integrity.norm(d) for i, d in enumerate(deltas) if i not in rejected}
+            norms = {i: integrity.norm(d) for i, d in enumerate(deltas)}
+            for i, n in list(norms.items()):  # not finite: NaN or Inf values, or an overflow
+                if not np.isfinite(n) and not all(np.isfinite(x).all() for x in deltas[i].values()):
+                    rejected[i] = NON_FINITE
+                    del norms[i]
             limit = (self.screen.limit(self.norms[p], self.rms, size, list(norms.values()))
                      if norms else 0.0)
             for i, n in norms.items():
@@ -235,6 +238,12 @@ class Synchronizer:
             seen = list(norms.values())  # outliers too, so a shift of the norms is followed
             self.norms[p] = self.screen.remember(self.norms[p], seen)
             self.rms = self.screen.remember(self.rms, [n / np.sqrt(size) for n in seen])
+        return self._drop(p, now, ups, deltas, rejected)
+
+    def _drop(self, p: int, now: float, ups: list[Upload], deltas: list[dict],
+              rejected: dict[int, tuple[str, str]]
+              ) -> tuple[list[Upload], list[dict], list[Action]]:
+        """Rejects uploads `rejected` (index -> (code, reason)); the others and the rejections."""
         rejects: list[Action] = [_reject(ups[i].learner, p, now, rejected[i][1], rejected[i][0],
                                          ups[i]) for i in sorted(rejected)]
         for i in rejected:
@@ -244,20 +253,25 @@ class Synchronizer:
 
     def _merge(self, p: int, now: float) -> list[Action]:
         ups, deltas, rejects = self._screen(p, now)
+        while ups:  # a non-finite contribution never reaches the global state
+            weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
+            merged, bad = merging.merge_checked(deltas, weights, rule=self.policy.merge)
+            if not bad:
+                break
+            ups, deltas, more = self._drop(p, now, ups, deltas, {i: NON_FINITE for i in bad})
+            rejects += more
         if not ups:
             self.rounds_skipped += 1
             self._reset_round(p)
             return rejects
-        weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
-        merged = merging.merge_fragment(deltas, weights, rule=self.policy.merge)
         old = self.globals[p]
         with jax.default_device(self._cpu):
-            updates, self.opt_states[p] = self.tx.update(merged, self.opt_states[p], old)
-        raw = {k: np.asarray(updates[k], np.float32) + self.residuals[p][k] for k in old}
+            raw, self.opt_states[p] = outer.host_step(self.tx, merged, self.opt_states[p], old,
+                                                      self.residuals[p])
         encoded = compression.encode_tree(raw, self.codec)
         decoded = compression.decode_tree(encoded)
         self.globals[p] = {k: old[k] + decoded[k] for k in old}
-        self.residuals[p] = {k: raw[k] - decoded[k] for k in old}
+        self.residuals[p] = {k: np.subtract(raw[k], decoded[k], out=decoded[k]) for k in old}
         self.versions[p] += 1
         for u in ups:
             self.contributed[p][u.learner] = max(u.base_version,

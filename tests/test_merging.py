@@ -138,3 +138,54 @@ def test_merge_fragment_errors():
         M.merge_fragment([a], [1], rule="median")
     with pytest.raises(ValueError, match="need 2 weights"):
         M.merge_fragment([a, a], [1])
+
+
+@pytest.mark.parametrize("rule", M.RULES)
+def test_merge_checked_names_the_non_finite_deltas(monkeypatch, rule):
+    monkeypatch.setattr(M, "CHUNK", 3)
+    good = [_fragment([1, 0], [0.5, 0.25]), _fragment([0, 2], [0.25, 1])]
+    nan = _fragment([1, 0], [np.nan, 0])  # bad only in a leaf merged by `rule`
+    inf = _fragment([0, -np.inf], [1, 0])  # bad only in the embedding (always a mean)
+    merged, bad = M.merge_checked(good, [1, 3], rule=rule)
+    assert bad == []
+    for k, x in M.merge_fragment(good, [1, 3], rule=rule).items():
+        np.testing.assert_array_equal(merged[k], x)
+    assert M.merge_checked([good[0], nan, good[1], inf], [1, 1, 1, 1], rule=rule)[1] == [1, 3]
+    # A zero-weight delta does not take part, but it is still checked.
+    assert M.merge_checked([good[0], nan], [1, 0], rule=rule)[1] == [1]
+
+
+def test_merge_checked_when_rda_directions_cancel_around_a_nan():
+    # The NaN delta's norm is NaN and it is left out of the direction sum; the others cancel
+    # exactly, so RDA's result is 0, finite: the norm still names the NaN delta.
+    x = _fragment([1, 1], [1, -2])
+    minus = {k: -v for k, v in x.items()}
+    nan = _fragment([0, 0], [np.nan, 1])
+    merged, bad = M.merge_checked([x, nan, minus], [1, 1, 1], rule="rda")
+    np.testing.assert_array_equal(merged["blocks/0/w"], [0.0, 0.0])
+    assert bad == [1]
+
+
+def test_merge_checked_overflow_of_finite_deltas_is_not_blamed_on_them():
+    # Ten tenths of float32's largest value, each product and sum rounded to float32, end past it
+    # (0.1 rounds up in float32): the mean is Inf, but every delta is finite and none is named.
+    top = np.finfo(np.float32).max
+    with np.errstate(over="ignore"):
+        merged, bad = M.merge_checked([_fragment([1, 0], [top, 0])] * 10, [1] * 10, rule="mean")
+    assert bad == [] and merged["blocks/0/w"][0] == np.inf
+
+
+def test_equal_weights_sum_then_scale_and_redo_a_chunk_that_overflows(monkeypatch):
+    monkeypatch.setattr(M, "CHUNK", 4)
+    rng = np.random.default_rng(3)
+    deltas = [rng.standard_normal(10).astype(np.float32) for _ in range(3)]
+    third = np.float32(1 / 3)
+    big = np.float32(3e38)  # 3e38 + 3e38 overflows, 3e38/2 + 3e38/2 does not
+    deltas[0][5] = deltas[1][5] = big
+    got = M.weighted_mean(deltas, [1, 1, 1])
+    with np.errstate(over="ignore"):
+        want = (deltas[0] + deltas[1] + deltas[2]) * third  # w·Σx, in float32
+    chunk = slice(4, 8)  # the chunk holding the big values is done as Σ w·x instead
+    want[chunk] = (deltas[0][chunk] * third + deltas[1][chunk] * third) + deltas[2][chunk] * third
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -126,3 +126,52 @@ def test_make_outer_and_errors():
         outer.delayed_nesterov(LR, BETA, 0)
     with pytest.raises(ValueError, match="c must"):
         outer.delayed_nesterov(LR, BETA, 2, c=1.5)
+
+
+def _tree(rng, scale: float, shapes=((300, 7), (5,), (2, 3))) -> dict[str, np.ndarray]:
+    return {f"blocks/{i}/w": (rng.standard_normal(s) * scale).astype(np.float32)
+            for i, s in enumerate(shapes)}
+
+
+@pytest.mark.parametrize("momentum", [BETA, 0.0])
+def test_host_step_is_bit_identical_to_optax_op_by_op(monkeypatch, momentum):
+    monkeypatch.setattr(outer, "CHUNK", 64)  # many chunks and a short last one
+    tx = outer.nesterov(LR, momentum)
+    rng = np.random.default_rng(0)
+    params = _tree(rng, 1.0)
+    state_optax = state_host = tx.init(params)
+    for _ in range(3):  # the momentum buffers carry over
+        grads, plus = _tree(rng, 1e-2), _tree(rng, 1e-4)
+        updates, state_optax = tx.update(grads, state_optax, params)
+        got, state_host = outer.host_step(tx, grads, state_host, params, plus)
+        for k in params:
+            want = np.asarray(updates[k], np.float32) + plus[k]
+            assert got[k].dtype == np.float32 and got[k].shape == params[k].shape
+            np.testing.assert_array_equal(got[k].view(np.uint32), want.view(np.uint32))
+    assert jax.tree.structure(state_host) == jax.tree.structure(state_optax)
+    for a, b in zip(jax.tree.leaves(state_host), jax.tree.leaves(state_optax)):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def test_host_step_by_hand_and_in_place():
+    # m = 0.5 + 0.9·1 = 1.4; update = −0.7·(0.5 + 0.9·1.4) = −1.232; plus 0.25: −0.982.
+    tx = outer.nesterov(LR, BETA)
+    params = {"w": np.zeros(2, np.float32)}
+    treedef = jax.tree.structure(tx.init(params))
+    state = jax.tree.unflatten(treedef, [np.ones(2, np.float32)])
+    buffer = jax.tree.leaves(state)[0]
+    got, state = outer.host_step(tx, {"w": np.full(2, 0.5, np.float32)}, state, params,
+                                 {"w": np.full(2, 0.25, np.float32)})
+    np.testing.assert_allclose(got["w"], [-0.982, -0.982], rtol=1e-6)
+    assert jax.tree.leaves(state)[0] is buffer  # a writable numpy buffer is updated in place
+    np.testing.assert_allclose(buffer, [1.4, 1.4], rtol=1e-6)
+
+
+def test_host_step_runs_other_transformations_through_optax():
+    tx = outer.delayed_nesterov(LR, BETA, 2)
+    params = {"w": np.zeros(1, np.float32)}
+    # Step 1 of N=2 with c=0: −0.7·(1/2) = −0.35, plus 1.
+    got, state = outer.host_step(tx, {"w": np.ones(1, np.float32)}, tx.init(params), params,
+                                 {"w": np.ones(1, np.float32)})
+    np.testing.assert_allclose(got["w"], [0.65], rtol=1e-6)
+    assert int(state.count) == 1
