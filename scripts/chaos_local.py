@@ -43,7 +43,8 @@ def _resumes(learner_dir):
         until = starts[i + 1]["time"] if i + 1 < len(starts) else float("inf")
         before = [r["step"] for r in progress if starts[i - 1]["time"] < r["time"] < s["time"]]
         after = [r["step"] for r in progress if s["time"] < r["time"] < until]
-        out.append({"resumed_step": s["restored_step"], "last_logged_before": max(before, default=0),
+        out.append({"resumed_step": s["restored_step"],
+                    "last_logged_before": max(before, default=0),
                     "first_logged_after": after[0] if after else None})
     return out
 

@@ -5,7 +5,8 @@
 
 Any --config.KEY=VALUE flag (e.g. --config.deploy.absent_after_s=10) is checked here and passed to
 every process. Learners checkpoint every --learner_checkpoint_every steps into
-WORKDIR/learner<m>/checkpoints and a learner started again resumes from there. Logs go to WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>.
+WORKDIR/learner<m>/checkpoints and a learner started again resumes from there. Logs go to
+WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>.
 Ctrl-C (or --timeout_s) stops every process: SIGTERM, then SIGKILL after a grace period.
 """
 

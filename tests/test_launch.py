@@ -29,9 +29,10 @@ TPU_FLAGS = ["--config.outer.learners=2", "--config.deploy.port=6000",
 
 def test_tpu_dry_run_prints_the_deployment():
     out = subprocess.run(
-        [sys.executable, "scripts/tpu/commands.py", "--config=configs/shakespeare.py:mode=decoupled",
-         *TPU_FLAGS, "--config.deploy.ca_cert", "certs/cert.pem"], cwd=REPO, capture_output=True,
-        text=True, timeout=60, check=True)
+        [sys.executable, "scripts/tpu/commands.py",
+         "--config=configs/shakespeare.py:mode=decoupled", *TPU_FLAGS,
+         "--config.deploy.ca_cert", "certs/cert.pem"], cwd=REPO, capture_output=True, text=True,
+        timeout=60, check=True)
     lines = out.stdout.strip().splitlines()
     assert "dry run" in out.stderr
     assert len(lines) == 1 + 3 * 2  # synchronizer, then create/copy/start per learner slice

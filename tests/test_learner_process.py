@@ -1,5 +1,5 @@
-"""A learner process SIGKILLed after a checkpoint restarts from it: its step counter, inner optimizer
-and versions continue, it rejoins with those versions and contributes to merges again."""
+"""A learner process SIGKILLed after a checkpoint restarts from it: its step counter, inner
+optimizer and versions continue, it rejoins with those versions and contributes to merges again."""
 
 import json
 import os
@@ -27,6 +27,11 @@ def _read(path):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def _json(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 def _wait_for(pred, timeout_s, what):
@@ -61,7 +66,7 @@ def test_killed_learner_resumes_from_its_checkpoint(cluster):
     assert saved[-1] <= logged_before + 4
     assert [r["step"] for r in after] == list(range(saved[-1] + 5, 81, 5))
     assert all(np.isfinite(r["loss"]) for r in after)
-    summary = json.load(open(os.path.join(c.workdir, "learner1", "summary.json")))
+    summary = _json(os.path.join(c.workdir, "learner1", "summary.json"))
     assert summary["steps"] == 80 and summary["settled"]
     assert summary["restored_step"] == saved[-1] and summary["joins"] >= 1
     # It contributed to merges again after the restart, and every learner ends on the
@@ -69,5 +74,5 @@ def test_killed_learner_resumes_from_its_checkpoint(cluster):
     merges = [r for r in _read(os.path.join(c.workdir, "sync", "metrics.jsonl"))
               if r.get("event") == "merge"]
     assert any(1 in r["learners"] and r["wall_time"] > killed_at for r in merges)
-    sync = json.load(open(os.path.join(c.workdir, "sync", "summary.json")))
+    sync = _json(os.path.join(c.workdir, "sync", "summary.json"))
     assert summary["versions"] == sync["versions"]

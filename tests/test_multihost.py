@@ -33,6 +33,11 @@ def _json(path):
         return json.load(f)
 
 
+def _tail(path):
+    with open(path) as f:
+        return f.read()[-2000:]
+
+
 def _last_step(c):
     path = os.path.join(c.workdir, "learner0", "progress.jsonl")
     if not os.path.exists(path):
@@ -57,7 +62,7 @@ def test_two_process_learner_follows_process_zero(cluster):
     assert saved in (10, 20)
     c.start_learner(0)
     codes = c.wait(240)
-    logs = {n: open(os.path.join(c.workdir, "logs", f"{n}.log")).read()[-2000:] for n in c.procs}
+    logs = {n: _tail(os.path.join(c.workdir, "logs", f"{n}.log")) for n in c.procs}
     assert codes == {"sync": 0, "learner0": 0, "learner0.p1": 0}, (codes, logs)
     lead = _json(os.path.join(c.workdir, "learner0", "summary.json"))
     follower = _json(os.path.join(c.workdir, "learner0", "summary.process1.json"))

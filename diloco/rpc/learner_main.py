@@ -25,7 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import data as data_lib, deploy_config, fragments, island as island_lib, integrity
+from diloco import data as data_lib, deploy_config, fragments, integrity, island as island_lib
 from diloco import metrics
 from diloco.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, limits as limits_lib, multihost
@@ -105,6 +105,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
                                config.outer.learner_checkpoint_every)
     restored = restore(learner, ckpt)
     restored_state = {"restored_step": restored, "restored_versions": list(learner.versions)}
+    tokens0 = learner.tokens
 
     def after_step(lrn) -> None:
         ckpt.maybe_save(lrn, lrn.island.data.train_iter)
@@ -147,7 +148,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
     np.savez(os.path.join(workdir, "global_copy.npz"), **held)
     return _finish(learner, workdir, {
         **result, "role": "learner", "wall_s": wall, **restored_state,
-        "tokens_per_s": (learner.tokens - (restored or 0) * learner.tokens_per_step) / wall,
+        "tokens_per_s": (learner.tokens - tokens0) / wall,  # this process's own
         "versions": learner.versions, "generations": learner.generations,
         "global_crc": integrity.tree_crc(held),
         "wire_bytes_sent": link.bytes_sent, "wire_bytes_received": link.bytes_received,
