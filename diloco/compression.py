@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import ml_dtypes  # installed with jax
 import numpy as np
@@ -151,14 +151,16 @@ def _blocks(x_N: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray | None]
     return x_N[:whole].reshape(-1, block), tail
 
 
-def _block_amax(x_N: np.ndarray, block: int) -> np.ndarray:
-    """max|x| of every block (the last may be short), float32 [num_blocks]."""
-    x_BxK, tail = _blocks(x_N, block)
+def _block_amax(x_N: np.ndarray, block: int, scratch: np.ndarray | None = None) -> np.ndarray:
+    """max|x| of every block (the last may be short), float32 [num_blocks]; |x| goes to
+    ``scratch`` (float32, x's size) when given."""
+    a_N = np.abs(x_N, out=scratch)
+    a_BxK, tail = _blocks(a_N, block)
     amax = np.empty(_num_blocks(x_N.size, block), np.float32)
-    if x_BxK.size:
-        np.maximum(x_BxK.max(axis=1), -x_BxK.min(axis=1), out=amax[: x_BxK.shape[0]])
+    if a_BxK.size:
+        a_BxK.max(axis=1, out=amax[: a_BxK.shape[0]])
     if tail is not None:
-        amax[-1] = np.abs(tail).max()
+        amax[-1] = tail.max()
     return amax
 
 
@@ -230,7 +232,7 @@ def encode(x: np.ndarray, codec: str, block: int = DEFAULT_BLOCK) -> Encoded:
     tmp = np.empty(min(step, n), np.float32)
     for c0 in range(0, n, step):  # whole blocks per chunk, so scales and bytes split evenly
         x_c, b0 = x_N[c0: c0 + step], c0 // block
-        amax = _block_amax(x_c, block)
+        amax = _block_amax(x_c, block, tmp[: x_c.size])
         _check_finite(amax, x_N)
         amax = _usable_scale(amax)
         scales[b0: b0 + amax.size] = amax / np.float32(127) if codec == "int8" else amax
@@ -250,31 +252,52 @@ def _chunk(block: int) -> int:
 def decode(e: Encoded) -> np.ndarray:
     """Decodes to a new, writable float32 array of the original shape; ValueError on bad length."""
     n = e.num_values
+    if e.codec in ("fp32", "bf16"):
+        ((_, x_N),) = decode_chunks(e)
+        return x_N.reshape(e.shape)
+    x_N = np.empty(n + n % 2, np.float32)  # fp4 decodes whole bytes: room for the pad nibble
+    for _ in decode_chunks(e, x_N):
+        pass
+    return x_N[:n].reshape(e.shape)
+
+
+def decode_chunks(e: Encoded, out: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """Decodes chunk by chunk, yielding (index of the first value, float32 values of the chunk).
+
+    int8 and fp4 decode into ``out`` (flat float32 with room for n + n % 2 values) when given, else
+    into one scratch chunk that the next chunk overwrites; fp32 and bf16 yield one new array.
+    ValueError on a payload of the wrong length.
+    """
+    n = e.num_values
     expected = encoded_nbytes(e.codec, n, e.block)
     if e.nbytes != expected:
         raise ValueError(f"corrupt payload: {e.nbytes} bytes, but {e.codec} with {n} values and "
                          f"block {e.block} takes {expected}")
     buf = np.frombuffer(e.payload, np.uint8)
     if e.codec == "fp32":
-        return buf.view(_F32).astype(np.float32).reshape(e.shape)
+        yield 0, buf.view(_F32).astype(np.float32)
+        return
     if e.codec == "bf16":
-        bits = buf.view(_U16).astype(np.uint16, copy=False)
-        return bits.view(ml_dtypes.bfloat16).astype(np.float32).reshape(e.shape)
+        yield 0, buf.view(_U16).astype(np.uint16, copy=False).view(ml_dtypes.bfloat16).astype(
+            np.float32)
+        return
     nb = _num_blocks(n, e.block)
     scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
     body = buf[_SCALE_BYTES * nb:]
-    x_N = np.empty(n + n % 2, np.float32)  # fp4 decodes whole bytes: room for the pad nibble
     step = _chunk(e.block)
+    scratch = np.empty(min(step, n + n % 2), np.float32) if out is None else None
     for c0 in range(0, n, step):
-        x_c = x_N[c0: min(c0 + step, n)]
+        size = min(step, n - c0)
+        room = out[c0: c0 + size + size % 2] if out is not None else scratch[: size + size % 2]
+        x_c = room[:size]
         if e.codec == "int8":
-            x_c[:] = body[c0: c0 + x_c.size].view(np.int8)
+            x_c[:] = body[c0: c0 + size].view(np.int8)
         else:  # one gather of 8 bytes (two float32 values) per payload byte
-            pairs = x_N[c0: c0 + x_c.size + x_c.size % 2].view(np.uint64)
+            pairs = room.view(np.uint64)
             np.take(_FP4_PAIRS, body[c0 // 2: c0 // 2 + pairs.size], out=pairs)
         b0 = c0 // e.block
-        _blockwise(np.multiply, x_c, scale[b0: b0 + _num_blocks(x_c.size, e.block)], e.block, x_c)
-    return x_N[:n].reshape(e.shape)
+        _blockwise(np.multiply, x_c, scale[b0: b0 + _num_blocks(size, e.block)], e.block, x_c)
+        yield c0, x_c
 
 
 def error_bound(codec: str, x: np.ndarray, block: int = DEFAULT_BLOCK) -> np.ndarray:

@@ -269,9 +269,8 @@ class Synchronizer:
             raw, self.opt_states[p] = outer.host_step(self.tx, merged, self.opt_states[p], old,
                                                       self.residuals[p])
         encoded = compression.encode_tree(raw, self.codec)
-        decoded = compression.decode_tree(encoded)
-        self.globals[p] = {k: old[k] + decoded[k] for k in old}
-        self.residuals[p] = {k: np.subtract(raw[k], decoded[k], out=decoded[k]) for k in old}
+        self.globals[p] = {k: _apply(old[k], encoded[k], raw[k]) for k in old}
+        self.residuals[p] = raw  # now raw − decoded
         self.versions[p] += 1
         for u in ups:
             self.contributed[p][u.learner] = max(u.base_version,
@@ -371,6 +370,16 @@ def _read_only(e: compression.Encoded) -> np.ndarray:
     if e.codec == "fp32":
         return np.frombuffer(e.payload, "<f4").reshape(e.shape)
     return compression.decode(e)
+
+
+def _apply(old: np.ndarray, update: compression.Encoded, raw: np.ndarray) -> np.ndarray:
+    """old + decoded update, a new array; raw − decoded update (the residual) in place of raw."""
+    new = np.empty_like(old)
+    old_N, new_N, raw_N = old.reshape(-1), new.reshape(-1), raw.reshape(-1)
+    for c0, d in compression.decode_chunks(update):
+        np.add(old_N[c0: c0 + d.size], d, out=new_N[c0: c0 + d.size])
+        np.subtract(raw_N[c0: c0 + d.size], d, out=raw_N[c0: c0 + d.size])
+    return new
 
 
 def apply_send(global_copy: Mapping[str, np.ndarray], send: Send) -> dict[str, np.ndarray]:

@@ -238,6 +238,10 @@ def test_chunks_change_no_byte(monkeypatch, codec, n, block):
     y = C.decode(e)
     assert y.flags.writeable and y.shape == x.shape
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    pieces = [(c0, d.copy()) for c0, d in C.decode_chunks(e)]  # one scratch chunk, reused
+    assert len(pieces) > 1 and [c0 for c0, _ in pieces][:2] == [0, pieces[0][1].size]
+    np.testing.assert_array_equal(np.concatenate([d for _, d in pieces]).view(np.uint32),
+                                  want.reshape(-1).view(np.uint32))
     x[-1] = np.nan  # in the last chunk: the message counts the whole array
     with pytest.raises(ValueError, match="1 of 1001|1 of 4096|1 of 9"):
         C.encode(x, codec, block)
