@@ -100,6 +100,7 @@ def main() -> None:
               for r in _rows(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))]
     with open(os.path.join(c.workdir, "sync", "summary.json")) as f:
         sync = json.load(f)
+    resumes = {m: _resumes(os.path.join(c.workdir, f"learner{m}")) for m in range(args.learners)}
     report = {
         "duration_s": round(time.monotonic() - t0, 1), "kills": kills,
         "kills_total": len(kills), "sync_kills": sum(k["process"] == "sync" for k in kills),
@@ -110,8 +111,10 @@ def main() -> None:
         "restored_arrays_equal": sync.get("restored_arrays_equal"),
         "learner_steps_logged": {m: (max(s) if s else 0) for m, s in steps.items()},
         "learner_restarts": {n: c.starts[n] - 1 for n in c.starts},
-        "learner_resumes": {m: _resumes(os.path.join(c.workdir, f"learner{m}"))
-                            for m in range(args.learners)},
+        "learner_resumes": resumes,
+        # Restarts SIGKILLed again before they had loaded anything (no line in starts.jsonl).
+        "learner_restarts_killed_in_startup": {
+            m: c.starts.get(f"learner{m}", 1) - 1 - len(resumes[m]) for m in range(args.learners)},
         "all_losses_finite": all(l == l and abs(l) != float("inf") for l in losses),
         "loss_first_last": [losses[0], losses[-1]] if losses else None,
         "refusals": sync.get("refusals"),
