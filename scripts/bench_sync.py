@@ -3,9 +3,10 @@
   python scripts/bench_sync.py [--mbytes=64] [--learners=8] [--merge=mean] [--downlink=fp4]
 
 One fragment of --mbytes MiB of float32 (four leaves of equal size). Each timed round hands the
-synchronizer M fp32 uploads of that fragment; the last one triggers the merge: view the payloads
-as float32 and check them for NaN/Inf, merge them (mean or RDA), step Nesterov SGD, encode the
-update with the downlink codec, apply its decoding and keep the residual, and build the sends.
+synchronizer M fp32 uploads of that fragment, whose checksums it verifies as they arrive; the last
+one triggers the merge: view the payloads as float32, merge them (mean or RDA) and check for
+NaN/Inf, step Nesterov SGD, encode the update with the downlink codec, apply its decoding and keep
+the residual, and build the sends with their checksum.
 Reference: np.copyto of the fragment's bytes into a preallocated buffer, timed alternately with the
 rounds so both see the same machine load.
 
@@ -18,11 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 from absl import app, flags
 
-from diloco import compression, fragments, integrity, merging, outer, policies, timing
+from diloco import compression, fragments, integrity, merging, outer, policies, synchronizer, timing
 from diloco.protocol import Join, Upload
 from diloco.synchronizer import Synchronizer
 
@@ -83,31 +83,30 @@ def main(argv):
     print(f"round  {t_round * 1e3:8.2f} ms  ({merged_bw / 1e9:.2f} GB/s of uploads merged)")
 
     # Phases of one round, each on the same inputs, to see where the time goes.
-    decoded = [compression.decode_tree(u.delta) for u in uploads]
+    decoded = [{k: np.frombuffer(e.payload, np.float32).reshape(e.shape)  # viewed in place
+                for k, e in u.delta.items()} for u in uploads]
     weights = merging.equal_weights(m)
-    merged = merging.merge_fragment(decoded, weights, rule=_MERGE.value)
+    merged, _ = merging.merge_checked(decoded, weights, rule=_MERGE.value)
     tx, old = outer.nesterov(0.7, 0.9), sync.globals[0]
-    cpu = jax.devices("cpu")[0]
-    with jax.default_device(cpu):
-        opt_state = tx.init(old)
+    residual = {k: np.zeros_like(x) for k, x in old.items()}
+    opt_state = [tx.init(old)]
 
     def outer_step():
-        with jax.default_device(cpu):
-            updates, _ = tx.update(merged, opt_state, old)
-        return {k: np.asarray(updates[k], np.float32) for k in old}
+        raw, opt_state[0] = outer.host_step(tx, merged, opt_state[0], old, residual)
+        return raw
 
     raw = outer_step()
     enc = compression.encode_tree(raw, _DOWNLINK.value)
-    phases = {  # the synchronizer views fp32 payloads in place and checks them for NaN/Inf
-        "finite check": lambda: [np.isfinite(np.frombuffer(e.payload, np.float32)).all()
-                                 for u in uploads for e in u.delta.values()],
-        f"merge ({_MERGE.value})": lambda: merging.merge_fragment(decoded, weights,
-                                                                  rule=_MERGE.value),
-        "outer step (optax)": outer_step,
+    residual_out = {k: x.copy() for k, x in raw.items()}  # becomes raw − decoded, in place
+    phases = {
+        "upload checksums": lambda: [integrity.tree_crc(u.delta) for u in uploads],
+        f"merge ({_MERGE.value}) + finite": lambda: merging.merge_checked(decoded, weights,
+                                                                          rule=_MERGE.value),
+        "outer step (numpy)": outer_step,
         "downlink encode": lambda: compression.encode_tree(raw, _DOWNLINK.value),
-        "downlink decode": lambda: compression.decode_tree(enc),
-        "apply + residual": lambda: ({k: old[k] + raw[k] for k in old},
-                                     {k: raw[k] - old[k] for k in old}),
+        "decode, apply, residual": lambda: {k: synchronizer._apply(old[k], enc[k],
+                                                                   residual_out[k]) for k in old},
+        "send checksum": lambda: integrity.tree_crc(enc),
     }
     times = timing.best_seconds([lambda: np.copyto(dst, src), *phases.values()], reps)
     for name, t in zip(phases, times[1:]):
