@@ -13,7 +13,6 @@ Checkpoints are taken after steps in lockstep by every process (orbax coordinate
 save; the checkpoint directory must be shared by the processes).
 """
 
-import os
 import time
 from collections.abc import Callable
 
@@ -33,12 +32,12 @@ def initialize(distributed: bool, coordinator: str = "", num_processes: int = 0,
                process_id: int = -1) -> None:
     """`jax.distributed.initialize`, with an explicit coordinator for local multi-process tests.
 
-    On CPU the cross-process collectives need gloo (set before the backend starts).
+    On CPU the cross-process collectives need gloo (set before the backend starts; the setting
+    only concerns the CPU backend, so it is harmless on accelerators).
     """
     if not distributed and not coordinator:
         return
-    if "cpu" in os.environ.get("JAX_PLATFORMS", ""):
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if coordinator:
         if num_processes < 1 or not 0 <= process_id < num_processes:
             raise ValueError(f"--coordinator needs --num_processes >= 1 and --process_id in "
