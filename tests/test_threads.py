@@ -111,3 +111,66 @@ def test_silent_learner_is_absent_until_it_rejoins():
         assert sync.live == {0, 1}
     finally:
         host.close()
+
+
+class _SlowLink:
+    """A link whose uploads take `upload_s` and whose polls long-poll an outbox."""
+
+    def __init__(self, upload_s: float):
+        self.upload_s, self.uploaded, self.outbox, self.joins = upload_s, [], [], 0
+        self.fail_next_upload = False
+        self.cond = __import__("threading").Condition()
+
+    def join(self, versions, generations):
+        self.joins += 1
+
+    def progress(self, finished):
+        return False
+
+    def upload(self, up):
+        import time as time_lib
+        from diloco.runtime import realtime
+        time_lib.sleep(self.upload_s)
+        if self.fail_next_upload:
+            self.fail_next_upload = False
+            raise realtime.Unreachable("link down")
+        self.uploaded.append(up)
+
+    def poll(self, wait_s):
+        with self.cond:
+            self.cond.wait_for(lambda: self.outbox, wait_s)
+            got, self.outbox[:] = list(self.outbox), []
+            return got
+
+
+def test_background_link_keeps_uploads_and_polls_off_the_caller():
+    import time as time_lib
+    from diloco.runtime import async_link, realtime
+    inner = _SlowLink(upload_s=0.2)
+    link = async_link.BackgroundLink(inner, poll_wait_s=0.05)
+    try:
+        link.join((0,), ())
+        t0 = time_lib.monotonic()
+        link.upload("u1")
+        link.upload("u2")
+        assert time_lib.monotonic() - t0 < 0.1  # queued, not sent by the caller
+        deadline = time_lib.monotonic() + 5
+        while link.pending_uploads() and time_lib.monotonic() < deadline:
+            time_lib.sleep(0.01)
+        assert inner.uploaded == ["u1", "u2"]  # in order
+        with inner.cond:
+            inner.outbox.append("s1")
+            inner.cond.notify_all()
+        assert link.poll(2.0) == ["s1"]  # fetched by the poller, handed over without a call
+        assert link.poll(0.0) == []
+        inner.fail_next_upload = True
+        link.upload("u3")
+        deadline = time_lib.monotonic() + 5
+        while link.pending_uploads() and time_lib.monotonic() < deadline:
+            time_lib.sleep(0.01)
+        with pytest.raises(realtime.Unreachable, match="link down"):
+            link.poll(0.0)  # the sender's failure is raised by the next call
+        link.join((0,), ())
+        assert inner.joins == 2 and link.poll(0.0) == []
+    finally:
+        link.close()

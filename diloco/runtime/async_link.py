@@ -1,0 +1,133 @@
+"""A link that keeps the network off a learner's training thread (for non-blocking learners).
+
+`BackgroundLink` wraps any `realtime.Link` (gRPC or in-process). Uploads go into a queue that a
+sender thread empties in order, so the training thread does not wait for the round trip (nor for
+the synchronizer to check the upload and maybe merge while the call is open). A poller thread
+long-polls for sends while the learner is joined and buffers them, so `poll` returns what has
+arrived without a round trip per step. Joins and heartbeats pass through as they are.
+
+A refused upload cannot be reported to the caller any more; it is counted in `refused` (the
+learner loop ignores refused uploads anyway: its next scheduled upload carries the progress). A
+failure to reach the synchronizer, in either thread, is raised by the next call, so the learner
+loop re-joins with backoff as it would with the plain link. Blocking learners (synchronous modes)
+must not use it: they wait for an answer to every upload they believe sent.
+"""
+
+import collections
+import threading
+
+from diloco import protocol
+from diloco.runtime import realtime
+
+
+class BackgroundLink:
+    """`inner` with uploads and polls in background threads (see the module doc)."""
+
+    def __init__(self, inner, poll_wait_s: float = 0.5):
+        self.inner, self.poll_wait_s = inner, poll_wait_s
+        self._cond = threading.Condition()
+        self._inner_lock = threading.Lock()  # join and poll share the inner link's sequence
+        self._uploads: collections.deque = collections.deque()
+        self._arrived: list[protocol.Send] = []
+        self._error: realtime.Unreachable | None = None
+        self._joined = self._closed = False
+        self.refused = 0
+        self._threads = [threading.Thread(target=self._send_loop, daemon=True, name="uploader"),
+                         threading.Thread(target=self._poll_loop, daemon=True, name="poller")]
+        for t in self._threads:
+            t.start()
+
+    def __getattr__(self, name):  # byte counters and the like of the inner link
+        return getattr(self.inner, name)
+
+    def _raise_error(self) -> None:
+        with self._cond:
+            err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    def _failed(self, err: realtime.Unreachable) -> None:
+        with self._cond:
+            self._error, self._joined = err, False
+            self._uploads.clear()  # the synchronizer forgets them; the loop re-joins
+            self._cond.notify_all()
+
+    def join(self, versions, generations) -> None:
+        with self._cond:
+            self._error, self._joined = None, False
+        with self._inner_lock:
+            self.inner.join(versions, generations)
+        with self._cond:
+            self._joined = True
+            self._cond.notify_all()
+
+    def progress(self, finished: bool) -> bool:
+        self._raise_error()
+        return self.inner.progress(finished)
+
+    def upload(self, up: protocol.Upload) -> None:
+        self._raise_error()
+        with self._cond:
+            self._uploads.append(up)
+            self._cond.notify_all()
+
+    def poll(self, wait_s: float) -> list[protocol.Send]:
+        self._raise_error()
+        with self._cond:
+            if not self._arrived and wait_s > 0:
+                self._cond.wait_for(lambda: self._arrived or self._error or self._closed, wait_s)
+            got, self._arrived = self._arrived, []
+        self._raise_error()
+        return got
+
+    def pending_uploads(self) -> int:
+        with self._cond:
+            return len(self._uploads)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=self.poll_wait_s + 5.0)
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._uploads or self._closed)
+                if self._closed:
+                    return
+                up = self._uploads[0]
+            try:
+                self.inner.upload(up)
+            except realtime.Refused:
+                self.refused += 1
+            except realtime.Unreachable as err:
+                self._failed(err)
+                continue
+            with self._cond:
+                if self._uploads and self._uploads[0] is up:
+                    self._uploads.popleft()
+
+    def _poll_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._joined or self._closed)
+                if self._closed:
+                    return
+            try:
+                with self._inner_lock:
+                    got = self.inner.poll(self.poll_wait_s)
+            except realtime.Unreachable as err:
+                self._failed(err)
+                continue
+            except realtime.Refused as err:  # e.g. not joined any more: the loop re-joins
+                self._failed(realtime.Unreachable(str(err)))
+                continue
+            if got:
+                with self._cond:
+                    self._arrived.extend(got)
+                    self._cond.notify_all()
