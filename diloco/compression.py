@@ -43,7 +43,7 @@ DEFAULT_BLOCK = 256
 _SCALE_BYTES = 4
 # int8 and fp4 work through an array in chunks of this many values (a multiple of any block up to
 # it), so that their temporaries stay in cache.
-CHUNK = 1 << 16
+CHUNK = 1 << 17
 _F32 = np.dtype("<f4")
 _U16 = np.dtype("<u2")
 # Blocks whose max|x| is below this decode as zeros (int8, fp4): scales and codes stay normal.

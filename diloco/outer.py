@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 NAMES = ("nesterov", "sgd", "delayed_nesterov")
-CHUNK = 1 << 16  # values per chunk of the host step: 256 KiB of float32
+CHUNK = 1 << 17  # values per chunk of the host step: 512 KiB of float32
 
 
 def _check(lr: float, momentum: float) -> None:
