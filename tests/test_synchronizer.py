@@ -422,3 +422,20 @@ def test_checksums_are_zlibs_crc32_of_the_header_and_payload():
     assert up.checksum == zlib.crc32(header, crc) and up.checksum_ok()
     sync = _sync(policies.SYNCHRONOUS, outer.sgd(1.0), learners=2)
     assert sync.handle(up) == [] and sync.pending[0] == {1: up}  # accepted, waits for 0
+
+
+def test_a_non_finite_upload_is_dropped_under_rda_too():
+    """RDA's norms name the NaN upload (no outlier screen here); the other merges alone."""
+    policy = policies.Policy(policies.AllLearners(), policies.NoGrace(), weighting="equal",
+                             merge="rda")
+    sync = _sync(policy, outer.sgd(1.0), learners=2)
+    good = _good(1, 0)
+    bad = _with_delta(_good(0, 0), {**good.delta, W0: _raw_fp32(_f([np.nan, 0], [0, 0]))})
+    assert sync.handle(bad) == []
+    actions = sync.handle(good)
+    assert [(a.record["event"], a.record.get("code")) for a in _of(actions, Log)] == [
+        ("reject", "non_finite"), ("merge", None)]
+    assert _merges(actions)[0]["learners"] == [1]
+    # SGD lr 1 on learner 1's Δ alone (RDA of one delta is that delta, up to rounding).
+    np.testing.assert_allclose(sync.globals[0][W0], PARAMS["blocks"][0]["w"]
+                               - _f([0.0, 1.0], [-1.0, 2.0]), rtol=1e-6)
