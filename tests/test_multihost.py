@@ -23,7 +23,10 @@ EVERY = 10
 def cluster(tmp_path):
     c = local.LocalCluster(SPEC, 1, str(tmp_path / "run"), devices_per_learner=2,
                            processes_per_learner=2,
-                           overrides=(f"--config.outer.learner_checkpoint_every={EVERY}",))
+                           overrides=(f"--config.outer.learner_checkpoint_every={EVERY}",
+                                      # data=2 x fsdp=2: parameters sharded within each process,
+                                      # not addressable from one process (read by allgather)
+                                      "--config.mesh.fsdp=2"))
     yield c
     c.stop(grace_s=2.0)
 
@@ -68,6 +71,7 @@ def test_two_process_learner_follows_process_zero(cluster):
     follower = _json(os.path.join(c.workdir, "learner0", "summary.process1.json"))
     # One island over both processes' devices; process 1 never connected anywhere.
     assert (lead["processes"], lead["devices"], lead["process"]) == (2, 4, 0)
+    assert lead["params_sharded"] > 0  # some parameters were gathered across the processes
     assert (follower["role"], follower["process"], follower["steps"]) == ("follower", 1, 30)
     assert lead["steps"] == 30 and lead["settled"]
     # Both processes resumed from the same checkpoint, then the follower took every step after it,

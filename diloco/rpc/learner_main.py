@@ -165,6 +165,8 @@ def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict
         params = learner.host_params()
         np.savez(os.path.join(workdir, f"params.process{jax.process_index()}.npz"), **params)
         summary["params_crc"] = integrity.tree_crc(params)
+        summary["params_sharded"] = sum(not x.is_fully_replicated  # over the processes' devices
+                                        for x in jax.tree.leaves(learner.state.params))
     if talks_to_sync():
         metrics.write_summary(workdir, summary)
     else:

@@ -38,9 +38,15 @@ def arrays_digest(state: dict[str, Any]) -> str:
 
 
 def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
-    """The synchronizer of a config, with the same initial parameters every learner builds."""
+    """The synchronizer of a config, with the same initial parameters every learner builds.
+
+    It builds them on one device, whatever mesh the learners' islands use (the values do not
+    depend on how they are sharded).
+    """
     o = config.outer
-    isl = island_lib.build_island(config, jax.devices()[:1], splits=data_lib.load_splits(
+    one = config.copy_and_resolve_references()
+    one.mesh.data, one.mesh.fsdp = 1, 1
+    isl = island_lib.build_island(one, jax.devices()[:1], splits=data_lib.load_splits(
         config.data))
     params0 = fragments.flatten(jax.device_get(isl.init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
