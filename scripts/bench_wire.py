@@ -1,21 +1,39 @@
 """One learner's tokens/s alone vs as one of the Decoupled DiLoCo learners over gRPC (fp4, loopback).
 
   python scripts/bench_wire.py [--config=configs/shakespeare.py:mode=decoupled,learners=2]
-      [--steps=60] [--warmup=5] [--others=1]
+      [--steps=40] [--warmup=5] [--others=1] [--no_pin] [--link=background|plain]
 
-In one run, in this process: (1) learner 0 takes `steps` inner steps alone (no synchronizer);
+In one run, in this process: (1) learner 0 takes `steps`/2 inner steps alone (no synchronizer);
 (2) a synchronizer process starts on loopback, `--others` other learner processes join it, and
-learner 0 (this process, the same compiled step) trains `steps` more steps as a Decoupled learner:
-uploading fp4 fragments on its schedule, long-polling merged fragments and applying them. Both rates
-skip the first `warmup` steps. Also prints bytes per token that gRPC actually carried for learner 0
-(serialized messages both ways) against data-parallel's ring all-reduce of fp32 gradients, and
-the codec's own count. The last line is `decoupled_vs_alone=R`.
+learner 0 (this process, the same compiled step) trains `steps` steps as a Decoupled learner:
+uploading fp4 fragments on its schedule, long-polling merged fragments and applying them; (3) once
+the synchronizer and the others are stopped, it takes `steps`/2 more steps alone. The alone rate is
+that of (1) and (3) together, which brackets (2) in time, so that a load on the machine that drifts
+during the run weighs on both rates alike. Rates skip the first `warmup` steps of (1) and (2).
+Also prints bytes per token that gRPC actually carried for learner 0 (serialized messages both
+ways) against data-parallel's ring all-reduce of fp32 gradients, and the codec's own count. The
+last line is `decoupled_vs_alone=R`.
 
-On a machine with few cores the synchronizer and the other learners share learner 0's CPU, so the
-ratio then also measures that contention; `--others=0` leaves only the synchronizer.
+What the ratio means: the measured learner's slowdown from the protocol (its own uploads, polls,
+heartbeats, applying merged fragments, its gRPC threads), as on real hardware where the
+synchronizer and the other learners run on other machines. So this process (every thread of it)
+is pinned to the first allowed CPU core in BOTH runs, and the synchronizer and the other learners
+to the remaining cores (they inherit the mask of the thread that starts them); without pinning
+(`--no_pin`, or a single core) they compete for the learner's CPU and the ratio also measures
+that contention. The load average is printed with each rate: other work on the machine slows
+both runs, but not necessarily equally. As a cross-check less sensitive to such load, it also
+prints tokens per CPU-second of this process (every thread: training, gRPC, heartbeats) in both
+runs; that ratio misses time the learner spends idle waiting for the network.
+
+`--link=background` (the default) wraps the gRPC link in `async_link.BackgroundLink`: uploads go
+out from a sender thread and merged fragments are long-polled by a poller thread, so the training
+thread neither waits for an upload's round trip (during which the synchronizer checks it and may
+merge) nor makes a poll call every step; `--link=plain` measures the gRPC link as the learner
+process (experiments.learner) uses it today.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -23,12 +41,45 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-from ml_collections import config_flags  # noqa: E402,F401
 
-from diloco import multi  # noqa: E402
-from diloco.rpc import client as client_lib, learner_main, local  # noqa: E402
-from diloco.runtime import realtime  # noqa: E402
+def _pin() -> tuple[set[int], set[int]] | None:
+    """Pins this thread (and every thread and process it starts later) to the first allowed core;
+    (learner cores, other cores), or None when fewer than two cores are allowed."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    mine, others = {cores[0]}, set(cores[1:])
+    os.sched_setaffinity(0, mine)  # before jax or grpc start any thread: they inherit it
+    return mine, others
+
+
+@contextlib.contextmanager
+def _cores(cores: set[int] | None):
+    """This thread on `cores` meanwhile: processes started now inherit them."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _allowed(pid: int) -> str:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        return next(line.split(":")[1].strip() for line in f
+                    if line.startswith("Cpus_allowed_list"))
+
+
+def _threads_on(cores: set[int]) -> bool:
+    """Whether every thread of this process is confined to `cores`."""
+    return all(os.sched_getaffinity(int(tid)) <= cores for tid in os.listdir("/proc/self/task"))
+
+
+def _load() -> str:
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def _config(arg: str, steps: int):
@@ -43,80 +94,123 @@ def _config(arg: str, steps: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/shakespeare.py:mode=decoupled,learners=2")
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--others", type=int, default=1)
+    ap.add_argument("--no_pin", action="store_true", help="leave every process on every core")
+    ap.add_argument("--link", choices=("background", "plain"), default="background",
+                    help="background: uploads and polls off the training thread "
+                         "(diloco/runtime/async_link.py); plain: the gRPC link as it is")
     args = ap.parse_args()
+    pinned = None if args.no_pin else _pin()
+
+    import jax
+    from diloco import multi
+    from diloco.rpc import client as client_lib, learner_main, local
+    from diloco.runtime import async_link, realtime
+
     config = _config(args.config, 10 ** 6)
     if config.outer.codec != "fp4":
         raise ValueError(f"expected fp4 fragments, the config has codec={config.outer.codec}")
+    if args.link == "background" and config.outer.blocking:
+        raise ValueError("--link=background is for non-blocking (Decoupled) learners")
     if not 0 <= args.others < config.outer.learners:
         raise ValueError(f"--others must be in 0..{config.outer.learners - 1}")
     learner = learner_main.make_learner(config, 0)
     tokens_per_step = config.batch_size * config.seq_len
     batches = learner.island.data.train_iter
 
+    def alone(steps: int) -> tuple[float, str, float]:
+        """Wall seconds for `steps` steps of the learner alone, the load average before them, and
+        the CPU seconds this process spent meanwhile."""
+        load = _load()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            metrics = learner.step(next(batches))
+        jax.block_until_ready(metrics)
+        return time.perf_counter() - t0, load, time.process_time() - c0
+
     # (1) alone: the same learner, its own parameters, no synchronizer.
     learner.versions = [0] * config.outer.fragments
     for _ in range(args.warmup):
         jax.block_until_ready(learner.step(next(batches)))
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        metrics = learner.step(next(batches))
-    jax.block_until_ready(metrics)
-    alone = args.steps * tokens_per_step / (time.perf_counter() - t0)
+    first = alone(args.steps // 2)
 
     # (2) decoupled: the same learner over gRPC, with `others` learner processes.
     learner.versions = [-1] * config.outer.fragments
     learner.steps = 0
     spec = f"{args.config},steps={args.steps + args.warmup + 10 ** 5}"
     cluster = local.LocalCluster(spec, config.outer.learners, tempfile.mkdtemp(prefix="wire-"))
-    marks: dict[int, float] = {}
+    marks: dict = {}
     try:
-        cluster.start_sync()
-        for m in range(1, 1 + args.others):
-            cluster.start_learner(m)
+        with _cores(pinned and pinned[1]):
+            cluster.start_sync()
+            for m in range(1, 1 + args.others):
+                cluster.start_learner(m)
+        placement = {name: _allowed(p.pid) for name, p in cluster.procs.items()}
         link = client_lib.GrpcLink(f"127.0.0.1:{cluster.port}", 0, cluster.token)
+        if args.link == "background":
+            link = async_link.BackgroundLink(link)
 
         def on_step(lrn, device_metrics):
             if lrn.steps in (args.warmup, args.warmup + args.steps):
                 jax.block_until_ready(device_metrics)
                 marks[lrn.steps] = time.perf_counter()
+                marks[("cpu", lrn.steps)] = time.process_time()
                 if lrn.steps == args.warmup:
                     marks["bytes"] = link.bytes_sent + link.bytes_received
-                    marks["codec"] = codec_bytes[0]
+                    marks["codec"] = link.codec_bytes_sent
+                    marks["load"] = _load()
 
-        codec_bytes = [0]
-        upload = link.upload
-
-        def counting_upload(up):
-            upload(up)
-            codec_bytes[0] += up.nbytes
-
-        link.upload = counting_upload
         result = realtime.run_learner(
             learner, link, lambda: next(batches), args.warmup + args.steps,
             overlap=config.outer.overlap, blocking=config.outer.blocking, on_step=on_step,
             settle_timeout_s=0.0)
+        deadline = time.monotonic() + 30.0  # the last uploads still queued go out first
+        while getattr(link, "pending_uploads", lambda: 0)() and time.monotonic() < deadline:
+            time.sleep(0.01)
         wire = link.bytes_sent + link.bytes_received - marks["bytes"]
+        codec = link.codec_bytes_sent - marks["codec"]
+        confined = pinned is None or _threads_on(pinned[0])
         link.close()
     finally:
         cluster.stop(grace_s=5.0)
-    decoupled = args.steps * tokens_per_step / (marks[args.warmup + args.steps] - marks[args.warmup])
+    # (3) alone again, nothing else of this benchmark running.
+    second = alone(args.steps - args.steps // 2)
+    alone_rate = args.steps * tokens_per_step / (first[0] + second[0])
+    timed_s = marks[args.warmup + args.steps] - marks[args.warmup]
+    decoupled = args.steps * tokens_per_step / timed_s
     tokens = args.steps * tokens_per_step
     dp = multi.dp_bytes_per_token(learner.island.param_count, config.outer.learners,
                                   config.outer.learners * tokens_per_step)
     print(f"model: {learner.island.param_count:,} params; M={config.outer.learners} learners "
           f"({args.others} other processes), P={config.outer.fragments}, "
-          f"H={config.outer.inner_steps}, fp4, {tokens_per_step} tokens/step")
-    print(f"alone:     {alone:,.0f} tokens/s")
-    print(f"decoupled: {decoupled:,.0f} tokens/s (merges applied: {result['applied']}, "
-          f"unreachable steps: {result['unreachable_steps']})")
+          f"H={config.outer.inner_steps}, fp4, {tokens_per_step} tokens/step, {args.steps} timed "
+          f"steps after {args.warmup}")
+    if pinned is None:
+        print(f"cores: not pinned ({os.cpu_count()} cores): the ratio includes CPU contention")
+    else:
+        print(f"cores: learner 0 (this process, all {len(os.listdir('/proc/self/task'))} threads"
+              f"{'' if confined else ', NOT all'} confined) on {sorted(pinned[0])}; "
+              + ", ".join(f"{n} on {c}" for n, c in placement.items()))
+    print(f"link: {args.link}")
+    before = args.steps // 2 * tokens_per_step / first[0]
+    after = (args.steps - args.steps // 2) * tokens_per_step / second[0]
+    print(f"alone:     {alone_rate:,.0f} tokens/s (before: {before:,.0f} at {first[1]}; "
+          f"after: {after:,.0f} at {second[1]})")
+    print(f"decoupled: {decoupled:,.0f} tokens/s ({marks['load']}; merges applied: "
+          f"{result['applied']}, unreachable steps: {result['unreachable_steps']})")
     print(f"wire bytes/token (learner 0, both ways, serialized gRPC): {wire / tokens:.3f}; "
-          f"codec upload bytes/token: {(codec_bytes[0] - marks['codec']) / tokens:.3f}")
+          f"codec upload bytes/token: {codec / tokens:.3f}")
     print(f"data-parallel bytes/token (ring all-reduce, fp32): {dp:.1f}; "
           f"ratio dp/wire = {dp / max(wire / tokens, 1e-12):.0f}x")
-    print(f"decoupled_vs_alone={decoupled / alone:.2f}")
+    cpu_alone = args.steps * tokens_per_step / (first[2] + second[2])
+    cpu_decoupled = tokens / (marks[("cpu", args.warmup + args.steps)]
+                              - marks[("cpu", args.warmup)])
+    print(f"tokens per CPU-second of this process (all its threads; less sensitive to other load): "
+          f"alone {cpu_alone:,.0f}, decoupled {cpu_decoupled:,.0f}, "
+          f"ratio {cpu_decoupled / cpu_alone:.2f}")
+    print(f"decoupled_vs_alone={decoupled / alone_rate:.2f}")
 
 
 if __name__ == "__main__":
