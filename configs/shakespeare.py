@@ -1,20 +1,28 @@
 r"""Language modelling on Shakespeare's plays (byte-level), the project's default job.
 
-Command (the README's main job):
+The README's main job compares data-parallel, synchronous DiLoCo and Decoupled DiLoCo:
 
-  python -m experiments.train --config=configs/shakespeare.py --workdir=runs/default
+  python -m experiments.train --config=configs/shakespeare.py:mode=compare --workdir=runs/default
 
 Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=tiny,runlocal`):
-  mode=dp          single island, data-parallel SPMD over every local device (the only mode so far).
-  model=tiny|small|base   tiny ~29k params (tests), small ~0.8M (default demo), base ~27M.
+  mode=dp          one island, data-parallel SPMD over every local device (the default mode).
+  mode=diloco      M learners, all synced every H steps, mean, Nesterov outer step.
+  mode=streaming   Streaming DiLoCo: P fragments at staggered offsets, overlap tau, fp4.
+  mode=decoupled   Decoupled DiLoCo: quorum K, adaptive grace, token weights, RDA; never waits.
+  mode=compare     dp, diloco and decoupled on one token budget, the last learner 3x slower;
+                   prints a table and draws compare.png (budget set in diloco/modes.py).
+  model=tiny|small|base   tiny ~29k params (tests), small ~0.89M (default), base ~27M.
   runlocal         shrink everything to a few seconds on a laptop (tiny model, 40 steps).
-  steps=N          inner steps; batch=N global batch (sequences); seq=N sequence length.
+  steps=N          inner steps per learner; batch=N batch per learner (sequences); seq=N bytes.
+  learners=N       M, the number of learners (islands).
+  chaos=none|light|heavy|<fault lines>|<file>   fault schedule for the virtual runtime
+                   (diloco/chaos.py); turns on learner and synchronizer checkpoints.
 
 Any key can also be overridden on the command line, e.g. `--config.optimizer.lr=1e-3`; unknown keys
-fail (the config is locked).
+fail (the config is locked). Every key is documented where it is set below.
 
-Expected (2-core CPU, small model, 300 steps of 32x128 bytes = 1.23M bytes): eval loss about
-1.9 nats, about 2.7 bits per byte, in about 2-3 minutes; BENCHMARKS.md has measured figures.
+Expected on 2 CPU cores (BENCHMARKS.md has measured figures): mode=dp, small model, 300 steps of
+32x128 bytes reaches about 2.7 bits per byte in 2-3 minutes; mode=compare finishes in about 3-4.
 """
 
 import ml_collections

@@ -38,7 +38,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 def format_summary(summary: dict[str, Any]) -> str:
   """A few lines for the terminal."""
-  keys = ("mode", "steps", "tokens", "tokens_per_s", "eval_loss", "eval_bpb", "wall_s", "params")
+  keys = ("mode", "steps", "tokens", "tokens_per_s", "eval_loss", "eval_bpb", "wall_s", "params",
+          "plot")
   lines = [f"  {k:>14}: {_fmt(summary[k])}" for k in keys if k in summary]
   lines.append(f"  {'outputs':>14}: {summary['workdir']} (summary.json, metrics.jsonl, tb/)")
   return "\n".join(["summary:"] + lines)
