@@ -313,6 +313,8 @@ class _LearnerLoop:
                 self.joined = False  # messages were lost: join again to be sent what we miss
             else:
                 self.dropped += 1
+                if why == "checksum":  # a corrupted send is a lost one: join again for it
+                    self.joined = False
 
     def beat(self, finished: bool = False) -> bool:
         try:

@@ -1,0 +1,49 @@
+"""The real-time learner loop's reaction to what a poll delivers (no JAX, no network)."""
+
+import random
+import threading
+
+import pytest
+
+from diloco.runtime import realtime
+
+
+class _Learner:
+    """Accepts or refuses every send with a fixed reason, as Learner.accepts would."""
+
+    def __init__(self, why):
+        self.why, self.received = why, []
+
+    def accepts(self, send):
+        return self.why
+
+    def receive(self, send):
+        self.received.append(send)
+
+
+class _Link:
+    def __init__(self, sends):
+        self.sends = sends
+
+    def poll(self, wait_s):
+        return self.sends
+
+
+class _Send:
+    fragment = 3
+
+
+@pytest.mark.parametrize("why, applied, dropped, joined", [
+    (None, 1, 0, True),  # applied, still joined
+    ("duplicate", 0, 1, True),  # an old copy: dropped, nothing lost
+    ("gap", 0, 0, False),  # a version was missed: join again to be sent it
+    ("checksum", 0, 1, False),  # corrupted on the way: dropped and, being lost, asked for again
+])
+def test_deliver_rejoins_after_a_lost_or_corrupted_send(why, applied, dropped, joined):
+    loop = realtime._LearnerLoop(_Learner(why), _Link([_Send()]), threading.Event(),
+                                 heartbeat_s=1.0, max_backoff_s=1.0, rng=random.Random(0))
+    loop.joined = True
+    loop.inflight[3] = 7
+    loop.deliver(0.0)
+    assert (loop.applied, loop.dropped, loop.joined) == (applied, dropped, joined)
+    assert (3 in loop.inflight) == (why is not None)
