@@ -172,11 +172,17 @@ def test_synchronizer_down_is_unreachable_and_its_successor_gets_a_new_session()
 
 def _config(spec: str, **outer):
     """A schedule second is 0.25 s of wall time: every fault comes within the first second of
-    training, while a few hundred steps of the tiny model take several (after compilation)."""
+    training, while a few hundred steps of the tiny model take several (after compilation).
+
+    One device per learner: with several, XLA's CPU all-reduce inside each learner's step (two
+    learners stepping at once on 2 busy cores) was seen to time out its rendezvous and abort the
+    process in 2 of about 8 runs with synchronizer crashes.
+    """
     config = shakespeare.get_config(spec)
     with config.unlocked():
         config.deploy.absent_after_s = 1.0
         config.deploy.chaos_time_scale = 0.25
+        config.deploy.devices_per_learner = 1
         config.outer.update(outer)
     return config
 
@@ -238,3 +244,14 @@ def test_synchronizer_crashes_restore_the_last_checkpoint():
     assert all(np.isfinite(v).all() for v in globals_.values())
     for copy in copies:
         assert threads.max_abs_diff(globals_, copy) == 0.0
+
+
+def test_devices_per_learner_must_fit():
+    config = shakespeare.get_config("mode=decoupled,runlocal,learners=2")
+    with config.unlocked():
+        config.deploy.devices_per_learner = 1
+    assert [len(d) for d in threads.learner_devices(config)] == [1, 1]
+    with config.unlocked():
+        config.deploy.devices_per_learner = 5  # 10 of the 8 local devices
+    with pytest.raises(ValueError, match="does not fit 8 local devices"):
+        threads.learner_devices(config)

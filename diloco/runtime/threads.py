@@ -61,7 +61,7 @@ def _parts(config: ml_collections.ConfigDict) -> dict[str, Any]:
     splits = data_lib.load_splits(config.data)
     islands = [island_lib.build_island(config, devs, shard_index=m, num_shards=o.learners,
                                        splits=splits)
-               for m, devs in enumerate(multi.split_devices(jax.devices(), o.learners))]
+               for m, devs in enumerate(learner_devices(config))]
     params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
     schedule = fragments.Schedule(o.fragments, o.inner_steps)
@@ -82,6 +82,17 @@ def _parts(config: ml_collections.ConfigDict) -> dict[str, Any]:
                             checkpoint_every=o.sync_checkpoint_every)
 
     return dict(islands=islands, make_learner=make_learner, make_sync=make_sync)
+
+
+def learner_devices(config: ml_collections.ConfigDict) -> list[list]:
+    """Each learner's devices: the local devices split evenly, or `deploy.devices_per_learner`
+    each (when set) from the first ones."""
+    devices, m_count = jax.devices(), config.outer.learners
+    per = int(config.deploy.get("devices_per_learner", 0))
+    if per < 0 or per * m_count > len(devices):
+        raise ValueError(f"deploy.devices_per_learner={per} x {m_count} learners does not fit "
+                         f"{len(devices)} local devices")
+    return multi.split_devices(devices[:per * m_count] if per else devices, m_count)
 
 
 def build(config: ml_collections.ConfigDict):

@@ -127,6 +127,8 @@ class Driver:
             return
         self.shared.fault(f)
         self.up[m] = False
+        if m in self.rejoining:  # back, but crashed again before its rejoin was complete
+            self.rejoining[m]["crashed_again"] = self.clock.now()
         record = {"learner": m, "time": self.clock.now(), "back": f.end_s, "rejoined": None,
                   "restored_step": None, "steps_lost": None, "wall": self.clock.clock()}
         with self.shared.lock:
@@ -313,7 +315,9 @@ def summary(driver: Driver, sync, events: list[dict]) -> dict:
             "faults_scheduled": len(driver.clock.faults), "faults_ignored": st.ignored,
             "faults_unused": unused, "time_scale": driver.clock.scale,
             "crashes": crashes, "restarts": st.restarts,
-            "every_crashed_learner_rejoined": all(c["rejoined"] is not None for c in crashes),
+            # ... unless it crashed again before its rejoin was complete
+            "every_crashed_learner_rejoined": all(c["rejoined"] is not None for c in crashes
+                                                  if "crashed_again" not in c),
             "restored_from_checkpoint": sum(c["restored_step"] is not None for c in crashes),
             "steps_lost": int(sum(st.steps_lost)),
             "messages_dropped": dict(sorted(st.dropped.items())),
