@@ -143,9 +143,12 @@ def _bits_equal(a: dict, b: dict) -> bool:
 
 def test_a_crashed_learner_rejoins_holding_exactly_the_global_fragments(tmp_path):
     """Learner 2 crashes at t=13.5 s for 8 s: it was in step 14, its last checkpoint is step 8."""
-    w = Watch().run(_config("crash learner 2 at t=13.5s for 8s", eval_every=2), str(tmp_path))
+    # (The second crash comes after the run's end: never reached, not counted as scheduled.)
+    w = Watch().run(_config("crash learner 2 at t=13.5s for 8s; crash learner 0 at t=9999s for 1s",
+                            eval_every=2), str(tmp_path))
     s = w.summary
     assert s["faults"] == {"crash": 1} and s["rejoins"] == 1 and s["rejected"] == {}
+    assert s["chaos"]["faults_scheduled"] == 1 and s["sim_time_s"] < 100
     assert s["chaos"]["restored_from_checkpoint"] == 1
     # Back at t=21.5 from step 8, in the others' schedule phase: they are in step 22, so 8 + 6.
     (recover,) = [r for r in w.rows if r.get("event") == "recover"]
