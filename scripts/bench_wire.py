@@ -23,7 +23,9 @@ to the remaining cores (they inherit the mask of the thread that starts them); w
 that contention. The load average is printed with each rate: other work on the machine slows
 both runs, but not necessarily equally. As a cross-check less sensitive to such load, it also
 prints tokens per CPU-second of this process (every thread: training, gRPC, heartbeats) in both
-runs; that ratio misses time the learner spends idle waiting for the network.
+runs; that ratio misses time the learner spends idle waiting for the network. To tell the two
+apart it prints, for each run, how much of the wall time this process's threads spent on a CPU
+and runnable but waiting for the core (another task had it), from the kernel's schedstat.
 
 `--link=background` (the default) wraps the gRPC link in `async_link.BackgroundLink`: uploads go
 out from a sender thread and merged fragments are long-polled by a poller thread, so the training
@@ -78,6 +80,26 @@ def _threads_on(cores: set[int]) -> bool:
     return all(os.sched_getaffinity(int(tid)) <= cores for tid in os.listdir("/proc/self/task"))
 
 
+def _sched() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one), summed over this process's
+    threads (the kernel's schedstat; a thread that ended meanwhile drops out)."""
+    on_cpu = waiting = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="utf-8") as f:
+                run, wait, _ = (int(x) for x in f.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        on_cpu, waiting = on_cpu + run, waiting + wait
+    return on_cpu / 1e9, waiting / 1e9
+
+
+def _where(wall: float, start: tuple[float, float], end: tuple[float, float]) -> str:
+    on_cpu, waiting = end[0] - start[0], end[1] - start[1]
+    return (f"its threads on a CPU {on_cpu / wall:.0%} of the time, runnable but waiting for the "
+            f"core {waiting / wall:.0%}")
+
+
 def _load() -> str:
     return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
@@ -123,12 +145,13 @@ def main() -> None:
     def alone(steps: int) -> tuple[float, str, float]:
         """Wall seconds for `steps` steps of the learner alone, the load average before them, and
         the CPU seconds this process spent meanwhile."""
-        load = _load()
+        load, s0 = _load(), _sched()
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
             metrics = learner.step(next(batches))
         jax.block_until_ready(metrics)
-        return time.perf_counter() - t0, load, time.process_time() - c0
+        wall = time.perf_counter() - t0
+        return wall, load, time.process_time() - c0, _where(wall, s0, _sched())
 
     # (1) alone: the same learner, its own parameters, no synchronizer.
     learner.versions = [0] * config.outer.fragments
@@ -157,6 +180,7 @@ def main() -> None:
                 jax.block_until_ready(device_metrics)
                 marks[lrn.steps] = time.perf_counter()
                 marks[("cpu", lrn.steps)] = time.process_time()
+                marks[("sched", lrn.steps)] = _sched()
                 if lrn.steps == args.warmup:
                     marks["bytes"] = link.bytes_sent + link.bytes_received
                     marks["codec"] = link.codec_bytes_sent
@@ -207,6 +231,8 @@ def main() -> None:
     cpu_alone = args.steps * tokens_per_step / (first[2] + second[2])
     cpu_decoupled = tokens / (marks[("cpu", args.warmup + args.steps)]
                               - marks[("cpu", args.warmup)])
+    sched = marks[("sched", args.warmup)], marks[("sched", args.warmup + args.steps)]
+    print(f"alone (before): {first[3]}; decoupled: {_where(timed_s, *sched)}")
     print(f"tokens per CPU-second of this process (all its threads; less sensitive to other load): "
           f"alone {cpu_alone:,.0f}, decoupled {cpu_decoupled:,.0f}, "
           f"ratio {cpu_decoupled / cpu_alone:.2f}")
