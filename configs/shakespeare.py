@@ -15,8 +15,10 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
   runlocal         shrink everything to a few seconds on a laptop (tiny model, 40 steps).
   steps=N          inner steps per learner; batch=N batch per learner (sequences); seq=N bytes.
   learners=N       M, the number of learners (islands).
-  chaos=none|light|heavy|<fault lines>|<file>   fault schedule for the virtual runtime
-                   (diloco/chaos.py); turns on learner and synchronizer checkpoints.
+  chaos=none|light|heavy|<fault lines>|<file>   a fault schedule (diloco/chaos.py); turns on
+                   learner checkpoints every H steps, synchronizer checkpoints every P merges and
+                   max_staleness = 4M. light/heavy are seeded Poisson schedules drawn over 4x the
+                   nominal run (steps x sim.step_s), shaped by the chaos section below.
 
 Any key can also be overridden on the command line, e.g. `--config.optimizer.lr=1e-3`; unknown keys
 fail (the config is locked). Every key is documented where it is set below.
@@ -94,7 +96,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.chaos = ml_collections.ConfigDict(dict(
       schedule=arg.chaos,  # none | light | heavy | fault lines ('a; b') | a schedule file
       seed=0,  # of generated schedules and of bit flips
-      mtbf_s=0.0,  # light/heavy: mean time between faults per learner; 0 = preset (x run length)
+      mtbf_s=0.0,  # light/heavy: mean time from one fault's end to a learner's next; 0 = preset
       recovery_s=0.0,  # light/heavy: mean fault duration (crash recovery); 0 = preset
       recovery_dist="exp",  # exp | fixed | uniform (0.5-1.5 x the mean)
       sync_mtbf_s=-1.0,  # light/heavy: synchronizer crashes; -1 = preset, 0 = none
