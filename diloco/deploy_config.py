@@ -17,6 +17,7 @@ def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDic
       cert="", key="", ca_cert="",  # TLS when set (scripts/make_certs.py makes a local pair)
       absent_after_s=5.0,  # a learner silent this long is left out of quorums until it rejoins
       chaos_time_scale=1.0,  # threads runtime: wall seconds per second of the chaos schedule
+      devices_per_learner=0,  # threads runtime: local devices per learner; 0 = split evenly
       max_learners=64, chunk_bytes=1 << 20, max_message_bytes=4 << 20,
       tpu=ml_collections.ConfigDict(dict(  # scripts/tpu/commands.py
           project="", zone="us-central2-b", accelerator_type="v4-8",
@@ -38,6 +39,8 @@ def check(deploy: ml_collections.ConfigDict) -> None:
     raise ValueError("deploy.bind is empty (127.0.0.1 for loopback, or an address to listen on)")
   if deploy.absent_after_s <= 0:
     raise ValueError(f"deploy.absent_after_s must be > 0, got {deploy.absent_after_s}")
+  if deploy.devices_per_learner < 0:
+    raise ValueError(f"deploy.devices_per_learner must be >= 0, got {deploy.devices_per_learner}")
   if deploy.chaos_time_scale <= 0:
     raise ValueError(f"deploy.chaos_time_scale must be > 0, got {deploy.chaos_time_scale}")
   for name in ("max_learners", "chunk_bytes", "max_message_bytes"):
