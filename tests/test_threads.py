@@ -174,3 +174,26 @@ def test_background_link_keeps_uploads_and_polls_off_the_caller():
         assert inner.joins == 2 and link.poll(0.0) == []
     finally:
         link.close()
+
+
+def test_background_link_bounds_its_queue_and_flushes_before_finished():
+    import time as time_lib
+    from diloco.runtime import async_link
+    inner = _SlowLink(upload_s=0.2)
+    link = async_link.BackgroundLink(inner, poll_wait_s=0.05, max_pending=1)
+    try:
+        link.join((0,), ())
+        t0 = time_lib.monotonic()
+        link.upload("u1")  # the sender takes it at once
+        time_lib.sleep(0.05)
+        link.upload("u2")  # waits in the queue (1 = max_pending)
+        assert time_lib.monotonic() - t0 < 0.15
+        link.upload("u3")  # no room until the sender takes u2, once u1 is sent at 0.2 s
+        assert time_lib.monotonic() - t0 >= 0.15
+        assert inner.uploaded == ["u1"]
+        link.progress(finished=True)  # returns only once every queued upload has gone out
+        assert inner.uploaded == ["u1", "u2", "u3"] and link.pending_uploads() == 0
+        with pytest.raises(ValueError, match="max_pending"):
+            async_link.BackgroundLink(inner, max_pending=0)
+    finally:
+        link.close()

@@ -6,6 +6,11 @@ the synchronizer to check the upload and maybe merge while the call is open). A 
 long-polls for sends while the learner is joined and buffers them, so `poll` returns what has
 arrived without a round trip per step. Joins and heartbeats pass through as they are.
 
+At most `max_pending` uploads wait in the queue: a learner faster than its link waits for room
+(as it would for the round trip with the plain link) instead of piling up stale uploads. A
+heartbeat that reports the learner finished first waits until every queued upload is sent, so the
+synchronizer hears of all of them before it settles the run.
+
 A refused upload cannot be reported to the caller any more; it is counted in `refused` (the
 learner loop ignores refused uploads anyway: its next scheduled upload carries the progress). A
 failure to reach the synchronizer, in either thread, is raised by the next call, so the learner
@@ -23,8 +28,11 @@ from diloco.runtime import realtime
 class BackgroundLink:
     """`inner` with uploads and polls in background threads (see the module doc)."""
 
-    def __init__(self, inner, poll_wait_s: float = 0.5):
-        self.inner, self.poll_wait_s = inner, poll_wait_s
+    def __init__(self, inner, poll_wait_s: float = 0.5, max_pending: int = 2):
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.inner, self.poll_wait_s, self.max_pending = inner, poll_wait_s, max_pending
+        self._sending = None  # the upload the sender thread has out, if any
         self._cond = threading.Condition()
         self._inner_lock = threading.Lock()  # join and poll share the inner link's sequence
         self._uploads: collections.deque = collections.deque()
@@ -63,9 +71,18 @@ class BackgroundLink:
 
     def progress(self, finished: bool) -> bool:
         self._raise_error()
+        if finished:  # the synchronizer must have every upload before it hears "finished"
+            with self._cond:
+                self._cond.wait_for(lambda: not (self._uploads or self._sending)
+                                    or self._error or self._closed)
+            self._raise_error()
         return self.inner.progress(finished)
 
     def upload(self, up: protocol.Upload) -> None:
+        self._raise_error()
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._uploads) < self.max_pending
+                                or self._error or self._closed)
         self._raise_error()
         with self._cond:
             self._uploads.append(up)
@@ -82,7 +99,7 @@ class BackgroundLink:
 
     def pending_uploads(self) -> int:
         with self._cond:
-            return len(self._uploads)
+            return len(self._uploads) + (self._sending is not None)
 
     def close(self) -> None:
         with self._cond:
@@ -100,17 +117,17 @@ class BackgroundLink:
                 self._cond.wait_for(lambda: self._uploads or self._closed)
                 if self._closed:
                     return
-                up = self._uploads[0]
+                up = self._sending = self._uploads.popleft()
+                self._cond.notify_all()  # room in the queue
             try:
                 self.inner.upload(up)
             except realtime.Refused:
                 self.refused += 1
             except realtime.Unreachable as err:
                 self._failed(err)
-                continue
             with self._cond:
-                if self._uploads and self._uploads[0] is up:
-                    self._uploads.popleft()
+                self._sending = None
+                self._cond.notify_all()  # a finished heartbeat may be waiting for this
 
     def _poll_loop(self) -> None:
         while True:
