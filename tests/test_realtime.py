@@ -47,3 +47,48 @@ def test_deliver_rejoins_after_a_lost_or_corrupted_send(why, applied, dropped, j
     loop.deliver(0.0)
     assert (loop.applied, loop.dropped, loop.joined) == (applied, dropped, joined)
     assert (3 in loop.inflight) == (why is not None)
+
+
+class _Trainer:
+    """Steps instantly; fragment 0 is due after every step."""
+
+    def __init__(self):
+        self.steps, self.versions, self.uploads = 0, [0], 0
+
+    def step(self, batch):
+        self.steps += 1
+        return {}
+
+    def due(self):
+        return [0]
+
+    def upload(self, p, **kwargs):
+        self.uploads += 1
+        return ("upload", p, self.steps)
+
+
+class _RecordingLink:
+    def __init__(self):
+        self.sent = []
+
+    def join(self, versions, generations):
+        pass
+
+    def poll(self, wait_s):
+        return []
+
+    def upload(self, up):
+        self.sent.append(up)
+
+
+def test_a_non_blocking_learner_waits_for_the_answer_before_sending_a_fragment_again():
+    """A second delta against the same base would carry the first one's progress again."""
+    link = _RecordingLink()
+    loop = realtime._LearnerLoop(_Trainer(), link, threading.Event(), heartbeat_s=1.0,
+                                 max_backoff_s=1.0, rng=random.Random(0))
+    loop.learner.generations = [0]
+    loop.train(lambda: None, steps=4, overlap=0, blocking=False, on_step=None)
+    assert link.sent == [("upload", 0, 1)] and loop.inflight == {0: 1}  # steps 2-4: unanswered
+    loop.inflight.clear()  # the merged fragment arrived
+    loop.train(lambda: None, steps=6, overlap=0, blocking=False, on_step=None)
+    assert link.sent == [("upload", 0, 1), ("upload", 0, 5)]

@@ -29,7 +29,7 @@ from diloco import data as data_lib, deploy_config, fragments, integrity, island
 from diloco import metrics
 from diloco.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, limits as limits_lib, multihost
-from diloco.runtime import async_link, realtime
+from diloco.runtime import realtime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +120,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
     limits = limits_lib.Limits.from_deploy(config.deploy)
     link = client_lib.GrpcLink(target, learner_id, token, limits=limits,
                                ca_cert=config.deploy.ca_cert)
-    # Learners that never wait also never wait for the network: uploads and polls run in threads.
-    loop_link = outer_link = link if config.outer.blocking else async_link.BackgroundLink(link)
+    loop_link = link
     if jax.process_count() > 1:
         multihost.lead(learner)
         loop_link = multihost.KeepFollowers(loop_link, learner)
@@ -143,7 +142,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
         multihost.end(learner)
     wall = time.perf_counter() - t0
     progress.close()
-    outer_link.close()  # a BackgroundLink closes the gRPC link too
+    link.close()
     ckpt.close()
     held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
     np.savez(os.path.join(workdir, "global_copy.npz"), **held)

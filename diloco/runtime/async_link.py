@@ -1,5 +1,8 @@
 """A link that keeps the network off a learner's training thread (for non-blocking learners).
 
+Experimental: scripts/bench_wire.py can measure it, but experiments.learner does not use it, because
+four Decoupled learner processes with it diverged where the plain link trains (cause not found).
+
 `BackgroundLink` wraps any `realtime.Link` (gRPC or in-process). Uploads go into a queue that a
 sender thread empties in order, so the training thread does not wait for the round trip (nor for
 the synchronizer to check the upload and maybe merge while the call is open). A poller thread

@@ -349,6 +349,8 @@ class _LearnerLoop:
                 self.unreachable_steps += 1
                 continue  # progress stays in the counters and goes with the next upload
             for p in learner.due():
+                if p in self.inflight:  # unanswered: its delta would count that progress twice
+                    continue
                 try:
                     self.link.upload(learner.upload(p, sent_time=0.0, arrival_time=0.0,
                                                     step_time=step_time))
