@@ -65,12 +65,23 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
     sync.ema_step.value, sync.ema_quorum.value, sync.ema_sync.value = meta["ema"]
 
 
-def digest(state: Mapping[str, Any]) -> str:
-    """sha256 over a state: every array's name, dtype, shape and bytes, then the metadata."""
+def _hash_arrays(state: Mapping[str, Any]) -> Any:
+    """sha256 fed with every array's name, dtype, shape and bytes, in name order."""
     h = hashlib.sha256()
     for name in sorted(state["arrays"]):
         x = np.ascontiguousarray(state["arrays"][name])
         h.update(f"{name}:{x.dtype.str}:{x.shape}:".encode())
         h.update(memoryview(x).cast("B"))
+    return h
+
+
+def arrays_digest(state: Mapping[str, Any]) -> str:
+    """sha256 over the arrays of a state only (what a checkpoint restores bit for bit)."""
+    return _hash_arrays(state).hexdigest()
+
+
+def digest(state: Mapping[str, Any]) -> str:
+    """sha256 over a state: every array's name, dtype, shape and bytes, then the metadata."""
+    h = _hash_arrays(state)
     h.update(json.dumps(state["meta"], sort_keys=True).encode())
     return h.hexdigest()

@@ -9,7 +9,6 @@ ends when every learner finished, every merge was delivered and no learner is li
 SIGTERM), and writes WORKDIR/summary.json with wire and codec byte counts.
 """
 
-import hashlib
 import os
 import signal
 import threading
@@ -22,19 +21,10 @@ import numpy as np
 
 from diloco import data as data_lib, fragments, island as island_lib, multi, policies, metrics
 from diloco import deploy_config, sync_checkpoint
+from diloco.sync_state import arrays_digest
 from diloco.rpc import limits as limits_lib, service
 from diloco.runtime import realtime
 from diloco.synchronizer import Synchronizer
-
-
-def arrays_digest(state: dict[str, Any]) -> str:
-    """sha256 over the arrays of a `state_dict()` (name, dtype, shape and bytes of each)."""
-    h = hashlib.sha256()
-    for name in sorted(state["arrays"]):
-        x = np.ascontiguousarray(state["arrays"][name])
-        h.update(f"{name}:{x.dtype.str}:{x.shape}:".encode())
-        h.update(memoryview(x).cast("B"))
-    return h.hexdigest()
 
 
 def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
