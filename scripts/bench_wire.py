@@ -1,7 +1,7 @@
 """One learner's tokens/s alone vs as one of the Decoupled DiLoCo learners over gRPC (fp4, loopback).
 
   python scripts/bench_wire.py [--config=configs/shakespeare.py:mode=decoupled,learners=2]
-      [--steps=40] [--warmup=5] [--others=1] [--no_pin] [--link=plain|background]
+      [--steps=40] [--warmup=5] [--others=1] [--no_pin] [--link=learner|plain|background]
 
 In one run, in this process: (1) learner 0 takes `steps`/2 inner steps alone (no synchronizer);
 (2) a synchronizer process starts on loopback, `--others` other learner processes join it, and
@@ -27,11 +27,12 @@ runs; that ratio misses time the learner spends idle waiting for the network. To
 apart it prints, for each run, how much of the wall time this process's threads spent on a CPU
 and runnable but waiting for the core (another task had it), from the kernel's schedstat.
 
-`--link=plain` (the default) measures the gRPC link as the learner process (experiments.learner)
-uses it. `--link=background` wraps it in `async_link.BackgroundLink` (uploads from a sender
-thread, merged fragments long-polled by a poller thread), which takes the network off the training
-thread but is not used by the learner process: four Decoupled learners with it diverged (losses
-up to 19 within 400 steps of the tiny model, against 3.4 with the plain link), cause not found.
+`--link=learner` (the default) is the link as the learner process (experiments.learner) uses it
+for Decoupled learners: merged fragments long-polled by a thread (`async_link.BackgroundLink` with
+`send_in_thread=False`), uploads sent by the training thread while the next step computes.
+`--link=plain` is the bare gRPC link (a poll round trip before every step). `--link=background`
+also sends uploads from a thread; experimental (four tiny learners with it diverged, see
+diloco/runtime/async_link.py).
 """
 
 import argparse
@@ -120,22 +121,24 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--others", type=int, default=1)
     ap.add_argument("--no_pin", action="store_true", help="leave every process on every core")
-    ap.add_argument("--link", choices=("plain", "background"), default="plain",
-                    help="background: uploads and polls off the training thread "
-                         "(diloco/runtime/async_link.py); plain: the gRPC link as it is")
+    ap.add_argument("--link", choices=("learner", "plain", "background"), default="learner",
+                    help="learner: as experiments.learner (polls in a thread); plain: the gRPC "
+                         "link as it is; background: uploads in a thread too (experimental)")
     args = ap.parse_args()
     pinned = None if args.no_pin else _pin()
 
     import jax
+
     from diloco import multi
-    from diloco.rpc import client as client_lib, learner_main, local
+    from diloco.rpc import client as client_lib
+    from diloco.rpc import learner_main, local
     from diloco.runtime import async_link, realtime
 
     config = _config(args.config, 10 ** 6)
     if config.outer.codec != "fp4":
         raise ValueError(f"expected fp4 fragments, the config has codec={config.outer.codec}")
-    if args.link == "background" and config.outer.blocking:
-        raise ValueError("--link=background is for non-blocking (Decoupled) learners")
+    if args.link != "plain" and config.outer.blocking:
+        raise ValueError(f"--link={args.link} is for non-blocking (Decoupled) learners")
     if not 0 <= args.others < config.outer.learners:
         raise ValueError(f"--others must be in 0..{config.outer.learners - 1}")
     learner = learner_main.make_learner(config, 0)
@@ -172,7 +175,9 @@ def main() -> None:
                 cluster.start_learner(m)
         placement = {name: _allowed(p.pid) for name, p in cluster.procs.items()}
         link = client_lib.GrpcLink(f"127.0.0.1:{cluster.port}", 0, cluster.token)
-        if args.link == "background":
+        if args.link == "learner":
+            link = learner_main.loop_link_for(link, config.outer.blocking)
+        elif args.link == "background":
             link = async_link.BackgroundLink(link)
 
         def on_step(lrn, device_metrics):

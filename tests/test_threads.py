@@ -118,7 +118,7 @@ class _SlowLink:
 
     def __init__(self, upload_s: float):
         self.upload_s, self.uploaded, self.outbox, self.joins = upload_s, [], [], 0
-        self.fail_next_upload = False
+        self.fail_next_upload = self.refuse_next_upload = False
         self.cond = __import__("threading").Condition()
 
     def join(self, versions, generations):
@@ -134,6 +134,9 @@ class _SlowLink:
         if self.fail_next_upload:
             self.fail_next_upload = False
             raise realtime.Unreachable("link down")
+        if self.refuse_next_upload:
+            self.refuse_next_upload = False
+            raise realtime.Refused("stale", "stale: base version 0")
         self.uploaded.append(up)
 
     def poll(self, wait_s):
@@ -147,7 +150,7 @@ def test_background_link_keeps_uploads_and_polls_off_the_caller():
     import time as time_lib
     from diloco.runtime import async_link, realtime
     inner = _SlowLink(upload_s=0.2)
-    link = async_link.BackgroundLink(inner, poll_wait_s=0.05)
+    link = async_link.BackgroundLink(inner, poll_wait_s=0.05, max_outstanding=2)
     try:
         link.join((0,), ())
         t0 = time_lib.monotonic()
@@ -177,23 +180,26 @@ def test_background_link_keeps_uploads_and_polls_off_the_caller():
 
 
 def test_background_link_bounds_its_queue_and_flushes_before_finished():
+    import collections
     import time as time_lib
     from diloco.runtime import async_link
     inner = _SlowLink(upload_s=0.2)
-    link = async_link.BackgroundLink(inner, poll_wait_s=0.05, max_pending=1)
+    link = async_link.BackgroundLink(inner, poll_wait_s=0.05)  # one upload outstanding
+    up = collections.namedtuple("Up", "fragment")
     try:
         link.join((0,), ())
         t0 = time_lib.monotonic()
-        link.upload("u1")  # the sender takes it at once
-        time_lib.sleep(0.05)
-        link.upload("u2")  # waits in the queue (1 = max_pending)
-        assert time_lib.monotonic() - t0 < 0.15
-        link.upload("u3")  # no room until the sender takes u2, once u1 is sent at 0.2 s
-        assert time_lib.monotonic() - t0 >= 0.15
-        assert inner.uploaded == ["u1"]
+        link.upload(up(0))  # the sender takes it at once
+        assert time_lib.monotonic() - t0 < 0.1
+        link.upload(up(1))  # no room until u0 is sent, at 0.2 s
+        assert time_lib.monotonic() - t0 >= 0.2 - 0.01
+        assert inner.uploaded == [up(0)]
+        inner.refuse_next_upload = True  # u1 is refused: its fragment is handed out once
+        link.upload(up(2))
         link.progress(finished=True)  # returns only once every queued upload has gone out
-        assert inner.uploaded == ["u1", "u2", "u3"] and link.pending_uploads() == 0
-        with pytest.raises(ValueError, match="max_pending"):
-            async_link.BackgroundLink(inner, max_pending=0)
+        assert inner.uploaded == [up(0), up(2)] and link.pending_uploads() == 0
+        assert link.refused == 1 and link.take_refused() == [1] and link.take_refused() == []
+        with pytest.raises(ValueError, match="max_outstanding"):
+            async_link.BackgroundLink(inner, max_outstanding=0)
     finally:
         link.close()

@@ -29,7 +29,7 @@ from diloco import data as data_lib, deploy_config, fragments, integrity, island
 from diloco import metrics
 from diloco.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, limits as limits_lib, multihost
-from diloco.runtime import realtime
+from diloco.runtime import async_link, realtime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,12 @@ class Cluster:
 def talks_to_sync() -> bool:
     """Whether this JAX process is the one of its learner that talks to the synchronizer."""
     return jax.process_index() == 0
+
+
+def loop_link_for(link, blocking: bool):
+    """The link the learner loop uses: for non-blocking learners, merged fragments are polled by a
+    thread (uploads stay on the loop's thread, which sends them while a step computes)."""
+    return link if blocking else async_link.BackgroundLink(link, send_in_thread=False)
 
 
 def make_learner(config: ml_collections.ConfigDict, m: int) -> multihost.SpmdLearner:
@@ -120,7 +126,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
     limits = limits_lib.Limits.from_deploy(config.deploy)
     link = client_lib.GrpcLink(target, learner_id, token, limits=limits,
                                ca_cert=config.deploy.ca_cert)
-    loop_link = link
+    loop_link = outer_link = loop_link_for(link, config.outer.blocking)
     if jax.process_count() > 1:
         multihost.lead(learner)
         loop_link = multihost.KeepFollowers(loop_link, learner)
@@ -142,7 +148,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
         multihost.end(learner)
     wall = time.perf_counter() - t0
     progress.close()
-    link.close()
+    outer_link.close()  # a BackgroundLink closes the gRPC link too
     ckpt.close()
     held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
     np.savez(os.path.join(workdir, "global_copy.npz"), **held)

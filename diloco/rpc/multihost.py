@@ -150,6 +150,10 @@ class KeepFollowers:
     def upload(self, up) -> None:
         self.link.upload(up)
 
+    def take_refused(self) -> list[int]:
+        take = getattr(self.link, "take_refused", None)
+        return take() if take is not None else []
+
 
 def end(learner: SpmdLearner) -> None:
     """Process 0: tells the followers the run is over."""

@@ -1,24 +1,29 @@
 """A link that keeps the network off a learner's training thread (for non-blocking learners).
 
-Experimental: scripts/bench_wire.py can measure it, but experiments.learner does not use it, because
-four Decoupled learner processes with it diverged where the plain link trains (cause not found).
+`BackgroundLink` wraps any `realtime.Link` (gRPC or in-process). A poller thread long-polls for
+merged fragments while the learner is joined and buffers them, so `poll` returns what has arrived
+without a round trip per step. Joins and heartbeats pass through as they are.
 
-`BackgroundLink` wraps any `realtime.Link` (gRPC or in-process). Uploads go into a queue that a
-sender thread empties in order, so the training thread does not wait for the round trip (nor for
-the synchronizer to check the upload and maybe merge while the call is open). A poller thread
-long-polls for sends while the learner is joined and buffers them, so `poll` returns what has
-arrived without a round trip per step. Joins and heartbeats pass through as they are.
+Uploads take one of two paths:
+- `send_in_thread=False` (what experiments.learner uses for Decoupled learners): on the caller's
+  thread, as with the plain link. The learner loop sends them while its next step computes
+  (realtime._LearnerLoop.train), and the round trip still bounds how far a learner whose steps
+  are shorter than it runs ahead of the synchronizer.
+- `send_in_thread=True` (experimental; scripts/bench_wire.py --link=background): a sender thread
+  empties a queue in order. Four tiny-model Decoupled learners on a 2-core host, with steps
+  shorter than an upload's round trip, diverged with it: they stay in phase, upload each fragment
+  from the same base version, and with K=1 and a grace window shorter than the synchronizer's
+  check each upload merges alone (staleness 0, 1, 2, 3 in equal numbers), so the merged step is
+  the sum of four outer gradients rather than their mean (BENCHMARKS.md).
 
-At most `max_pending` uploads wait in the queue: a learner faster than its link waits for room
-(as it would for the round trip with the plain link) instead of piling up stale uploads. A
-heartbeat that reports the learner finished first waits until every queued upload is sent, so the
-synchronizer hears of all of them before it settles the run.
-
-A refused upload cannot be reported to the caller any more; it is counted in `refused` (the
-learner loop ignores refused uploads anyway: its next scheduled upload carries the progress). A
-failure to reach the synchronizer, in either thread, is raised by the next call, so the learner
-loop re-joins with backoff as it would with the plain link. Blocking learners (synchronous modes)
-must not use it: they wait for an answer to every upload they believe sent.
+With the sender thread, at most `max_outstanding` uploads are queued or being sent (default one).
+A heartbeat that reports the learner finished first waits until every queued upload is sent, so
+the synchronizer hears of all of them before it settles the run. A refused upload cannot be raised
+to the caller any more: it is counted in `refused` and its fragment is handed out by
+`take_refused`, so the learner loop stops waiting for an answer to it. A failure to reach the
+synchronizer, in either thread, is raised by the next call, so the learner loop re-joins with
+backoff as it would with the plain link. Blocking learners (synchronous modes) do not use this
+link: they wait for an answer to every upload anyway.
 """
 
 import collections
@@ -29,12 +34,14 @@ from diloco.runtime import realtime
 
 
 class BackgroundLink:
-    """`inner` with uploads and polls in background threads (see the module doc)."""
+    """`inner` with polls (and optionally uploads) in background threads (see the module doc)."""
 
-    def __init__(self, inner, poll_wait_s: float = 0.5, max_pending: int = 2):
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
-        self.inner, self.poll_wait_s, self.max_pending = inner, poll_wait_s, max_pending
+    def __init__(self, inner, poll_wait_s: float = 0.5, max_outstanding: int = 1,
+                 send_in_thread: bool = True):
+        if max_outstanding < 1:
+            raise ValueError(f"max_outstanding must be >= 1, got {max_outstanding}")
+        self.inner, self.poll_wait_s, self.max_outstanding = inner, poll_wait_s, max_outstanding
+        self.send_in_thread = send_in_thread
         self._sending = None  # the upload the sender thread has out, if any
         self._cond = threading.Condition()
         self._inner_lock = threading.Lock()  # join and poll share the inner link's sequence
@@ -43,6 +50,7 @@ class BackgroundLink:
         self._error: realtime.Unreachable | None = None
         self._joined = self._closed = False
         self.refused = 0
+        self._refused_fragments: list[int] = []
         self._threads = [threading.Thread(target=self._send_loop, daemon=True, name="uploader"),
                          threading.Thread(target=self._poll_loop, daemon=True, name="poller")]
         for t in self._threads:
@@ -83,8 +91,10 @@ class BackgroundLink:
 
     def upload(self, up: protocol.Upload) -> None:
         self._raise_error()
+        if not self.send_in_thread:  # the caller's thread, as the plain link: it raises Refused
+            return self.inner.upload(up)
         with self._cond:
-            self._cond.wait_for(lambda: len(self._uploads) < self.max_pending
+            self._cond.wait_for(lambda: self._outstanding() < self.max_outstanding
                                 or self._error or self._closed)
         self._raise_error()
         with self._cond:
@@ -100,9 +110,18 @@ class BackgroundLink:
         self._raise_error()
         return got
 
+    def take_refused(self) -> list[int]:
+        """The fragments of uploads refused since the last call (no answer will come for them)."""
+        with self._cond:
+            got, self._refused_fragments = self._refused_fragments, []
+        return got
+
     def pending_uploads(self) -> int:
         with self._cond:
-            return len(self._uploads) + (self._sending is not None)
+            return self._outstanding()
+
+    def _outstanding(self) -> int:  # under self._cond
+        return len(self._uploads) + (self._sending is not None)
 
     def close(self) -> None:
         with self._cond:
@@ -125,9 +144,13 @@ class BackgroundLink:
             try:
                 self.inner.upload(up)
             except realtime.Refused:
-                self.refused += 1
+                with self._cond:
+                    self.refused += 1
+                    self._refused_fragments.append(up.fragment)
             except realtime.Unreachable as err:
                 self._failed(err)
+            except Exception as err:  # noqa: BLE001 - a dead sender thread would hang the learner
+                self._failed(realtime.Unreachable(f"upload failed: {err!r}"))
             with self._cond:
                 self._sending = None
                 self._cond.notify_all()  # a finished heartbeat may be waiting for this

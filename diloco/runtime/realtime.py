@@ -303,6 +303,9 @@ class _LearnerLoop:
         except (Unreachable, Refused):
             self.fail()
             return
+        take_refused = getattr(self.link, "take_refused", None)  # a link that uploads in a thread
+        for p in take_refused() if take_refused is not None else ():
+            self.inflight.pop(p, None)
         for s in sends:
             why = self.learner.accepts(s)
             if why is None:
@@ -326,7 +329,16 @@ class _LearnerLoop:
         return settled
 
     def train(self, next_batch, steps: int, overlap: int, blocking: bool, on_step) -> None:
-        learner, last = self.learner, time.monotonic()
+        """Steps until `steps`; uploads what the schedule says after each step.
+
+        A non-blocking learner sends the uploads due after step t while step t+1 runs (JAX
+        dispatches a step and returns), so the round trip overlaps the computation instead of
+        idling it; the answer comes within the overlap tau the schedule already allows. Its
+        round trip still bounds how far it runs ahead: a learner whose steps are shorter waits
+        for it, as it must (four tiny learners that did not diverged; see runtime/async_link.py).
+        A blocking learner sends at once: it waits for the answers anyway.
+        """
+        learner, last, outbox = self.learner, time.monotonic(), []
         while learner.steps < steps and not self.stop.is_set():
             if self.ensure_joined():
                 self.deliver(0.0)
@@ -340,26 +352,38 @@ class _LearnerLoop:
                     time.sleep(0.05)
                 last = time.monotonic()
                 continue
-            metrics = learner.step(next_batch())
-            now = time.monotonic()
-            step_time, last = now - last, now
+            metrics = learner.step(next_batch())  # dispatched; runs while the outbox goes
+            self._send(outbox)
             if on_step is not None:
                 on_step(learner, metrics)
+            now = time.monotonic()
+            step_time, last = now - last, now
             if not self.joined:
                 self.unreachable_steps += 1
                 continue  # progress stays in the counters and goes with the next upload
             for p in learner.due():
                 if p in self.inflight:  # unanswered: its delta would count that progress twice
                     continue
-                try:
-                    self.link.upload(learner.upload(p, sent_time=0.0, arrival_time=0.0,
-                                                    step_time=step_time))
-                    self.inflight[p] = learner.steps
-                except Refused:
-                    pass  # rejected (stale or duplicate): the next scheduled upload carries on
-                except Unreachable:
-                    self.fail()
-                    break
+                outbox.append(learner.upload(p, sent_time=0.0, arrival_time=0.0,
+                                             step_time=step_time))
+                self.inflight[p] = learner.steps
+            if blocking:
+                self._send(outbox)
+        self._send(outbox)
+
+    def _send(self, outbox: list) -> None:
+        """Uploads and empties `outbox`; a refused upload is forgotten (the next one carries on)."""
+        while outbox and self.joined:
+            up = outbox.pop(0)
+            try:
+                self.link.upload(up)
+            except Refused:
+                self.inflight.pop(up.fragment, None)  # no answer will come
+            except Unreachable:
+                self.fail()
+        for up in outbox:  # not joined: the synchronizer forgot them
+            self.inflight.pop(up.fragment, None)
+        outbox.clear()
 
     def settle(self, timeout_s: float) -> bool:
         """Keeps polling until every learner finished and every merge arrived (or timeout)."""
