@@ -77,6 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       merge="mean",  # mean | rda (radial-directional averaging; embeddings always by mean)
       ema_decay=0.9,  # of the step, quorum and sync times behind the grace window
       max_staleness=1 << 20,  # contributions more versions behind are dropped
+      staleness_damping=False,  # scale merges by the mean 1/(1+staleness) of their uploads
       blocking=True,  # learners wait for a fragment tau steps after sending it (synchronous)
       elastic=False,  # quorum=0 only: crashed learners leave the quorum (else merges wait for them)
       outlier_factor=100.0,  # reject outer gradients with norm > factor x recent median; 0 = off

@@ -31,11 +31,14 @@ def streaming(c: ml_collections.ConfigDict, runlocal: bool) -> None:
 def decoupled(c: ml_collections.ConfigDict, runlocal: bool) -> None:
     """Decoupled DiLoCo: quorum K=1, adaptive grace, token weights, RDA; learners never wait.
 
+    Merges are damped by staleness: learners in phase whose uploads of one base merge one by one
+    (K=1, a grace window shorter than their spread) would otherwise add their outer gradients up.
+
     Paper defaults (reconstructed): P=24 balanced fragments, each synced every H=24 steps, tau=2.
     """
     c.outer.update(dict(fragments=24, fragment_kind="balanced", inner_steps=24, overlap=2,
                         codec="fp4", quorum=1, grace_gamma=0.8, weighting="tokens", merge="rda",
-                        blocking=False))
+                        blocking=False, staleness_damping=True))
     if runlocal:
         c.outer.update(dict(learners=2, inner_steps=8, fragments=4))
 

@@ -106,6 +106,9 @@ class Policy:
     merge: str  # 'mean' | 'rda'
     ema_decay: float = 0.9
     max_staleness: int = 1 << 30  # contributions further behind are dropped
+    # Scale a merge by the weighted mean of 1/(1+staleness) of its uploads (staleness-aware
+    # asynchronous SGD): uploads from one base that merge one by one are not simply summed.
+    staleness_damping: bool = False
 
     def __post_init__(self):
         if self.weighting not in WEIGHTINGS:
@@ -129,4 +132,4 @@ def from_config(config: ml_collections.ConfigDict) -> Policy:
         quorum = MinQuorum(o.quorum)
     grace = AdaptiveGrace(o.grace_gamma, config.outer.overlap) if o.grace_gamma > 0 else NoGrace()
     return Policy(quorum, grace, weighting=o.weighting, merge=o.merge, ema_decay=o.ema_decay,
-                  max_staleness=o.max_staleness)
+                  max_staleness=o.max_staleness, staleness_damping=o.staleness_damping)

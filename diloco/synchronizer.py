@@ -264,6 +264,8 @@ class Synchronizer:
             self.rounds_skipped += 1
             self._reset_round(p)
             return rejects
+        if self.policy.staleness_damping:
+            merged = self._damped(p, merged, weights, ups)
         old = self.globals[p]
         with jax.default_device(self._cpu):
             raw, self.opt_states[p] = outer.host_step(self.tx, merged, self.opt_states[p], old,
@@ -291,6 +293,14 @@ class Synchronizer:
         if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
             actions.append(protocol.Checkpoint(self.merges))
         return actions
+
+    def _damped(self, p: int, merged: dict, weights: np.ndarray, ups: list) -> dict:
+        """`merged` times the weighted mean of 1/(1 + staleness) (unchanged when all are fresh)."""
+        stale = np.array([self.versions[p] - u.base_version for u in ups], np.float64)
+        if not stale.any():
+            return merged
+        factor = np.float32(np.dot(weights / weights.sum(), 1.0 / (1.0 + stale)))
+        return {k: v * factor for k, v in merged.items()}
 
     def _reset_round(self, p: int) -> None:
         self.pending[p] = {}

@@ -316,6 +316,23 @@ def test_stale_uploads_beyond_max_staleness_are_rejected():
     _assert_unchanged(before, sync)
 
 
+@pytest.mark.parametrize("damping, second_step", [(False, 1.0), (True, 0.5)])
+def test_staleness_damping_halves_an_upload_one_version_behind(damping, second_step):
+    # K=1, outer SGD lr 1: a merge moves the globals by minus its (scaled) outer gradient. Both
+    # learners upload fragment 0 from version 0; learner 0 merges alone (staleness 0, scale 1),
+    # then learner 1 merges one version behind: scale 1/(1+1) with damping, 1 without.
+    policy = policies.Policy(policies.MinQuorum(1), policies.NoGrace(), **EQUAL_MEAN,
+                             staleness_damping=damping)
+    sync = _sync(policy, outer.sgd(1.0), learners=2)
+    d0 = {E: _f([1.0, 0.5], [0.25, 0.0]), W0: _f([0.0, 1.0], [-1.0, 2.0])}
+    d1 = {E: _f([2.0, -4.0], [8.0, 1.0]), W0: _f([0.5, 0.0], [4.0, -2.0])}
+    assert _merges(sync.handle(_up(0, 0, d0, base=0)))[0]["staleness"] == [0]
+    assert _merges(sync.handle(_up(1, 0, d1, base=0)))[0]["staleness"] == [1]
+    want = {E: PARAMS["embed"]["embedding"] - d0[E] - second_step * d1[E],
+            W0: PARAMS["blocks"][0]["w"] - d0[W0] - second_step * d1[W0]}
+    _assert_bits(sync.globals[0], want)
+
+
 @pytest.mark.parametrize("bad_value", [np.nan, np.inf])
 def test_non_finite_payloads_never_reach_the_global_state(merged_once, bad_value):
     sync = merged_once
