@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from proc_helpers import read_jsonl, wait_for
 
 from configs import shakespeare
 from diloco import multi, sync_checkpoint
@@ -29,34 +30,21 @@ def cluster_factory(tmp_path):
         c.stop(grace_s=2.0)
 
 
-def _read(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def _summary(c, name):
     with open(os.path.join(c.workdir, name, "summary.json")) as f:
         return json.load(f)
 
 
-def _wait_for(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.1)
-
-
 def _steps(c, m):
     path = os.path.join(c.workdir, f"learner{m}", "progress.jsonl")
-    return _read(path)[-1]["step"] if os.path.exists(path) and _read(path) else 0
+    return read_jsonl(path)[-1]["step"] if os.path.exists(path) and read_jsonl(path) else 0
 
 
 def test_three_learners_survive_learner_and_synchronizer_kills(cluster_factory):
     c = cluster_factory(CHAOS, 3)
     c.start()
     # SIGKILL learner 1 mid-run and start it again.
-    _wait_for(lambda: _steps(c, 1) >= 15, 120, "learner 1 never reached step 15")
+    wait_for(lambda: _steps(c, 1) >= 15, 120, "learner 1 never reached step 15")
     c.kill("learner1")
     killed_at = time.time()
     others_at_kill = [_steps(c, m) for m in (0, 2)]
@@ -64,7 +52,7 @@ def test_three_learners_survive_learner_and_synchronizer_kills(cluster_factory):
     # SIGKILL the synchronizer once learner 1 trains again, and start it from its checkpoint.
     # (Learners train on meanwhile; the tiny model's steps are so short without uploads that
     # they usually finish before the synchronizer is back, then rejoin to fetch the globals.)
-    _wait_for(lambda: _steps_between(c, 1, killed_at) >= 2, 120,
+    wait_for(lambda: _steps_between(c, 1, killed_at) >= 2, 120,
               "restarted learner 1 never trained")
     c.kill("sync")
     ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(c.workdir, "sync", "checkpoints",
@@ -94,7 +82,7 @@ def test_three_learners_survive_learner_and_synchronizer_kills(cluster_factory):
     assert all(s["versions"] == sync["versions"] for s in learners)
     held = np.load(os.path.join(c.workdir, "learner0", "global_copy.npz"))
     assert all(np.isfinite(held[k]).all() for k in held.files)
-    merges = [r for r in _read(os.path.join(c.workdir, "sync", "metrics.jsonl"))
+    merges = [r for r in read_jsonl(os.path.join(c.workdir, "sync", "metrics.jsonl"))
               if r.get("event") == "merge"]
     assert len(merges) > 10
     # The restarted learner contributed again to merges after its restart.
@@ -106,7 +94,7 @@ def test_three_learners_survive_learner_and_synchronizer_kills(cluster_factory):
 
 
 def _steps_between(c, m, since):
-    rows = _read(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))
+    rows = read_jsonl(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))
     return sum(1 for r in rows if r["time"] > since)
 
 

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from proc_helpers import read_jsonl, wait_for
 
 from diloco.rpc import local
 
@@ -22,31 +23,16 @@ def cluster(tmp_path):
     c.stop(grace_s=2.0)
 
 
-def _read(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def _json(path):
     with open(path) as f:
         return json.load(f)
 
 
-def _wait_for(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
-
-
 def test_killed_learner_resumes_from_its_checkpoint(cluster):
     c = cluster
-    rows = lambda: _read(os.path.join(c.workdir, "learner1", "progress.jsonl"))
+    rows = lambda: read_jsonl(os.path.join(c.workdir, "learner1", "progress.jsonl"))
     c.start()
-    _wait_for(lambda: rows() and rows()[-1]["step"] >= 25, 120, "learner 1 never reached step 25")
+    wait_for(lambda: rows() and rows()[-1]["step"] >= 25, 120, "learner 1 never reached step 25")
     c.kill("learner1")
     killed_at = time.time()
     logged_before = rows()[-1]["step"]
@@ -56,7 +42,7 @@ def test_killed_learner_resumes_from_its_checkpoint(cluster):
     c.start_learner(1)
     assert c.wait(150) == {"sync": 0, "learner0": 0, "learner1": 0}
 
-    starts = _read(os.path.join(c.workdir, "learner1", "starts.jsonl"))
+    starts = read_jsonl(os.path.join(c.workdir, "learner1", "starts.jsonl"))
     assert [s["restored_step"] for s in starts] == [None, saved[-1]]
     assert all(v >= 0 for v in starts[1]["restored_versions"])  # it held every fragment
     assert starts[0]["restored_versions"] == [-1] * 4  # the first start held nothing
@@ -71,7 +57,7 @@ def test_killed_learner_resumes_from_its_checkpoint(cluster):
     assert summary["restored_step"] == saved[-1] and summary["joins"] >= 1
     # It contributed to merges again after the restart, and every learner ends on the
     # synchronizer's versions.
-    merges = [r for r in _read(os.path.join(c.workdir, "sync", "metrics.jsonl"))
+    merges = [r for r in read_jsonl(os.path.join(c.workdir, "sync", "metrics.jsonl"))
               if r.get("event") == "merge"]
     assert any(1 in r["learners"] and r["wall_time"] > killed_at for r in merges)
     sync = _json(os.path.join(c.workdir, "sync", "summary.json"))
