@@ -82,6 +82,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       elastic=False,  # quorum=0 only: crashed learners leave the quorum (else merges wait for them)
       outlier_factor=100.0,  # reject outer gradients with norm > factor x recent median; 0 = off
       outlier_history=4, outlier_window=16,  # norms before the fragment's median is used; kept
+      clip_factor=0.0,  # >0: scale outer gradients above clip_factor x that median down to it
       learner_checkpoint_every=0,  # learner checkpoints every N inner steps (0 = none)
       sync_checkpoint_every=0,  # synchronizer checkpoints every N merges (0 = none)
   ))

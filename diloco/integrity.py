@@ -55,7 +55,8 @@ def norm(delta: Mapping[str, np.ndarray]) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class OutlierScreen:
-    """Rejects outer gradients with norm > factor × the (lower) median norm of recent ones.
+    """Rejects outer gradients with norm > factor × the (lower) median norm of recent ones, and
+    optionally clips those above clip_factor × it.
 
     The median is over the last `window` finite outer gradients of the fragment plus those of the
     round being merged, outliers included: an isolated poisoned upload barely moves it, and if every
@@ -72,10 +73,18 @@ class OutlierScreen:
     factor: float = 100.0
     min_history: int = 4
     window: int = 16
+    # > 0: outer gradients with norm above clip_factor × the same median are scaled down to it
+    # (adaptive clipping, as AutoClip clips to a percentile of recent norms). After an outage,
+    # learners upload progress of many more steps than usual; the outer momentum would carry each
+    # such step several times over.
+    clip_factor: float = 0.0
 
     def __post_init__(self):
         if not self.factor > 1:
             raise ValueError(f"outlier factor must be > 1, got {self.factor}")
+        if not 0 <= self.clip_factor < self.factor:
+            raise ValueError(f"clip factor must be in [0, outlier factor {self.factor}), got "
+                             f"{self.clip_factor}")
         if self.min_history < 1 or self.window < self.min_history:
             raise ValueError(f"need 1 <= min_history <= window, got {self.min_history}, "
                              f"{self.window}")

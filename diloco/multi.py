@@ -45,6 +45,14 @@ def split_devices(devices: list, m: int) -> list[list]:
     return [devices[i * k:(i + 1) * k] for i in range(m)]
 
 
+def make_screen(o: ml_collections.ConfigDict) -> integrity.OutlierScreen | None:
+    """The synchronizer's outlier screen (and clip) of an `outer` config section; None when off."""
+    if o.outlier_factor <= 0:
+        return None
+    return integrity.OutlierScreen(o.outlier_factor, o.outlier_history, o.outlier_window,
+                                   clip_factor=o.get("clip_factor", 0.0))
+
+
 def make_outer(o: ml_collections.ConfigDict):
     if o.optimizer == "nesterov":
         return outer.nesterov(o.lr, o.momentum)
@@ -88,8 +96,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for learner in learners:
         learner.load_global(params0, [0] * o.fragments)
     policy = policies.from_config(config)
-    screen = (integrity.OutlierScreen(o.outlier_factor, o.outlier_history, o.outlier_window)
-              if o.outlier_factor > 0 else None)
+    screen = make_screen(o)
 
     def make_sync() -> Synchronizer:
         return Synchronizer(params0, frag, policy, make_outer(o),

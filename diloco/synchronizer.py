@@ -77,6 +77,7 @@ class Synchronizer:
         self.lineage: dict[int, list[int]] = {}  # earlier generation -> versions shared with ours
         self.contributed: list[dict[int, int]] = [{} for _ in range(num)]  # m -> last merged base
         self.norms: list[list[float]] = [[] for _ in range(num)]  # recent finite Δ norms
+        self.clipped: list[list[int]] = [[] for _ in range(num)]  # this round's clipped learners
         self.rms: list[float] = []  # recent finite Δ norm / sqrt(values), any fragment
         self.members: set[int] = set()
         self.rounds_skipped = 0  # rounds that had uploads but ended with every one rejected
@@ -232,9 +233,13 @@ class Synchronizer:
                     del norms[i]
             limit = (self.screen.limit(self.norms[p], self.rms, size, list(norms.values()))
                      if norms else 0.0)
+            clip = limit / self.screen.factor * self.screen.clip_factor
             for i, n in norms.items():
                 if not n <= limit:
                     rejected[i] = ("outlier", f"outlier: norm {n:.4g} above the limit {limit:.4g}")
+                elif 0 < clip < n:
+                    deltas[i] = {k: v * np.float32(clip / n) for k, v in deltas[i].items()}
+                    self.clipped[p].append(ups[i].learner)
             seen = list(norms.values())  # outliers too, so a shift of the norms is followed
             self.norms[p] = self.screen.remember(self.norms[p], seen)
             self.rms = self.screen.remember(self.rms, [n / np.sqrt(size) for n in seen])
@@ -284,6 +289,7 @@ class Synchronizer:
             "staleness": [self.versions[p] - 1 - u.base_version for u in ups],
             "grace_s": now - self.quorum_s[p] if self.quorum_s[p] is not None else 0.0,
             "steps": [u.steps for u in ups], "tokens": [u.tokens for u in ups],
+            "clipped": sorted(set(self.clipped[p]) & {u.learner for u in ups}),
         }
         self._reset_round(p)
         actions: list[Action] = rejects + [Log(record)]
@@ -304,6 +310,7 @@ class Synchronizer:
 
     def _reset_round(self, p: int) -> None:
         self.pending[p] = {}
+        self.clipped[p] = []
         self.abstaining[p] = set()
         self.first_upload_s[p] = self.quorum_s[p] = self.deadline_s[p] = None
 

@@ -306,6 +306,27 @@ def test_outliers_enter_the_history_so_a_general_rise_is_followed():
     assert codes == ["outlier", "outlier", "merge", "merge"]
 
 
+def test_an_outer_gradient_above_the_clip_is_scaled_down_to_it():
+    """Clip 4 x the lower median norm: the second upload (norm 80 against a median of 5, limit
+    20) is merged at 20/80 = 1/4 of itself, and its learner is named in the merge record."""
+    screen = integrity.OutlierScreen(factor=100.0, min_history=1, window=16, clip_factor=4.0)
+    sync = _sync(screen=screen, tx=outer.sgd(1.0))  # outer SGD lr 1: globals -= merged
+    zero = {E: np.zeros((2, 2), F32), W0: np.zeros((2, 2), F32)}
+    d0 = {**zero, E: np.array([[3.0, 0.0], [0.0, 0.0]], F32),
+          W0: np.array([[0.0, 4.0], [0.0, 0.0]], F32)}  # norm 5: alone, compared with itself
+    d1 = {E: np.array([[0.0, 48.0], [0.0, 0.0]], F32),
+          W0: np.array([[0.0, 0.0], [64.0, 0.0]], F32)}  # norm 80; median of 5 and 80 is 5
+    (m0,) = [a.record for a in sync.handle(_up(0, 0, d0, 0)) if isinstance(a, Log)]
+    assert m0["clipped"] == []
+    (m1,) = [a.record for a in sync.handle(_up(1, 0, d1, 1)) if isinstance(a, Log)]
+    assert m1["event"] == "merge" and m1["clipped"] == [1]
+    got = sync.global_params()
+    np.testing.assert_array_equal(got[E], PARAMS["embed"]["embedding"] - d0[E] - d1[E] / 4)
+    np.testing.assert_array_equal(got[W0], PARAMS["blocks"][0]["w"] - d0[W0] - d1[W0] / 4)
+    with pytest.raises(ValueError, match="clip factor must be in"):
+        integrity.OutlierScreen(factor=10.0, clip_factor=10.0)
+
+
 def test_state_dict_round_trips_and_wrong_states_are_refused():
     sync = _sync(screen=integrity.OutlierScreen())
     _warm(sync, 3)

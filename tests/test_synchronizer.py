@@ -108,7 +108,7 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
     (record,) = _merges(actions)
     assert record == {"event": "merge", "time": 1.0, "fragment": 0, "version": 1, "quorum": 2,
                       "learners": [0, 1], "weights": [0.5, 0.5], "staleness": [0, 0],
-                      "grace_s": 0.0, "steps": [4, 4], "tokens": [128, 128]}
+                      "grace_s": 0.0, "steps": [4, 4], "tokens": [128, 128], "clipped": []}
     sends = _of(actions, Send)
     assert [(s.learner, s.fragment, s.version) for s in sends] == [(0, 0, 1), (1, 0, 1)]
     assert all(s.update is not None and s.values is None for s in sends)  # learners held v0

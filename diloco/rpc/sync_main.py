@@ -41,7 +41,7 @@ def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
     params0 = fragments.flatten(jax.device_get(isl.init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
     return Synchronizer(params0, frag, policies.from_config(config), multi.make_outer(o),
-                        downlink_codec=o.downlink_codec or o.codec,
+                        downlink_codec=o.downlink_codec or o.codec, screen=multi.make_screen(o),
                         checkpoint_every=max(int(o.get("sync_checkpoint_every", 0)), 1))
 
 

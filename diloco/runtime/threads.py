@@ -23,7 +23,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import chaos, data as data_lib, fragments, integrity, island as island_lib, multi
+from diloco import chaos, data as data_lib, fragments, island as island_lib, multi
 from diloco import policies, protocol, recovery
 from diloco.learner import Learner
 from diloco.runtime import faulty_link, realtime, threads_chaos
@@ -65,8 +65,7 @@ def _parts(config: ml_collections.ConfigDict) -> dict[str, Any]:
     params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
     schedule = fragments.Schedule(o.fragments, o.inner_steps)
-    screen = (integrity.OutlierScreen(o.outlier_factor, o.outlier_history, o.outlier_window)
-              if o.outlier_factor > 0 else None)
+    screen = multi.make_screen(o)
 
     def make_learner(m: int) -> Learner:  # joins with versions -1: it is sent every fragment
         learner = Learner(m, islands[m], frag, schedule, o.codec, o.alpha,
