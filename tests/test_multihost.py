@@ -101,6 +101,30 @@ def test_two_process_learner_follows_process_zero(cluster):
     assert any(not np.array_equal(final[k], start[k]) for k in final)  # training moved them
 
 
+def test_two_process_decoupled_learner_with_the_threaded_poll(tmp_path):
+    """A non-blocking learner polls from a thread and sends while its next step runs (the
+    learner process's link): the follower still performs exactly what process 0 performs."""
+    spec = "configs/shakespeare.py:mode=decoupled,runlocal,learners=1,steps=30"
+    c = local.LocalCluster(spec, 1, str(tmp_path / "run"), devices_per_learner=2,
+                           processes_per_learner=2)
+    try:
+        c.start()
+        codes = c.wait(240)
+        logs = {n: _tail(os.path.join(c.workdir, "logs", f"{n}.log")) for n in c.procs}
+        assert codes == {"sync": 0, "learner0": 0, "learner0.p1": 0}, (codes, logs)
+    finally:
+        c.stop(grace_s=2.0)
+    lead = _json(os.path.join(c.workdir, "learner0", "summary.json"))
+    follower = _json(os.path.join(c.workdir, "learner0", "summary.process1.json"))
+    sync = _json(os.path.join(c.workdir, "sync", "summary.json"))
+    assert lead["steps"] == follower["steps"] == 30 and lead["settled"]
+    ops = follower["ops"]
+    assert ops["step"] == 30 and ops["receive"] == lead["applied"] > 0 and ops["end"] == 1
+    assert sync["merges"] >= ops["upload"] > 0  # one learner: each upload merges alone
+    assert lead["versions"] == sync["versions"]  # every merge was received
+    assert lead["params_crc"] == follower["params_crc"]  # identical on both processes
+
+
 def test_cluster_flags_are_checked():
     with pytest.raises(ValueError, match="--num_processes >= 1 and --process_id"):
         multihost.initialize(False, "127.0.0.1:1", 2, 2)
