@@ -31,8 +31,8 @@ and runnable but waiting for the core (another task had it), from the kernel's s
 for Decoupled learners: merged fragments long-polled by a thread (`async_link.BackgroundLink` with
 `send_in_thread=False`), uploads sent by the training thread while the next step computes.
 `--link=plain` is the bare gRPC link (a poll round trip before every step). `--link=background`
-also sends uploads from a thread; experimental (four tiny learners with it diverged, see
-diloco/runtime/async_link.py).
+also sends uploads from a thread; experimental (before staleness damping, four tiny learners
+with it diverged; see diloco/runtime/async_link.py).
 """
 
 import argparse

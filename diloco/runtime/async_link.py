@@ -14,7 +14,8 @@ Uploads take one of two paths:
   shorter than an upload's round trip, diverged with it: they stay in phase, upload each fragment
   from the same base version, and with K=1 and a grace window shorter than the synchronizer's
   check each upload merges alone (staleness 0, 1, 2, 3 in equal numbers), so the merged step is
-  the sum of four outer gradients rather than their mean (BENCHMARKS.md).
+  the sum of four outer gradients rather than their mean (BENCHMARKS.md; measured before
+  staleness damping, which `mode=decoupled` now has for that case).
 
 With the sender thread, at most `max_outstanding` uploads are queued or being sent (default one).
 A heartbeat that reports the learner finished first waits until every queued upload is sent, so
