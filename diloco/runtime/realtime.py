@@ -333,10 +333,10 @@ class _LearnerLoop:
 
         A non-blocking learner sends the uploads due after step t while step t+1 runs (JAX
         dispatches a step and returns), so the round trip overlaps the computation instead of
-        idling it; the answer comes within the overlap tau the schedule already allows. Its
-        round trip still bounds how far it runs ahead: a learner whose steps are shorter waits
-        for it, as it must (four tiny learners that did not diverged; see runtime/async_link.py).
-        A blocking learner sends at once: it waits for the answers anyway.
+        idling it; the answer comes within the overlap tau the schedule already allows. The
+        round trip still bounds how far it runs ahead: a learner whose steps are shorter than it
+        waits for it at its next send (see runtime/async_link.py for what happened without that
+        bound). A blocking learner sends at once: it waits for the answers anyway.
         """
         learner, last, outbox = self.learner, time.monotonic(), []
         while learner.steps < steps and not self.stop.is_set():
