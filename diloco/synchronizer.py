@@ -77,7 +77,6 @@ class Synchronizer:
         self.lineage: dict[int, list[int]] = {}  # earlier generation -> versions shared with ours
         self.contributed: list[dict[int, int]] = [{} for _ in range(num)]  # m -> last merged base
         self.norms: list[list[float]] = [[] for _ in range(num)]  # recent finite Δ norms
-        self.clipped: list[list[int]] = [[] for _ in range(num)]  # this round's clipped learners
         self.rms: list[float] = []  # recent finite Δ norm / sqrt(values), any fragment
         self.members: set[int] = set()
         self.rounds_skipped = 0  # rounds that had uploads but ended with every one rejected
@@ -218,12 +217,15 @@ class Synchronizer:
             return []  # still inside the grace window
         return self._merge(p, now)
 
-    def _screen(self, p: int, now: float) -> tuple[list[Upload], list[dict], list[Action]]:
-        """Pending uploads of p with their decoded deltas, less outliers and, when the outlier
-        screen is on, non-finite ones (`_merge` finds those otherwise)."""
+    def _screen(self, p: int, now: float
+                ) -> tuple[list[Upload], list[dict], list[Action], set[int]]:
+        """Pending uploads of p with their decoded deltas (clipped ones scaled down), less
+        outliers and, when the outlier screen is on, non-finite ones (`_merge` finds those
+        otherwise); the rejections, and the learners whose deltas were clipped."""
         ups = [self.pending[p][m] for m in sorted(self.pending[p])]
         deltas = [{k: _read_only(e) for k, e in u.delta.items()} for u in ups]
         rejected: dict[int, tuple[str, str]] = {}
+        clipped: set[int] = set()
         if self.screen is not None:
             size = sum(x.size for x in self.globals[p].values())
             norms = {i: integrity.norm(d) for i, d in enumerate(deltas)}
@@ -239,11 +241,11 @@ class Synchronizer:
                     rejected[i] = ("outlier", f"outlier: norm {n:.4g} above the limit {limit:.4g}")
                 elif 0 < clip < n:
                     deltas[i] = {k: v * np.float32(clip / n) for k, v in deltas[i].items()}
-                    self.clipped[p].append(ups[i].learner)
+                    clipped.add(ups[i].learner)
             seen = list(norms.values())  # outliers too, so a shift of the norms is followed
             self.norms[p] = self.screen.remember(self.norms[p], seen)
             self.rms = self.screen.remember(self.rms, [n / np.sqrt(size) for n in seen])
-        return self._drop(p, now, ups, deltas, rejected)
+        return (*self._drop(p, now, ups, deltas, rejected), clipped)
 
     def _drop(self, p: int, now: float, ups: list[Upload], deltas: list[dict],
               rejected: dict[int, tuple[str, str]]
@@ -257,7 +259,7 @@ class Synchronizer:
         return [ups[i] for i in keep], [deltas[i] for i in keep], rejects
 
     def _merge(self, p: int, now: float) -> list[Action]:
-        ups, deltas, rejects = self._screen(p, now)
+        ups, deltas, rejects, clipped = self._screen(p, now)
         while ups:  # a non-finite contribution never reaches the global state
             weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
             merged, bad = merging.merge_checked(deltas, weights, rule=self.policy.merge)
@@ -269,8 +271,9 @@ class Synchronizer:
             self.rounds_skipped += 1
             self._reset_round(p)
             return rejects
+        staleness = [self.versions[p] - u.base_version for u in ups]
         if self.policy.staleness_damping:
-            merged = self._damped(p, merged, weights, ups)
+            merged = _damped(merged, weights, staleness)
         old = self.globals[p]
         with jax.default_device(self._cpu):
             raw, self.opt_states[p] = outer.host_step(self.tx, merged, self.opt_states[p], old,
@@ -286,10 +289,10 @@ class Synchronizer:
             "event": "merge", "time": now, "fragment": p, "version": self.versions[p],
             "quorum": len(ups), "learners": [u.learner for u in ups],
             "weights": [float(w) for w in weights / weights.sum()],  # normalised, as merged
-            "staleness": [self.versions[p] - 1 - u.base_version for u in ups],
+            "staleness": staleness,
             "grace_s": now - self.quorum_s[p] if self.quorum_s[p] is not None else 0.0,
             "steps": [u.steps for u in ups], "tokens": [u.tokens for u in ups],
-            "clipped": sorted(set(self.clipped[p]) & {u.learner for u in ups}),
+            "clipped": sorted(clipped & {u.learner for u in ups}),
         }
         self._reset_round(p)
         actions: list[Action] = rejects + [Log(record)]
@@ -300,17 +303,8 @@ class Synchronizer:
             actions.append(protocol.Checkpoint(self.merges))
         return actions
 
-    def _damped(self, p: int, merged: dict, weights: np.ndarray, ups: list) -> dict:
-        """`merged` times the weighted mean of 1/(1 + staleness) (unchanged when all are fresh)."""
-        stale = np.array([self.versions[p] - u.base_version for u in ups], np.float64)
-        if not stale.any():
-            return merged
-        factor = np.float32(np.dot(weights / weights.sum(), 1.0 / (1.0 + stale)))
-        return {k: v * factor for k, v in merged.items()}
-
     def _reset_round(self, p: int) -> None:
         self.pending[p] = {}
-        self.clipped[p] = []
         self.abstaining[p] = set()
         self.first_upload_s[p] = self.quorum_s[p] = self.deadline_s[p] = None
 
@@ -380,6 +374,14 @@ def _reject(learner: int, fragment: int | None, time: float, reason: str, code: 
         record.update(sent_time=up.sent_time, base_version=up.base_version,
                       base_generation=up.base_generation)
     return Log(record)
+
+
+def _damped(merged: dict, weights: np.ndarray, staleness: list[int]) -> dict:
+    """`merged` times the weighted mean of 1/(1 + staleness) (unchanged when all are fresh)."""
+    if not any(staleness):
+        return merged
+    factor = np.float32(np.dot(weights / weights.sum(), 1.0 / (1.0 + np.array(staleness, float))))
+    return {k: v * factor for k, v in merged.items()}
 
 
 def _read_only(e: compression.Encoded) -> np.ndarray:

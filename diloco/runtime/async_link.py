@@ -52,8 +52,10 @@ class BackgroundLink:
         self._joined = self._closed = False
         self.refused = 0
         self._refused_fragments: list[int] = []
-        self._threads = [threading.Thread(target=self._send_loop, daemon=True, name="uploader"),
-                         threading.Thread(target=self._poll_loop, daemon=True, name="poller")]
+        self._threads = [threading.Thread(target=self._poll_loop, daemon=True, name="poller")]
+        if send_in_thread:
+            self._threads.append(threading.Thread(target=self._send_loop, daemon=True,
+                                                  name="uploader"))
         for t in self._threads:
             t.start()
 
