@@ -46,6 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.batch_size = 32  # global, in sequences
   c.steps = 300
   c.stop_after_steps = 0  # >0: stop this invocation after N steps, as a preemption would
+  c.init_from = ""  # a run's workdir: start from its newest params (fresh optimizer, step, data)
 
   c.optimizer = ml_collections.ConfigDict(dict(
       name="adamw", lr=1e-2, warmup_steps=20, decay_steps=280, min_lr_ratio=0.1,

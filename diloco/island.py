@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from diloco import checkpoint, data as data_lib, sharding
+from diloco import checkpoint, data as data_lib, sharding, warm_start
 from diloco import step as step_lib
 from diloco.models import transformer
 
@@ -22,9 +22,14 @@ class Island:
   seed: int
   param_count: int
   flops_per_token: float
+  init_params: Any = None  # host arrays from config.init_from (a warm start), or None
 
   def init_state(self) -> step_lib.TrainState:
-    return self.fns.init(jax.random.key(self.seed))
+    """A fresh state: step 0 and a fresh optimizer, with the warm start's params if any."""
+    state = self.fns.init(jax.random.key(self.seed))
+    if self.init_params is None:
+      return state
+    return state._replace(params=jax.device_put(self.init_params, self.fns.state_shardings.params))
 
   def abstract_state(self) -> step_lib.TrainState:
     shapes = jax.eval_shape(self.fns.init, jax.random.key(self.seed))
@@ -63,6 +68,11 @@ def build_island(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
     raise ValueError(f"seq_len={config.seq_len} exceeds model.max_len={model_cfg.max_len}")
   fns = step_lib.build_step_fns(model_cfg, optimizer_config(config), mesh)
   shapes = jax.eval_shape(fns.init, jax.random.key(0))
+  init_params = None
+  if config.get("init_from"):
+    init_params = warm_start.load_params(
+        config.init_from, checkpoint.abstract_like(shapes, fns.state_shardings))
   return Island(fns=fns, data=data, model_cfg=model_cfg, seed=config.seed,
                 param_count=transformer.param_count(shapes.params),
-                flops_per_token=transformer.flops_per_token(model_cfg, config.seq_len))
+                flops_per_token=transformer.flops_per_token(model_cfg, config.seq_len),
+                init_params=init_params)

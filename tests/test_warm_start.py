@@ -1,0 +1,91 @@
+"""Warm starts (`init_from`): params from an earlier run's checkpoint, everything else fresh."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import shakespeare
+from diloco import checkpoint, fragments, island as island_lib, metrics, multi, train, warm_start
+
+
+def _config(arg, **overrides):
+  config = shakespeare.get_config(arg)
+  with config.unlocked():
+    for key, value in overrides.items():
+      node = config
+      *parents, leaf = key.split("__")
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+  return config
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+  """A finished runlocal dp run (40 steps): its workdir and final params."""
+  workdir = str(tmp_path_factory.mktemp("source"))
+  config = _config("runlocal")
+  summary = train.train_and_evaluate(config, workdir)
+  isl = island_lib.build_island(config, jax.devices())
+  ckpt = checkpoint.Checkpointer(warm_start.checkpoint_dir(workdir), every=1)
+  step, state = ckpt.restore(isl.abstract_state())
+  ckpt.close()
+  assert step == 40
+  return workdir, summary, fragments.flatten(jax.device_get(state.params))
+
+
+def _assert_bits(a, b):
+  assert sorted(a) == sorted(b)
+  for k in a:
+    np.testing.assert_array_equal(np.asarray(a[k]).view(np.uint32),
+                                  np.asarray(b[k]).view(np.uint32), err_msg=k)
+
+
+def test_an_island_starts_from_the_checkpoints_params_with_a_fresh_optimizer(source):
+  workdir, _, params = source
+  isl = island_lib.build_island(_config("runlocal", init_from=workdir), jax.devices()[:2])
+  state = isl.init_state()
+  _assert_bits(fragments.flatten(jax.device_get(state.params)), params)
+  assert int(state.step) == 0
+  mu = jax.tree.leaves(jax.device_get(state.opt_state[1][0].mu))  # (clip, adamw) chain
+  assert mu and all(not np.any(m) for m in mu)
+  # The warm start is not consumed: a second fresh state (a learner rejoining) has it again.
+  _assert_bits(fragments.flatten(jax.device_get(isl.init_state().params)), params)
+
+
+def test_diloco_starts_its_synchronizer_and_learners_from_the_checkpoint(source, tmp_path):
+  workdir, cold, params = source
+  seen = {}
+
+  class Recording(multi.Synchronizer):
+    def __init__(self, params0, *args, **kwargs):
+      seen["params0"] = {k: np.array(v) for k, v in params0.items()}
+      super().__init__(params0, *args, **kwargs)
+
+  config = _config("runlocal,mode=diloco", init_from=workdir)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(multi, "Synchronizer", Recording)
+    warm = train.train_and_evaluate(config, str(tmp_path))
+  _assert_bits(seen["params0"], params)
+  # The learners start from the model the source run took 40 steps to reach: at step 5 their
+  # training losses are already below the source run's at step 5, and its final eval loss.
+  first = lambda rows: {r["loss"] for r in rows if r.get("step") == 5 and "loss" in r}
+  warm_losses = first(metrics.read_jsonl(tmp_path / "metrics.jsonl"))
+  cold_loss, = first(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
+  assert len(warm_losses) == 2 and max(warm_losses) < cold_loss - 0.5, (warm_losses, cold_loss)
+  assert warm["eval_loss"] < cold["eval_loss"]
+
+
+def test_a_checkpoint_of_another_model_is_refused_by_name(source):
+  workdir, _, _ = source
+  with pytest.raises(ValueError, match=r"init_from=.*does not fit this run's model"):
+    island_lib.build_island(_config("runlocal", init_from=workdir, model__num_layers=3), jax.devices()[:1])
+
+
+def test_a_missing_or_empty_directory_is_refused(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no such run directory"):
+    warm_start.checkpoint_dir(str(tmp_path / "nope"))
+  with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
+    island_lib.build_island(_config("runlocal", init_from=str(tmp_path)), jax.devices()[:1])
