@@ -26,8 +26,9 @@ def checkpoint_dir(path: str) -> str:
 def load_params(path: str, abstract_state: Any) -> dict[str, Any]:
   """The newest checkpoint's parameters under `path`, as host numpy arrays.
 
-  `abstract_state` is the TrainState this run would build (shapes, dtypes, shardings); a
-  checkpoint of another model or optimizer does not fit it and is refused, naming both.
+  `abstract_state` is the TrainState this run would build (shapes, dtypes, shardings). The whole
+  state is read, so a checkpoint of another model or inner optimizer does not fit and is refused
+  with orbax's description of the first difference.
   """
   directory = checkpoint_dir(path)
   ckpt = checkpoint.Checkpointer(directory, every=1, async_save=False)
