@@ -53,10 +53,12 @@ def optimizer_config(config: ml_collections.ConfigDict) -> step_lib.OptimizerCon
 
 
 def build_island(config: ml_collections.ConfigDict, devices: Sequence[jax.Device],
-                 shard_index: int = 0, num_shards: int = 1, splits=None) -> Island:
+                 shard_index: int = 0, num_shards: int = 1, splits=None,
+                 init_params=None) -> Island:
   """Mesh over `devices`, this shard's data, and the jitted step functions.
 
-  `splits` (from diloco.data.load_splits) avoids reading the corpus again for every island.
+  `splits` (from diloco.data.load_splits) and `init_params` (an island's already built) avoid
+  reading the corpus and the warm start's checkpoint again for every island.
   """
   mesh = sharding.make_island_mesh(devices, config.mesh.data, config.mesh.fsdp)
   splits = data_lib.load_splits(config.data) if splits is None else splits
@@ -68,8 +70,7 @@ def build_island(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
     raise ValueError(f"seq_len={config.seq_len} exceeds model.max_len={model_cfg.max_len}")
   fns = step_lib.build_step_fns(model_cfg, optimizer_config(config), mesh)
   shapes = jax.eval_shape(fns.init, jax.random.key(0))
-  init_params = None
-  if config.get("init_from"):
+  if init_params is None and config.get("init_from"):
     init_params = warm_start.load_params(
         config.init_from, checkpoint.abstract_like(shapes, fns.state_shardings))
   return Island(fns=fns, data=data, model_cfg=model_cfg, seed=config.seed,

@@ -83,8 +83,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         cfg_m = config.copy_and_resolve_references()
         with cfg_m.unlocked():
             cfg_m.batch_size = batches[m]
-        islands.append(island_lib.build_island(cfg_m, devices, shard_index=m, num_shards=m_count,
-                                               splits=splits))
+        islands.append(island_lib.build_island(
+            cfg_m, devices, shard_index=m, num_shards=m_count, splits=splits,
+            init_params=islands[0].init_params if islands else None))
     params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
     schedule = fragments.Schedule(o.fragments, o.inner_steps)

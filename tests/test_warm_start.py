@@ -11,14 +11,9 @@ from diloco import checkpoint, fragments, island as island_lib, metrics, multi, 
 
 
 def _config(arg, **overrides):
+  """shakespeare.get_config(arg) with dotted-key overrides (`model__num_layers=3`)."""
   config = shakespeare.get_config(arg)
-  with config.unlocked():
-    for key, value in overrides.items():
-      node = config
-      *parents, leaf = key.split("__")
-      for p in parents:
-        node = node[p]
-      node[leaf] = value
+  config.update_from_flattened_dict({k.replace("__", "."): v for k, v in overrides.items()})
   return config
 
 

@@ -59,9 +59,11 @@ def _parts(config: ml_collections.ConfigDict) -> dict[str, Any]:
     elastic, checkpoint interval)."""
     o = config.outer
     splits = data_lib.load_splits(config.data)
-    islands = [island_lib.build_island(config, devs, shard_index=m, num_shards=o.learners,
-                                       splits=splits)
-               for m, devs in enumerate(learner_devices(config))]
+    islands = []
+    for m, devs in enumerate(learner_devices(config)):
+        islands.append(island_lib.build_island(
+            config, devs, shard_index=m, num_shards=o.learners, splits=splits,
+            init_params=islands[0].init_params if islands else None))
     params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
     schedule = fragments.Schedule(o.fragments, o.inner_steps)
