@@ -21,12 +21,12 @@ Decoupled DiLoCo. See BENCHMARKS.md.
 
 import ml_collections
 
-from diloco import configlib
+from diloco.config import variants
 from diloco.sim import bandwidth_reference as reference
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = configlib.parse_arg(arg, method="all", blog=False, nocompare=False)
+  arg = variants.parse_arg(arg, method="all", blog=False, nocompare=False)
   work = reference.BLOG_WORKLOAD if arg.blog else reference.TABLE4_WORKLOAD
   methods = dict(reference.TABLE4_METHODS, **(reference.BLOG_METHODS if arg.blog else {}))
   c = ml_collections.ConfigDict()

@@ -22,11 +22,11 @@ system), which took 20 minutes of wall time on the shared 2-core CPU at a load a
 
 import ml_collections
 
-from diloco import configlib
+from diloco.config import variants
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = configlib.parse_arg(arg, runs=8, steps=120, learners=4, mode="decoupled", preset="heavy")
+  arg = variants.parse_arg(arg, runs=8, steps=120, learners=4, mode="decoupled", preset="heavy")
   if arg.runs < 1:
     raise ValueError(f"runs must be >= 1, got {arg.runs}")
   c = ml_collections.ConfigDict()

@@ -20,12 +20,12 @@ dp 27.0 (published 27), elastic_dp 56.5 (58), decoupled M=2 71.3 (70), M=4 82.1 
 
 import ml_collections
 
-from diloco import configlib
+from diloco.config import variants
 from diloco.sim import calibration
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = configlib.parse_arg(arg, policy="all", chips=calibration.PUBLISHED_CHIPS, learners=8,
+  arg = variants.parse_arg(arg, policy="all", chips=calibration.PUBLISHED_CHIPS, learners=8,
                             quorum=1, seeds=10, days=1.0, tiny=False)
   c = ml_collections.ConfigDict()
   c.policy = arg.policy  # all | dp | elastic_dp | decoupled

@@ -29,17 +29,17 @@ Expected on 2 CPU cores (BENCHMARKS.md has measured figures): mode=dp, small mod
 
 import ml_collections
 
-from diloco import configlib, deploy_config, modes
+from diloco.config import variants, deploy as deploy_lib, presets
 from diloco.data import default_data_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = configlib.parse_arg(arg, mode="dp", model="small", runlocal=False, steps=0, batch=0,
+  arg = variants.parse_arg(arg, mode="dp", model="small", runlocal=False, steps=0, batch=0,
                             seq=0, learners=0, chaos="none")
   c = ml_collections.ConfigDict()
   c.mode = arg.mode
   c.seed = 0
-  c.model = configlib.model_config(arg.model)
+  c.model = variants.model_config(arg.model)
   c.data = default_data_config()
 
   c.seq_len = 128
@@ -109,11 +109,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       modes="dp,diloco,decoupled",  # mode=compare runs these on one token budget
       decoupled_fragments=24, decoupled_inner_steps=24,
   ))
-  deploy_config.add_deploy_section(c)  # threads/gRPC runtimes: bind, port, TLS, limits, TPU
-  modes.apply(c, arg.mode, arg.runlocal)
+  deploy_lib.add_deploy_section(c)  # threads/gRPC runtimes: bind, port, TLS, limits, TPU
+  presets.apply(c, arg.mode, arg.runlocal)
 
   if arg.runlocal:
-    c.model = configlib.model_config("tiny" if arg.model == "small" else arg.model)
+    c.model = variants.model_config("tiny" if arg.model == "small" else arg.model)
     c.seq_len, c.batch_size, c.steps = 32, 8, 40
     c.optimizer.warmup_steps, c.optimizer.decay_steps = 5, 35
     c.log_every, c.eval_every, c.checkpoint_every = 5, 20, 20

@@ -8,14 +8,15 @@ from typing import Any
 import jax
 import ml_collections
 
-from diloco import compare, metrics, multi, single
+from diloco.runners import compare, islands as islands_lib, dp
+from diloco import metrics
 
 # A mode is a choice of components made here, once; each runner owns its loop.
 RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] = {
-    "dp": single.run,
-    "diloco": multi.run,
-    "streaming": multi.run,
-    "decoupled": multi.run,
+    "dp": dp.run,
+    "diloco": islands_lib.run,
+    "streaming": islands_lib.run,
+    "decoupled": islands_lib.run,
     "compare": compare.run,
 }
 

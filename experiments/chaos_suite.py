@@ -3,7 +3,7 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from diloco import chaos_suite
+from diloco.studies import chaos_suite
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).",
                                           lock_config=True)

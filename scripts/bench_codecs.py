@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags
 
-from diloco import compression, merging, timing
+from diloco.outer import compression, merging
+from diloco import timing
 
 _MBYTES = flags.DEFINE_integer("mbytes", 64, "Fragment size in MiB of float32.")
 _LEARNERS = flags.DEFINE_integer("learners", 8, "Deltas merged.")

@@ -15,11 +15,13 @@ import numpy as np
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from diloco import configlib, sharding, timing
-from diloco import step as step_lib
+from diloco.config import variants
+from diloco.inner import sharding
+from diloco import timing
+from diloco.inner import step as step_lib
 from diloco.models import transformer
 
-_MODEL = flags.DEFINE_enum("model", "small", list(configlib.MODEL_SIZES), "Model size.")
+_MODEL = flags.DEFINE_enum("model", "small", list(variants.MODEL_SIZES), "Model size.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Global batch (sequences).")
 _SEQ = flags.DEFINE_integer("seq", 128, "Sequence length.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (after 3 warm-up steps).")
@@ -66,7 +68,7 @@ def main(argv):
   mesh = sharding.make_island_mesh(devices, data=-1, fsdp=1)
   print(f"devices: {len(devices)} x {devices[0].device_kind} ({jax.default_backend()}),"
         f" model={_MODEL.value} batch={_BATCH.value} seq={_SEQ.value} dtype={_DTYPE.value}")
-  base = {**configlib.MODEL_SIZES[_MODEL.value], "max_len": max(_SEQ.value, 64),
+  base = {**variants.MODEL_SIZES[_MODEL.value], "max_len": max(_SEQ.value, 64),
           "dtype": _DTYPE.value}
   kinds = (["einsum", "dot_product_attention"] if _ATTENTION.value == "both"
            else [_ATTENTION.value])

@@ -22,9 +22,10 @@ import dataclasses
 import numpy as np
 from absl import app, flags
 
-from diloco import compression, fragments, integrity, merging, outer, policies, synchronizer, timing
-from diloco.protocol import Join, Upload
-from diloco.synchronizer import Synchronizer
+from diloco.outer import compression, fragments, integrity, merging, optimizers, policies, synchronizer
+from diloco import timing
+from diloco.outer.protocol import Join, Upload
+from diloco.outer.synchronizer import Synchronizer
 
 _MBYTES = flags.DEFINE_integer("mbytes", 64, "Fragment size in MiB of float32.")
 _LEARNERS = flags.DEFINE_integer("learners", 8, "Learners uploading the fragment each round.")
@@ -50,7 +51,7 @@ def main(argv):
     nbytes = sum(x.nbytes for x in params.values())
     policy = policies.Policy(policies.AllLearners(), policies.NoGrace(), weighting="equal",
                              merge=_MERGE.value)
-    sync = Synchronizer(params, frag, policy, outer.nesterov(0.7, 0.9),
+    sync = Synchronizer(params, frag, policy, optimizers.nesterov(0.7, 0.9),
                         downlink_codec=_DOWNLINK.value)
     for i in range(m):
         sync.handle(Join(i, 0.0, (0,)))
@@ -87,12 +88,12 @@ def main(argv):
                 for k, e in u.delta.items()} for u in uploads]
     weights = merging.equal_weights(m)
     merged, _ = merging.merge_checked(decoded, weights, rule=_MERGE.value)
-    tx, old = outer.nesterov(0.7, 0.9), sync.globals[0]
+    tx, old = optimizers.nesterov(0.7, 0.9), sync.globals[0]
     residual = {k: np.zeros_like(x) for k, x in old.items()}
     opt_state = [tx.init(old)]
 
     def outer_step():
-        raw, opt_state[0] = outer.host_step(tx, merged, opt_state[0], old, residual)
+        raw, opt_state[0] = optimizers.host_step(tx, merged, opt_state[0], old, residual)
         return raw
 
     raw = outer_step()

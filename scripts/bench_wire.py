@@ -129,7 +129,7 @@ def main() -> None:
 
     import jax
 
-    from diloco import multi
+    from diloco.runners import islands as islands_lib
     from diloco.rpc import client as client_lib
     from diloco.rpc import learner_main, local
     from diloco.runtime import async_link, realtime
@@ -210,7 +210,7 @@ def main() -> None:
     timed_s = marks[args.warmup + args.steps] - marks[args.warmup]
     decoupled = args.steps * tokens_per_step / timed_s
     tokens = args.steps * tokens_per_step
-    dp = multi.dp_bytes_per_token(learner.island.param_count, config.outer.learners,
+    dp = islands_lib.dp_bytes_per_token(learner.island.param_count, config.outer.learners,
                                   config.outer.learners * tokens_per_step)
     print(f"model: {learner.island.param_count:,} params; M={config.outer.learners} learners "
           f"({args.others} other processes), P={config.outer.fragments}, "

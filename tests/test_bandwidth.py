@@ -5,7 +5,7 @@ import json
 import pytest
 
 from configs import bandwidth as bandwidth_config
-from diloco import compression
+from diloco.outer import compression
 from diloco.sim import bandwidth, bandwidth_reference
 from diloco.sim.timeline import Workload, required_bandwidth, utilization
 

@@ -11,10 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from diloco import chaos, compression, fragments, integrity, outer, policies, sync_state
-from diloco.learner import Learner
-from diloco.protocol import Join, Log, Send, Upload
-from diloco.synchronizer import Synchronizer
+from diloco.chaos import schedule as chaos
+from diloco.outer import compression, fragments, integrity, optimizers, policies, sync_state
+from diloco.outer.learner import Learner
+from diloco.outer.protocol import Join, Log, Send, Upload
+from diloco.outer.synchronizer import Synchronizer
 
 F32 = np.float32
 PARAMS = {
@@ -187,7 +188,7 @@ def test_poisoned_payloads_bypass_the_encoders_finite_check():
 
 
 def _sync(learners=2, screen=None, tx=None) -> Synchronizer:
-    sync = Synchronizer(PARAMS, FRAG, K1, tx or outer.nesterov(0.5, 0.5), screen=screen)
+    sync = Synchronizer(PARAMS, FRAG, K1, tx or optimizers.nesterov(0.5, 0.5), screen=screen)
     for m in range(learners):
         sync.handle(Join(m, 0.0, (0, 0)))
     return sync
@@ -310,7 +311,7 @@ def test_an_outer_gradient_above_the_clip_is_scaled_down_to_it():
     """Clip 4 x the lower median norm: the second upload (norm 80 against a median of 5, limit
     20) is merged at 20/80 = 1/4 of itself, and its learner is named in the merge record."""
     screen = integrity.OutlierScreen(factor=100.0, min_history=1, window=16, clip_factor=4.0)
-    sync = _sync(screen=screen, tx=outer.sgd(1.0))  # outer SGD lr 1: globals -= merged
+    sync = _sync(screen=screen, tx=optimizers.sgd(1.0))  # outer SGD lr 1: globals -= merged
     zero = {E: np.zeros((2, 2), F32), W0: np.zeros((2, 2), F32)}
     d0 = {**zero, E: np.array([[3.0, 0.0], [0.0, 0.0]], F32),
           W0: np.array([[0.0, 4.0], [0.0, 0.0]], F32)}  # norm 5: alone, compared with itself
@@ -351,12 +352,12 @@ def test_state_dict_round_trips_and_wrong_states_are_refused():
 
 
 def test_a_restart_keeps_the_history_up_to_its_checkpoint_and_forgets_the_rest():
-    sync = _sync(tx=outer.sgd(1.0))
+    sync = _sync(tx=optimizers.sgd(1.0))
     _warm(sync, 2)  # fragment 0 at version 2
     saved = sync.state_dict()
     _warm_more = [sync.handle(_up(1, 0, _delta(0), v)) for v in (2, 3)]  # to version 4, then lost
     del _warm_more
-    restarted = _sync(learners=0, tx=outer.sgd(1.0))
+    restarted = _sync(learners=0, tx=optimizers.sgd(1.0))
     restarted.restart(saved, generation=1)
     assert restarted.generation == 1 and restarted.lineage == {0: [2, 0]}
     assert restarted.versions == [2, 0]
@@ -378,7 +379,7 @@ def test_a_restart_keeps_the_history_up_to_its_checkpoint_and_forgets_the_rest()
     # A generation-1 version 3 and a generation-0 version 3 are different histories.
     assert logs(restarted.handle(_up(1, 0, _delta(0), 3, gen=1))) == [("merge", None)]
     # A second restart from the same checkpoint: generation 1 shares versions <= 2 too.
-    again = _sync(learners=0, tx=outer.sgd(1.0))
+    again = _sync(learners=0, tx=optimizers.sgd(1.0))
     again.restart(saved, generation=2)
     assert again.lineage == {0: [2, 0], 1: [2, 0]}
     with pytest.raises(ValueError, match="must exceed"):

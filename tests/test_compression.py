@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from diloco import compression as C
+from diloco.outer import compression as C
 
 
 def _wide_range(n: int, seed: int = 0) -> np.ndarray:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import metrics, multi, train
-from diloco.synchronizer import Synchronizer
+from diloco import metrics, train
+from diloco.runners import islands as islands_lib
+from diloco.outer.synchronizer import Synchronizer
 
 
 def _config(arg: str, **overrides):
@@ -31,7 +32,7 @@ def _run(config, workdir: str) -> tuple[dict, dict[str, np.ndarray], list[dict]]
             made.append(self)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(multi, "Synchronizer", Recording)
+        mp.setattr(islands_lib, "Synchronizer", Recording)
         summary = train.train_and_evaluate(config, workdir)
     rows = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
     return summary, made[0].global_params(), [r for r in rows if r.get("event") == "merge"]

@@ -5,7 +5,7 @@ import collections
 import numpy as np
 import pytest
 
-from diloco import fragments as F
+from diloco.outer import fragments as F
 
 D, V, NH, DH = 8, 32, 2, 4
 

@@ -8,7 +8,7 @@ import pytest
 from scipy import integrate, stats
 
 from configs import goodput as goodput_config
-from diloco.sim import calibration, goodput, intervals, policies
+from diloco.sim import calibration, goodput, intervals, failure_policies
 from diloco.sim.cluster import SECONDS_PER_YEAR, Cluster, Trace, sample_trace
 
 _HORIZON_1000S = 1000.0 / 86400.0  # days
@@ -34,7 +34,7 @@ def test_dp_by_hand():
   # so 3700 s of progress mod 30 = 10 s are lost before 100; then 190 mod 30 = 10 s before 300.
   cluster = Cluster(chips=4, unit_chips=1, return_time_s=50.0, days=_HORIZON_1000S)
   assert cluster.warmup_s == 3600.0
-  out = policies.DataParallel(restart_s=10.0, checkpoint_interval_s=30.0).run(
+  out = failure_policies.DataParallel(restart_s=10.0, checkpoint_interval_s=30.0).run(
       _trace(cluster, raw_t=[100.0, 105.0, 300.0]))
   assert out.uptime_s == pytest.approx(1000 - 20)
   assert out.useful_chip_s == pytest.approx(4 * (1000 - 20 - 20))
@@ -49,7 +49,7 @@ def test_decoupled_by_hand_with_speeds():
   learner0 = 2 * 0.9 * 100 + 1 * 1.0 * (150 - 105) + 2 * 0.9 * (1000 - 153)
   learner1 = 2 * 0.95 * 1000
   for quorum, uptime in [(1, 1000.0), (2, 1000.0 - 5 - 3)]:
-    out = policies.Decoupled(downscale_s=5.0, upscale_s=3.0, learners=2, quorum=quorum).run(trace)
+    out = failure_policies.Decoupled(downscale_s=5.0, upscale_s=3.0, learners=2, quorum=quorum).run(trace)
     assert out.useful_chip_s == pytest.approx(learner0 + learner1)
     assert out.uptime_s == pytest.approx(uptime)
     assert out.learner_uptime_s == pytest.approx((992.0, 1000.0))
@@ -70,7 +70,7 @@ def test_one_learner_decoupled_equals_elastic_dp():
   cluster = Cluster(chips=12_000, unit_chips=4, return_time_s=600.0, speed_std=0.01, days=0.25)
   timing = dict(downscale_s=20.0, upscale_s=7.0)
   elastic, decoupled = goodput.simulate_many(
-      cluster, [policies.ElasticDataParallel(**timing), policies.Decoupled(learners=1, **timing)],
+      cluster, [failure_policies.ElasticDataParallel(**timing), failure_policies.Decoupled(learners=1, **timing)],
       seeds=range(3))
   assert elastic.per_seed_goodput == decoupled.per_seed_goodput
   assert elastic.per_seed_uptime == decoupled.per_seed_uptime
@@ -82,8 +82,8 @@ def test_failure_count_matches_chips_times_horizon_over_mtbi():
   # the thinning of failures on down units matters.
   cluster = Cluster(chips=40_000, unit_chips=40, return_time_s=2 * 86400.0, days=60.0)
   seeds = range(4)
-  raw = goodput.simulate(cluster, policies.DataParallel(restart_s=1.0), seeds)
-  hits = goodput.simulate(cluster, policies.ElasticDataParallel(downscale_s=1.0, upscale_s=1.0),
+  raw = goodput.simulate(cluster, failure_policies.DataParallel(restart_s=1.0), seeds)
+  hits = goodput.simulate(cluster, failure_policies.ElasticDataParallel(downscale_s=1.0, upscale_s=1.0),
                           seeds)
   n_t_over_mtbi = 40_000 * 60 * 86400 / SECONDS_PER_YEAR
   up_share = 1 / (1 + 2 * 86400 / (SECONDS_PER_YEAR / 40))
@@ -100,7 +100,7 @@ def test_elastic_and_decoupled_match_the_renewal_formula():
   rate = cluster.failure_rate_per_s * (1 - cluster.down_fraction)
   d, u = 30.0, 20.0
   for m in (1, 4):
-    result = goodput.simulate(cluster, policies.Decoupled(downscale_s=d, upscale_s=u, learners=m),
+    result = goodput.simulate(cluster, failure_policies.Decoupled(downscale_s=d, upscale_s=u, learners=m),
                               seeds=range(4))
     up = 1 / (1 + rate * (d + u) / m)
     assert result.goodput == pytest.approx(up * (1 - cluster.down_fraction), abs=0.01), m
@@ -114,7 +114,7 @@ def test_dp_matches_the_renewal_formula():
   cluster = Cluster(chips=600_000, unit_chips=4, days=1.0)
   rate, s, c = cluster.failure_rate_per_s, 20.0, 15.0
   lost = 1 / rate - c * math.exp(-rate * c) / (1 - math.exp(-rate * c))
-  result = goodput.simulate(cluster, policies.DataParallel(restart_s=s, checkpoint_interval_s=c),
+  result = goodput.simulate(cluster, failure_policies.DataParallel(restart_s=s, checkpoint_interval_s=c),
                             seeds=range(4))
   assert result.goodput == pytest.approx((1 / rate - lost) / (1 / rate + s), abs=0.01)
   assert result.uptime == pytest.approx(1 / (1 + rate * s), abs=0.01)
@@ -126,7 +126,7 @@ def test_synchronous_job_runs_at_its_slowest_chip():
   cluster = Cluster(chips=n, unit_chips=4, speed_std=std, mtbi_years=1e12)
   density = lambda x: x * n * stats.norm.pdf(x) * stats.norm.sf(x) ** (n - 1)
   expected_min = integrate.quad(density, -8, 0, limit=200)[0]
-  result = goodput.simulate(cluster, policies.DataParallel(restart_s=0.0), seeds=range(5))
+  result = goodput.simulate(cluster, failure_policies.DataParallel(restart_s=0.0), seeds=range(5))
   assert result.goodput == pytest.approx(1 + std * expected_min, abs=0.002)
   assert -4.8 < expected_min < -4.2
 
@@ -135,7 +135,7 @@ def test_quorum_one_uptime_is_at_least_every_learner():
   cluster = Cluster(chips=12_000, unit_chips=4, return_time_s=600.0, mtbi_years=0.02, days=0.25)
   out = {}
   for k in (1, 2, 4):
-    out[k] = goodput.simulate(cluster, policies.Decoupled(downscale_s=60.0, upscale_s=60.0,
+    out[k] = goodput.simulate(cluster, failure_policies.Decoupled(downscale_s=60.0, upscale_s=60.0,
                                                           learners=4, quorum=k), seeds=[0])
   learners = out[1].learner_uptime
   assert max(learners) < 0.9  # learners are down a good share of the time
@@ -151,13 +151,13 @@ def test_bad_input_fails_clearly():
   with pytest.raises(ValueError, match="multiple of unit_chips"):
     Cluster(chips=10, unit_chips=4)
   with pytest.raises(ValueError, match="restart_s must be a non-negative"):
-    policies.DataParallel(restart_s=-1.0)
+    failure_policies.DataParallel(restart_s=-1.0)
   with pytest.raises(ValueError, match="return_time_s must be a non-negative"):
     Cluster(chips=8, return_time_s=-5.0)
   with pytest.raises(ValueError, match="quorum must be an integer in"):
-    policies.Decoupled(downscale_s=1.0, upscale_s=1.0, learners=2, quorum=3)
+    failure_policies.Decoupled(downscale_s=1.0, upscale_s=1.0, learners=2, quorum=3)
   with pytest.raises(ValueError, match=r"learners \(3\) exceeds the number of failure units \(2"):
-    policies.Decoupled(downscale_s=1.0, upscale_s=1.0, learners=3).run(
+    failure_policies.Decoupled(downscale_s=1.0, upscale_s=1.0, learners=3).run(
         sample_trace(Cluster(chips=8, unit_chips=4), 0))
   with pytest.raises(ValueError, match="unknown policy 'sync'"):
     goodput.make_policy("sync", restart_s=1.0, checkpoint_interval_s=0.0, downscale_s=1.0,

@@ -9,7 +9,8 @@ import pytest
 from proc_helpers import read_jsonl, wait_for
 
 from configs import shakespeare
-from diloco import multi, sync_checkpoint
+from diloco.runners import islands as islands_lib
+from diloco.recovery import sync_checkpoint
 from diloco.rpc import local, sync_main
 
 CHAOS = "configs/shakespeare.py:mode=decoupled,runlocal,learners=3,steps=60"
@@ -102,17 +103,17 @@ def test_grpc_matches_virtual_in_the_synchronous_setting(cluster_factory, tmp_pa
     config = shakespeare.get_config(SYNCHRONOUS.split(":", 1)[1])
     made = []
 
-    class Recording(multi.Synchronizer):
+    class Recording(islands_lib.Synchronizer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    original = multi.Synchronizer
-    multi.Synchronizer = Recording
+    original = islands_lib.Synchronizer
+    islands_lib.Synchronizer = Recording
     try:
-        multi.run(config, str(tmp_path / "virtual"))
+        islands_lib.run(config, str(tmp_path / "virtual"))
     finally:
-        multi.Synchronizer = original
+        islands_lib.Synchronizer = original
     virtual = made[0].global_params()
     # Each learner process gets as many (fake) devices as its island has in the virtual run.
     c = cluster_factory(SYNCHRONOUS, 2, devices_per_learner=4)

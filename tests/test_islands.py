@@ -16,10 +16,14 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import compression, data as data_lib, evaluation, fragments
-from diloco import island as island_lib, metrics, multi, step as step_lib, train
-from diloco.learner import Learner
-from diloco.synchronizer import Synchronizer
+from diloco.outer import compression, fragments
+from diloco import data as data_lib
+from diloco.inner import evaluation
+from diloco.inner import island as island_lib, step as step_lib
+from diloco import metrics, train
+from diloco.runners import islands as islands_lib
+from diloco.outer.learner import Learner
+from diloco.outer.synchronizer import Synchronizer
 
 SUMMARY_KEYS = {"mode", "steps", "tokens", "params", "flops_per_token", "eval_loss", "eval_bpb",
                 "wall_s", "tokens_per_s"}
@@ -73,7 +77,7 @@ class Run:
             return evaluate(fns, params, data)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(multi, "Synchronizer", Recording)
+            mp.setattr(islands_lib, "Synchronizer", Recording)
             mp.setattr(Learner, "upload", recorded_upload)
             mp.setattr(Learner, "receive", recorded_receive)
             mp.setattr(evaluation, "evaluate", recorded_evaluate)

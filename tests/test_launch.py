@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from diloco import deploy_config
+from diloco.config import deploy as deploy_lib
 from diloco.rpc import client as client_lib, limits as limits_lib, service
 from diloco.runtime import realtime
 
@@ -121,15 +121,15 @@ def test_tls_with_self_signed_pair(tmp_path):
 
 def test_deploy_section_and_checks():
     import ml_collections
-    c = deploy_config.add_deploy_section(ml_collections.ConfigDict())
+    c = deploy_lib.add_deploy_section(ml_collections.ConfigDict())
     assert (c.deploy.runtime, c.deploy.bind, c.deploy.port) == ("virtual", "127.0.0.1", 0)
-    deploy_config.check(c.deploy)
+    deploy_lib.check(c.deploy)
     c.deploy.runtime = "mpi"
     with pytest.raises(ValueError, match="deploy.runtime must be one of"):
-        deploy_config.check(c.deploy)
+        deploy_lib.check(c.deploy)
     c.deploy.runtime, c.deploy.cert = "grpc", "a.pem"
     with pytest.raises(ValueError, match="go together"):
-        deploy_config.check(c.deploy)
+        deploy_lib.check(c.deploy)
     c.deploy.cert = ""
     for key, bad, message in [("absent_after_s", 0.0, "absent_after_s must be > 0"),
                               ("port", 70000, "port out of range"),
@@ -139,9 +139,9 @@ def test_deploy_section_and_checks():
         good = c.deploy[key]
         c.deploy[key] = bad
         with pytest.raises(ValueError, match=message):
-            deploy_config.check(c.deploy)
+            deploy_lib.check(c.deploy)
         c.deploy[key] = good
-    deploy_config.check(c.deploy)
+    deploy_lib.check(c.deploy)
     c.deploy.absent_after_s, c.deploy.max_learners, c.deploy.chunk_bytes = 2.5, 7, 1000
     lim = limits_lib.Limits.from_deploy(c.deploy)
     assert (lim.absent_after_s, lim.max_learners, lim.chunk_bytes) == (2.5, 7, 1000)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from diloco import merging as M
+from diloco.outer import merging as M
 
 R2 = math.sqrt(2)
 

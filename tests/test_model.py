@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from diloco import configlib
+from diloco.config import variants
 from diloco.models import transformer as tr
 
-TINY = tr.ModelConfig(**{**configlib.MODEL_SIZES["tiny"], "vocab_size": 256})
+TINY = tr.ModelConfig(**{**variants.MODEL_SIZES["tiny"], "vocab_size": 256})
 
 
 @pytest.mark.parametrize("attention", ["einsum", "dot_product_attention"])
 @pytest.mark.parametrize("mlp,tied", [("swiglu", True), ("gelu", False)])
 def test_changing_token_j_never_changes_outputs_before_j(attention, mlp, tied):
-  cfg = tr.ModelConfig(**{**configlib.MODEL_SIZES["tiny"], "attention": attention, "mlp": mlp,
+  cfg = tr.ModelConfig(**{**variants.MODEL_SIZES["tiny"], "attention": attention, "mlp": mlp,
                           "tied_embeddings": tied})
   model = tr.Transformer(cfg, nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
@@ -29,7 +29,7 @@ def test_changing_token_j_never_changes_outputs_before_j(attention, mlp, tied):
 def test_both_attention_implementations_agree():
   model = tr.Transformer(TINY, nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(2), (2, 24), 0, 256)
-  cfg2 = tr.ModelConfig(**{**configlib.MODEL_SIZES["tiny"], "attention": "dot_product_attention"})
+  cfg2 = tr.ModelConfig(**{**variants.MODEL_SIZES["tiny"], "attention": "dot_product_attention"})
   model2 = tr.Transformer(cfg2, nnx.Rngs(0))  # same seed: same parameters
   np.testing.assert_allclose(model(tokens), model2(tokens), atol=2e-5)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import sync_checkpoint
+from diloco.recovery import sync_checkpoint
 from diloco.rpc import local, multihost, sync_main
 
 # Synchronous DiLoCo, H=10, alpha=0: after the last merge arrives every parameter is the global one.

@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from diloco import outer
+from diloco.outer import optimizers
 
 LR, BETA = 0.7, 0.9
 
@@ -41,14 +41,14 @@ def _delayed_reference(theta, grads, lr, beta, n, c):
 def test_nesterov_steps_by_hand():
     # Step 1: m = 0.5, θ = 1 − 0.7·(0.5 + 0.9·0.5) = 0.335.
     # Step 2: m = 0.5 + 0.9·0.5 = 0.95, θ = 0.335 − 0.7·(0.5 + 0.9·0.95) = −0.6135.
-    got = _run(outer.nesterov(LR, BETA), 1.0, [0.5, 0.5])
+    got = _run(optimizers.nesterov(LR, BETA), 1.0, [0.5, 0.5])
     np.testing.assert_allclose(got, [0.335, -0.6135], rtol=1e-6)
 
 
 def test_zero_momentum_is_plain_sgd():
-    got = _run(outer.nesterov(LR, 0.0), 1.0, [0.5, 0.5])
+    got = _run(optimizers.nesterov(LR, 0.0), 1.0, [0.5, 0.5])
     np.testing.assert_allclose(got, [0.65, 0.3], rtol=1e-6)
-    np.testing.assert_allclose(_run(outer.make_outer("sgd"), 1.0, [0.25]), [0.75], rtol=1e-6)
+    np.testing.assert_allclose(_run(optimizers.make_outer("sgd"), 1.0, [0.25]), [0.75], rtol=1e-6)
 
 
 @pytest.mark.parametrize("c,want", [
@@ -61,7 +61,7 @@ def test_zero_momentum_is_plain_sgd():
     (0.5, [-0.35, -1.5225, -3.045, -5.97275]),
 ])
 def test_delayed_nesterov_by_hand(c, want):
-    got = _run(outer.delayed_nesterov(LR, BETA, period=2, c=c), 0.0, [1.0, 2.0, 3.0, 4.0])
+    got = _run(optimizers.delayed_nesterov(LR, BETA, period=2, c=c), 0.0, [1.0, 2.0, 3.0, 4.0])
     np.testing.assert_allclose(got, want, rtol=1e-6)
     reference = _delayed_reference(0.0, [1.0, 2.0, 3.0, 4.0], LR, BETA, 2, c)
     np.testing.assert_allclose(reference, want, rtol=1e-12)
@@ -70,30 +70,30 @@ def test_delayed_nesterov_by_hand(c, want):
 @pytest.mark.parametrize("n,c", [(2, 0.0), (2, 0.5), (3, 0.25), (4, 1.0)])
 def test_delayed_nesterov_matches_formula_step_by_step(n, c):
     grads = list(np.random.default_rng(n).standard_normal(11))
-    got = _run(outer.delayed_nesterov(LR, BETA, n, c), 0.3, grads)
+    got = _run(optimizers.delayed_nesterov(LR, BETA, n, c), 0.3, grads)
     want = _delayed_reference(0.3, grads, LR, BETA, n, c)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_delayed_nesterov_period_one_is_nesterov():
     grads = list(np.random.default_rng(0).standard_normal(7))
-    np.testing.assert_allclose(_run(outer.delayed_nesterov(LR, BETA, 1), 0.0, grads),
-                               _run(outer.nesterov(LR, BETA), 0.0, grads), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_run(optimizers.delayed_nesterov(LR, BETA, 1), 0.0, grads),
+                               _run(optimizers.nesterov(LR, BETA), 0.0, grads), rtol=1e-5, atol=1e-6)
 
 
 def test_four_identical_gradients_overshoot_vs_delayed():
     # Nesterov one at a time: ε(4 + 4β + 3β² + 2β³ + β⁴)g = 0.7·12.1441 = 8.50087.
     # Delayed, N=4, c=0: three SGD steps of εg/4, then m = g: ε(g/4 + βg), total ε(1 + β)g = 1.33.
-    nest = _run(outer.nesterov(LR, BETA), 0.0, [1.0] * 4)[-1]
+    nest = _run(optimizers.nesterov(LR, BETA), 0.0, [1.0] * 4)[-1]
     overshoot = 4 + 4 * BETA + 3 * BETA**2 + 2 * BETA**3 + BETA**4
     assert nest == pytest.approx(-LR * overshoot, rel=1e-6)
     assert nest == pytest.approx(-8.50087, rel=1e-6)
-    delayed = _run(outer.delayed_nesterov(LR, BETA, 4), 0.0, [1.0] * 4)[-1]
+    delayed = _run(optimizers.delayed_nesterov(LR, BETA, 4), 0.0, [1.0] * 4)[-1]
     assert delayed == pytest.approx(-1.33, rel=1e-6)
 
 
 def test_delayed_nesterov_on_a_tree_and_under_jit():
-    tx = outer.make_outer("delayed_nesterov", lr=LR, momentum=BETA, period=2, c=0.5)
+    tx = optimizers.make_outer("delayed_nesterov", lr=LR, momentum=BETA, period=2, c=0.5)
     params = {"a/w": np.ones((2, 3), np.float32), "b/scale": np.zeros(3, np.float32)}
     g = {"a/w": np.full((2, 3), 0.5, np.float32), "b/scale": np.ones(3, np.float32)}
     state = tx.init(params)
@@ -113,19 +113,19 @@ def test_delayed_nesterov_on_a_tree_and_under_jit():
 
 
 def test_make_outer_and_errors():
-    assert _run(outer.make_outer("nesterov"), 1.0, [0.5]) == pytest.approx([0.335])
+    assert _run(optimizers.make_outer("nesterov"), 1.0, [0.5]) == pytest.approx([0.335])
     with pytest.raises(ValueError, match="unknown outer optimizer"):
-        outer.make_outer("adam")
+        optimizers.make_outer("adam")
     with pytest.raises(ValueError, match="bad arguments"):
-        outer.make_outer("nesterov", period=3)
+        optimizers.make_outer("nesterov", period=3)
     with pytest.raises(ValueError, match="learning rate"):
-        outer.nesterov(lr=0.0)
+        optimizers.nesterov(lr=0.0)
     with pytest.raises(ValueError, match="momentum"):
-        outer.nesterov(momentum=1.0)
+        optimizers.nesterov(momentum=1.0)
     with pytest.raises(ValueError, match="period"):
-        outer.delayed_nesterov(LR, BETA, 0)
+        optimizers.delayed_nesterov(LR, BETA, 0)
     with pytest.raises(ValueError, match="c must"):
-        outer.delayed_nesterov(LR, BETA, 2, c=1.5)
+        optimizers.delayed_nesterov(LR, BETA, 2, c=1.5)
 
 
 def _tree(rng, scale: float, shapes=((300, 7), (5,), (2, 3))) -> dict[str, np.ndarray]:
@@ -135,15 +135,15 @@ def _tree(rng, scale: float, shapes=((300, 7), (5,), (2, 3))) -> dict[str, np.nd
 
 @pytest.mark.parametrize("momentum", [BETA, 0.0])
 def test_host_step_is_bit_identical_to_optax_op_by_op(monkeypatch, momentum):
-    monkeypatch.setattr(outer, "CHUNK", 64)  # many chunks and a short last one
-    tx = outer.nesterov(LR, momentum)
+    monkeypatch.setattr(optimizers, "CHUNK", 64)  # many chunks and a short last one
+    tx = optimizers.nesterov(LR, momentum)
     rng = np.random.default_rng(0)
     params = _tree(rng, 1.0)
     state_optax = state_host = tx.init(params)
     for _ in range(3):  # the momentum buffers carry over
         grads, plus = _tree(rng, 1e-2), _tree(rng, 1e-4)
         updates, state_optax = tx.update(grads, state_optax, params)
-        got, state_host = outer.host_step(tx, grads, state_host, params, plus)
+        got, state_host = optimizers.host_step(tx, grads, state_host, params, plus)
         for k in params:
             want = np.asarray(updates[k], np.float32) + plus[k]
             assert got[k].dtype == np.float32 and got[k].shape == params[k].shape
@@ -155,12 +155,12 @@ def test_host_step_is_bit_identical_to_optax_op_by_op(monkeypatch, momentum):
 
 def test_host_step_by_hand_and_in_place():
     # m = 0.5 + 0.9·1 = 1.4; update = −0.7·(0.5 + 0.9·1.4) = −1.232; plus 0.25: −0.982.
-    tx = outer.nesterov(LR, BETA)
+    tx = optimizers.nesterov(LR, BETA)
     params = {"w": np.zeros(2, np.float32)}
     treedef = jax.tree.structure(tx.init(params))
     state = jax.tree.unflatten(treedef, [np.ones(2, np.float32)])
     buffer = jax.tree.leaves(state)[0]
-    got, state = outer.host_step(tx, {"w": np.full(2, 0.5, np.float32)}, state, params,
+    got, state = optimizers.host_step(tx, {"w": np.full(2, 0.5, np.float32)}, state, params,
                                  {"w": np.full(2, 0.25, np.float32)})
     np.testing.assert_allclose(got["w"], [-0.982, -0.982], rtol=1e-6)
     assert jax.tree.leaves(state)[0] is buffer  # a writable numpy buffer is updated in place
@@ -168,10 +168,10 @@ def test_host_step_by_hand_and_in_place():
 
 
 def test_host_step_runs_other_transformations_through_optax():
-    tx = outer.delayed_nesterov(LR, BETA, 2)
+    tx = optimizers.delayed_nesterov(LR, BETA, 2)
     params = {"w": np.zeros(1, np.float32)}
     # Step 1 of N=2 with c=0: −0.7·(1/2) = −0.35, plus 1.
-    got, state = outer.host_step(tx, {"w": np.ones(1, np.float32)}, tx.init(params), params,
+    got, state = optimizers.host_step(tx, {"w": np.ones(1, np.float32)}, tx.init(params), params,
                                  {"w": np.ones(1, np.float32)})
     np.testing.assert_allclose(got["w"], [0.65], rtol=1e-6)
     assert int(state.count) == 1

@@ -20,12 +20,19 @@ import pytest
 
 from configs import chaos_suite as suite_config
 from configs import shakespeare
-from diloco import chaos, chaos_suite, compression, fragments, metrics, multi, outer
-from diloco import policies, recovery
-from diloco import step as step_lib, sync_checkpoint, train
-from diloco.protocol import Join, Upload
-from diloco.runtime import chaotic
-from diloco.synchronizer import Synchronizer
+from diloco.chaos import schedule as chaos
+from diloco.studies import chaos_suite
+from diloco.outer import compression, fragments, optimizers
+from diloco import metrics
+from diloco.runners import islands as islands_lib
+from diloco.outer import policies
+from diloco.recovery import rejoin
+from diloco.inner import step as step_lib
+from diloco.recovery import sync_checkpoint
+from diloco import train
+from diloco.outer.protocol import Join, Upload
+from diloco.runtime import virtual_chaos
+from diloco.outer.synchronizer import Synchronizer
 
 BASE = "runlocal,mode=decoupled,learners=4"
 
@@ -63,7 +70,7 @@ class Watch:
         self.interrupted: list[int] = []  # merges of the saves a crash cut short
         self.restored: list[str] = []  # digest of each restored synchronizer, before it resumes
         self.rejoins: list[dict] = []
-        self.runtime: chaotic.ChaosRuntime | None = None
+        self.runtime: virtual_chaos.ChaosRuntime | None = None
 
     def run(self, config, workdir: str) -> "Watch":
         with self.patched():
@@ -100,8 +107,8 @@ class Watch:
                 super().restart(state, generation)
                 self._remember()
 
-        save_sync, rejoined, init = (recovery.Recovery.save_sync, chaotic.ChaosRuntime._rejoined,
-                                     chaotic.ChaosRuntime.__init__)
+        save_sync, rejoined, init = (rejoin.Recovery.save_sync, virtual_chaos.ChaosRuntime._rejoined,
+                                     virtual_chaos.ChaosRuntime.__init__)
 
         def recorded_save(rec, sync, force=False, interrupt=False):
             now = watch.runtime.now if watch.runtime is not None else 0.0
@@ -129,10 +136,10 @@ class Watch:
             watch.runtime = runtime
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(multi, "Synchronizer", Recording)
-            mp.setattr(recovery.Recovery, "save_sync", recorded_save)
-            mp.setattr(chaotic.ChaosRuntime, "_rejoined", recorded_rejoined)
-            mp.setattr(chaotic.ChaosRuntime, "__init__", recorded_init)
+            mp.setattr(islands_lib, "Synchronizer", Recording)
+            mp.setattr(rejoin.Recovery, "save_sync", recorded_save)
+            mp.setattr(virtual_chaos.ChaosRuntime, "_rejoined", recorded_rejoined)
+            mp.setattr(virtual_chaos.ChaosRuntime, "__init__", recorded_init)
             yield self
 
 
@@ -286,7 +293,7 @@ def _tiny_sync() -> Synchronizer:
     params = {"embed": {"embedding": np.arange(4, dtype=np.float32).reshape(2, 2)},
               "blocks": {0: {"w": np.ones(3, np.float32)}, 1: {"w": np.ones(2, np.float32)}}}
     frag = fragments.strided(params, 2)
-    sync = Synchronizer(params, frag, policies.SYNCHRONOUS, outer.nesterov(0.5, 0.5))
+    sync = Synchronizer(params, frag, policies.SYNCHRONOUS, optimizers.nesterov(0.5, 0.5))
     sync.handle(Join(0, 0.0, (0, 0)))
     return sync
 

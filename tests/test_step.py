@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from diloco import configlib, sharding
-from diloco import step as step_lib
+from diloco.config import variants
+from diloco.inner import sharding
+from diloco.inner import step as step_lib
 from diloco.models import transformer as tr
 
-TINY = tr.ModelConfig(**configlib.MODEL_SIZES["tiny"])
+TINY = tr.ModelConfig(**variants.MODEL_SIZES["tiny"])
 OPT = step_lib.OptimizerConfig(lr=1e-2, warmup_steps=0, decay_steps=0)
 
 

@@ -12,9 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from diloco import compression, fragments, outer, policies, synchronizer
-from diloco.protocol import Join, Leave, Log, Send, SetTimer, Tick, Upload
-from diloco.synchronizer import Synchronizer
+from diloco.outer import compression, fragments, optimizers, policies, synchronizer
+from diloco.outer.protocol import Join, Leave, Log, Send, SetTimer, Tick, Upload
+from diloco.outer.synchronizer import Synchronizer
 
 F32 = np.float32
 PARAMS = {
@@ -88,7 +88,7 @@ def _assert_unchanged(before, sync: Synchronizer) -> None:
 
 def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match_bitwise():
     lr, beta = 0.5, 0.5
-    sync = _sync(policies.SYNCHRONOUS, outer.nesterov(lr, beta), learners=2)
+    sync = _sync(policies.SYNCHRONOUS, optimizers.nesterov(lr, beta), learners=2)
     theta0 = {E: PARAMS["embed"]["embedding"], W0: PARAMS["blocks"][0]["w"]}
     copies = [dict(theta0), dict(theta0)]  # each learner's copy of global fragment 0
 
@@ -132,7 +132,7 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
 
 def test_synchronous_merge_with_the_paper_outer_hyperparameters():
     """lr 0.7, momentum 0.9 (not dyadic): the first step is θ − 0.7·1.9·g to float32 rounding."""
-    sync = _sync(policies.SYNCHRONOUS, outer.nesterov(0.7, 0.9), learners=2)
+    sync = _sync(policies.SYNCHRONOUS, optimizers.nesterov(0.7, 0.9), learners=2)
     rng = np.random.default_rng(0)
     d = [{W1: rng.normal(size=3).astype(F32), S: rng.normal(size=2).astype(F32)} for _ in range(2)]
     sync.handle(_up(0, 1, d[0], base=0))
@@ -147,7 +147,7 @@ def test_synchronous_merge_with_the_paper_outer_hyperparameters():
 
 def test_min_quorum_merges_with_the_live_learners_while_others_stall():
     sync = _sync(policies.Policy(policies.MinQuorum(2), policies.NoGrace(), **EQUAL_MEAN),
-                 outer.sgd(1.0), learners=4)
+                 optimizers.sgd(1.0), learners=4)
     delta = {E: _f([1.0, 1.0], [1.0, 1.0]), W0: _f([0.0, 0.5], [0.0, 0.0])}
     for v in range(3):  # learners 2 and 3 never upload
         assert sync.handle(_up(0, 0, delta, base=v, time=v + 0.5)) == []
@@ -161,7 +161,7 @@ def test_min_quorum_merges_with_the_live_learners_while_others_stall():
 
 def test_all_learners_waits_for_stalled_learners_until_they_leave():
     sync = _sync(policies.Policy(policies.AllLearners(), policies.NoGrace(), **EQUAL_MEAN),
-                 outer.sgd(1.0), learners=4)
+                 optimizers.sgd(1.0), learners=4)
     delta = {E: _f([1.0, 1.0], [1.0, 1.0]), W0: _f([0.0, 0.5], [0.0, 0.0])}
     assert sync.handle(_up(0, 0, delta, base=0)) == []
     assert sync.handle(_up(1, 0, delta, base=0)) == []
@@ -197,7 +197,7 @@ def test_grace_window_includes_learners_inside_it_and_defers_the_late_one():
     """K=2 of 3, γ=0.5, τ=4, EMA decay 0.5; every EMA below is worked out from the events."""
     policy = policies.Policy(policies.MinQuorum(2), policies.AdaptiveGrace(0.5, 4), **EQUAL_MEAN,
                              ema_decay=0.5)
-    sync = _sync(policy, outer.sgd(1.0), learners=3)
+    sync = _sync(policy, optimizers.sgd(1.0), learners=3)
     delta = {E: _f([1.0, 0.0], [0.0, 0.0]), W0: _f([0.0, 0.0], [0.0, 1.0])}
     # ξ_step = 1, ξ_sync = 2·0.25 = 0.5; one upload is below the quorum.
     assert sync.handle(_up(0, 0, delta, 0, time=10.0, sent=9.75)) == []
@@ -226,7 +226,7 @@ def test_grace_window_includes_learners_inside_it_and_defers_the_late_one():
 def test_merge_records_carry_normalised_token_weights_and_the_merge_uses_them():
     policy = policies.Policy(policies.AllLearners(), policies.NoGrace(), weighting="tokens",
                              merge="mean")
-    sync = _sync(policy, outer.sgd(1.0), learners=3)
+    sync = _sync(policy, optimizers.sgd(1.0), learners=3)
     counters = [(32, 1), (32, 2), (64, 2)]  # tokens²/steps = 1024, 512, 2048 -> 2/7, 1/7, 4/7
     deltas = [{W1: _f(7.0, 0.0, 0.0), S: _f(0.0, 0.0)}, {W1: _f(0.0, 7.0, 0.0), S: _f(0.0, 0.0)},
               {W1: _f(0.0, 0.0, 7.0), S: _f(7.0, -7.0)}]
@@ -258,7 +258,7 @@ def _good(m: int, base: int) -> Upload:
 @pytest.fixture
 def merged_once() -> Synchronizer:
     """Two learners, one Nesterov merge done (so the momentum is not zero)."""
-    sync = _sync(policies.SYNCHRONOUS, outer.nesterov(0.5, 0.5), learners=2)
+    sync = _sync(policies.SYNCHRONOUS, optimizers.nesterov(0.5, 0.5), learners=2)
     sync.handle(_good(0, 0))
     sync.handle(_good(1, 0))
     assert sync.versions == [1, 0]
@@ -308,7 +308,7 @@ def test_invalid_uploads_are_rejected_and_change_nothing(merged_once, case, reas
 def test_stale_uploads_beyond_max_staleness_are_rejected():
     policy = policies.Policy(policies.MinQuorum(1), policies.NoGrace(), **EQUAL_MEAN,
                              max_staleness=0)
-    sync = _sync(policy, outer.sgd(1.0), learners=2)
+    sync = _sync(policy, optimizers.sgd(1.0), learners=2)
     assert _merges(sync.handle(_good(0, 0)))[0]["version"] == 1
     before = _snapshot(sync)
     (log,) = sync.handle(_good(1, 0))
@@ -323,7 +323,7 @@ def test_staleness_damping_halves_an_upload_one_version_behind(damping, second_s
     # then learner 1 merges one version behind: scale 1/(1+1) with damping, 1 without.
     policy = policies.Policy(policies.MinQuorum(1), policies.NoGrace(), **EQUAL_MEAN,
                              staleness_damping=damping)
-    sync = _sync(policy, outer.sgd(1.0), learners=2)
+    sync = _sync(policy, optimizers.sgd(1.0), learners=2)
     d0 = {E: _f([1.0, 0.5], [0.25, 0.0]), W0: _f([0.0, 1.0], [-1.0, 2.0])}
     d1 = {E: _f([2.0, -4.0], [8.0, 1.0]), W0: _f([0.5, 0.0], [4.0, -2.0])}
     assert _merges(sync.handle(_up(0, 0, d0, base=0)))[0]["staleness"] == [0]
@@ -350,7 +350,7 @@ def test_non_finite_payloads_never_reach_the_global_state(merged_once, bad_value
 
 
 def test_a_non_finite_upload_is_dropped_and_the_others_merge():
-    sync = _sync(policies.SYNCHRONOUS, outer.sgd(1.0), learners=2)
+    sync = _sync(policies.SYNCHRONOUS, optimizers.sgd(1.0), learners=2)
     good = _good(1, 0)
     sync.handle(_with_delta(_good(0, 0), {**good.delta, W0: _raw_fp32(_f([np.nan, 0], [0, 0]))}))
     actions = sync.handle(good)
@@ -362,7 +362,7 @@ def test_a_non_finite_upload_is_dropped_and_the_others_merge():
 
 
 def test_join_with_the_wrong_number_of_versions_is_rejected():
-    sync = _sync(policies.SYNCHRONOUS, outer.sgd(1.0), learners=1)
+    sync = _sync(policies.SYNCHRONOUS, optimizers.sgd(1.0), learners=1)
     (log,) = sync.handle(Join(7, 3.0, (0, 0, 0)))
     assert log.record["event"] == "reject" and "3 versions, expected 2" in log.record["reason"]
     assert sync.live == {0}
@@ -372,7 +372,7 @@ def test_join_with_the_wrong_number_of_versions_is_rejected():
 
 
 def test_fp4_downlink_learners_match_bitwise_and_the_residual_is_the_error():
-    sync = _sync(policies.SYNCHRONOUS, outer.sgd(1.0), learners=2, codec="fp4")
+    sync = _sync(policies.SYNCHRONOUS, optimizers.sgd(1.0), learners=2, codec="fp4")
     rng = np.random.default_rng(3)
     theta0 = {E: PARAMS["embed"]["embedding"], W0: PARAMS["blocks"][0]["w"]}
     copies = [dict(theta0), dict(theta0)]
@@ -411,7 +411,7 @@ def merging_mean(d: list[dict], k: str) -> np.ndarray:
 
 
 def test_a_late_joiner_gets_the_full_fragment_then_updates():
-    sync = _sync(policies.SYNCHRONOUS, outer.sgd(1.0), learners=1, codec="fp4")
+    sync = _sync(policies.SYNCHRONOUS, optimizers.sgd(1.0), learners=1, codec="fp4")
     sync.handle(_good(0, 0))
     assert sync.versions == [1, 0]
     actions = sync.handle(Join(1, 2.0, (0, 0)))  # holds version 0 of fragment 0
@@ -437,7 +437,7 @@ def test_checksums_are_zlibs_crc32_of_the_header_and_payload():
     header = struct.pack("<5q", up.fragment, up.base_generation, up.base_version, up.steps,
                          up.tokens)
     assert up.checksum == zlib.crc32(header, crc) and up.checksum_ok()
-    sync = _sync(policies.SYNCHRONOUS, outer.sgd(1.0), learners=2)
+    sync = _sync(policies.SYNCHRONOUS, optimizers.sgd(1.0), learners=2)
     assert sync.handle(up) == [] and sync.pending[0] == {1: up}  # accepted, waits for 0
 
 
@@ -445,7 +445,7 @@ def test_a_non_finite_upload_is_dropped_under_rda_too():
     """RDA's norms name the NaN upload (no outlier screen here); the other merges alone."""
     policy = policies.Policy(policies.AllLearners(), policies.NoGrace(), weighting="equal",
                              merge="rda")
-    sync = _sync(policy, outer.sgd(1.0), learners=2)
+    sync = _sync(policy, optimizers.sgd(1.0), learners=2)
     good = _good(1, 0)
     bad = _with_delta(_good(0, 0), {**good.delta, W0: _raw_fp32(_f([np.nan, 0], [0, 0]))})
     assert sync.handle(bad) == []

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import multi, protocol
+from diloco.runners import islands as islands_lib
+from diloco.outer import protocol
 from diloco.runtime import threads
 
 
@@ -14,17 +15,17 @@ def both_runs(tmp_path_factory):
     config = shakespeare.get_config("mode=diloco,runlocal,steps=20")
     made = []
 
-    class Recording(multi.Synchronizer):
+    class Recording(islands_lib.Synchronizer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    original = multi.Synchronizer
-    multi.Synchronizer = Recording
+    original = islands_lib.Synchronizer
+    islands_lib.Synchronizer = Recording
     try:
-        virtual = multi.run(config, str(tmp_path_factory.mktemp("virtual")))
+        virtual = islands_lib.run(config, str(tmp_path_factory.mktemp("virtual")))
     finally:
-        multi.Synchronizer = original
+        islands_lib.Synchronizer = original
     return config, virtual, made[0].global_params(), threads.train(config)
 
 
@@ -46,7 +47,7 @@ def test_threads_matches_virtual_bit_for_bit(both_runs):
 
 def test_split_devices_gives_disjoint_sub_meshes():
     import jax
-    islands = multi.split_devices(jax.devices(), 2)
+    islands = islands_lib.split_devices(jax.devices(), 2)
     assert [len(d) for d in islands] == [4, 4]
     assert not set(islands[0]) & set(islands[1])
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import chaos, compression, protocol
+from diloco.chaos import schedule as chaos
+from diloco.outer import compression, protocol
 from diloco.runtime import faulty_link, realtime, threads
 
 SCALE = 0.1  # wall seconds per schedule second in the link tests

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import checkpoint, island as island_lib, metrics, train
+from diloco.inner import checkpoint, island as island_lib
+from diloco import metrics, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_KEYS = {"mode", "steps", "tokens", "params", "flops_per_token", "eval_loss", "eval_bpb",

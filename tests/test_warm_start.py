@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import checkpoint, fragments, island as island_lib, metrics, multi, train, warm_start
+from diloco.inner import checkpoint, island as island_lib, warm_start
+from diloco.outer import fragments
+from diloco import metrics, train
+from diloco.runners import islands as islands_lib
 
 
 def _config(arg, **overrides):
@@ -54,14 +57,14 @@ def test_diloco_starts_its_synchronizer_and_learners_from_the_checkpoint(source,
   workdir, cold, params = source
   seen = {}
 
-  class Recording(multi.Synchronizer):
+  class Recording(islands_lib.Synchronizer):
     def __init__(self, params0, *args, **kwargs):
       seen["params0"] = {k: np.array(v) for k, v in params0.items()}
       super().__init__(params0, *args, **kwargs)
 
   config = _config("runlocal,mode=diloco", init_from=workdir)
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(multi, "Synchronizer", Recording)
+    mp.setattr(islands_lib, "Synchronizer", Recording)
     warm = train.train_and_evaluate(config, str(tmp_path))
   _assert_bits(seen["params0"], params)
   # The learners start from the model the source run took 40 steps to reach: at step 5 their

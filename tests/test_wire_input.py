@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import compression, protocol
+from diloco.outer import compression, protocol
 from diloco.rpc import client as client_lib, limits as limits_lib, security, service
 from diloco.rpc import synchronizer_pb2 as pb
-from diloco.runtime import realtime, threads, transport
+from diloco.runtime import realtime, threads
+from diloco.rpc import transport
 
 TOKEN = "s3cret"
 

@@ -11,10 +11,11 @@ import uuid
 
 import grpc
 
-from diloco import protocol
+from diloco.outer import protocol
 from diloco.rpc import limits as limits_lib, security, service
 from diloco.rpc import synchronizer_pb2 as pb
-from diloco.runtime import realtime, transport
+from diloco.runtime import realtime
+from diloco.rpc import transport
 
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)

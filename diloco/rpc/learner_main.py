@@ -25,9 +25,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import data as data_lib, deploy_config, fragments, integrity, island as island_lib
+from diloco import data as data_lib
+from diloco.config import deploy as deploy_lib
+from diloco.outer import fragments, integrity
+from diloco.inner import island as island_lib
 from diloco import metrics
-from diloco.learner_checkpoint import LearnerCheckpointer
+from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, limits as limits_lib, multihost
 from diloco.runtime import async_link, realtime
 
@@ -102,7 +105,7 @@ class _Progress:
 
 def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, target: str,
         token: str, cluster: Cluster = Cluster()) -> dict[str, Any]:
-    deploy_config.check(config.deploy)
+    deploy_lib.check(config.deploy)
     multihost.initialize(config.get("distributed", False), cluster.coordinator,
                          cluster.num_processes, cluster.process_id)
     os.makedirs(workdir, exist_ok=True)

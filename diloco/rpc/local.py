@@ -146,7 +146,7 @@ def load_config(spec: str, overrides: tuple[str, ...] = ()):
     from absl import flags
     from ml_collections import config_flags
 
-    from diloco import deploy_config
+    from diloco.config import deploy as deploy_lib
     bad = [o for o in overrides if not o.startswith("--config.")]
     if bad:
         raise ValueError(f"expected --config.KEY=VALUE overrides, got {bad}")
@@ -161,7 +161,7 @@ def load_config(spec: str, overrides: tuple[str, ...] = ()):
     except (flags.Error, AttributeError, KeyError) as err:
         raise ValueError(f"cannot load --config={spec} with {list(overrides)}: {err!r}") from err
     config = values.config
-    deploy_config.check(config.deploy)
+    deploy_lib.check(config.deploy)
     return config
 
 

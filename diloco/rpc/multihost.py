@@ -19,10 +19,10 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from diloco import fragments
-from diloco.learner import Learner
-from diloco.protocol import Send
-from diloco.runtime import transport
+from diloco.outer import fragments
+from diloco.outer.learner import Learner
+from diloco.outer.protocol import Send
+from diloco.rpc import transport
 
 NOOP, STEP, RECEIVE, UPLOAD, END = range(5)
 OP_NAMES = {NOOP: "noop", STEP: "step", RECEIVE: "receive", UPLOAD: "upload", END: "end"}

@@ -22,7 +22,8 @@ from google.protobuf import message as pb_message
 
 from diloco.rpc import limits as limits_lib, security
 from diloco.rpc import synchronizer_pb2 as pb
-from diloco.runtime import realtime, transport
+from diloco.runtime import realtime
+from diloco.rpc import transport
 
 SERVICE = "diloco.rpc.SynchronizerService"
 RPC_CODES = {

@@ -19,12 +19,16 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import data as data_lib, fragments, island as island_lib, multi, policies, metrics
-from diloco import deploy_config, sync_checkpoint
-from diloco.sync_state import arrays_digest
+from diloco import data as data_lib, metrics
+from diloco.outer import fragments, policies
+from diloco.inner import island as island_lib
+from diloco.runners import islands as islands_lib
+from diloco.config import deploy as deploy_lib
+from diloco.recovery import sync_checkpoint
+from diloco.outer.sync_state import arrays_digest
 from diloco.rpc import limits as limits_lib, service
 from diloco.runtime import realtime
-from diloco.synchronizer import Synchronizer
+from diloco.outer.synchronizer import Synchronizer
 
 
 def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
@@ -40,8 +44,8 @@ def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
         config.data))
     params0 = fragments.flatten(jax.device_get(isl.init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
-    return Synchronizer(params0, frag, policies.from_config(config), multi.make_outer(o),
-                        downlink_codec=o.downlink_codec or o.codec, screen=multi.make_screen(o),
+    return Synchronizer(params0, frag, policies.from_config(config), islands_lib.make_outer(o),
+                        downlink_codec=o.downlink_codec or o.codec, screen=islands_lib.make_screen(o),
                         checkpoint_every=max(int(o.get("sync_checkpoint_every", 0)), 1))
 
 
@@ -49,7 +53,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, token: str,
         max_s: float = 3600.0) -> dict[str, Any]:
     """Serves on config.deploy's bind:port (TLS when deploy.cert/key are set) until settled."""
     deploy = config.deploy
-    deploy_config.check(deploy)
+    deploy_lib.check(deploy)
     limits = limits_lib.Limits.from_deploy(deploy)
     os.makedirs(workdir, exist_ok=True)
     sync = make_synchronizer(config)

@@ -30,7 +30,7 @@ link: they wait for an answer to every upload anyway.
 import collections
 import threading
 
-from diloco import protocol
+from diloco.outer import protocol
 from diloco.runtime import realtime
 
 

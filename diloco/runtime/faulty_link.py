@@ -31,9 +31,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from diloco import chaos, protocol
+from diloco.chaos import schedule as chaos
+from diloco.outer import protocol
 from diloco.runtime import realtime
-from diloco.runtime.chaos_stats import ChaosStats
+from diloco.chaos.stats import ChaosStats
 
 
 class FaultClock:

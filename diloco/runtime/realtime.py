@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from diloco import protocol
-from diloco.learner import Learner
-from diloco.synchronizer import Synchronizer
+from diloco.outer import protocol
+from diloco.outer.learner import Learner
+from diloco.outer.synchronizer import Synchronizer
 
 # Synchronizer reject codes that mean "the upload itself is malformed" (vs. no longer applicable).
 INVALID_UPLOAD = ("unknown_fragment", "checksum", "paths", "shape", "payload_size", "no_progress")

@@ -23,11 +23,16 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import chaos, data as data_lib, fragments, island as island_lib, multi
-from diloco import policies, protocol, recovery
-from diloco.learner import Learner
+from diloco.chaos import schedule as chaos
+from diloco import data as data_lib
+from diloco.outer import fragments
+from diloco.inner import island as island_lib
+from diloco.runners import islands as islands_lib
+from diloco.outer import policies, protocol
+from diloco.recovery import rejoin
+from diloco.outer.learner import Learner
 from diloco.runtime import faulty_link, realtime, threads_chaos
-from diloco.synchronizer import Synchronizer
+from diloco.outer.synchronizer import Synchronizer
 
 
 class InProcessLink:
@@ -67,7 +72,7 @@ def _parts(config: ml_collections.ConfigDict) -> dict[str, Any]:
     params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
     frag = fragments.make(o.fragment_kind, params0, o.fragments)
     schedule = fragments.Schedule(o.fragments, o.inner_steps)
-    screen = multi.make_screen(o)
+    screen = islands_lib.make_screen(o)
 
     def make_learner(m: int) -> Learner:  # joins with versions -1: it is sent every fragment
         learner = Learner(m, islands[m], frag, schedule, o.codec, o.alpha,
@@ -77,7 +82,7 @@ def _parts(config: ml_collections.ConfigDict) -> dict[str, Any]:
         return learner
 
     def make_sync() -> Synchronizer:
-        return Synchronizer(params0, frag, policies.from_config(config), multi.make_outer(o),
+        return Synchronizer(params0, frag, policies.from_config(config), islands_lib.make_outer(o),
                             downlink_codec=o.downlink_codec or o.codec, screen=screen,
                             quorum_of="members" if o.quorum == 0 and not o.elastic else "live",
                             checkpoint_every=o.sync_checkpoint_every)
@@ -93,7 +98,7 @@ def learner_devices(config: ml_collections.ConfigDict) -> list[list]:
     if per < 0 or per * m_count > len(devices):
         raise ValueError(f"deploy.devices_per_learner={per} x {m_count} learners does not fit "
                          f"{len(devices)} local devices")
-    return multi.split_devices(devices[:per * m_count] if per else devices, m_count)
+    return islands_lib.split_devices(devices[:per * m_count] if per else devices, m_count)
 
 
 def build(config: ml_collections.ConfigDict):
@@ -128,7 +133,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None
     recover = None
     if faults or o.learner_checkpoint_every or o.sync_checkpoint_every:
         workdir = workdir or tempfile.mkdtemp(prefix="threads-")
-        recover = recovery.Recovery(workdir, parts["make_learner"],
+        recover = rejoin.Recovery(workdir, parts["make_learner"],
                                     [isl.data.train_iter for isl in islands],
                                     o.learner_checkpoint_every, o.sync_checkpoint_every)
     absent_s = float(config.deploy.absent_after_s) if faults else 60.0

@@ -31,10 +31,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from diloco import chaos, recovery as recovery_lib, sync_checkpoint
-from diloco.learner import Learner
+from diloco.chaos import schedule as chaos
+from diloco.recovery import rejoin as recovery_lib, sync_checkpoint
+from diloco.outer.learner import Learner
 from diloco.runtime import realtime
-from diloco.runtime.chaos_stats import MERGE_TIME_CODES
+from diloco.chaos.stats import MERGE_TIME_CODES
 from diloco.runtime.faulty_link import FaultClock, FaultyLink, HostSlot, Shared
 
 

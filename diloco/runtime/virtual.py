@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diloco import protocol
-from diloco.learner import Learner
-from diloco.synchronizer import Synchronizer
+from diloco.outer import protocol
+from diloco.outer.learner import Learner
+from diloco.outer.synchronizer import Synchronizer
 
 # Same-time ordering of event kinds (lower first); faults happen before anything else.
 FAULT, AT_SYNC, TIMER, AT_LEARNER, STEP_DONE, START = range(-1, 5)

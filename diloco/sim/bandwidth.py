@@ -24,7 +24,7 @@ import os
 import ml_collections
 import numpy as np
 
-from diloco import compression
+from diloco.outer import compression
 from diloco.sim.timeline import SyncPlan, Workload, required_bandwidth
 
 METHODS = ("data_parallel", "diloco", "streaming", "decoupled")

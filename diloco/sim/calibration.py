@@ -60,7 +60,7 @@ def fit(seeds=range(10), *, unit_chips: int = 4, return_time_s: float = 4 * 3600
   pause by grid search, minimising the largest error over the elastic and decoupled points; then the
   restart time by bisection so that data-parallel meets its point.
   """
-  from diloco.sim import policies  # pylint: disable=g-import-not-at-top
+  from diloco.sim import failure_policies
   from diloco.sim.cluster import sample_trace  # pylint: disable=g-import-not-at-top
 
   def mean_goodput(policy, cluster, traces):
@@ -77,7 +77,7 @@ def fit(seeds=range(10), *, unit_chips: int = 4, return_time_s: float = 4 * 3600
       for (name, m), target in PUBLISHED.items():
         if name == "dp":
           continue
-        policy = policies.Decoupled(downscale_s=pause, upscale_s=pause, learners=m)
+        policy = failure_policies.Decoupled(downscale_s=pause, upscale_s=pause, learners=m)
         errors[(name, m)] = 100 * (mean_goodput(policy, cluster, traces) - target)
       worst = max(abs(e) for e in errors.values())
       if best is None or worst < best[0]:
@@ -86,12 +86,12 @@ def fit(seeds=range(10), *, unit_chips: int = 4, return_time_s: float = 4 * 3600
   lo, hi = 0.0, 600.0  # restart time: dp goodput falls as it grows
   for _ in range(30):
     mid = 0.5 * (lo + hi)
-    dp = policies.DataParallel(restart_s=mid, checkpoint_interval_s=checkpoint_interval_s)
+    dp = failure_policies.DataParallel(restart_s=mid, checkpoint_interval_s=checkpoint_interval_s)
     if mean_goodput(dp, cluster, traces) > PUBLISHED[("dp", 1)]:
       lo = mid
     else:
       hi = mid
-  dp = policies.DataParallel(restart_s=lo, checkpoint_interval_s=checkpoint_interval_s)
+  dp = failure_policies.DataParallel(restart_s=lo, checkpoint_interval_s=checkpoint_interval_s)
   errors[("dp", 1)] = 100 * (mean_goodput(dp, cluster, traces) - PUBLISHED[("dp", 1)])
   params = dict(unit_chips=unit_chips, return_time_s=return_time_s, restart_s=lo,
                 checkpoint_interval_s=checkpoint_interval_s, downscale_s=pause, upscale_s=pause,

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 from scipy import stats
 
-from diloco.sim import calibration, policies
+from diloco.sim import calibration, failure_policies
 from diloco.sim.cluster import Cluster, sample_trace
 
 POLICIES = ("dp", "elastic_dp", "decoupled")
@@ -52,11 +52,11 @@ def make_policy(name: str, *, restart_s: float, checkpoint_interval_s: float, do
                 upscale_s: float, learners: int = 1, quorum: int = 1):
   """The policy object for a name; the only place a policy is chosen by name."""
   if name == "dp":
-    return policies.DataParallel(restart_s=restart_s, checkpoint_interval_s=checkpoint_interval_s)
+    return failure_policies.DataParallel(restart_s=restart_s, checkpoint_interval_s=checkpoint_interval_s)
   if name == "elastic_dp":
-    return policies.ElasticDataParallel(downscale_s=downscale_s, upscale_s=upscale_s)
+    return failure_policies.ElasticDataParallel(downscale_s=downscale_s, upscale_s=upscale_s)
   if name == "decoupled":
-    return policies.Decoupled(downscale_s=downscale_s, upscale_s=upscale_s, learners=learners,
+    return failure_policies.Decoupled(downscale_s=downscale_s, upscale_s=upscale_s, learners=learners,
                               quorum=quorum)
   raise ValueError(f"unknown policy {name!r}; expected one of {POLICIES}")
 
@@ -81,7 +81,7 @@ def simulate_many(cluster: Cluster, named: Sequence, seeds: Sequence[int]) -> li
   return [summarize(cluster, p, o) for p, o in zip(named, per_policy)]
 
 
-def summarize(cluster: Cluster, policy, outcomes: Sequence[policies.Outcome]) -> Result:
+def summarize(cluster: Cluster, policy, outcomes: Sequence[failure_policies.Outcome]) -> Result:
   horizon = cluster.horizon_s
   good = np.array([o.useful_chip_s for o in outcomes]) / (cluster.chips * horizon)
   up = np.array([o.uptime_s for o in outcomes]) / horizon

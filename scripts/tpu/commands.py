@@ -26,7 +26,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from diloco import deploy_config  # noqa: E402
+from diloco.config import deploy as deploy_lib
 
 TOKEN = "$DILOCO_TOKEN"
 
@@ -38,7 +38,7 @@ def commands(spec: str, config, overrides: tuple[str, ...] = (),
     `spec` is the --config argument and `overrides` the --config.KEY=VALUE flags that made `config`.
     """
     d, t = config.deploy, config.deploy.tpu
-    deploy_config.check(d)
+    deploy_lib.check(d)
     learners = config.outer.learners
     if learners < 1:
         raise ValueError(f"need at least one learner, got outer.learners={learners}")

@@ -33,7 +33,7 @@ import re
 import ml_collections
 import numpy as np
 
-from diloco import compression
+from diloco.outer import compression
 
 LEARNER_KINDS = ("crash", "straggle", "delay", "partition", "corrupt", "poison")
 KINDS = LEARNER_KINDS + ("sync_crash",)

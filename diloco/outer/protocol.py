@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from diloco import compression, integrity
+from diloco.outer import compression, integrity
 
 Flat = Mapping[str, np.ndarray]
 EncodedFlat = Mapping[str, compression.Encoded]

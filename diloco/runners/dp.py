@@ -9,8 +9,9 @@ import jax
 import ml_collections
 import tqdm
 
-from diloco import checkpoint, evaluation, island as island_lib, metrics
-from diloco import step as step_lib
+from diloco.inner import checkpoint, evaluation, island as island_lib
+from diloco import metrics
+from diloco.inner import step as step_lib
 
 
 class StepLogger:

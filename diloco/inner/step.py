@@ -10,7 +10,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from diloco import sharding
+from diloco.inner import sharding
 from diloco.models import transformer
 
 Params = dict[str, Any]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco import compression, protocol
+from diloco.outer import compression, protocol
 
 MAGIC = b"DLW1"
 _HEAD = struct.Struct("<4sI")

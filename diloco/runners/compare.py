@@ -13,14 +13,16 @@ from typing import Any
 
 import ml_collections
 
-from diloco import metrics, modes, multi
+from diloco import metrics
+from diloco.config import presets
+from diloco.runners import islands as islands_lib
 
 
 def sub_config(config: ml_collections.ConfigDict, mode: str) -> ml_collections.ConfigDict:
     """The config of one compared run: same budget, model, data and learners."""
     c = config.copy_and_resolve_references()
     with c.unlocked():
-        modes.apply(c, mode, runlocal=False)
+        presets.apply(c, mode, runlocal=False)
         c.outer.learners = config.outer.learners
         c.outer.inner_steps = config.outer.inner_steps
         if mode == "decoupled":
@@ -43,7 +45,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             summary["eval_curve"] = [{"sim_time_s": r["step"] * config.sim.step_s * max(speeds),
                                       "eval_loss": r["eval_loss"]}
                                      for r in _eval_rows(os.path.join(workdir, mode))]
-            summary["dp_bytes_per_token"] = multi.dp_bytes_per_token(
+            summary["dp_bytes_per_token"] = islands_lib.dp_bytes_per_token(
                 summary["params"], config.outer.learners, config.batch_size * config.outer.learners
                 * config.seq_len)
             summary["bytes_per_token"] = summary["dp_bytes_per_token"]

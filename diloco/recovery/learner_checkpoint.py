@@ -7,8 +7,8 @@ complete, so a crash during a save leaves the previous one as the newest.
 
 import os
 
-from diloco import checkpoint
-from diloco.learner import Learner
+from diloco.inner import checkpoint
+from diloco.outer.learner import Learner
 
 
 class LearnerCheckpointer:

@@ -38,11 +38,13 @@ spent are ignored.
 
 import numpy as np
 
-from diloco import chaos, protocol, sync_checkpoint
-from diloco.learner import Learner
+from diloco.chaos import schedule as chaos
+from diloco.outer import protocol
+from diloco.recovery import sync_checkpoint
+from diloco.outer.learner import Learner
 from diloco.runtime import virtual
-from diloco.runtime.chaos_messages import FaultyMessages
-from diloco.runtime.chaos_stats import ChaosStats, Taints
+from diloco.runtime.virtual_faults import FaultyMessages
+from diloco.chaos.stats import ChaosStats, Taints
 from diloco.runtime.virtual import AT_LEARNER, FAULT, START, SYNC
 
 

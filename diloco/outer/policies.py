@@ -11,7 +11,7 @@ from typing import Protocol
 import ml_collections
 import numpy as np
 
-from diloco import merging
+from diloco.outer import merging
 
 
 class Quorum(Protocol):

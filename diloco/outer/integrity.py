@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from diloco import compression
+from diloco.outer import compression
 
 try:
     from zlib_ng import zlib_ng as _zlib

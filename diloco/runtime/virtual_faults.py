@@ -17,7 +17,8 @@ the event queue) and is not meant to stand alone.
 
 import dataclasses
 
-from diloco import chaos, protocol
+from diloco.chaos import schedule as chaos
+from diloco.outer import protocol
 from diloco.runtime.virtual import AT_LEARNER, AT_SYNC, START, SYNC
 
 RESYNC_CODES = ("unknown_base_version", "stale", "duplicate")  # its base is off: re-join

@@ -11,7 +11,7 @@ import collections
 import dataclasses
 from typing import Any
 
-from diloco import protocol
+from diloco.outer import protocol
 
 MERGE_TIME_CODES = ("non_finite", "outlier")  # rejections of uploads already in a round
 

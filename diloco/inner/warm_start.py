@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from diloco import checkpoint
+from diloco.inner import checkpoint
 
 
 def checkpoint_dir(path: str) -> str:

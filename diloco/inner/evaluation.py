@@ -6,7 +6,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from diloco import step as step_lib
+from diloco.inner import step as step_lib
 
 
 def evaluate(fns: step_lib.StepFns, params: Any, data: Any) -> dict[str, float]:

@@ -15,11 +15,17 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import chaos, data as data_lib, evaluation, fragments, integrity
-from diloco import island as island_lib, metrics, outer, policies, protocol, recovery
-from diloco.learner import Learner
-from diloco.runtime import chaotic, virtual
-from diloco.synchronizer import Synchronizer
+from diloco.chaos import schedule as chaos
+from diloco import data as data_lib
+from diloco.inner import evaluation
+from diloco.outer import fragments, integrity
+from diloco.inner import island as island_lib
+from diloco import metrics
+from diloco.outer import optimizers, policies, protocol
+from diloco.recovery import rejoin
+from diloco.outer.learner import Learner
+from diloco.runtime import virtual_chaos, virtual
+from diloco.outer.synchronizer import Synchronizer
 
 
 def parse_list(text: str, n: int, kind: type, default: Any, what: str) -> list:
@@ -55,10 +61,10 @@ def make_screen(o: ml_collections.ConfigDict) -> integrity.OutlierScreen | None:
 
 def make_outer(o: ml_collections.ConfigDict):
     if o.optimizer == "nesterov":
-        return outer.nesterov(o.lr, o.momentum)
+        return optimizers.nesterov(o.lr, o.momentum)
     if o.optimizer == "sgd":
-        return outer.sgd(o.lr)
-    return outer.delayed_nesterov(o.lr, o.momentum, o.delayed_period, o.delayed_c)
+        return optimizers.sgd(o.lr)
+    return optimizers.delayed_nesterov(o.lr, o.momentum, o.delayed_period, o.delayed_c)
 
 
 def dp_bytes_per_token(num_params: int, learners: int, tokens_per_round: int) -> float:
@@ -114,7 +120,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                          "outer.sync_checkpoint_every > 0")
     recover = None
     if faults or o.learner_checkpoint_every or o.sync_checkpoint_every:
-        recover = recovery.Recovery(workdir, make_learner, [isl.data.train_iter for isl in islands],
+        recover = rejoin.Recovery(workdir, make_learner, [isl.data.train_iter for isl in islands],
                                     o.learner_checkpoint_every, o.sync_checkpoint_every)
 
     writer = metrics.MetricsWriter(workdir)
@@ -163,7 +169,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if faults:
         with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
             f.write(chaos.format_schedule(faults))
-        runtime = chaotic.ChaosRuntime(*args, **kwargs, faults=faults, make_sync=make_sync,
+        runtime = virtual_chaos.ChaosRuntime(*args, **kwargs, faults=faults, make_sync=make_sync,
                                        seed=config.chaos.seed, on_chaos=on_chaos,
                                        wait_timeout_s=o.inner_steps * sim.step_s)
     else:
@@ -237,7 +243,7 @@ def evaluate_global(isl: island_lib.Island, sync: Synchronizer) -> dict[str, flo
     return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like), isl.data)
 
 
-def chaos_summary(runtime: chaotic.ChaosRuntime, faults: list[chaos.Fault],
+def chaos_summary(runtime: virtual_chaos.ChaosRuntime, faults: list[chaos.Fault],
                   sim_time: float) -> dict[str, Any]:
     """Summary keys of a run with faults (documented in the README)."""
     st = runtime.stats

@@ -18,9 +18,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from diloco import fragments, island as island_lib, synchronizer
-from diloco import step as step_lib
-from diloco.protocol import Send, Upload
+from diloco.outer import fragments, synchronizer
+from diloco.inner import island as island_lib
+from diloco.inner import step as step_lib
+from diloco.outer.protocol import Send, Upload
 
 
 @dataclasses.dataclass

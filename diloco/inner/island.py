@@ -7,8 +7,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from diloco import checkpoint, data as data_lib, sharding, warm_start
-from diloco import step as step_lib
+from diloco.inner import checkpoint, sharding, warm_start
+from diloco import data as data_lib
+from diloco.inner import step as step_lib
 from diloco.models import transformer
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from diloco import fragments
+from diloco.outer import fragments
 
 RULES = ("mean", "rda")
 CHUNK = 1 << 17  # values per chunk: 512 KiB of float32

@@ -37,9 +37,9 @@ import jax
 import numpy as np
 import optax
 
-from diloco import compression, fragments, integrity, merging, outer, policies, protocol
-from diloco import sync_state
-from diloco.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
+from diloco.outer import compression, fragments, integrity, merging, optimizers, policies, protocol
+from diloco.outer import sync_state
+from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 QUORUM_OF = ("live", "members")
 NON_FINITE = ("non_finite", "non-finite values")
@@ -276,7 +276,7 @@ class Synchronizer:
             merged = _damped(merged, weights, staleness)
         old = self.globals[p]
         with jax.default_device(self._cpu):
-            raw, self.opt_states[p] = outer.host_step(self.tx, merged, self.opt_states[p], old,
+            raw, self.opt_states[p] = optimizers.host_step(self.tx, merged, self.opt_states[p], old,
                                                       self.residuals[p])
         encoded = compression.encode_tree(raw, self.codec)
         self.globals[p] = {k: _apply(old[k], encoded[k], raw[k]) for k in old}
