@@ -3,7 +3,7 @@
 from absl import app, flags
 from ml_collections import config_flags
 
-from diloco.sim import bandwidth
+from diloco.sim import bandwidth_report
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).",
                                           lock_config=True)
@@ -14,7 +14,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  bandwidth.run(_CONFIG.value, _WORKDIR.value)
+  bandwidth_report.run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import pytest
 
 from configs import bandwidth as bandwidth_config
 from diloco.outer import compression
-from diloco.sim import bandwidth, bandwidth_reference
+from diloco.sim import bandwidth, bandwidth_reference, bandwidth_report
 from diloco.sim.timeline import Workload, required_bandwidth, utilization
 
 
@@ -120,7 +120,7 @@ def test_run_writes_gbit_per_s_per_method_and_target(tmp_path, capsys):
   cfg = bandwidth_config.get_config("nocompare")
   with cfg.unlocked():
     cfg.targets = (0.5, 0.9)
-  out = bandwidth.run(cfg, str(tmp_path))
+  out = bandwidth_report.run(cfg, str(tmp_path))
   saved = json.loads((tmp_path / "bandwidth.json").read_text())
   assert set(saved["gbit_per_s"]) == {"data_parallel", "diloco", "streaming", "decoupled"}
   assert saved["gbit_per_s"]["data_parallel"]["90"] == pytest.approx(

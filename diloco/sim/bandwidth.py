@@ -18,8 +18,6 @@ timeline reaches the target utilization. Payload sizes come from
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import ml_collections
 import numpy as np
@@ -76,45 +74,41 @@ class DiLoCo:
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamingDiLoCo:
+class _Fragmented:
+  """A method that syncs P fragments at staggered offsets, each every H steps, overlap tau."""
+
   learners: int
   inner_steps: int
   fragments: int
   overlap: int
   codec: str = "fp4"
-  name = "streaming"
 
   def __post_init__(self):
     _check(learners=(self.learners, 1), inner_steps=(self.inner_steps, 1),
            fragments=(self.fragments, 1), overlap=(self.overlap, 0))
     _check_codec(self.codec)
 
-  def plan(self, work: Workload) -> SyncPlan:
-    up = ring_factor(self.learners) * layer_bits(work, self.codec)
+  def _plan(self, work: Workload, up_bits: np.ndarray, down_bits: np.ndarray | None) -> SyncPlan:
     return SyncPlan(period=self.inner_steps, layers_at=_strided(work, self.inner_steps,
                                                                 self.fragments),
-                    up_bits=up, down_bits=None, tau=self.overlap)
+                    up_bits=up_bits, down_bits=down_bits, tau=self.overlap)
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoupledDiLoCo:
-  learners: int
-  inner_steps: int
-  fragments: int
-  overlap: int
-  codec: str = "fp4"
-  name = "decoupled"
+class StreamingDiLoCo(_Fragmented):
+  name = "streaming"
 
-  def __post_init__(self):
-    _check(learners=(self.learners, 1), inner_steps=(self.inner_steps, 1),
-           fragments=(self.fragments, 1), overlap=(self.overlap, 0))
-    _check_codec(self.codec)
+  def plan(self, work: Workload) -> SyncPlan:
+    return self._plan(work, ring_factor(self.learners) * layer_bits(work, self.codec), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoupledDiLoCo(_Fragmented):
+  name = "decoupled"
 
   def plan(self, work: Workload) -> SyncPlan:
     bits = layer_bits(work, self.codec)
-    return SyncPlan(period=self.inner_steps, layers_at=_strided(work, self.inner_steps,
-                                                                self.fragments),
-                    up_bits=bits, down_bits=bits, tau=self.overlap)
+    return self._plan(work, bits, bits)
 
 
 def _strided(work: Workload, period: int, fragments: int) -> tuple[tuple[int, ...], ...]:
@@ -161,45 +155,6 @@ def methods_from_config(config: ml_collections.ConfigDict) -> list:
   return [make_method(n, learners=config.learners, inner_steps=config.inner_steps,
                       fragments=config.fragments, overlap=config.overlap, codec=config.codec,
                       dp_codec=config.dp_codec, diloco_codec=config.diloco_codec) for n in names]
-
-
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Bandwidth per method for the config; the Table 4 comparison and the blog setting; JSON."""
-  from diloco.sim import bandwidth_reference as reference  # it builds on this module's methods
-  work = workload_from_config(config)
-  targets = tuple(config.targets)
-  per_method = {m.name: needed(work, m, targets) for m in methods_from_config(config)}
-  out = {"setting": config.to_dict(), "gbit_per_s": per_method}
-  print(format_needed(per_method, f"{work.model_params / 1e9:g}B parameters, {work.layers} layers, "
-                      f"{work.step_time_s:g} s/step, M={config.learners}"))
-  if config.compare_published:
-    rows = reference.table4_rows()
-    out["table4"] = rows
-    print(reference.format_table4(rows))
-    blog = reference.blog_comparison()
-    out["blog"] = blog
-    print(reference.format_blog(blog))
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "bandwidth.json"), "w") as f:
-    json.dump(out, f, indent=1, default=_json_default)
-  return out
-
-
-def format_needed(per_method: dict[str, dict[str, float]], title: str) -> str:
-  keys = next(iter(per_method.values())).keys()
-  lines = [f"Gbit/s needed per datacenter link ({title})",
-           f"{'method':<14}" + "".join(f"{k + '%':>10}" for k in keys)]
-  for name, row in per_method.items():
-    lines.append(f"{name:<14}" + "".join(f"{v:>10.3g}" for v in row.values()))
-  return "\n".join(lines)
-
-
-def _json_default(x):
-  if isinstance(x, (np.floating, np.integer)):
-    return x.item()
-  if isinstance(x, tuple):
-    return list(x)
-  raise TypeError(f"not JSON serialisable: {type(x)}")
 
 
 def _check(**values: tuple[int, int]) -> None:
