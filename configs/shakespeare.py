@@ -10,7 +10,7 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
   mode=streaming   Streaming DiLoCo: P fragments at staggered offsets, overlap tau, fp4.
   mode=decoupled   Decoupled DiLoCo: quorum K, adaptive grace, token weights, RDA; never waits.
   mode=compare     dp, diloco and decoupled on one token budget, the last learner 3x slower;
-                   prints a table and draws compare.png (budget set in diloco/modes.py).
+                   prints a table and draws compare.png (diloco/config/presets.py).
   model=tiny|small|base   tiny ~29k params (tests), small ~0.89M (default), base ~27M.
   runlocal         shrink everything to a few seconds on a laptop (tiny model, 40 steps).
   steps=N          inner steps per learner; batch=N batch per learner (sequences); seq=N bytes.
@@ -29,7 +29,8 @@ Expected on 2 CPU cores (BENCHMARKS.md has measured figures): mode=dp, small mod
 
 import ml_collections
 
-from diloco.config import variants, deploy as deploy_lib, presets
+from diloco import train
+from diloco.config import deploy as deploy_lib, variants
 from diloco.data import default_data_config
 
 
@@ -110,7 +111,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       decoupled_fragments=24, decoupled_inner_steps=24,
   ))
   deploy_lib.add_deploy_section(c)  # threads/gRPC runtimes: bind, port, TLS, limits, TPU
-  presets.apply(c, arg.mode, arg.runlocal)
+  train.apply_mode(c, arg.mode, arg.runlocal, arg.learners)
 
   if arg.runlocal:
     c.model = variants.model_config("tiny" if arg.model == "small" else arg.model)
@@ -118,12 +119,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.optimizer.warmup_steps, c.optimizer.decay_steps = 5, 35
     c.log_every, c.eval_every, c.checkpoint_every = 5, 20, 20
     c.data.eval_batches = 4
-  if arg.learners:
-    c.outer.learners = arg.learners
-  if c.mode == "compare":  # the last learner is 3x slower
-    c.sim.speeds = ",".join(["1"] * (c.outer.learners - 1) + ["3"])
-    if arg.runlocal:
-      c.compare.decoupled_fragments, c.compare.decoupled_inner_steps = 4, 8
   if arg.steps:
     c.steps = arg.steps
     c.optimizer.decay_steps = max(arg.steps - c.optimizer.warmup_steps, 1)

@@ -1,5 +1,9 @@
-"""train_and_evaluate(config, workdir): the one entry every main, test and notebook calls."""
+"""train_and_evaluate(config, workdir): the one entry every main, test and notebook calls.
 
+A mode is a choice made here, once: one table maps each mode to its config preset and its runner.
+"""
+
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -8,29 +12,55 @@ from typing import Any
 import jax
 import ml_collections
 
-from diloco.runners import compare, islands as islands_lib, dp
 from diloco import metrics
+from diloco.config import presets
+from diloco.runners import compare, dp, islands
 
-# A mode is a choice of components made here, once; each runner owns its loop.
-RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] = {
-    "dp": dp.run,
-    "diloco": islands_lib.run,
-    "streaming": islands_lib.run,
-    "decoupled": islands_lib.run,
-    "compare": compare.run,
+Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  preset: Callable[[ml_collections.ConfigDict, bool, int], None]  # (config, runlocal, learners)
+  run: Runner
+
+
+def _compare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  return compare.run(config, workdir, apply_mode=apply_mode, train=train_and_evaluate)
+
+
+MODES: dict[str, Mode] = {
+    "dp": Mode(presets.dp, dp.run),
+    "diloco": Mode(presets.diloco, islands.run),
+    "streaming": Mode(presets.streaming, islands.run),
+    "decoupled": Mode(presets.decoupled, islands.run),
+    "compare": Mode(presets.compare, _compare),
 }
+
+
+def mode_of(name: str) -> Mode:
+  if name not in MODES:
+    raise ValueError(f"unknown mode {name!r}; known: {sorted(MODES)}")
+  return MODES[name]
+
+
+def apply_mode(c: ml_collections.ConfigDict, mode: str, runlocal: bool = False,
+               learners: int = 0) -> None:
+  """Sets c.mode and the knobs of that mode (`learners` > 0: M learners)."""
+  preset = mode_of(mode).preset
+  c.mode = mode
+  preset(c, runlocal, learners)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs the configured mode in `workdir`, writes summary.json and returns the summary."""
-  if config.mode not in RUNNERS:
-    raise ValueError(f"unknown mode {config.mode!r}; known: {sorted(RUNNERS)}")
+  run = mode_of(config.mode).run
   if config.get("distributed", False):
     jax.distributed.initialize()
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     f.write(config.to_json(indent=2))
-  summary = RUNNERS[config.mode](config, workdir)
+  summary = run(config, workdir)
   summary["workdir"] = os.path.abspath(workdir)
   if jax.process_index() == 0:
     metrics.write_summary(workdir, summary)

@@ -49,8 +49,8 @@ def main(argv):
     params = make_fragment(_MBYTES.value)
     frag = fragments.balanced(params, 1)
     nbytes = sum(x.nbytes for x in params.values())
-    policy = policies.Policy(policies.AllLearners(), policies.NoGrace(), weighting="equal",
-                             merge=_MERGE.value)
+    policy = policies.Policy(policies.AllLive(), policies.NoGrace(), weights=policies.EqualWeights(),
+                             merge=policies.MERGES[_MERGE.value])
     sync = Synchronizer(params, frag, policy, optimizers.nesterov(0.7, 0.9),
                         downlink_codec=_DOWNLINK.value)
     for i in range(m):

@@ -132,7 +132,7 @@ def main() -> None:
     from diloco.runners import islands as islands_lib
     from diloco.rpc import client as client_lib
     from diloco.rpc import learner_main, local
-    from diloco.runtime import async_link, realtime
+    from diloco.runtime import async_link, learner_loop
 
     config = _config(args.config, 10 ** 6)
     if config.outer.codec != "fp4":
@@ -191,7 +191,7 @@ def main() -> None:
                     marks["codec"] = link.codec_bytes_sent
                     marks["load"] = _load()
 
-        result = realtime.run_learner(
+        result = learner_loop.run_learner(
             learner, link, lambda: next(batches), args.warmup + args.steps,
             overlap=config.outer.overlap, blocking=config.outer.blocking, on_step=on_step,
             settle_timeout_s=0.0)

@@ -26,7 +26,7 @@ PARAMS = {
 }
 FRAG = fragments.strided(PARAMS, 2)  # 0: embed, block 0; 1: block 1, final norm
 E, W0, W1, S = "embed/embedding", "blocks/0/w", "blocks/1/w", "final_norm/scale"
-K1 = policies.Policy(policies.MinQuorum(1), policies.NoGrace(), weighting="equal", merge="mean")
+K1 = policies.Policy(policies.MinQuorum(1), policies.NoGrace(), weights=policies.EqualWeights(), merge=policies.Mean())
 
 
 # ---- schedules ----

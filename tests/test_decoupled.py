@@ -7,12 +7,11 @@ optimizer and mesh), which only saves compile time.
 import os
 
 import numpy as np
-import pytest
 
 from configs import shakespeare
-from diloco import metrics, train
+from diloco import metrics
+from diloco.config import build
 from diloco.runners import islands as islands_lib
-from diloco.outer.synchronizer import Synchronizer
 
 
 def _config(arg: str, **overrides):
@@ -24,18 +23,10 @@ def _config(arg: str, **overrides):
 
 def _run(config, workdir: str) -> tuple[dict, dict[str, np.ndarray], list[dict]]:
     """Summary, the synchronizer's final global parameters, and the merge records."""
-    made: list[Synchronizer] = []
-
-    class Recording(Synchronizer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(islands_lib, "Synchronizer", Recording)
-        summary = train.train_and_evaluate(config, workdir)
+    parts = build.local_learners(config)
+    summary = islands_lib.run(config, workdir, parts=parts)
     rows = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
-    return summary, made[0].global_params(), [r for r in rows if r.get("event") == "merge"]
+    return summary, parts.syncs[0].global_params(), [r for r in rows if r.get("event") == "merge"]
 
 
 def _same_bits(a: dict, b: dict) -> bool:

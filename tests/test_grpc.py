@@ -9,6 +9,7 @@ import pytest
 from proc_helpers import read_jsonl, wait_for
 
 from configs import shakespeare
+from diloco.config import build
 from diloco.runners import islands as islands_lib
 from diloco.recovery import sync_checkpoint
 from diloco.rpc import local, sync_main
@@ -101,25 +102,14 @@ def _steps_between(c, m, since):
 
 def test_grpc_matches_virtual_in_the_synchronous_setting(cluster_factory, tmp_path):
     config = shakespeare.get_config(SYNCHRONOUS.split(":", 1)[1])
-    made = []
-
-    class Recording(islands_lib.Synchronizer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    original = islands_lib.Synchronizer
-    islands_lib.Synchronizer = Recording
-    try:
-        islands_lib.run(config, str(tmp_path / "virtual"))
-    finally:
-        islands_lib.Synchronizer = original
-    virtual = made[0].global_params()
+    parts = build.local_learners(config)
+    islands_lib.run(config, str(tmp_path / "virtual"), parts=parts)
+    virtual = parts.syncs[0].global_params()
     # Each learner process gets as many (fake) devices as its island has in the virtual run.
     c = cluster_factory(SYNCHRONOUS, 2, devices_per_learner=4)
     c.start()
     assert c.wait(150) == {"sync": 0, "learner0": 0, "learner1": 0}
-    frag_of = {k: p for p, paths in enumerate(made[0].frag.paths) for k in paths}
+    frag_of = {k: p for p, paths in enumerate(parts.syncs[0].frag.paths) for k in paths}
     for m in range(2):
         held = np.load(os.path.join(c.workdir, f"learner{m}", "global_copy.npz"))
         # K = all, blocking, tau = 0: bit-identical to the virtual runtime (tolerance 0).

@@ -1,9 +1,10 @@
 """Many islands on the tiny model: the DiLoCo sanity identities, Streaming DiLoCo's schedule, and
 the outputs of every mode.
 
-Runs go through `train.train_and_evaluate`; a recording subclass of the synchronizer and thin
-wrappers around `Learner.upload`/`Learner.receive` and `evaluation.evaluate` watch them without
-changing what they do. Compiled step functions are shared between the runs of this module (they
+Runs go through `train.train_and_evaluate` (dp) or the islands runner with the parts built by
+`build.local_learners` and a recording subclass of the synchronizer; thin wrappers around
+`Learner.upload`/`Learner.receive` and `evaluation.evaluate` watch them without changing what
+they do. Compiled step functions are shared between the runs of this module (they
 are pure functions of the model, optimizer and mesh), which only saves compile time.
 """
 
@@ -21,6 +22,7 @@ from diloco import data as data_lib
 from diloco.inner import evaluation
 from diloco.inner import island as island_lib, step as step_lib
 from diloco import metrics, train
+from diloco.config import build
 from diloco.runners import islands as islands_lib
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
@@ -77,11 +79,14 @@ class Run:
             return evaluate(fns, params, data)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(islands_lib, "Synchronizer", Recording)
             mp.setattr(Learner, "upload", recorded_upload)
             mp.setattr(Learner, "receive", recorded_receive)
             mp.setattr(evaluation, "evaluate", recorded_evaluate)
-            self.summary = train.train_and_evaluate(config, workdir)
+            if config.mode == "dp":
+                self.summary = train.train_and_evaluate(config, workdir)
+            else:  # the builder makes the recording synchronizer
+                parts = build.local_learners(config, sync_cls=Recording)
+                self.summary = islands_lib.run(config, workdir, parts=parts)
         self.config = config
         self.rows = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
         self.merges = [r for r in self.rows if r.get("event") == "merge"]

@@ -10,7 +10,7 @@ import pytest
 
 from diloco.config import deploy as deploy_lib
 from diloco.rpc import client as client_lib, limits as limits_lib, service
-from diloco.runtime import realtime
+from diloco.runtime import link as link_lib, sync_host
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -99,7 +99,7 @@ class _FakeSync:
 
 def test_tls_with_self_signed_pair(tmp_path):
     cert, key = _load("scripts/make_certs.py").make_self_signed(str(tmp_path))
-    host = realtime.SyncHost(_FakeSync())
+    host = sync_host.SyncHost(_FakeSync())
     server, _, port = service.serve(host, "tok", cert=cert, key=key)
     try:
         # localhost matches the certificate's name; plaintext against a TLS port fails.
@@ -109,7 +109,7 @@ def test_tls_with_self_signed_pair(tmp_path):
         assert host.sync.live == {0}
         plain = client_lib.GrpcLink(f"localhost:{port}", 1, "tok",
                                     limits=limits_lib.Limits(call_timeout_s=2.0))
-        with pytest.raises(realtime.Unreachable):
+        with pytest.raises(link_lib.Unreachable):
             plain.join((0, 0), ())
         assert host.sync.live == {0}
         link.close()

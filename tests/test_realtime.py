@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from diloco.runtime import realtime
+from diloco.runtime import learner_loop
 
 
 class _Learner:
@@ -40,7 +40,7 @@ class _Send:
     ("checksum", 0, 1, False),  # corrupted on the way: dropped and, being lost, asked for again
 ])
 def test_deliver_rejoins_after_a_lost_or_corrupted_send(why, applied, dropped, joined):
-    loop = realtime._LearnerLoop(_Learner(why), _Link([_Send()]), threading.Event(),
+    loop = learner_loop._LearnerLoop(_Learner(why), _Link([_Send()]), threading.Event(),
                                  heartbeat_s=1.0, max_backoff_s=1.0, rng=random.Random(0))
     loop.joined = True
     loop.inflight[3] = 7
@@ -84,7 +84,7 @@ class _RecordingLink:
 def test_a_non_blocking_learner_waits_for_the_answer_before_sending_a_fragment_again():
     """A second delta against the same base would carry the first one's progress again."""
     link = _RecordingLink()
-    loop = realtime._LearnerLoop(_Trainer(), link, threading.Event(), heartbeat_s=1.0,
+    loop = learner_loop._LearnerLoop(_Trainer(), link, threading.Event(), heartbeat_s=1.0,
                                  max_backoff_s=1.0, rng=random.Random(0))
     loop.learner.generations = [0]
     loop.train(lambda: None, steps=4, overlap=0, blocking=False, on_step=None)

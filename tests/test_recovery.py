@@ -24,7 +24,6 @@ from diloco.chaos import schedule as chaos
 from diloco.studies import chaos_suite
 from diloco.outer import compression, fragments, optimizers
 from diloco import metrics
-from diloco.runners import islands as islands_lib
 from diloco.outer import policies
 from diloco.recovery import rejoin
 from diloco.inner import step as step_lib
@@ -84,28 +83,31 @@ class Watch:
     def patched(self):
         watch = self
 
-        class Recording(Synchronizer):
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, **kwargs)
-                self._remember()
+        sync_init, sync_merge, sync_load, sync_restart = (
+            Synchronizer.__init__, Synchronizer._merge, Synchronizer.load_state_dict,
+            Synchronizer.restart)
 
-            def _remember(self):
-                for p, g in enumerate(self.globals):
-                    watch.history[(self.generation, p, self.versions[p])] = {
-                        k: v.copy() for k, v in g.items()}
+        def remember(sync):
+            for p, g in enumerate(sync.globals):
+                watch.history[(sync.generation, p, sync.versions[p])] = {
+                    k: v.copy() for k, v in g.items()}
 
-            def _merge(self, p, now):
-                actions = super()._merge(p, now)
-                self._remember()
-                return actions
+        def recorded_sync_init(sync, *args, **kwargs):
+            sync_init(sync, *args, **kwargs)
+            remember(sync)
 
-            def load_state_dict(self, state):
-                super().load_state_dict(state)
-                watch.restored.append(self.digest())
+        def recorded_merge(sync, p, now):
+            actions = sync_merge(sync, p, now)
+            remember(sync)
+            return actions
 
-            def restart(self, state, generation):
-                super().restart(state, generation)
-                self._remember()
+        def recorded_load(sync, state):
+            sync_load(sync, state)
+            watch.restored.append(sync.digest())
+
+        def recorded_restart(sync, state, generation):
+            sync_restart(sync, state, generation)
+            remember(sync)
 
         save_sync, rejoined, init = (rejoin.Recovery.save_sync, virtual_chaos.ChaosRuntime._rejoined,
                                      virtual_chaos.ChaosRuntime.__init__)
@@ -136,7 +138,10 @@ class Watch:
             watch.runtime = runtime
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(islands_lib, "Synchronizer", Recording)
+            mp.setattr(Synchronizer, "__init__", recorded_sync_init)
+            mp.setattr(Synchronizer, "_merge", recorded_merge)
+            mp.setattr(Synchronizer, "load_state_dict", recorded_load)
+            mp.setattr(Synchronizer, "restart", recorded_restart)
             mp.setattr(rejoin.Recovery, "save_sync", recorded_save)
             mp.setattr(virtual_chaos.ChaosRuntime, "_rejoined", recorded_rejoined)
             mp.setattr(virtual_chaos.ChaosRuntime, "__init__", recorded_init)

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from diloco.outer import compression, fragments, optimizers, policies, synchronizer
+from diloco.outer import compression, fragments, optimizers, policies, protocol
 from diloco.outer.protocol import Join, Leave, Log, Send, SetTimer, Tick, Upload
 from diloco.outer.synchronizer import Synchronizer
 
@@ -25,7 +25,7 @@ PARAMS = {
 }
 FRAG = fragments.strided(PARAMS, 2)  # 0: embed, block 0; 1: block 1, final norm
 E, W0, W1, S = "embed/embedding", "blocks/0/w", "blocks/1/w", "final_norm/scale"
-EQUAL_MEAN = dict(weighting="equal", merge="mean")
+EQUAL_MEAN = dict(weights=policies.EqualWeights(), merge=policies.Mean())
 
 
 def _sync(policy, tx, learners: int, codec: str = "fp32") -> Synchronizer:
@@ -95,7 +95,7 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
     # Round 1: learner m trained to θ_m = Θ − d_m and uploads Δ_m = Θ − θ_m (= d_m exactly).
     d = [{E: _f([0.5, 0.0], [1.0, -1.0]), W0: _f([0.25, 0.5], [0.0, 1.0])},
          {E: _f([1.5, 1.0], [-1.0, 1.0]), W0: _f([0.75, -0.5], [2.0, 0.0])}]
-    ups = [Upload(m, 0, 0, synchronizer.outer_gradient(
+    ups = [Upload(m, 0, 0, protocol.outer_gradient(
         copies[m], {k: copies[m][k] - d[m][k] for k in copies[m]}, "fp32"), 4, 128, 1.0, 0.9, 0.25)
         for m in range(2)]
     assert sync.handle(ups[0]) == []  # one of two live learners: no merge yet
@@ -113,7 +113,7 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
     assert [(s.learner, s.fragment, s.version) for s in sends] == [(0, 0, 1), (1, 0, 1)]
     assert all(s.update is not None and s.values is None for s in sends)  # learners held v0
     for m, s in enumerate(sends):
-        copies[m] = synchronizer.apply_send(copies[m], s)
+        copies[m] = protocol.apply_send(copies[m], s)
         _assert_bits(copies[m], sync.globals[0])
     # Fragment 1 never moved.
     _assert_bits(sync.globals[1], {W1: PARAMS["blocks"][1]["w"], S: PARAMS["final_norm"]["scale"]})
@@ -127,7 +127,7 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
     _assert_bits(sync.globals[0], want2)
     assert _merges(actions)[0]["version"] == 2
     for m, s in enumerate(_of(actions, Send)):
-        _assert_bits(synchronizer.apply_send(copies[m], s), want2)
+        _assert_bits(protocol.apply_send(copies[m], s), want2)
 
 
 def test_synchronous_merge_with_the_paper_outer_hyperparameters():
@@ -160,7 +160,7 @@ def test_min_quorum_merges_with_the_live_learners_while_others_stall():
 
 
 def test_all_learners_waits_for_stalled_learners_until_they_leave():
-    sync = _sync(policies.Policy(policies.AllLearners(), policies.NoGrace(), **EQUAL_MEAN),
+    sync = _sync(policies.Policy(policies.AllLive(), policies.NoGrace(), **EQUAL_MEAN),
                  optimizers.sgd(1.0), learners=4)
     delta = {E: _f([1.0, 1.0], [1.0, 1.0]), W0: _f([0.0, 0.5], [0.0, 0.0])}
     assert sync.handle(_up(0, 0, delta, base=0)) == []
@@ -224,8 +224,8 @@ def test_grace_window_includes_learners_inside_it_and_defers_the_late_one():
 
 
 def test_merge_records_carry_normalised_token_weights_and_the_merge_uses_them():
-    policy = policies.Policy(policies.AllLearners(), policies.NoGrace(), weighting="tokens",
-                             merge="mean")
+    policy = policies.Policy(policies.AllLive(), policies.NoGrace(), weights=policies.TokenWeights(),
+                             merge=policies.Mean())
     sync = _sync(policy, optimizers.sgd(1.0), learners=3)
     counters = [(32, 1), (32, 2), (64, 2)]  # tokens²/steps = 1024, 512, 2048 -> 2/7, 1/7, 4/7
     deltas = [{W1: _f(7.0, 0.0, 0.0), S: _f(0.0, 0.0)}, {W1: _f(0.0, 7.0, 0.0), S: _f(0.0, 0.0)},
@@ -395,7 +395,7 @@ def test_fp4_downlink_learners_match_bitwise_and_the_residual_is_the_error():
             assert s.update is not None and all(e.codec == "fp4" for e in s.update.values())
             assert s.nbytes == sum(compression.encoded_nbytes("fp4", x.size)
                                    for x in theta0.values())
-            copies[m] = synchronizer.apply_send(copies[m], s)
+            copies[m] = protocol.apply_send(copies[m], s)
             _assert_bits(copies[m], sync.globals[0])
         for k in theta0:
             total[k] += -merging_mean(d, k)
@@ -419,11 +419,11 @@ def test_a_late_joiner_gets_the_full_fragment_then_updates():
     assert (send.learner, send.fragment, send.version) == (1, 0, 1)
     assert send.update is None
     _assert_bits(send.values, sync.globals[0])
-    copy = synchronizer.apply_send({}, send)
+    copy = protocol.apply_send({}, send)
     sync.handle(_good(0, 1))
     sends = _of(sync.handle(_good(1, 1)), Send)
     assert [s.update is not None for s in sends] == [True, True]
-    _assert_bits(synchronizer.apply_send(copy, sends[1]), sync.globals[0])
+    _assert_bits(protocol.apply_send(copy, sends[1]), sync.globals[0])
 
 
 def test_checksums_are_zlibs_crc32_of_the_header_and_payload():
@@ -443,8 +443,8 @@ def test_checksums_are_zlibs_crc32_of_the_header_and_payload():
 
 def test_a_non_finite_upload_is_dropped_under_rda_too():
     """RDA's norms name the NaN upload (no outlier screen here); the other merges alone."""
-    policy = policies.Policy(policies.AllLearners(), policies.NoGrace(), weighting="equal",
-                             merge="rda")
+    policy = policies.Policy(policies.AllLive(), policies.NoGrace(), weights=policies.EqualWeights(),
+                             merge=policies.RDA())
     sync = _sync(policy, optimizers.sgd(1.0), learners=2)
     good = _good(1, 0)
     bad = _with_delta(_good(0, 0), {**good.delta, W0: _raw_fp32(_f([np.nan, 0], [0, 0]))})

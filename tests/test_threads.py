@@ -4,29 +4,19 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
+from diloco.config import build
 from diloco.runners import islands as islands_lib
 from diloco.outer import protocol
-from diloco.runtime import threads
+from diloco.runtime import link as link_lib, sync_host, threads
 
 
 @pytest.fixture(scope="module")
 def both_runs(tmp_path_factory):
     """The same synchronous config (K = all, blocking, tau = 0) on the virtual and threads runtimes."""
     config = shakespeare.get_config("mode=diloco,runlocal,steps=20")
-    made = []
-
-    class Recording(islands_lib.Synchronizer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    original = islands_lib.Synchronizer
-    islands_lib.Synchronizer = Recording
-    try:
-        virtual = islands_lib.run(config, str(tmp_path_factory.mktemp("virtual")))
-    finally:
-        islands_lib.Synchronizer = original
-    return config, virtual, made[0].global_params(), threads.train(config)
+    parts = build.local_learners(config)
+    virtual = islands_lib.run(config, str(tmp_path_factory.mktemp("virtual")), parts=parts)
+    return config, virtual, parts.syncs[0].global_params(), threads.train(config)
 
 
 def test_threads_matches_virtual_bit_for_bit(both_runs):
@@ -41,7 +31,7 @@ def test_threads_matches_virtual_bit_for_bit(both_runs):
     assert all(r["settled"] for r in run["per_learner"])
     assert run["refusals"] == {}
     # Training moved the parameters away from their initial values.
-    _, _, sync = threads.build(config)
+    sync = threads.build_parts(config)[0].make_sync()
     assert threads.max_abs_diff(sync.global_params(), run_globals) > 1e-4
 
 
@@ -88,9 +78,8 @@ class _TwoFragmentSync:
 
 def test_silent_learner_is_absent_until_it_rejoins():
     import time as time_lib
-    from diloco.runtime import realtime
     clock, sync = _Clock(), _TwoFragmentSync()
-    host = realtime.SyncHost(sync, absent_after_s=2.0, clock=clock)
+    host = sync_host.SyncHost(sync, absent_after_s=2.0, clock=clock)
     try:
         host.join(0, "a", (0, 0))
         host.join(1, "b", (0, 0))
@@ -103,10 +92,10 @@ def test_silent_learner_is_absent_until_it_rejoins():
         assert sync.live == {0}
         assert isinstance(sync.events[-1], protocol.Leave) and sync.events[-1].learner == 1
         assert sync.events[-1].time == 2.5 and host.counts["absent"] == 1
-        with pytest.raises(realtime.Refused, match="join again"):
+        with pytest.raises(link_lib.Refused, match="join again"):
             host.progress(1, "b")
         # Another process may take the id once it is absent; a live id is refused.
-        with pytest.raises(realtime.Refused, match="held by a live process"):
+        with pytest.raises(link_lib.Refused, match="held by a live process"):
             host.join(0, "c", (0, 0))
         host.join(1, "c", (0, 0))
         assert sync.live == {0, 1}
@@ -130,14 +119,14 @@ class _SlowLink:
 
     def upload(self, up):
         import time as time_lib
-        from diloco.runtime import realtime
+
         time_lib.sleep(self.upload_s)
         if self.fail_next_upload:
             self.fail_next_upload = False
-            raise realtime.Unreachable("link down")
+            raise link_lib.Unreachable("link down")
         if self.refuse_next_upload:
             self.refuse_next_upload = False
-            raise realtime.Refused("stale", "stale: base version 0")
+            raise link_lib.Refused("stale", "stale: base version 0")
         self.uploaded.append(up)
 
     def poll(self, wait_s):
@@ -149,7 +138,7 @@ class _SlowLink:
 
 def test_background_link_keeps_uploads_and_polls_off_the_caller():
     import time as time_lib
-    from diloco.runtime import async_link, realtime
+    from diloco.runtime import async_link
     inner = _SlowLink(upload_s=0.2)
     link = async_link.BackgroundLink(inner, poll_wait_s=0.05, max_outstanding=2)
     try:
@@ -172,7 +161,7 @@ def test_background_link_keeps_uploads_and_polls_off_the_caller():
         deadline = time_lib.monotonic() + 5
         while link.pending_uploads() and time_lib.monotonic() < deadline:
             time_lib.sleep(0.01)
-        with pytest.raises(realtime.Unreachable, match="link down"):
+        with pytest.raises(link_lib.Unreachable, match="link down"):
             link.poll(0.0)  # the sender's failure is raised by the next call
         link.join((0,), ())
         assert inner.joins == 2 and link.poll(0.0) == []

@@ -9,7 +9,7 @@ import pytest
 from configs import shakespeare
 from diloco.chaos import schedule as chaos
 from diloco.outer import compression, protocol
-from diloco.runtime import faulty_link, realtime, threads
+from diloco.runtime import faulty_link, link as link_lib, threads
 
 SCALE = 0.1  # wall seconds per schedule second in the link tests
 
@@ -85,7 +85,7 @@ def test_partition_drop_fails_every_call_until_it_heals():
     try:
         for call in (lambda: link.upload(_upload()), lambda: link.poll(0.0),
                      lambda: link.join((0, 0), ())):
-            with pytest.raises(realtime.Unreachable, match="partitioned"):
+            with pytest.raises(link_lib.Unreachable, match="partitioned"):
                 call()
         assert shared.stats.dropped == {"up": 2, "down": 1}
         assert not any(inner.calls for inner in made)
@@ -103,7 +103,7 @@ def test_partition_hold_delivers_at_its_end():
         up = _upload()
         link.upload(up)  # the learner does not wait for it
         assert link.progress(False) is False
-        with pytest.raises(realtime.Unreachable, match="holds"):
+        with pytest.raises(link_lib.Unreachable, match="holds"):
             link.join((0, 0), ())
         host.outbox.append(_send())
         assert link.poll(0.05) == []  # nothing crosses, not even the poll
@@ -161,7 +161,7 @@ def test_synchronizer_down_is_unreachable_and_its_successor_gets_a_new_session()
         link.join((0, 0), ())
         assert link.joined_versions == [3, 4]
         assert slot.take_down() is host
-        with pytest.raises(realtime.Unreachable, match="down"):
+        with pytest.raises(link_lib.Unreachable, match="down"):
             link.progress(False)
         slot.put(_Host())
         link.progress(False)

@@ -10,6 +10,7 @@ from configs import shakespeare
 from diloco.inner import checkpoint, island as island_lib, warm_start
 from diloco.outer import fragments
 from diloco import metrics, train
+from diloco.config import build
 from diloco.runners import islands as islands_lib
 
 
@@ -55,18 +56,10 @@ def test_an_island_starts_from_the_checkpoints_params_with_a_fresh_optimizer(sou
 
 def test_diloco_starts_its_synchronizer_and_learners_from_the_checkpoint(source, tmp_path):
   workdir, cold, params = source
-  seen = {}
-
-  class Recording(islands_lib.Synchronizer):
-    def __init__(self, params0, *args, **kwargs):
-      seen["params0"] = {k: np.array(v) for k, v in params0.items()}
-      super().__init__(params0, *args, **kwargs)
-
   config = _config("runlocal,mode=diloco", init_from=workdir)
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(islands_lib, "Synchronizer", Recording)
-    warm = train.train_and_evaluate(config, str(tmp_path))
-  _assert_bits(seen["params0"], params)
+  parts = build.local_learners(config)
+  warm = islands_lib.run(config, str(tmp_path), parts=parts)
+  _assert_bits(parts.params0, params)  # what the synchronizer starts from
   # The learners start from the model the source run took 40 steps to reach: at step 5 their
   # training losses are already below the source run's at step 5, and its final eval loss.
   first = lambda rows: {r["loss"] for r in rows if r.get("step") == 5 and "loss" in r}

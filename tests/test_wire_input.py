@@ -12,7 +12,7 @@ from configs import shakespeare
 from diloco.outer import compression, protocol
 from diloco.rpc import client as client_lib, limits as limits_lib, security, service
 from diloco.rpc import synchronizer_pb2 as pb
-from diloco.runtime import realtime, threads
+from diloco.runtime import link as link_lib, sync_host, threads
 from diloco.rpc import transport
 
 TOKEN = "s3cret"
@@ -21,8 +21,9 @@ TOKEN = "s3cret"
 @pytest.fixture(scope="module")
 def live():
     config = shakespeare.get_config("mode=decoupled,runlocal")
-    _, learners, sync = threads.build(config)
-    host = realtime.SyncHost(sync, absent_after_s=30.0, progress_per_s=5.0, max_learners=3)
+    parts, learners = threads.build_parts(config)
+    sync = parts.make_sync()
+    host = sync_host.SyncHost(sync, absent_after_s=30.0, progress_per_s=5.0, max_learners=3)
     limits = limits_lib.Limits(chunk_bytes=256, max_message_bytes=2048, max_chunks=1024,
                                max_upload_bytes=1024 * 256, max_learners=3)
     server, svc, port = service.serve(host, TOKEN, port=0, limits=limits)
@@ -153,16 +154,16 @@ def test_registration_limits_and_progress_flood(live):
     other = client_lib.GrpcLink(f"127.0.0.1:{live['port']}", 0, TOKEN, limits=live["limits"])
     n = live["config"].outer.fragments
     before = live["sync"].digest()
-    with pytest.raises(realtime.Refused, match="held by a live process"):
+    with pytest.raises(link_lib.Refused, match="held by a live process"):
         other.join(tuple([0] * n), ())
     for m in (1, 2):
         client_lib.GrpcLink(f"127.0.0.1:{live['port']}", m, TOKEN).join(tuple([0] * n), ())
-    with pytest.raises(realtime.Refused, match="3 learners registered"):
+    with pytest.raises(link_lib.Refused, match="3 learners registered"):
         client_lib.GrpcLink(f"127.0.0.1:{live['port']}", 3, TOKEN).join(tuple([0] * n), ())
     assert live["host"].counts["already_exists"] == 1 and live["host"].counts["too_many"] == 1
     other.close()
     digest = live["sync"].digest()
-    with pytest.raises(realtime.Refused, match="more than 5.0/s"):
+    with pytest.raises(link_lib.Refused, match="more than 5.0/s"):
         for _ in range(20):
             live["link"].progress(False)
     assert live["host"].counts["rate_limited"] == 1

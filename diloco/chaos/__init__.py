@@ -1,0 +1,1 @@
+"""Faults as data: schedules and the statistics of what they did."""

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from diloco.outer import fragments, synchronizer
+from diloco.outer import fragments, protocol
 from diloco.inner import island as island_lib
 from diloco.inner import step as step_lib
 from diloco.outer.protocol import Send, Upload
@@ -88,7 +88,7 @@ class Learner:
         local = self._read(p)
         return Upload(
             learner=self.index, fragment=p, base_version=self.versions[p],
-            delta=synchronizer.outer_gradient(self.global_copy[p], local, self.codec),
+            delta=protocol.outer_gradient(self.global_copy[p], local, self.codec),
             steps=self.c_steps[p], tokens=self.c_tokens[p], time=arrival_time,
             sent_time=sent_time, step_time=step_time, base_generation=self.generations[p])
 
@@ -119,7 +119,7 @@ class Learner:
             raise ValueError(f"learner {self.index} holds version {self.versions[p]} of fragment {p}"
                              f" but got an update to version {send.version}")
         held_nothing = self.versions[p] < 0
-        new = synchronizer.apply_send(self.global_copy[p], send)
+        new = protocol.apply_send(self.global_copy[p], send)
         self.global_copy[p], self.versions[p] = new, send.version
         self.generations[p] = send.generation
         self.sync_generation = max(self.sync_generation, send.generation)

@@ -1,11 +1,12 @@
-"""Synchronizer policies: who must report before a merge, how long to wait, how to weigh.
+"""Synchronizer policies: who must report before a merge, how long to wait, how to weigh, how to merge.
 
 A mode is a choice of these objects, made once (see `from_config`):
-  synchronous DiLoCo / Streaming DiLoCo: AllLearners, NoGrace, equal weights, mean;
-  Decoupled DiLoCo: MinQuorum(K), AdaptiveGrace(γ, τ), token weights, RDA.
+  synchronous DiLoCo / Streaming DiLoCo: AllMembers (AllLive when elastic), NoGrace, EqualWeights,
+  Mean; Decoupled DiLoCo: MinQuorum(K), AdaptiveGrace(γ, τ), TokenWeights, RDA.
 """
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import ml_collections
@@ -15,30 +16,49 @@ from diloco.outer import merging
 
 
 class Quorum(Protocol):
-    def required(self, live: int) -> int:
-        """How many uploads of a fragment must be in before its merge can start."""
+    """Who a round of merges counts, and how many of them must have uploaded."""
+
+    # True: every learner that ever joined counts, crashed ones included, and a round in
+    # progress waits for a learner that (re)joins in its middle; False: only live learners.
+    of_members: bool
+
+    def required(self, counted: int) -> int:
+        """How many uploads of a fragment from `counted` learners must be in before its merge."""
 
 
 @dataclasses.dataclass(frozen=True)
-class AllLearners:
-    """Synchronous: every live learner."""
+class AllMembers:
+    """Synchronous without elasticity: every member; merges wait for crashed ones to return."""
 
-    def required(self, live: int) -> int:
-        return max(live, 1)
+    of_members = True
+
+    def required(self, counted: int) -> int:
+        return max(counted, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllLive:
+    """Synchronous and elastic: every live learner."""
+
+    of_members = False
+
+    def required(self, counted: int) -> int:
+        return max(counted, 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class MinQuorum:
-    """Decoupled: at least K learners (fewer if fewer are alive, but at least one)."""
+    """Decoupled: at least K live learners (fewer if fewer are alive, but at least one)."""
 
     k: int = 1
+    of_members = False
 
     def __post_init__(self):
         if self.k < 1:
             raise ValueError(f"quorum must be >= 1, got {self.k}")
 
-    def required(self, live: int) -> int:
-        return max(1, min(self.k, live))
+    def required(self, counted: int) -> int:
+        return max(1, min(self.k, counted))
 
 
 @dataclasses.dataclass
@@ -84,16 +104,53 @@ class AdaptiveGrace:
         return max(0.0, self.gamma * (self.overlap * step_s - quorum_s - sync_s))
 
 
-def equal_weights(tokens: list[int], steps: list[int]) -> np.ndarray:
-    del steps
-    return merging.equal_weights(len(tokens))
+class Weighting(Protocol):
+    def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
+        """Each upload's merge weight, from its tokens and steps since its base version."""
 
 
-def token_weights(tokens: list[int], steps: list[int]) -> np.ndarray:
-    return merging.token_weights(tokens, steps)
+@dataclasses.dataclass(frozen=True)
+class EqualWeights:
+    def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
+        del steps
+        return merging.equal_weights(len(tokens))
 
 
-WEIGHTINGS = {"equal": equal_weights, "tokens": token_weights}
+@dataclasses.dataclass(frozen=True)
+class TokenWeights:
+    """w = tokens · tokens/steps: quantity times quality (Decoupled DiLoCo)."""
+
+    def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
+        return merging.token_weights(tokens, steps)
+
+
+Deltas = Sequence[Mapping[str, np.ndarray]]
+
+
+class Merge(Protocol):
+    def __call__(self, deltas: Deltas, weights: Sequence[float]
+                 ) -> tuple[dict[str, np.ndarray], list[int]]:
+        """The merged outer gradient, and the indices of deltas holding NaN or Inf."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Mean:
+    """The weighted mean of the outer gradients."""
+
+    def __call__(self, deltas: Deltas, weights: Sequence[float]):
+        return merging.merge_checked(deltas, weights, rule="mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class RDA:
+    """Radial-directional averaging per tensor; embeddings by the weighted mean."""
+
+    def __call__(self, deltas: Deltas, weights: Sequence[float]):
+        return merging.merge_checked(deltas, weights, rule="rda")
+
+
+WEIGHTINGS: dict[str, Weighting] = {"equal": EqualWeights(), "tokens": TokenWeights()}
+MERGES: dict[str, Merge] = {"mean": Mean(), "rda": RDA()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,34 +159,37 @@ class Policy:
 
     quorum: Quorum
     grace: Grace
-    weighting: str  # 'equal' | 'tokens'
-    merge: str  # 'mean' | 'rda'
+    weights: Weighting
+    merge: Merge
     ema_decay: float = 0.9
     max_staleness: int = 1 << 30  # contributions further behind are dropped
     # Scale a merge by the weighted mean of 1/(1+staleness) of its uploads (staleness-aware
     # asynchronous SGD): uploads from one base that merge one by one are not simply summed.
     staleness_damping: bool = False
 
-    def __post_init__(self):
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"unknown weighting {self.weighting!r}; expected {sorted(WEIGHTINGS)}")
-        if self.merge not in merging.RULES:
-            raise ValueError(f"unknown merge {self.merge!r}; expected one of {merging.RULES}")
 
-    def weights(self, tokens: list[int], steps: list[int]) -> np.ndarray:
-        return WEIGHTINGS[self.weighting](tokens, steps)
+SYNCHRONOUS = Policy(AllLive(), NoGrace(), EqualWeights(), Mean())
 
 
-SYNCHRONOUS = Policy(AllLearners(), NoGrace(), weighting="equal", merge="mean")
+def _pick(table: dict, name: str, what: str):
+    if name not in table:
+        raise ValueError(f"unknown {what} {name!r}; expected one of {sorted(table)}")
+    return table[name]
+
+
+def quorum_of(o: ml_collections.ConfigDict) -> Quorum:
+    """outer.quorum K > 0: MinQuorum(K); 0: all members, or all live learners when elastic."""
+    if o.quorum < 0:
+        raise ValueError(f"outer.quorum must be >= 0, got {o.quorum}")
+    if o.quorum == 0:
+        return AllLive() if o.elastic else AllMembers()
+    return MinQuorum(o.quorum)
 
 
 def from_config(config: ml_collections.ConfigDict) -> Policy:
     """The synchronizer policy of a run's `outer` config section."""
     o = config.outer
-    if o.quorum == 0:  # 0 = all live learners: synchronous (Streaming) DiLoCo
-        quorum = AllLearners()
-    else:
-        quorum = MinQuorum(o.quorum)
-    grace = AdaptiveGrace(o.grace_gamma, config.outer.overlap) if o.grace_gamma > 0 else NoGrace()
-    return Policy(quorum, grace, weighting=o.weighting, merge=o.merge, ema_decay=o.ema_decay,
+    grace = AdaptiveGrace(o.grace_gamma, o.overlap) if o.grace_gamma > 0 else NoGrace()
+    return Policy(quorum_of(o), grace, weights=_pick(WEIGHTINGS, o.weighting, "outer.weighting"),
+                  merge=_pick(MERGES, o.merge, "outer.merge"), ema_decay=o.ema_decay,
                   max_staleness=o.max_staleness, staleness_damping=o.staleness_damping)

@@ -149,3 +149,22 @@ def send_checksum(fragment: int, version: int, generation: int, base_generation:
     """A Send's checksum from its header numbers and the CRC of its payload (shared by a merge's
     sends of one encoded update)."""
     return integrity.with_header((fragment, version, generation, base_generation), payload_crc)
+
+
+# ---- wire math both sides share ----
+
+
+def apply_send(global_copy: Mapping[str, np.ndarray], send: Send) -> dict[str, np.ndarray]:
+    """A learner's new copy of the global fragment after receiving `send`."""
+    if send.update is None:
+        return {k: np.array(v, np.float32) for k, v in send.values.items()}
+    decoded = compression.decode_tree(send.update)
+    return {k: global_copy[k] + decoded[k] for k in global_copy}
+
+
+def outer_gradient(global_copy: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray],
+                   codec: str) -> dict[str, compression.Encoded]:
+    """Δ = Θ_base − θ_local, encoded for the wire."""
+    return compression.encode_tree(
+        {k: np.asarray(global_copy[k], np.float32) - np.asarray(local[k], np.float32)
+         for k in global_copy}, codec)

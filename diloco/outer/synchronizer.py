@@ -18,8 +18,8 @@ progress, finite values and, with an `integrity.OutlierScreen`, the norm. A reje
 Log with the learner, fragment, a short `code` and a reason. It leaves the global values, outer
 optimizer states, residuals and versions as they were. Unless the payload was corrupted in transit
 (a checksum mismatch: the learner is expected to send it again), the fragment's current round stops
-waiting for that learner, which may let the others merge; with `quorum_of='live'`, so does a round
-in progress when a learner that is not live joins. The outlier screen's norm history records what it screened.
+waiting for that learner, which may let the others merge; unless the quorum counts every member
+(`Quorum.of_members`), so does a round in progress when a learner that is not live joins. The outlier screen's norm history records what it screened.
 Non-finite values and outliers are found at merge time, so such an upload has already fed the
 timing EMAs behind the grace window when it arrived.
 
@@ -37,11 +37,10 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import compression, fragments, integrity, merging, optimizers, policies, protocol
+from diloco.outer import compression, fragments, integrity, optimizers, policies, protocol
 from diloco.outer import sync_state
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
-QUORUM_OF = ("live", "members")
 NON_FINITE = ("non_finite", "non-finite values")
 
 
@@ -51,17 +50,12 @@ class Synchronizer:
     def __init__(self, params: Mapping[str, np.ndarray], frag: fragments.Fragmentation,
                  policy: policies.Policy, outer_tx: optax.GradientTransformation,
                  downlink_codec: str = "fp32", *, screen: integrity.OutlierScreen | None = None,
-                 quorum_of: str = "live", checkpoint_every: int = 0):
-        """`quorum_of='members'` counts every learner that ever joined, crashed ones included, in
-        the quorum (synchronous DiLoCo without elasticity waits for them to come back); 'live'
-        counts only live learners."""
+                 checkpoint_every: int = 0):
         if downlink_codec not in compression.CODECS:
             raise ValueError(f"unknown downlink codec {downlink_codec!r}")
-        if quorum_of not in QUORUM_OF:
-            raise ValueError(f"quorum_of must be one of {QUORUM_OF}, got {quorum_of!r}")
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
-        self.screen, self.quorum_of, self.checkpoint_every = screen, quorum_of, checkpoint_every
+        self.screen, self.checkpoint_every = screen, checkpoint_every
         flat = fragments.flatten(params)
         frag.check(flat)
         self.frag, self.policy, self.tx, self.codec = frag, policy, outer_tx, downlink_codec
@@ -129,7 +123,7 @@ class Synchronizer:
                 actions.append(self._send(event.learner, p))
         # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
         # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
-        late = [p for p in range(num) if returning and self.quorum_of == "live" and self.pending[p]
+        late = [p for p in range(num) if returning and not self.policy.quorum.of_members and self.pending[p]
                 and event.learner not in self.pending[p]]
         for p in late:
             self.abstaining[p].add(event.learner)
@@ -201,7 +195,7 @@ class Synchronizer:
 
     def _maybe_merge(self, p: int, now: float) -> list[Action]:
         pending = self.pending[p]
-        group = (self.live if self.quorum_of == "live" else self.members) - self.abstaining[p]
+        group = (self.members if self.policy.quorum.of_members else self.live) - self.abstaining[p]
         arrived = len(group.intersection(pending))
         if not pending or arrived < self.policy.quorum.required(len(group)):
             return []
@@ -262,7 +256,7 @@ class Synchronizer:
         ups, deltas, rejects, clipped = self._screen(p, now)
         while ups:  # a non-finite contribution never reaches the global state
             weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
-            merged, bad = merging.merge_checked(deltas, weights, rule=self.policy.merge)
+            merged, bad = self.policy.merge(deltas, weights)
             if not bad:
                 break
             ups, deltas, more = self._drop(p, now, ups, deltas, {i: NON_FINITE for i in bad})
@@ -399,19 +393,3 @@ def _apply(old: np.ndarray, update: compression.Encoded, raw: np.ndarray) -> np.
         np.add(old_N[c0: c0 + d.size], d, out=new_N[c0: c0 + d.size])
         np.subtract(raw_N[c0: c0 + d.size], d, out=raw_N[c0: c0 + d.size])
     return new
-
-
-def apply_send(global_copy: Mapping[str, np.ndarray], send: Send) -> dict[str, np.ndarray]:
-    """A learner's new copy of the global fragment after receiving `send`."""
-    if send.update is None:
-        return {k: np.array(v, np.float32) for k, v in send.values.items()}
-    decoded = compression.decode_tree(send.update)
-    return {k: global_copy[k] + decoded[k] for k in global_copy}
-
-
-def outer_gradient(global_copy: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray],
-                   codec: str) -> dict[str, compression.Encoded]:
-    """Δ = Θ_base − θ_local, encoded for the wire."""
-    return compression.encode_tree(
-        {k: np.asarray(global_copy[k], np.float32) - np.asarray(local[k], np.float32)
-         for k in global_copy}, codec)

@@ -1,0 +1,1 @@
+"""Checkpoints of learners and the synchronizer, and how a run restores them."""

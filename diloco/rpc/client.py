@@ -1,9 +1,9 @@
-"""A learner's gRPC link to the synchronizer (implements `realtime.Link`).
+"""A learner's gRPC link to the synchronizer (implements `link_lib.Link`).
 
 Every call has a deadline and carries the shared token; the channel sends keepalive pings. Bytes
 are counted from the serialized messages that gRPC actually sent and received. Network failures
-become `realtime.Unreachable` (the learner keeps training and retries with backoff); refusals
-become `realtime.Refused` with the server's message.
+become `link_lib.Unreachable` (the learner keeps training and retries with backoff); refusals
+become `link_lib.Refused` with the server's message.
 """
 
 import threading
@@ -14,7 +14,7 @@ import grpc
 from diloco.outer import protocol
 from diloco.rpc import limits as limits_lib, security, service
 from diloco.rpc import synchronizer_pb2 as pb
-from diloco.runtime import realtime
+from diloco.runtime import link as link_lib
 from diloco.rpc import transport
 
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -75,9 +75,9 @@ class GrpcLink:
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             if code in _UNREACHABLE or code is None:
-                raise realtime.Unreachable(str(err)) from err
+                raise link_lib.Unreachable(str(err)) from err
             name = _CODE_OF.get(code, "invalid")
-            raise realtime.Refused(name, err.details() or str(code)) from err
+            raise link_lib.Refused(name, err.details() or str(code)) from err
 
     def join(self, versions, generations) -> None:
         req = pb.JoinRequest(learner=self.learner, session=self.session, versions=versions,
@@ -124,7 +124,7 @@ class GrpcLink:
         try:
             got = self._call(fetch)
         except transport.WireError as err:
-            raise realtime.Unreachable(f"corrupt delivery: {err}") from err
+            raise link_lib.Unreachable(f"corrupt delivery: {err}") from err
         if got:
             self.acked = got[-1][0]
         self.codec_bytes_received += sum(s.nbytes for _, s in got)

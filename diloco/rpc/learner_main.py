@@ -25,14 +25,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import data as data_lib
-from diloco.config import deploy as deploy_lib
-from diloco.outer import fragments, integrity
-from diloco.inner import island as island_lib
 from diloco import metrics
+from diloco.config import build
+from diloco.config import deploy as deploy_lib
+from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, limits as limits_lib, multihost
-from diloco.runtime import async_link, realtime
+from diloco.runtime import async_link, learner_loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,19 +56,9 @@ def loop_link_for(link, blocking: bool):
 
 def make_learner(config: ml_collections.ConfigDict, m: int) -> multihost.SpmdLearner:
     """Learner m on every device of its JAX job, holding nothing yet (its Join fetches them)."""
-    o = config.outer
-    if not 0 <= m < o.learners:
-        raise ValueError(f"learner_id={m} is outside 0..{o.learners - 1} (outer.learners)")
-    isl = island_lib.build_island(config, jax.devices(), shard_index=m,
-                                  num_shards=o.learners, splits=data_lib.load_splits(config.data))
-    params0 = {k: multihost.host_value(v)
-               for k, v in fragments.flatten(isl.init_state().params).items()}
-    frag = fragments.make(o.fragment_kind, params0, o.fragments)
-    learner = multihost.SpmdLearner(m, isl, frag, fragments.Schedule(o.fragments, o.inner_steps),
-                                    o.codec, o.alpha, config.batch_size * config.seq_len)
-    learner.versions = [-1] * o.fragments
-    learner.global_copy = [{} for _ in range(o.fragments)]
-    return learner
+    parts = build.one_learner(config, m, jax.devices(), learner_cls=multihost.SpmdLearner,
+                              host_value=multihost.host_value)
+    return parts.make_learner(m)
 
 
 def restore(learner: multihost.SpmdLearner, ckpt: LearnerCheckpointer) -> int | None:
@@ -143,7 +132,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, tar
 
     t0 = time.perf_counter()
     try:
-        result = realtime.run_learner(
+        result = learner_loop.run_learner(
             learner, loop_link, next_batch, config.steps, overlap=config.outer.overlap,
             blocking=config.outer.blocking, heartbeat_s=limits.absent_after_s / 4, stop=stop,
             on_step=on_step, seed=learner_id, settle_timeout_s=120.0)

@@ -2,7 +2,7 @@
 
 Every process of the learner builds the same island over all processes' devices (its mesh spans
 the job) and holds the same learner state. Only process 0 runs the learner loop against the
-synchronizer (`realtime.run_learner`); every operation that loop performs on the learner — take a
+synchronizer (`learner_loop.run_learner`); every operation that loop performs on the learner — take a
 step, apply a received fragment, compute an upload, end — is first broadcast from process 0
 (`multihost_utils.broadcast_one_to_all`) and the other processes perform the same operation in the
 same order (`follow`). Received fragments travel in the broadcast as the wire encoding of the Send,

@@ -1,4 +1,4 @@
-"""The synchronizer's gRPC service: a thin, guarded skin over `realtime.SyncHost`.
+"""The synchronizer's gRPC service: a thin, guarded skin over `sync_host.SyncHost`.
 
 Handlers take raw request bytes and parse them here, so malformed protobuf bytes get a clear
 INVALID_ARGUMENT (gRPC's own deserializer would answer a bare INTERNAL), and so that the bytes that
@@ -22,7 +22,7 @@ from google.protobuf import message as pb_message
 
 from diloco.rpc import limits as limits_lib, security
 from diloco.rpc import synchronizer_pb2 as pb
-from diloco.runtime import realtime
+from diloco.runtime import link as link_lib, sync_host
 from diloco.rpc import transport
 
 SERVICE = "diloco.rpc.SynchronizerService"
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 class Service:
     """Handlers of SynchronizerService over one SyncHost."""
 
-    def __init__(self, host: realtime.SyncHost, token: str, limits: limits_lib.Limits):
+    def __init__(self, host: sync_host.SyncHost, token: str, limits: limits_lib.Limits):
         if not token:
             raise ValueError("the synchronizer needs a non-empty shared token")
         self.host, self.token, self.limits = host, token, limits
@@ -86,7 +86,7 @@ class Service:
         try:
             gen, seq = self.host.join(req.learner, req.session, tuple(req.versions),
                                       tuple(req.generations))
-        except realtime.Refused as err:
+        except link_lib.Refused as err:
             self._fail(context, err.code, str(err))
         return self._reply(pb.JoinReply(generation=gen, next_seq=seq,
                                         num_fragments=self.host.sync.frag.num_fragments,
@@ -97,7 +97,7 @@ class Service:
         req = self._parse(pb.ProgressRequest, data, context)
         try:
             settled = self.host.progress(req.learner, req.session, finished=req.finished)
-        except realtime.Refused as err:
+        except link_lib.Refused as err:
             self._fail(context, err.code, str(err))
         return self._reply(pb.ProgressReply(generation=self.host.sync.generation, settled=settled))
 
@@ -128,7 +128,7 @@ class Service:
             self._fail(context, code, str(err))
         try:
             merges = self.host.upload(first.learner, first.session, up, started)
-        except realtime.Refused as err:
+        except link_lib.Refused as err:
             self._fail(context, err.code, str(err))
         with self._lock:
             self.codec_bytes_up += up.nbytes
@@ -140,7 +140,7 @@ class Service:
         wait = min(max(req.wait_s, 0.0), self.limits.poll_wait_s)
         try:
             sends = self.host.poll(req.learner, req.session, req.after_seq, wait)
-        except realtime.Refused as err:
+        except link_lib.Refused as err:
             self._fail(context, err.code, str(err))
         for seq, send in sends:
             with self._lock:
@@ -156,7 +156,7 @@ def _raw(fn, kind):
     return kind(fn, request_deserializer=None, response_serializer=None)
 
 
-def serve(host: realtime.SyncHost, token: str, *, port: int = 0, bind: str = "127.0.0.1",
+def serve(host: sync_host.SyncHost, token: str, *, port: int = 0, bind: str = "127.0.0.1",
           limits: limits_lib.Limits = limits_lib.Limits(), cert: str = "", key: str = "",
           workers: int = 16) -> tuple[grpc.Server, Service, int]:
     """Starts the service on bind:port (0 = a free port); returns (server, service, port)."""

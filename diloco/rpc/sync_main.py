@@ -15,38 +15,38 @@ import threading
 import time
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
-from diloco import data as data_lib, metrics
-from diloco.outer import fragments, policies
-from diloco.inner import island as island_lib
-from diloco.runners import islands as islands_lib
+from diloco import metrics
+from diloco.config import build
 from diloco.config import deploy as deploy_lib
-from diloco.recovery import sync_checkpoint
 from diloco.outer.sync_state import arrays_digest
-from diloco.rpc import limits as limits_lib, service
-from diloco.runtime import realtime
 from diloco.outer.synchronizer import Synchronizer
+from diloco.recovery import sync_checkpoint
+from diloco.rpc import limits as limits_lib, service
+from diloco.runtime import sync_host
 
 
 def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
-    """The synchronizer of a config, with the same initial parameters every learner builds.
+    """The config's synchronizer, at the initial parameters every learner builds; it checkpoints
+    after every merge unless `outer.sync_checkpoint_every` says less often (a process must be able
+    to restart)."""
+    return build.synchronizer_only(config).make_sync(min_checkpoint_every=1)
 
-    It builds them on one device, whatever mesh the learners' islands use (the values do not
-    depend on how they are sharded).
-    """
-    o = config.outer
-    one = config.copy_and_resolve_references()
-    one.mesh.data, one.mesh.fsdp = 1, 1
-    isl = island_lib.build_island(one, jax.devices()[:1], splits=data_lib.load_splits(
-        config.data))
-    params0 = fragments.flatten(jax.device_get(isl.init_state().params))
-    frag = fragments.make(o.fragment_kind, params0, o.fragments)
-    return Synchronizer(params0, frag, policies.from_config(config), islands_lib.make_outer(o),
-                        downlink_codec=o.downlink_codec or o.codec, screen=islands_lib.make_screen(o),
-                        checkpoint_every=max(int(o.get("sync_checkpoint_every", 0)), 1))
+
+def _restore(sync: Synchronizer, ckpt: sync_checkpoint.SyncCheckpointer) -> dict[str, Any]:
+    """Restarts `sync` from the newest checkpoint as a new generation (what was restored, for the
+    summary), or saves its initial state as checkpoint 0."""
+    if ckpt.latest_step() is None:
+        ckpt.save(sync.merges, sync.state_dict())
+        return {}
+    state = ckpt.restore(sync.state_dict())
+    sync.restart(state, int(state["meta"]["generation"]) + 1)
+    now = sync.state_dict()["arrays"]  # a restart changes only the generation bookkeeping
+    return {"restored_digest": arrays_digest(state),
+            "restored_arrays_equal": all(np.array_equal(now[k], v)
+                                         for k, v in state["arrays"].items())}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *, token: str,
@@ -59,16 +59,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, token: str,
     sync = make_synchronizer(config)
     ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
     restored_from = ckpt.latest_step()
-    restored: dict[str, Any] = {}
-    if restored_from is not None:
-        state = ckpt.restore(sync.state_dict())
-        sync.restart(state, int(state["meta"]["generation"]) + 1)
-        now = sync.state_dict()["arrays"]  # a restart changes only the generation bookkeeping
-        restored = {"restored_digest": arrays_digest(state),
-                    "restored_arrays_equal": all(np.array_equal(now[k], v)
-                                                 for k, v in state["arrays"].items())}
-    else:
-        ckpt.save(sync.merges, sync.state_dict())
+    restored = _restore(sync, ckpt)
     # A restarted synchronizer appends to the log of the run before it.
     writer = metrics.MetricsWriter(workdir, resume_step=None if restored_from is None else 1 << 60)
     lock = threading.Lock()
@@ -80,7 +71,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, token: str,
     def on_checkpoint(s: Synchronizer) -> None:
         ckpt.save(s.merges, s.state_dict())
 
-    host = realtime.SyncHost(sync, absent_after_s=limits.absent_after_s,
+    host = sync_host.SyncHost(sync, absent_after_s=limits.absent_after_s,
                              max_learners=limits.max_learners,
                              progress_per_s=limits.progress_per_s, on_log=on_log,
                              on_checkpoint=on_checkpoint)

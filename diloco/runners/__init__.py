@@ -1,0 +1,1 @@
+"""Runners of one mode each: dp, islands (diloco, streaming, decoupled), compare."""

@@ -9,47 +9,51 @@ counted; its bytes per token are those of a ring all-reduce.
 """
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 
 from diloco import metrics
 from diloco.config import presets
-from diloco.runners import islands as islands_lib
+from diloco.runners import islands
 
 
-def sub_config(config: ml_collections.ConfigDict, mode: str) -> ml_collections.ConfigDict:
-    """The config of one compared run: same budget, model, data and learners."""
+def sub_config(config: ml_collections.ConfigDict, mode: str,
+               apply_mode: Callable[..., None]) -> ml_collections.ConfigDict:
+    """The config of one compared run: its mode's preset, then `presets.compare_overrides`."""
     c = config.copy_and_resolve_references()
     with c.unlocked():
-        presets.apply(c, mode, runlocal=False)
-        c.outer.learners = config.outer.learners
-        c.outer.inner_steps = config.outer.inner_steps
-        if mode == "decoupled":
-            c.outer.fragments = config.compare.decoupled_fragments
-            c.outer.inner_steps = config.compare.decoupled_inner_steps
-        if mode == "dp":  # one island over all devices, M x the batch, same steps and tokens
-            c.batch_size = config.batch_size * config.outer.learners
+        apply_mode(c, mode, runlocal=False, learners=config.outer.learners)
+        c.update_from_flattened_dict(presets.compare_overrides(config, mode))
     return c
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    from diloco import train  # train imports this module
+def on_the_islands_clock(summary: dict[str, Any], config: ml_collections.ConfigDict,
+                         workdir: str) -> None:
+    """Places a run without a simulated clock of its own (data-parallel) on the islands' clock:
+    each step takes as long as the slowest island's, and it sends what a ring all-reduce does."""
+    speeds = [float(s) for s in config.sim.speeds.split(",")] if config.sim.speeds else [1.0]
+    step_s = config.sim.step_s * max(speeds)
+    summary["sim_time_s"] = summary["steps"] * step_s
+    summary["eval_curve"] = [{"sim_time_s": r["step"] * step_s, "eval_loss": r["eval_loss"]}
+                             for r in _eval_rows(workdir)]
+    m = config.outer.learners
+    summary["dp_bytes_per_token"] = islands.dp_bytes_per_token(
+        summary["params"], m, config.batch_size * m * config.seq_len)
+    summary["bytes_per_token"] = summary["dp_bytes_per_token"]
+    summary["goodput"] = 1.0 / max(speeds) * sum(speeds) / len(speeds)
 
+
+def run(config: ml_collections.ConfigDict, workdir: str, *, apply_mode: Callable[..., None],
+        train: Callable[[ml_collections.ConfigDict, str], dict[str, Any]]) -> dict[str, Any]:
+    """Trains every mode of `compare.modes` with `train` into WORKDIR/<mode>; table and plot."""
     rows = {}
     for mode in config.compare.modes.split(","):
-        summary = train.train_and_evaluate(sub_config(config, mode), os.path.join(workdir, mode))
-        if mode == "dp":
-            speeds = [float(s) for s in config.sim.speeds.split(",")] if config.sim.speeds else [1.0]
-            summary["sim_time_s"] = summary["steps"] * config.sim.step_s * max(speeds)
-            summary["eval_curve"] = [{"sim_time_s": r["step"] * config.sim.step_s * max(speeds),
-                                      "eval_loss": r["eval_loss"]}
-                                     for r in _eval_rows(os.path.join(workdir, mode))]
-            summary["dp_bytes_per_token"] = islands_lib.dp_bytes_per_token(
-                summary["params"], config.outer.learners, config.batch_size * config.outer.learners
-                * config.seq_len)
-            summary["bytes_per_token"] = summary["dp_bytes_per_token"]
-            summary["goodput"] = 1.0 / max(speeds) * sum(speeds) / len(speeds)
+        sub_dir = os.path.join(workdir, mode)
+        summary = train(sub_config(config, mode, apply_mode), sub_dir)
+        if summary["runtime"] != "virtual":
+            on_the_islands_clock(summary, config, sub_dir)
         rows[mode] = summary
     table = format_table(rows)
     print(table, flush=True)

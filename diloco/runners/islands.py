@@ -1,8 +1,9 @@
 """mode=diloco|streaming|decoupled: M islands and a synchronizer on the virtual runtime.
 
-With a fault schedule (the `chaos` section) the runtime is runtime/chaotic.py and the summary gains
-a `chaos` section; learner and synchronizer checkpoints (`outer.learner_checkpoint_every`,
-`outer.sync_checkpoint_every`) can also be on without faults.
+The parts come from diloco/config/build.py. With a fault schedule (the `chaos` section) the runtime
+is runtime/virtual_chaos.py and the summary gains a `chaos` section; learner and synchronizer
+checkpoints (`outer.learner_checkpoint_every`, `outer.sync_checkpoint_every`) can also be on
+without faults.
 """
 
 import collections
@@ -15,56 +16,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco.chaos import schedule as chaos
-from diloco import data as data_lib
-from diloco.inner import evaluation
-from diloco.outer import fragments, integrity
-from diloco.inner import island as island_lib
 from diloco import metrics
-from diloco.outer import optimizers, policies, protocol
-from diloco.recovery import rejoin
+from diloco.chaos import schedule as chaos
+from diloco.config import build
+from diloco.inner import evaluation
+from diloco.inner import island as island_lib
+from diloco.outer import fragments, protocol
 from diloco.outer.learner import Learner
-from diloco.runtime import virtual_chaos, virtual
 from diloco.outer.synchronizer import Synchronizer
-
-
-def parse_list(text: str, n: int, kind: type, default: Any, what: str) -> list:
-    """'1,1,3' -> [1, 1, 3]; empty -> n copies of default; wrong length fails clearly."""
-    if not text:
-        return [default] * n
-    try:
-        values = [kind(x) for x in str(text).split(",")]
-    except ValueError as e:
-        raise ValueError(f"{what}={text!r} is not a comma-separated list of {kind.__name__}") from e
-    if len(values) != n:
-        raise ValueError(f"{what}={text!r} has {len(values)} entries for {n} learners")
-    return values
-
-
-def split_devices(devices: list, m: int) -> list[list]:
-    """M islands of len(devices) // M devices each; with fewer devices than M, islands share."""
-    if m < 1:
-        raise ValueError(f"need at least one learner, got {m}")
-    if m > len(devices):
-        return [[devices[i % len(devices)]] for i in range(m)]
-    k = len(devices) // m
-    return [devices[i * k:(i + 1) * k] for i in range(m)]
-
-
-def make_screen(o: ml_collections.ConfigDict) -> integrity.OutlierScreen | None:
-    """The synchronizer's outlier screen (and clip) of an `outer` config section; None when off."""
-    if o.outlier_factor <= 0:
-        return None
-    return integrity.OutlierScreen(o.outlier_factor, o.outlier_history, o.outlier_window,
-                                   clip_factor=o.get("clip_factor", 0.0))
-
-
-def make_outer(o: ml_collections.ConfigDict):
-    if o.optimizer == "nesterov":
-        return optimizers.nesterov(o.lr, o.momentum)
-    if o.optimizer == "sgd":
-        return optimizers.sgd(o.lr)
-    return optimizers.delayed_nesterov(o.lr, o.momentum, o.delayed_period, o.delayed_c)
+from diloco.runtime import virtual, virtual_chaos
 
 
 def dp_bytes_per_token(num_params: int, learners: int, tokens_per_round: int) -> float:
@@ -73,154 +33,151 @@ def dp_bytes_per_token(num_params: int, learners: int, tokens_per_round: int) ->
     return 2 * learners * per_worker / tokens_per_round
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Trains M learners to the token budget and evaluates the synchronizer's global model."""
-    o, sim = config.outer, config.sim
-    m_count = o.learners
-    batches = parse_list(sim.batch_sizes, m_count, int, config.batch_size, "sim.batch_sizes")
-    speeds = parse_list(sim.speeds, m_count, float, 1.0, "sim.speeds")
-    starts = parse_list(sim.start_times, m_count, float, 0.0, "sim.start_times")
-    if any(s <= 0 for s in speeds) or any(b <= 0 for b in batches):
-        raise ValueError("sim.speeds and sim.batch_sizes must be positive")
-    t_wall = time.perf_counter()
-    splits = data_lib.load_splits(config.data)
-    islands = []
-    for m, devices in enumerate(split_devices(jax.devices(), m_count)):
-        cfg_m = config.copy_and_resolve_references()
-        with cfg_m.unlocked():
-            cfg_m.batch_size = batches[m]
-        islands.append(island_lib.build_island(
-            cfg_m, devices, shard_index=m, num_shards=m_count, splits=splits,
-            init_params=islands[0].init_params if islands else None))
-    params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
-    frag = fragments.make(o.fragment_kind, params0, o.fragments)
-    schedule = fragments.Schedule(o.fragments, o.inner_steps)
+def run(config: ml_collections.ConfigDict, workdir: str,
+        parts: build.Parts | None = None) -> dict[str, Any]:
+    """Trains M learners to the token budget and evaluates the synchronizer's global model.
 
-    def make_learner(m: int) -> Learner:
-        return Learner(m, islands[m], frag, schedule, o.codec, o.alpha, batches[m] * config.seq_len)
-
-    learners = [make_learner(m) for m in range(m_count)]
+    `parts` (from `build.local_learners(config)`, the default) may be given to watch the run.
+    """
+    o, t_wall = config.outer, time.perf_counter()
+    clocks = _clocks(config)
+    parts = parts or build.local_learners(config)
+    learners = [parts.make_learner(m) for m in range(o.learners)]
     for learner in learners:
-        learner.load_global(params0, [0] * o.fragments)
-    policy = policies.from_config(config)
-    screen = make_screen(o)
-
-    def make_sync() -> Synchronizer:
-        return Synchronizer(params0, frag, policy, make_outer(o),
-                            downlink_codec=o.downlink_codec or o.codec, screen=screen,
-                            quorum_of="members" if o.quorum == 0 and not o.elastic else "live",
-                            checkpoint_every=o.sync_checkpoint_every)
-
-    sync = make_sync()
-    for m in range(m_count):
-        sync.handle(_join(m, o.fragments))
-    faults = chaos.from_config(config.chaos, m_count, horizon_s=config.steps * sim.step_s)
-    if any(f.kind == "sync_crash" for f in faults) and not o.sync_checkpoint_every:
-        raise ValueError("sync_crash faults need synchronizer checkpoints: set "
-                         "outer.sync_checkpoint_every > 0")
-    recover = None
-    if faults or o.learner_checkpoint_every or o.sync_checkpoint_every:
-        recover = rejoin.Recovery(workdir, make_learner, [isl.data.train_iter for isl in islands],
-                                    o.learner_checkpoint_every, o.sync_checkpoint_every)
-
-    writer = metrics.MetricsWriter(workdir)
-    merges: list[dict] = []
-    evals: list[dict] = []
-    rejected: collections.Counter = collections.Counter()
-    state = {"total_steps": 0, "pending": [None] * m_count}
-    eval_every = config.eval_every * m_count
-
-    def evaluate(sim_time: float) -> dict[str, float] | None:
-        if runtime.sync is None:  # down: nothing to evaluate until it restarts
-            return None
-        row = evaluate_global(islands[0], runtime.sync)
-        row.update(step=state["total_steps"] // m_count, sim_time_s=sim_time,
-                   tokens=sum(l.tokens for l in learners))
-        writer.write(row)
-        evals.append(row)
-        return row
-
-    def on_step(m, learner, device_metrics, now):
-        prev, state["pending"][m] = state["pending"][m], (learner.steps, device_metrics, now)
-        if prev is not None:
-            _log_learner(writer, config, m, learner, *prev)
-        state["total_steps"] += 1
-        if state["total_steps"] % eval_every == 0:
-            evaluate(now)
-
-    def on_log(record):
-        if record["event"] == "merge":
-            merges.append(record)
-        elif record["event"] == "reject":
-            rejected[record["code"]] += 1
-        writer.write({"step": state["total_steps"] // m_count, **record}, prefix="sync/")
-
-    def on_chaos(record):
-        writer.write({"step": state["total_steps"] // m_count, **record}, prefix="chaos/")
-
-    clocks = [virtual.LearnerClock(step_s=sim.step_s * speeds[m] * batches[m] / config.batch_size,
-                                   rng=np.random.default_rng([config.seed, m]),
-                                   jitter=sim.step_jitter, start_s=starts[m])
-              for m in range(m_count)]
-    args = (learners, sync, clocks, virtual.Network(sim.latency_s, sim.bandwidth_gbps))
-    kwargs = dict(next_batch=lambda m: next(islands[m].data.train_iter),
-                  token_budget=config.steps * sum(batches) * config.seq_len, overlap=o.overlap,
-                  blocking=o.blocking, on_step=on_step, on_log=on_log, recovery=recover)
+        learner.load_global(parts.params0, [0] * o.fragments)
+    sync = parts.make_sync()
+    for m in range(o.learners):
+        sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
+    faults = build.faults(config)
+    recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
+    log = _Log(config, workdir, learners, parts.islands[0])
+    args = (learners, sync, clocks, virtual.Network(config.sim.latency_s, config.sim.bandwidth_gbps))
+    kwargs = dict(next_batch=lambda m: next(parts.islands[m].data.train_iter),
+                  token_budget=config.steps * sum(parts.batches) * config.seq_len,
+                  overlap=o.overlap, blocking=o.blocking, on_step=log.on_step, on_log=log.on_log,
+                  recovery=recover)
     if faults:
         with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
             f.write(chaos.format_schedule(faults))
-        runtime = virtual_chaos.ChaosRuntime(*args, **kwargs, faults=faults, make_sync=make_sync,
-                                       seed=config.chaos.seed, on_chaos=on_chaos,
-                                       wait_timeout_s=o.inner_steps * sim.step_s)
+        runtime = log.runtime = virtual_chaos.ChaosRuntime(
+            *args, **kwargs, faults=faults, make_sync=parts.make_sync, seed=config.chaos.seed,
+            on_chaos=log.on_chaos, wait_timeout_s=o.inner_steps * config.sim.step_s)
     else:
-        runtime = virtual.VirtualRuntime(*args, **kwargs)
+        runtime = log.runtime = virtual.VirtualRuntime(*args, **kwargs)
     sim_time = runtime.run()
     runtime.finish()
     if recover is not None:
         recover.close()
-    for m, prev in enumerate(state["pending"]):
-        if prev is not None:
-            _log_learner(writer, config, m, learners[m], *prev, force=True)
-    final = evaluate(sim_time)
-    writer.close()
-    wall = time.perf_counter() - t_wall
-
-    tokens = sum(l.tokens for l in learners)
-    sent, received = sum(runtime.bytes_up), sum(runtime.bytes_down)
-    n_params = islands[0].param_count
-    allocated = m_count * sim_time
-    summary = {
-        "mode": config.mode, "runtime": "virtual", "learners": m_count,
-        "steps": max(l.steps for l in learners), "tokens": tokens, "params": n_params,
-        "flops_per_token": islands[0].flops_per_token,
-        "eval_loss": final["eval_loss"], "eval_bpb": final["eval_bpb"],
-        "wall_s": wall, "tokens_per_s": tokens / wall,
-        "outer_steps": len(merges), "merges": len(merges),
-        "bytes_sent": sent, "bytes_received": received,
-        "bytes_per_token": (sent + received) / max(tokens, 1),
-        "dp_bytes_per_token": dp_bytes_per_token(n_params, m_count, sum(batches) * config.seq_len),
-        "sim_time_s": sim_time,
-        "goodput": sum(c.busy_s - c.wasted_s for c in clocks) / allocated if allocated else 0.0,
-        "uptime": uptime(merges, sim_time, o.inner_steps * sim.step_s / o.fragments),
-        "mean_quorum": float(np.mean([r["quorum"] for r in merges])) if merges else 0.0,
-        "mean_staleness": float(np.mean([s for r in merges for s in r["staleness"]])) if merges else 0.0,
-        "per_learner": [{"steps": l.steps, "tokens": l.tokens, "idle_s": c.idle_s,
-                         "busy_s": c.busy_s, "bytes_up": up, "bytes_down": down,
-                         "merges_joined": sum(m in r["learners"] for r in merges)}
-                        for m, (l, c, up, down) in enumerate(
-                            zip(learners, clocks, runtime.bytes_up, runtime.bytes_down))],
-        "eval_curve": [{"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]} for r in evals],
-        "rejected": dict(sorted(rejected.items())),
-        "merges_skipped": runtime.sync.rounds_skipped,
-        "faults": {}, "rejoins": 0, "synchronizer_restarts": 0,
-    }
+    final = log.finish(sim_time)
+    summary = _summary(config, parts, runtime, log, final, sim_time, time.perf_counter() - t_wall)
     if faults:
         summary.update(chaos_summary(runtime, faults, sim_time))
     return summary
 
 
-def _join(m: int, num_fragments: int) -> protocol.Join:
-    return protocol.Join(m, 0.0, tuple([0] * num_fragments))
+def _clocks(config: ml_collections.ConfigDict) -> list[virtual.LearnerClock]:
+    """Each learner's simulated clock: step time by speed and batch, seeded jitter, start time."""
+    sim, m_count = config.sim, config.outer.learners
+    batches = build.batch_sizes(config)
+    speeds = build.parse_list(sim.speeds, m_count, float, 1.0, "sim.speeds")
+    starts = build.parse_list(sim.start_times, m_count, float, 0.0, "sim.start_times")
+    if any(s <= 0 for s in speeds):
+        raise ValueError(f"sim.speeds must be positive, got {sim.speeds!r}")
+    return [virtual.LearnerClock(step_s=sim.step_s * speeds[m] * batches[m] / config.batch_size,
+                                 rng=np.random.default_rng([config.seed, m]),
+                                 jitter=sim.step_jitter, start_s=starts[m])
+            for m in range(m_count)]
+
+
+class _Log:
+    """What a run writes (learner rows, evaluations, synchronizer and chaos records) and keeps."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, learners: list[Learner],
+                 isl: island_lib.Island):
+        self.config, self.learners, self.island = config, learners, isl
+        self.m_count = len(learners)
+        self.writer = metrics.MetricsWriter(workdir)
+        self.merges: list[dict] = []
+        self.evals: list[dict] = []
+        self.rejected: collections.Counter = collections.Counter()
+        self.total_steps = 0
+        self.pending: list[tuple | None] = [None] * self.m_count
+        self.eval_every = config.eval_every * self.m_count
+        self.runtime: virtual.VirtualRuntime | None = None
+
+    def evaluate(self, sim_time: float) -> dict[str, float] | None:
+        if self.runtime.sync is None:  # down: nothing to evaluate until it restarts
+            return None
+        row = evaluate_global(self.island, self.runtime.sync)
+        row.update(step=self.total_steps // self.m_count, sim_time_s=sim_time,
+                   tokens=sum(l.tokens for l in self.learners))
+        self.writer.write(row)
+        self.evals.append(row)
+        return row
+
+    def on_step(self, m: int, learner: Learner, device_metrics, now: float) -> None:
+        prev, self.pending[m] = self.pending[m], (learner.steps, device_metrics, now)
+        if prev is not None:
+            _log_learner(self.writer, self.config, m, learner, *prev)
+        self.total_steps += 1
+        if self.total_steps % self.eval_every == 0:
+            self.evaluate(now)
+
+    def on_log(self, record: dict) -> None:
+        if record["event"] == "merge":
+            self.merges.append(record)
+        elif record["event"] == "reject":
+            self.rejected[record["code"]] += 1
+        self.writer.write({"step": self.total_steps // self.m_count, **record}, prefix="sync/")
+
+    def on_chaos(self, record: dict) -> None:
+        self.writer.write({"step": self.total_steps // self.m_count, **record}, prefix="chaos/")
+
+    def finish(self, sim_time: float) -> dict[str, float]:
+        """Writes the last learner rows and the final evaluation; closes the writer."""
+        for m, prev in enumerate(self.pending):
+            if prev is not None:
+                _log_learner(self.writer, self.config, m, self.learners[m], *prev, force=True)
+        final = self.evaluate(sim_time)
+        self.writer.close()
+        return final
+
+
+def _summary(config: ml_collections.ConfigDict, parts: build.Parts, runtime, log: _Log,
+             final: dict[str, float], sim_time: float, wall: float) -> dict[str, Any]:
+    """The summary keys of a multi-learner run (documented in the README)."""
+    o, learners, merges, clocks = config.outer, log.learners, log.merges, runtime.clocks
+    tokens = sum(l.tokens for l in learners)
+    sent, received = sum(runtime.bytes_up), sum(runtime.bytes_down)
+    isl, allocated = parts.islands[0], o.learners * sim_time
+    return {
+        "mode": config.mode, "runtime": "virtual", "learners": o.learners,
+        "steps": max(l.steps for l in learners), "tokens": tokens, "params": isl.param_count,
+        "flops_per_token": isl.flops_per_token,
+        "eval_loss": final["eval_loss"], "eval_bpb": final["eval_bpb"],
+        "wall_s": wall, "tokens_per_s": tokens / wall,
+        "outer_steps": len(merges), "merges": len(merges),
+        "bytes_sent": sent, "bytes_received": received,
+        "bytes_per_token": (sent + received) / max(tokens, 1),
+        "dp_bytes_per_token": dp_bytes_per_token(isl.param_count, o.learners,
+                                                 sum(parts.batches) * config.seq_len),
+        "sim_time_s": sim_time,
+        "goodput": sum(c.busy_s - c.wasted_s for c in clocks) / allocated if allocated else 0.0,
+        "uptime": uptime(merges, sim_time, o.inner_steps * config.sim.step_s / o.fragments),
+        "mean_quorum": float(np.mean([r["quorum"] for r in merges])) if merges else 0.0,
+        "mean_staleness": (float(np.mean([s for r in merges for s in r["staleness"]]))
+                           if merges else 0.0),
+        "per_learner": [{"steps": l.steps, "tokens": l.tokens, "idle_s": c.idle_s,
+                         "busy_s": c.busy_s, "bytes_up": up, "bytes_down": down,
+                         "merges_joined": sum(m in r["learners"] for r in merges)}
+                        for m, (l, c, up, down) in enumerate(
+                            zip(learners, clocks, runtime.bytes_up, runtime.bytes_down))],
+        "eval_curve": [{"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]}
+                       for r in log.evals],
+        "rejected": dict(sorted(log.rejected.items())),
+        "merges_skipped": runtime.sync.rounds_skipped,
+        "faults": {}, "rejoins": 0, "synchronizer_restarts": 0,
+    }
 
 
 def _log_learner(writer, config, m, learner, step, device_metrics, now, force=False):

@@ -1,13 +1,13 @@
 """A link that keeps the network off a learner's training thread (for non-blocking learners).
 
-`BackgroundLink` wraps any `realtime.Link` (gRPC or in-process). A poller thread long-polls for
+`BackgroundLink` wraps any `runtime.link.Link` (gRPC or in-process). A poller thread long-polls for
 merged fragments while the learner is joined and buffers them, so `poll` returns what has arrived
 without a round trip per step. Joins and heartbeats pass through as they are.
 
 Uploads take one of two paths:
 - `send_in_thread=False` (what experiments.learner uses for Decoupled learners): on the caller's
   thread, as with the plain link. The learner loop sends them while its next step computes
-  (realtime._LearnerLoop.train), and the round trip still bounds how far a learner whose steps
+  (learner_loop._LearnerLoop.train), and the round trip still bounds how far a learner whose steps
   are shorter than it runs ahead of the synchronizer.
 - `send_in_thread=True` (experimental; scripts/bench_wire.py --link=background): a sender thread
   empties a queue in order. Four tiny-model Decoupled learners on a 2-core host, with steps
@@ -31,7 +31,7 @@ import collections
 import threading
 
 from diloco.outer import protocol
-from diloco.runtime import realtime
+from diloco.runtime import link as link_lib
 
 
 class BackgroundLink:
@@ -48,7 +48,7 @@ class BackgroundLink:
         self._inner_lock = threading.Lock()  # join and poll share the inner link's sequence
         self._uploads: collections.deque = collections.deque()
         self._arrived: list[protocol.Send] = []
-        self._error: realtime.Unreachable | None = None
+        self._error: link_lib.Unreachable | None = None
         self._joined = self._closed = False
         self.refused = 0
         self._refused_fragments: list[int] = []
@@ -68,7 +68,7 @@ class BackgroundLink:
         if err is not None:
             raise err
 
-    def _failed(self, err: realtime.Unreachable) -> None:
+    def _failed(self, err: link_lib.Unreachable) -> None:
         with self._cond:
             self._error, self._joined = err, False
             self._uploads.clear()  # the synchronizer forgets them; the loop re-joins
@@ -136,42 +136,48 @@ class BackgroundLink:
         if close is not None:
             close()
 
+    def _wait_until(self, ready) -> bool:
+        """Waits until `ready()` (under the lock) or the link closes; False once closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: ready() or self._closed)
+            return not self._closed
+
+    def _next_upload(self) -> protocol.Upload | None:
+        """Takes the next queued upload as the one being sent; None once the link closes."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._uploads or self._closed)
+            if self._closed:
+                return None
+            up = self._sending = self._uploads.popleft()
+            self._cond.notify_all()  # room in the queue
+            return up
+
     def _send_loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._uploads or self._closed)
-                if self._closed:
-                    return
-                up = self._sending = self._uploads.popleft()
-                self._cond.notify_all()  # room in the queue
+        while (up := self._next_upload()) is not None:
             try:
                 self.inner.upload(up)
-            except realtime.Refused:
+            except link_lib.Refused:
                 with self._cond:
                     self.refused += 1
                     self._refused_fragments.append(up.fragment)
-            except realtime.Unreachable as err:
+            except link_lib.Unreachable as err:
                 self._failed(err)
             except Exception as err:  # noqa: BLE001 - a dead sender thread would hang the learner
-                self._failed(realtime.Unreachable(f"upload failed: {err!r}"))
+                self._failed(link_lib.Unreachable(f"upload failed: {err!r}"))
             with self._cond:
                 self._sending = None
                 self._cond.notify_all()  # a finished heartbeat may be waiting for this
 
     def _poll_loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._joined or self._closed)
-                if self._closed:
-                    return
+        while self._wait_until(lambda: self._joined):
             try:
                 with self._inner_lock:
                     got = self.inner.poll(self.poll_wait_s)
-            except realtime.Unreachable as err:
+            except link_lib.Unreachable as err:
                 self._failed(err)
                 continue
-            except realtime.Refused as err:  # e.g. not joined any more: the loop re-joins
-                self._failed(realtime.Unreachable(str(err)))
+            except link_lib.Refused as err:  # e.g. not joined any more: the loop re-joins
+                self._failed(link_lib.Unreachable(str(err)))
                 continue
             if got:
                 with self._cond:

@@ -33,7 +33,7 @@ import numpy as np
 
 from diloco.chaos import schedule as chaos
 from diloco.outer import protocol
-from diloco.runtime import realtime
+from diloco.runtime import link as link_lib, sync_host
 from diloco.chaos.stats import ChaosStats
 
 
@@ -68,21 +68,21 @@ class FaultClock:
 class HostSlot:
     """The synchronizer host in service (None while it is down), and its incarnation number."""
 
-    def __init__(self, host: realtime.SyncHost):
+    def __init__(self, host: sync_host.SyncHost):
         self._lock = threading.Lock()
         self.host, self.incarnation = host, 0
 
-    def get(self) -> tuple[realtime.SyncHost | None, int]:
+    def get(self) -> tuple[sync_host.SyncHost | None, int]:
         with self._lock:
             return self.host, self.incarnation
 
-    def take_down(self) -> realtime.SyncHost | None:
+    def take_down(self) -> sync_host.SyncHost | None:
         """Marks the host down; returns the one that was up (None if it was down already)."""
         with self._lock:
             host, self.host = self.host, None
             return host
 
-    def put(self, host: realtime.SyncHost) -> None:
+    def put(self, host: sync_host.SyncHost) -> None:
         with self._lock:
             self.host, self.incarnation = host, self.incarnation + 1
 
@@ -111,10 +111,10 @@ class Shared:
 
 
 class FaultyLink:
-    """Learner m's link under a fault schedule (see the module doc); a `realtime.Link`."""
+    """Learner m's link under a fault schedule (see the module doc); a `link_lib.Link`."""
 
     def __init__(self, slot: HostSlot, learner: int, clock: FaultClock, shared: Shared,
-                 make_inner: Callable[[realtime.SyncHost, int], object]):
+                 make_inner: Callable[[sync_host.SyncHost, int], object]):
         self.slot, self.learner, self.clock, self.shared = slot, learner, clock, shared
         self.make_inner = make_inner
         self.inner, self._incarnation = None, -1
@@ -136,7 +136,7 @@ class FaultyLink:
     def _link(self):
         host, incarnation = self.slot.get()
         if host is None:
-            raise realtime.Unreachable("the synchronizer is down")
+            raise link_lib.Unreachable("the synchronizer is down")
         if incarnation != self._incarnation or self.inner is None:
             self.inner, self._incarnation = self.make_inner(host, self.learner), incarnation
         return self.inner
@@ -156,7 +156,7 @@ class FaultyLink:
     def _check_drop(self, direction: str) -> None:
         if self._partition("drop") is not None:
             self.shared.dropped(direction)
-            raise realtime.Unreachable(f"learner {self.learner}'s link is partitioned")
+            raise link_lib.Unreachable(f"learner {self.learner}'s link is partitioned")
 
     def _take(self, wanted: Callable[[chaos.Fault], bool]) -> chaos.Fault | None:
         t = self.clock.now()
@@ -179,7 +179,7 @@ class FaultyLink:
     def join(self, versions, generations) -> None:
         self._check_drop("up")
         if self._partition("hold") is not None:
-            raise realtime.Unreachable(f"learner {self.learner}'s link holds every message")
+            raise link_lib.Unreachable(f"learner {self.learner}'s link holds every message")
         self._wait_until(self._arrival())
         link = self._link()
         link.join(versions, generations)
@@ -253,7 +253,7 @@ class FaultyLink:
                 self._cond.release()
                 try:
                     self._hand_over(link, up)
-                except (realtime.Refused, realtime.Unreachable):
+                except (link_lib.Refused, link_lib.Unreachable):
                     pass  # counted by the host, or lost with a synchronizer that is gone
                 finally:
                     self._cond.acquire()
@@ -267,10 +267,10 @@ class FaultyLink:
             self.shared.dropped("up")
             if kind is not None:
                 self.shared.fate(kind, "lost")
-            raise realtime.Unreachable("the synchronizer this upload was sent to is gone")
+            raise link_lib.Unreachable("the synchronizer this upload was sent to is gone")
         try:
             link.upload(up)
-        except realtime.Refused as err:
+        except link_lib.Refused as err:
             if kind is not None:
                 why = re.search(r"rejected \((\w+)\)", str(err))
                 self.shared.fate(kind, f"rejected ({why.group(1) if why else err.code})")

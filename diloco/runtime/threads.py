@@ -1,7 +1,7 @@
 """The threads runtime: real time, one process, one thread per learner on its own sub-mesh.
 
-Each learner thread runs `realtime.run_learner` over an in-process link that calls the shared
-`realtime.SyncHost` directly (no serialization: the objects are handed over as they are). The
+Each learner thread runs `learner_loop.run_learner` over an in-process link that calls the shared
+`sync_host.SyncHost` directly (no serialization: the objects are handed over as they are). The
 synchronizer state machine, learner step and fragment schedule are the ones the virtual runtime
 drives; only time is real, so results agree with the virtual runtime whenever timing cannot change
 them (quorum = all learners, blocking learners; see tests/test_threads.py).
@@ -19,26 +19,20 @@ import time
 import uuid
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
-from diloco.chaos import schedule as chaos
-from diloco import data as data_lib
-from diloco.outer import fragments
-from diloco.inner import island as island_lib
-from diloco.runners import islands as islands_lib
-from diloco.outer import policies, protocol
-from diloco.recovery import rejoin
+from diloco.config import build
+from diloco.outer import protocol
 from diloco.outer.learner import Learner
-from diloco.runtime import faulty_link, realtime, threads_chaos
 from diloco.outer.synchronizer import Synchronizer
+from diloco.runtime import faulty_link, learner_loop, sync_host, threads_chaos
 
 
 class InProcessLink:
     """A learner's link to a SyncHost in the same process."""
 
-    def __init__(self, host: realtime.SyncHost, learner: int):
+    def __init__(self, host: sync_host.SyncHost, learner: int):
         self.host, self.learner, self.session = host, learner, uuid.uuid4().hex
         self.acked = 0
 
@@ -58,54 +52,10 @@ class InProcessLink:
         return [s for _, s in got]
 
 
-def _parts(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """Islands on disjoint sub-meshes and factories of learners (holding nothing yet) and of the
-    synchronizer (as the virtual runtime builds it: outlier screen, quorum of members unless
-    elastic, checkpoint interval)."""
-    o = config.outer
-    splits = data_lib.load_splits(config.data)
-    islands = []
-    for m, devs in enumerate(learner_devices(config)):
-        islands.append(island_lib.build_island(
-            config, devs, shard_index=m, num_shards=o.learners, splits=splits,
-            init_params=islands[0].init_params if islands else None))
-    params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
-    frag = fragments.make(o.fragment_kind, params0, o.fragments)
-    schedule = fragments.Schedule(o.fragments, o.inner_steps)
-    screen = islands_lib.make_screen(o)
-
-    def make_learner(m: int) -> Learner:  # joins with versions -1: it is sent every fragment
-        learner = Learner(m, islands[m], frag, schedule, o.codec, o.alpha,
-                          config.batch_size * config.seq_len)
-        learner.versions = [-1] * o.fragments
-        learner.global_copy = [{} for _ in range(o.fragments)]
-        return learner
-
-    def make_sync() -> Synchronizer:
-        return Synchronizer(params0, frag, policies.from_config(config), islands_lib.make_outer(o),
-                            downlink_codec=o.downlink_codec or o.codec, screen=screen,
-                            quorum_of="members" if o.quorum == 0 and not o.elastic else "live",
-                            checkpoint_every=o.sync_checkpoint_every)
-
-    return dict(islands=islands, make_learner=make_learner, make_sync=make_sync)
-
-
-def learner_devices(config: ml_collections.ConfigDict) -> list[list]:
-    """Each learner's devices: the local devices split evenly, or `deploy.devices_per_learner`
-    each (when set) from the first ones."""
-    devices, m_count = jax.devices(), config.outer.learners
-    per = int(config.deploy.get("devices_per_learner", 0))
-    if per < 0 or per * m_count > len(devices):
-        raise ValueError(f"deploy.devices_per_learner={per} x {m_count} learners does not fit "
-                         f"{len(devices)} local devices")
-    return islands_lib.split_devices(devices[:per * m_count] if per else devices, m_count)
-
-
-def build(config: ml_collections.ConfigDict):
-    """Islands on disjoint sub-meshes, learners (holding nothing yet) and the synchronizer."""
-    parts = _parts(config)
-    learners = [parts["make_learner"](m) for m in range(config.outer.learners)]
-    return parts["islands"], learners, parts["make_sync"]()
+def build_parts(config: ml_collections.ConfigDict) -> tuple[build.Parts, list[Learner]]:
+    """The run's parts (islands on disjoint sub-meshes) and its learners, holding nothing yet."""
+    parts = build.local_learners(config)
+    return parts, [parts.make_learner(m) for m in range(config.outer.learners)]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:
@@ -122,42 +72,59 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None
     threads_chaos.py and faulty_link.py); checkpoints then go to WORKDIR/checkpoints (a temporary
     directory without a workdir) and a learner silent for `deploy.absent_after_s` is absent.
     """
-    o, m_count = config.outer, config.outer.learners
-    parts = _parts(config)
-    islands = parts["islands"]
-    learners = [parts["make_learner"](m) for m in range(m_count)]
-    faults = chaos.from_config(config.chaos, m_count, horizon_s=config.steps * config.sim.step_s)
-    if any(f.kind == "sync_crash" for f in faults) and not o.sync_checkpoint_every:
-        raise ValueError("sync_crash faults need synchronizer checkpoints: set "
-                         "outer.sync_checkpoint_every > 0")
+    m_count = config.outer.learners
+    parts, learners = build_parts(config)
+    faults = build.faults(config)
     recover = None
-    if faults or o.learner_checkpoint_every or o.sync_checkpoint_every:
-        workdir = workdir or tempfile.mkdtemp(prefix="threads-")
-        recover = rejoin.Recovery(workdir, parts["make_learner"],
-                                    [isl.data.train_iter for isl in islands],
-                                    o.learner_checkpoint_every, o.sync_checkpoint_every)
+    if parts.checkpoints_on(bool(faults)):
+        recover = parts.recovery(workdir or tempfile.mkdtemp(prefix="threads-"))
     absent_s = float(config.deploy.absent_after_s) if faults else 60.0
     shared = faulty_link.Shared(m_count, config.chaos.seed)
     records = _Records(shared, absent_s)
     clock = faulty_link.FaultClock(faults, float(config.deploy.get("chaos_time_scale", 1.0)))
-    sync = parts["make_sync"]()
+    sync = parts.make_sync()
     slot = faulty_link.HostSlot(records.make_host(sync))
     links = [faulty_link.FaultyLink(slot, m, clock, shared, InProcessLink) for m in range(m_count)]
     driver = records.driver = threads_chaos.Driver(
-        clock=clock, slot=slot, shared=shared, recovery=recover, make_sync=parts["make_sync"],
+        clock=clock, slot=slot, shared=shared, recovery=recover, make_sync=parts.make_sync,
         make_host=records.make_host, learners=learners, links=links, steps=config.steps,
         on_event=records.events.append)
-    if o.sync_checkpoint_every:
+    if config.outer.sync_checkpoint_every:
         with slot.host.cond:
             driver.save_sync(sync)
-    results: list[dict | None] = [None] * m_count
+    t0 = time.perf_counter()
+    results = _run_threads(config, parts, learners, links, driver, absent_s)
+    wall = time.perf_counter() - t0
+    driver.finish()
+    for link in links:
+        link.close()
+    slot.host.close()
+    if recover is not None:
+        recover.close()
+    tokens = sum(l.tokens for l in learners)
+    summary = {"mode": config.mode, "runtime": "threads", "learners": m_count,
+               "steps": max(l.steps for l in learners), "tokens": tokens, "wall_s": wall,
+               "tokens_per_s": tokens / wall, "per_learner": results,
+               **records.summary(slot.host.sync)}
+    copies = [{k: v for g in l.global_copy for k, v in g.items()} for l in learners]
+    return summary, slot.host.sync.global_params(), copies
+
+
+def _run_threads(config: ml_collections.ConfigDict, parts: build.Parts, learners: list[Learner],
+                 links: list, driver: threads_chaos.Driver, absent_s: float) -> list[dict | None]:
+    """Each learner's loop in its own thread (restarted when it crashes); what each returned.
+
+    An error in any thread stops them all and is raised here.
+    """
+    o = config.outer
+    results: list[dict | None] = [None] * o.learners
     errors: list[BaseException] = []
 
     def work(m: int) -> None:
         try:
             while True:
-                results[m] = realtime.run_learner(
-                    learners[m], links[m], lambda: next(islands[m].data.train_iter),
+                results[m] = learner_loop.run_learner(
+                    learners[m], links[m], lambda: next(parts.islands[m].data.train_iter),
                     config.steps, overlap=o.overlap, blocking=o.blocking,
                     heartbeat_s=min(0.5, absent_s / 4), stop=driver.stops[m],
                     on_step=driver.on_step(m), seed=m)
@@ -170,29 +137,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None
             for s in driver.stops:
                 s.set()
 
-    t0 = time.perf_counter()
     threads = [threading.Thread(target=work, args=(m,), name=f"learner{m}")
-               for m in range(m_count)]
+               for m in range(o.learners)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
-    driver.finish()
-    for link in links:
-        link.close()
-    slot.host.close()
-    if recover is not None:
-        recover.close()
     if errors:
         raise errors[0]
-    tokens = sum(l.tokens for l in learners)
-    summary = {"mode": config.mode, "runtime": "threads", "learners": m_count,
-               "steps": max(l.steps for l in learners), "tokens": tokens, "wall_s": wall,
-               "tokens_per_s": tokens / wall, "per_learner": results,
-               **records.summary(slot.host.sync)}
-    copies = [{k: v for g in l.global_copy for k, v in g.items()} for l in learners]
-    return summary, slot.host.sync.global_params(), copies
+    return results
 
 
 class _Records:
@@ -200,14 +153,14 @@ class _Records:
 
     def __init__(self, shared: faulty_link.Shared, absent_s: float):
         self.shared, self.absent_s = shared, absent_s
-        self.hosts: list[realtime.SyncHost] = []
+        self.hosts: list[sync_host.SyncHost] = []
         self.merges: list[dict] = []
         self.rejected: collections.Counter = collections.Counter()
         self.events: list[dict] = []
         self.driver: threads_chaos.Driver | None = None
 
-    def make_host(self, sync: Synchronizer) -> realtime.SyncHost:
-        host = realtime.SyncHost(sync, absent_after_s=self.absent_s, on_log=self.on_log,
+    def make_host(self, sync: Synchronizer) -> sync_host.SyncHost:
+        host = sync_host.SyncHost(sync, absent_after_s=self.absent_s, on_log=self.on_log,
                                  on_checkpoint=lambda s: self.driver.on_checkpoint(s))
         self.hosts.append(host)
         return host

@@ -34,7 +34,7 @@ import numpy as np
 from diloco.chaos import schedule as chaos
 from diloco.recovery import rejoin as recovery_lib, sync_checkpoint
 from diloco.outer.learner import Learner
-from diloco.runtime import realtime
+from diloco.runtime import sync_host
 from diloco.chaos.stats import MERGE_TIME_CODES
 from diloco.runtime.faulty_link import FaultClock, FaultyLink, HostSlot, Shared
 
@@ -213,7 +213,7 @@ class Driver:
 
     # ---- synchronizer crash and restart ----
 
-    def _sync_down(self, f: chaos.Fault, host: realtime.SyncHost | None) -> None:
+    def _sync_down(self, f: chaos.Fault, host: sync_host.SyncHost | None) -> None:
         if host is None:
             self.shared.stats.ignored += 1
             return

@@ -59,7 +59,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
         n = len(self.learners)
         self.faults, self.make_sync, self.on_chaos = list(faults), make_sync, on_chaos
         self.wait_timeout_s = wait_timeout_s
-        self._rounds_wait = self.sync.quorum_of == "members"  # rounds wait for crashed learners
+        self._rounds_wait = self.sync.policy.quorum.of_members  # rounds wait for crashed learners
         self.rng = np.random.default_rng([seed, 0xC4A05])
         self.stats = ChaosStats(steps_lost=[0] * n)
         self.up = [True] * n

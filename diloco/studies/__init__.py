@@ -1,0 +1,1 @@
+"""Studies of many runs through train_and_evaluate: the chaos suite."""
