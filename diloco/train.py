@@ -52,15 +52,20 @@ def apply_mode(c: ml_collections.ConfigDict, mode: str, runlocal: bool = False,
   preset(c, runlocal, learners)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs the configured mode in `workdir`, writes summary.json and returns the summary."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       **runner_options: Any) -> dict[str, Any]:
+  """Runs the configured mode in `workdir`, writes summary.json and returns the summary.
+
+  `runner_options` go to the mode's runner: `parts=` (from `config.build.local_learners`) lets
+  a test or notebook watch a multi-learner run's synchronizer.
+  """
   run = mode_of(config.mode).run
   if config.get("distributed", False):
     jax.distributed.initialize()
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     f.write(config.to_json(indent=2))
-  summary = run(config, workdir)
+  summary = run(config, workdir, **runner_options)
   summary["workdir"] = os.path.abspath(workdir)
   if jax.process_index() == 0:
     metrics.write_summary(workdir, summary)

@@ -9,9 +9,8 @@ import os
 import numpy as np
 
 from configs import shakespeare
-from diloco import metrics
+from diloco import metrics, train
 from diloco.config import build
-from diloco.runners import islands as islands_lib
 
 
 def _config(arg: str, **overrides):
@@ -24,7 +23,7 @@ def _config(arg: str, **overrides):
 def _run(config, workdir: str) -> tuple[dict, dict[str, np.ndarray], list[dict]]:
     """Summary, the synchronizer's final global parameters, and the merge records."""
     parts = build.local_learners(config)
-    summary = islands_lib.run(config, workdir, parts=parts)
+    summary = train.train_and_evaluate(config, workdir, parts=parts)
     rows = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
     return summary, parts.syncs[0].global_params(), [r for r in rows if r.get("event") == "merge"]
 

@@ -1,8 +1,8 @@
 """Many islands on the tiny model: the DiLoCo sanity identities, Streaming DiLoCo's schedule, and
 the outputs of every mode.
 
-Runs go through `train.train_and_evaluate` (dp) or the islands runner with the parts built by
-`build.local_learners` and a recording subclass of the synchronizer; thin wrappers around
+Runs go through `train.train_and_evaluate`; multi-learner runs are given their parts by
+`build.local_learners` with a recording subclass of the synchronizer, and thin wrappers around
 `Learner.upload`/`Learner.receive` and `evaluation.evaluate` watch them without changing what
 they do. Compiled step functions are shared between the runs of this module (they
 are pure functions of the model, optimizer and mesh), which only saves compile time.
@@ -23,7 +23,6 @@ from diloco.inner import evaluation
 from diloco.inner import island as island_lib, step as step_lib
 from diloco import metrics, train
 from diloco.config import build
-from diloco.runners import islands as islands_lib
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
 
@@ -82,11 +81,9 @@ class Run:
             mp.setattr(Learner, "upload", recorded_upload)
             mp.setattr(Learner, "receive", recorded_receive)
             mp.setattr(evaluation, "evaluate", recorded_evaluate)
-            if config.mode == "dp":
-                self.summary = train.train_and_evaluate(config, workdir)
-            else:  # the builder makes the recording synchronizer
-                parts = build.local_learners(config, sync_cls=Recording)
-                self.summary = islands_lib.run(config, workdir, parts=parts)
+            options = {} if config.mode == "dp" else {  # the builder makes the recording one
+                "parts": build.local_learners(config, sync_cls=Recording)}
+            self.summary = train.train_and_evaluate(config, workdir, **options)
         self.config = config
         self.rows = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
         self.merges = [r for r in self.rows if r.get("event") == "merge"]

@@ -37,7 +37,7 @@ def test_threads_matches_virtual_bit_for_bit(both_runs):
 
 def test_split_devices_gives_disjoint_sub_meshes():
     import jax
-    islands = islands_lib.split_devices(jax.devices(), 2)
+    islands = build.split_devices(jax.devices(), 2)
     assert [len(d) for d in islands] == [4, 4]
     assert not set(islands[0]) & set(islands[1])
 

@@ -9,6 +9,7 @@ import pytest
 from configs import shakespeare
 from diloco.chaos import schedule as chaos
 from diloco.outer import compression, protocol
+from diloco.config import build
 from diloco.runtime import faulty_link, link as link_lib, threads
 
 SCALE = 0.1  # wall seconds per schedule second in the link tests
@@ -254,8 +255,8 @@ def test_devices_per_learner_must_fit():
     config = shakespeare.get_config("mode=decoupled,runlocal,learners=2")
     with config.unlocked():
         config.deploy.devices_per_learner = 1
-    assert [len(d) for d in threads.learner_devices(config)] == [1, 1]
+    assert [len(d) for d in build.learner_devices(config)] == [1, 1]
     with config.unlocked():
         config.deploy.devices_per_learner = 5  # 10 of the 8 local devices
     with pytest.raises(ValueError, match="does not fit 8 local devices"):
-        threads.learner_devices(config)
+        build.learner_devices(config)

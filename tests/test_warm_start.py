@@ -11,7 +11,6 @@ from diloco.inner import checkpoint, island as island_lib, warm_start
 from diloco.outer import fragments
 from diloco import metrics, train
 from diloco.config import build
-from diloco.runners import islands as islands_lib
 
 
 def _config(arg, **overrides):
@@ -58,7 +57,7 @@ def test_diloco_starts_its_synchronizer_and_learners_from_the_checkpoint(source,
   workdir, cold, params = source
   config = _config("runlocal,mode=diloco", init_from=workdir)
   parts = build.local_learners(config)
-  warm = islands_lib.run(config, str(tmp_path), parts=parts)
+  warm = train.train_and_evaluate(config, str(tmp_path), parts=parts)
   _assert_bits(parts.params0, params)  # what the synchronizer starts from
   # The learners start from the model the source run took 40 steps to reach: at step 5 their
   # training losses are already below the source run's at step 5, and its final eval loss.
