@@ -64,7 +64,7 @@ class RMSNorm(nnx.Module):
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
     x32 = x_BxLxD.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
-    return (y * self.scale[...]).astype(x_BxLxD.dtype)
+    return (y * self.scale[...][None, None, :]).astype(x_BxLxD.dtype)
 
 
 def rotary(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
@@ -107,8 +107,8 @@ def causal_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.
   seq_len, head_dim = q_BxLxHxK.shape[1], q_BxLxHxK.shape[3]
   logits_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
   logits_BxHxLxL = logits_BxHxLxL * head_dim**-0.5
-  mask_LxL = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))
-  logits_BxHxLxL = jnp.where(mask_LxL, logits_BxHxLxL, jnp.finfo(jnp.float32).min)
+  mask_1x1xLxL = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None]
+  logits_BxHxLxL = jnp.where(mask_1x1xLxL, logits_BxHxLxL, jnp.finfo(jnp.float32).min)
   att_BxHxLxL = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(v_BxLxHxK.dtype)
   return jnp.einsum("bhqs,bshk->bqhk", att_BxHxLxL, v_BxLxHxK)
 
