@@ -15,7 +15,7 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
   runlocal         shrink everything to a few seconds on a laptop (tiny model, 40 steps).
   steps=N          inner steps per learner; batch=N batch per learner (sequences); seq=N bytes.
   learners=N       M, the number of learners (islands).
-  chaos=none|light|heavy|<fault lines>|<file>   a fault schedule (diloco/chaos.py); turns on
+  chaos=none|light|heavy|<fault lines>|<file>   a fault schedule (diloco/chaos/schedule.py); turns on
                    learner checkpoints every H steps, synchronizer checkpoints every P merges and
                    max_staleness = 4M. light/heavy are seeded Poisson schedules drawn over 4x the
                    nominal run (steps x sim.step_s), shaped by the chaos section below.

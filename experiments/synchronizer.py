@@ -1,7 +1,7 @@
 """The synchronizer process: python -m experiments.synchronizer --config=configs/shakespeare.py:...
 --workdir=DIR [--config.deploy.port=PORT] (token in $DILOCO_TOKEN).
 
-Where it listens, TLS and limits come from the config's `deploy` section (diloco/deploy_config.py),
+Where it listens, TLS and limits come from the config's `deploy` section (diloco/config/deploy.py),
 overridden as usual with --config.deploy.KEY=VALUE: it binds deploy.bind (127.0.0.1 unless told
 otherwise) on deploy.port (0: a free one, written to WORKDIR/port).
 """

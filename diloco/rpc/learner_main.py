@@ -1,7 +1,7 @@
 """A learner process: its own JAX program, training continuously against a remote synchronizer.
 
 Its connection settings come from the config's `deploy` section (TLS trust, limits; see
-diloco/deploy_config.py). It checkpoints into WORKDIR/checkpoints every
+diloco/config/deploy.py). It checkpoints into WORKDIR/checkpoints every
 `outer.learner_checkpoint_every` inner steps (params, inner optimizer state, data iterator,
 counters, the fragment versions it holds and its copy of them). A process that starts finds the
 newest checkpoint there and continues from it, else it starts from the global parameters with a

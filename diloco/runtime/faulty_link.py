@@ -1,4 +1,4 @@
-"""A fault schedule (diloco/chaos.py) applied in real time to a threads-runtime learner's link.
+"""A fault schedule (diloco/chaos/schedule.py) applied in real time to a threads-runtime learner's link.
 
 `FaultClock` maps schedule seconds to wall seconds: a fault at t acts `scale * t` wall seconds
 after the run's start (durations and delays scale alike). `HostSlot` holds the synchronizer host

@@ -6,15 +6,15 @@ A timeline thread acts at each fault's wall time (see faulty_link.FaultClock):
   it) and its memory is gone (train state, counters, its copy of the globals; its link gets a new
   session, sends on their way to it are lost). The synchronizer is not told: it finds out when m's
   heartbeats stop (`absent_after_s`), as with a real process. When the fault ends m restores its
-  newest learner checkpoint (diloco/learner_checkpoint.py), or starts over from the initial
+  newest learner checkpoint (diloco/recovery/learner_checkpoint.py), or starts over from the initial
   parameters holding no fragment, so that its Join fetches every global fragment before it trains;
   its step counter moves to the schedule phase (modulo H) of the leading live learner, as in the
-  virtual runtime (diloco/runtime/chaotic.py). It has rejoined once it holds at least the versions
+  virtual runtime (diloco/runtime/virtual_chaos.py). It has rejoined once it holds at least the versions
   the synchronizer had when its Join was answered; the record then says whether each fragment it
   holds at the synchronizer's current version is bit-identical to the synchronizer's.
 - sync_crash: the host goes down (learners' calls fail as unreachable; they keep training), its
   memory is lost; after the fault's duration a new Synchronizer restarts from the newest
-  checkpoint (diloco/sync_checkpoint.py) as a new generation in a new SyncHost, and learners
+  checkpoint (diloco/recovery/sync_checkpoint.py) as a new generation in a new SyncHost, and learners
   re-join it. Mode 'save': it dies during its next checkpoint write instead (the half-written save
   is ignored, so the previous one is restored). The restart record says whether the restored
   state equals, array for array, the state the last completed save wrote.
@@ -153,7 +153,7 @@ class Driver:
             return None
         learner, step = self.recovery.restore_learner(m)
         others = [l.steps for i, l in enumerate(self.learners) if self.up[i] and i != m]
-        if others:  # resume in the schedule phase of the leading learner (see chaotic.py)
+        if others:  # resume in the schedule phase of the leading learner (see virtual_chaos.py)
             learner.steps += (max(others) - learner.steps) % learner.schedule.inner_steps
         record.update(restored_step=step, steps_lost=step_at_crash - (step or 0))
         with self.shared.lock:

@@ -13,7 +13,7 @@ they sent at step s has come back; non-blocking learners (Decoupled DiLoCo) neve
 
 Every event has an owner (learner m or the synchronizer) and is dropped unchanged if its owner's
 epoch moved on before it happened (it was addressed to a process that crashed since); background
-events (faults, see runtime/chaotic.py) do not keep the run going by themselves. With a
+events (faults, see runtime/virtual_chaos.py) do not keep the run going by themselves. With a
 `recovery.Recovery`, learners and the synchronizer save checkpoints as they go.
 """
 

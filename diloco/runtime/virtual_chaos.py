@@ -1,10 +1,10 @@
-"""The virtual runtime with a fault schedule applied (see diloco/chaos.py for the faults).
+"""The virtual runtime with a fault schedule applied (see diloco/chaos/schedule.py for the faults).
 
 - crash learner m: its memory is lost (state, counters, its data position since its checkpoint);
   events addressed to it are dropped (its epoch moves on); the synchronizer gets Leave(m) at once.
   Work since its last checkpoint, and the step it was in, are wasted, and their tokens return to the
   budget (it reads them again). When it comes back it restores its checkpoint (or starts over, see
-  recovery.py) and re-joins with the versions it holds; the rejoin is complete once every fragment
+  recovery/rejoin.py) and re-joins with the versions it holds; the rejoin is complete once every fragment
   the synchronizer sent in answer has arrived, and it trains only from then on (a step taken before
   would be overwritten by them), unless the synchronizer is down when it comes back: then one
   restored from its checkpoint trains on it meanwhile. Rounds in progress at its Join do not wait
@@ -23,7 +23,7 @@
   as a new generation, every live learner re-joins and sends again each fragment still unanswered,
   computed afresh. Mode 'save': it dies during its next checkpoint write instead.
 - straggle multiplies a learner's step times. The message faults (delay, partition, corrupt,
-  poison) and the learners' answers to refused messages are in `chaos_messages.py`.
+  poison) and the learners' answers to refused messages are in `virtual_faults.py`.
 
 A learner that receives a Send it cannot apply (`Learner.accepts`: corrupt, or a gap after lost
 messages) drops it and re-joins (at most one Join of its in flight); so does one whose upload is
@@ -301,7 +301,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
             self._since_ckpt[learner.index] = [0, 0.0]
         return saved
 
-    # ---- messages: see chaos_messages.FaultyMessages; what a learner does on arrival ----
+    # ---- messages: see virtual_faults.FaultyMessages; what a learner does on arrival ----
 
     def _on_at_learner(self, send: protocol.Send) -> None:
         m = send.learner

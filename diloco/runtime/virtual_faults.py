@@ -1,4 +1,4 @@
-"""The message half of the chaos runtime (`chaotic.ChaosRuntime`): faulty links and what a
+"""The message half of the chaos runtime (`virtual_chaos.ChaosRuntime`): faulty links and what a
 learner does when the synchronizer refuses what it sent.
 
 - delay adds latency to messages sent in the window (both ways); partition holds them to the end

@@ -5,7 +5,7 @@
       --config.deploy.tpu.project=my-proj --config.deploy.tpu.zone=us-central2-b \
       --config.deploy.tpu.accelerator_type=v4-8 --config.deploy.tpu.sync_host=10.0.0.2 [--run]
 
-Everything comes from the config's `deploy` section (diloco/deploy_config.py), overridden with
+Everything comes from the config's `deploy` section (diloco/config/deploy.py), overridden with
 --config.KEY=VALUE flags; those overrides are passed on to the synchronizer and every learner, so
 all of them see the same config. Without --run it prints the commands (a dry run;
 tests/test_launch.py checks them). The synchronizer starts first, on the machine that runs this
