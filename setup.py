@@ -31,6 +31,7 @@ EXTRAS_REQUIRE = {
         "nbformat>=5.10",
         "ipykernel>=7.0",
         "grpcio-tools>=1.85.1",  # only to regenerate diloco/rpc/synchronizer_pb2*.py
+        "pyink==26.5.1",  # the formatter .ci/run checks with (pinned: its output is the style)
     ],
 }
 
