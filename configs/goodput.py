@@ -25,8 +25,16 @@ from diloco.sim import calibration
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = variants.parse_arg(arg, policy="all", chips=calibration.PUBLISHED_CHIPS, learners=8,
-                            quorum=1, seeds=10, days=1.0, tiny=False)
+  arg = variants.parse_arg(
+      arg,
+      policy="all",
+      chips=calibration.PUBLISHED_CHIPS,
+      learners=8,
+      quorum=1,
+      seeds=10,
+      days=1.0,
+      tiny=False,
+  )
   c = ml_collections.ConfigDict()
   c.policy = arg.policy  # all | dp | elastic_dp | decoupled
   c.chips = arg.chips

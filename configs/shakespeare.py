@@ -35,8 +35,17 @@ from diloco.data import default_data_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = variants.parse_arg(arg, mode="dp", model="small", runlocal=False, steps=0, batch=0,
-                            seq=0, learners=0, chaos="none")
+  arg = variants.parse_arg(
+      arg,
+      mode="dp",
+      model="small",
+      runlocal=False,
+      steps=0,
+      batch=0,
+      seq=0,
+      learners=0,
+      chaos="none",
+  )
   c = ml_collections.ConfigDict()
   c.mode = arg.mode
   c.seed = 0
@@ -49,9 +58,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.stop_after_steps = 0  # >0: stop this invocation after N steps, as a preemption would
   c.init_from = ""  # a run's workdir: start from its newest params (fresh optimizer, step, data)
 
-  c.optimizer = ml_collections.ConfigDict(dict(
-      name="adamw", lr=1e-2, warmup_steps=20, decay_steps=280, min_lr_ratio=0.1,
-      b1=0.9, b2=0.95, weight_decay=0.1, clip_norm=1.0))
+  c.optimizer = ml_collections.ConfigDict(
+      dict(
+          name="adamw",
+          lr=1e-2,
+          warmup_steps=20,
+          decay_steps=280,
+          min_lr_ratio=0.1,
+          b1=0.9,
+          b2=0.95,
+          weight_decay=0.1,
+          clip_norm=1.0,
+      )
+  )
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: the remaining devices
   c.distributed = False  # call jax.distributed.initialize() (multi-host jobs)
@@ -61,55 +80,67 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 200
   c.progress_bar = True
 
-  c.outer = ml_collections.ConfigDict(dict(
-      learners=4,  # M islands; the local devices are split evenly between them
-      inner_steps=50,  # H: each fragment syncs once every H inner steps
-      fragments=1,  # P: fragments of the parameters, synced at staggered offsets p*H/P
-      fragment_kind="strided",  # strided: block i -> fragment i mod P; balanced: bin-packing
-      overlap=0,  # tau: a fragment sent at step t is applied after step t+tau
-      alpha=0.0,  # theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival
-      codec="fp32",  # outer gradients on the wire: fp32 | bf16 | int8 | fp4
-      downlink_codec="",  # merged updates sent back; '' = same as codec
-      optimizer="nesterov",  # outer optimizer: nesterov | sgd | delayed_nesterov
-      lr=0.4, momentum=0.9,  # outer Nesterov; 0.4 beat 0.7 and 1.0 here (BENCHMARKS.md)
-      delayed_period=4, delayed_c=0.0,  # delayed_nesterov: momentum every N merges, and c
-      quorum=0,  # K: merge once K learners uploaded; 0 = all live learners (synchronous)
-      grace_gamma=0.0,  # >0: adaptive grace window gamma*(tau*step - quorum - sync) after quorum
-      weighting="equal",  # equal | tokens (w = tokens * tokens / steps)
-      merge="mean",  # mean | rda (radial-directional averaging; embeddings always by mean)
-      ema_decay=0.9,  # of the step, quorum and sync times behind the grace window
-      max_staleness=1 << 20,  # contributions more versions behind are dropped
-      staleness_damping=False,  # scale merges by the mean 1/(1+staleness) of their uploads
-      blocking=True,  # learners wait for a fragment tau steps after sending it (synchronous)
-      elastic=False,  # quorum=0 only: crashed learners leave the quorum (else merges wait for them)
-      outlier_factor=100.0,  # reject outer gradients with norm > factor x recent median; 0 = off
-      outlier_history=4, outlier_window=16,  # norms before the fragment's median is used; kept
-      clip_factor=0.0,  # >0: scale outer gradients above clip_factor x that median down to it
-      learner_checkpoint_every=0,  # learner checkpoints every N inner steps (0 = none)
-      sync_checkpoint_every=0,  # synchronizer checkpoints every N merges (0 = none)
-  ))
-  c.sim = ml_collections.ConfigDict(dict(
-      step_s=1.0,  # simulated seconds per inner step of a speed-1 learner at batch_size
-      step_jitter=0.0,  # sigma of a log-normal factor on every step time
-      speeds="",  # per learner slowdown, e.g. '1,1,1,3'; '' = all 1
-      batch_sizes="",  # per learner batch, e.g. '32,32,16,16'; '' = all batch_size
-      start_times="",  # per learner start (simulated s); '' = all 0
-      latency_s=0.1,  # one-way latency of each learner-synchronizer link
-      bandwidth_gbps=1.0,  # bandwidth of each link
-  ))
-  c.chaos = ml_collections.ConfigDict(dict(
-      schedule=arg.chaos,  # none | light | heavy | fault lines ('a; b') | a schedule file
-      seed=0,  # of generated schedules and of bit flips
-      mtbf_s=0.0,  # light/heavy: mean time from one fault's end to a learner's next; 0 = preset
-      recovery_s=0.0,  # light/heavy: mean fault duration (crash recovery); 0 = preset
-      recovery_dist="exp",  # exp | fixed | uniform (0.5-1.5 x the mean)
-      sync_mtbf_s=-1.0,  # light/heavy: synchronizer crashes; -1 = preset, 0 = none
-      kinds="",  # light/heavy: learner fault kinds, e.g. 'crash,straggle'; '' = preset
-  ))
-  c.compare = ml_collections.ConfigDict(dict(
-      modes="dp,diloco,decoupled",  # mode=compare runs these on one token budget
-      decoupled_fragments=24, decoupled_inner_steps=24,
-  ))
+  c.outer = ml_collections.ConfigDict(
+      dict(
+          learners=4,  # M islands; the local devices are split evenly between them
+          inner_steps=50,  # H: each fragment syncs once every H inner steps
+          fragments=1,  # P: fragments of the parameters, synced at staggered offsets p*H/P
+          fragment_kind="strided",  # strided: block i -> fragment i mod P; balanced: bin-packing
+          overlap=0,  # tau: a fragment sent at step t is applied after step t+tau
+          alpha=0.0,  # theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival
+          codec="fp32",  # outer gradients on the wire: fp32 | bf16 | int8 | fp4
+          downlink_codec="",  # merged updates sent back; '' = same as codec
+          optimizer="nesterov",  # outer optimizer: nesterov | sgd | delayed_nesterov
+          lr=0.4,
+          momentum=0.9,  # outer Nesterov; 0.4 beat 0.7 and 1.0 here (BENCHMARKS.md)
+          delayed_period=4,
+          delayed_c=0.0,  # delayed_nesterov: momentum every N merges, and c
+          quorum=0,  # K: merge once K learners uploaded; 0 = all live learners (synchronous)
+          grace_gamma=0.0,  # >0: adaptive grace window gamma*(tau*step - quorum - sync) after quorum
+          weighting="equal",  # equal | tokens (w = tokens * tokens / steps)
+          merge="mean",  # mean | rda (radial-directional averaging; embeddings always by mean)
+          ema_decay=0.9,  # of the step, quorum and sync times behind the grace window
+          max_staleness=1 << 20,  # contributions more versions behind are dropped
+          staleness_damping=False,  # scale merges by the mean 1/(1+staleness) of their uploads
+          blocking=True,  # learners wait for a fragment tau steps after sending it (synchronous)
+          elastic=False,  # quorum=0 only: crashed learners leave the quorum (else merges wait for them)
+          outlier_factor=100.0,  # reject outer gradients with norm > factor x recent median; 0 = off
+          outlier_history=4,
+          outlier_window=16,  # norms before the fragment's median is used; kept
+          clip_factor=0.0,  # >0: scale outer gradients above clip_factor x that median down to it
+          learner_checkpoint_every=0,  # learner checkpoints every N inner steps (0 = none)
+          sync_checkpoint_every=0,  # synchronizer checkpoints every N merges (0 = none)
+      )
+  )
+  c.sim = ml_collections.ConfigDict(
+      dict(
+          step_s=1.0,  # simulated seconds per inner step of a speed-1 learner at batch_size
+          step_jitter=0.0,  # sigma of a log-normal factor on every step time
+          speeds="",  # per learner slowdown, e.g. '1,1,1,3'; '' = all 1
+          batch_sizes="",  # per learner batch, e.g. '32,32,16,16'; '' = all batch_size
+          start_times="",  # per learner start (simulated s); '' = all 0
+          latency_s=0.1,  # one-way latency of each learner-synchronizer link
+          bandwidth_gbps=1.0,  # bandwidth of each link
+      )
+  )
+  c.chaos = ml_collections.ConfigDict(
+      dict(
+          schedule=arg.chaos,  # none | light | heavy | fault lines ('a; b') | a schedule file
+          seed=0,  # of generated schedules and of bit flips
+          mtbf_s=0.0,  # light/heavy: mean time from one fault's end to a learner's next; 0 = preset
+          recovery_s=0.0,  # light/heavy: mean fault duration (crash recovery); 0 = preset
+          recovery_dist="exp",  # exp | fixed | uniform (0.5-1.5 x the mean)
+          sync_mtbf_s=-1.0,  # light/heavy: synchronizer crashes; -1 = preset, 0 = none
+          kinds="",  # light/heavy: learner fault kinds, e.g. 'crash,straggle'; '' = preset
+      )
+  )
+  c.compare = ml_collections.ConfigDict(
+      dict(
+          modes="dp,diloco,decoupled",  # mode=compare runs these on one token budget
+          decoupled_fragments=24,
+          decoupled_inner_steps=24,
+      )
+  )
   deploy_lib.add_deploy_section(c)  # threads/gRPC runtimes: bind, port, TLS, limits, TPU
   train.apply_mode(c, arg.mode, arg.runlocal, arg.learners)
 

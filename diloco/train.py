@@ -44,16 +44,18 @@ def mode_of(name: str) -> Mode:
   return MODES[name]
 
 
-def apply_mode(c: ml_collections.ConfigDict, mode: str, runlocal: bool = False,
-               learners: int = 0) -> None:
+def apply_mode(
+    c: ml_collections.ConfigDict, mode: str, runlocal: bool = False, learners: int = 0
+) -> None:
   """Sets c.mode and the knobs of that mode (`learners` > 0: M learners)."""
   preset = mode_of(mode).preset
   c.mode = mode
   preset(c, runlocal, learners)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       **runner_options: Any) -> dict[str, Any]:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, **runner_options: Any
+) -> dict[str, Any]:
   """Runs the configured mode in `workdir`, writes summary.json and returns the summary.
 
   `runner_options` go to the mode's runner: `parts=` (from `config.build.local_learners`) lets
@@ -74,8 +76,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def format_summary(summary: dict[str, Any]) -> str:
   """A few lines for the terminal."""
-  keys = ("mode", "steps", "tokens", "tokens_per_s", "eval_loss", "eval_bpb", "wall_s", "params",
-          "plot")
+  keys = (
+      "mode",
+      "steps",
+      "tokens",
+      "tokens_per_s",
+      "eval_loss",
+      "eval_bpb",
+      "wall_s",
+      "params",
+      "plot",
+  )
   lines = [f"  {k:>14}: {_fmt(summary[k])}" for k in keys if k in summary]
   lines.append(f"  {'outputs':>14}: {summary['workdir']} (summary.json, metrics.jsonl, tb/)")
   return "\n".join(["summary:"] + lines)

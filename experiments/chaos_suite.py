@@ -5,8 +5,9 @@ from ml_collections import config_flags
 
 from diloco.studies import chaos_suite
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file (get_config(arg)).", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs and the table go.")
 flags.mark_flags_as_required(["config", "workdir"])
 

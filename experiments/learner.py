@@ -18,9 +18,13 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_conf
 _ID = flags.DEFINE_integer("learner_id", None, "This learner's index m in 0..outer.learners-1.")
 _SYNC = flags.DEFINE_string("synchronizer", None, "HOST:PORT of the synchronizer service.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "This learner's outputs and checkpoints.")
-_COORD = flags.DEFINE_string("coordinator", "", "HOST:PORT of JAX process 0 of this learner "
-                             "(several processes on one machine); empty: one process, or "
-                             "--config.distributed=True to let JAX find its peers.")
+_COORD = flags.DEFINE_string(
+    "coordinator",
+    "",
+    "HOST:PORT of JAX process 0 of this learner "
+    "(several processes on one machine); empty: one process, or "
+    "--config.distributed=True to let JAX find its peers.",
+)
 _NPROC = flags.DEFINE_integer("num_processes", 0, "With --coordinator: processes of this learner.")
 _PID = flags.DEFINE_integer("process_id", -1, "With --coordinator: this process's index.")
 flags.mark_flags_as_required(["config", "learner_id", "synchronizer", "workdir"])
@@ -35,13 +39,22 @@ def main(argv):
   if not token:
     raise app.UsageError("set DILOCO_TOKEN to the synchronizer's shared secret")
   cluster = learner_main.Cluster(_COORD.value, _NPROC.value, _PID.value)
-  s = learner_main.run(_CONFIG.value, _WORKDIR.value, learner_id=_ID.value,
-                       target=_SYNC.value, token=token, cluster=cluster)
+  s = learner_main.run(
+      _CONFIG.value,
+      _WORKDIR.value,
+      learner_id=_ID.value,
+      target=_SYNC.value,
+      token=token,
+      cluster=cluster,
+  )
   if s["role"] == "follower":
     print(f"learner {_ID.value} process {s['process']}: followed {s['steps']} steps", flush=True)
   else:
-    print(f"learner {_ID.value}: {s['steps']} steps, settled={s['settled']}, restored from "
-          f"step {s['restored_step']}", flush=True)
+    print(
+        f"learner {_ID.value}: {s['steps']} steps, settled={s['settled']}, restored from "
+        f"step {s['restored_step']}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

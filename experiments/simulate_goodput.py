@@ -1,6 +1,6 @@
 """Goodput simulator.
 
-  python -m experiments.simulate_goodput --config=configs/goodput.py --workdir=DIR
+python -m experiments.simulate_goodput --config=configs/goodput.py --workdir=DIR
 """
 
 from absl import app, flags
@@ -8,8 +8,9 @@ from ml_collections import config_flags
 
 from diloco.sim import goodput
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file (get_config(arg)).", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where goodput.json goes.")
 flags.mark_flags_as_required(["config", "workdir"])
 

@@ -69,6 +69,7 @@ print("grid steps off with 0.85e9 values:", [r["grid_steps_off"] for r in smalle
 # %% [markdown]
 # ## Required bandwidth against utilization (Table 4 setting)
 
+
 # %%
 def curves(work, methods, targets):
   """Gbit/s needed for each target, per method."""
@@ -112,8 +113,13 @@ needed_blog = curves(ref.BLOG_WORKLOAD, blog_methods, CURVE_TARGETS)
 fig, ax = plt.subplots(figsize=(6.5, 4.5))
 for name, gbps in needed_blog.items():
   ax.plot(100 * np.array(CURVE_TARGETS), gbps, "-", label=name)
-ax.plot([100 * ref.BLOG_TARGET] * 2, list(ref.BLOG.values()), "k*", markersize=10,
-        label="blog (at our 90% setting)")
+ax.plot(
+    [100 * ref.BLOG_TARGET] * 2,
+    list(ref.BLOG.values()),
+    "k*",
+    markersize=10,
+    label="blog (at our 90% setting)",
+)
 ax.set_yscale("log")
 ax.set_xlabel("compute utilization (%)")
 ax.set_ylabel("Gbit/s per datacenter link")

@@ -74,10 +74,12 @@ for key, value in calibration.CALIBRATED.items():
 cluster = calibration.calibrated_cluster(days=DAYS)
 timing = calibration.calibrated_timing()
 table = [goodput.make_policy("dp", **timing), goodput.make_policy("elastic_dp", **timing)] + [
-    goodput.make_policy("decoupled", learners=m, **timing) for m in (2, 4, 8, 16)]
+    goodput.make_policy("decoupled", learners=m, **timing) for m in (2, 4, 8, 16)
+]
 results = goodput.simulate_many(cluster, table, range(SEEDS))
-rows = [dict(r.row(), published=calibration.published(r.policy, r.learners, cluster))
-        for r in results]
+rows = [
+    dict(r.row(), published=calibration.published(r.policy, r.learners, cluster)) for r in results
+]
 print(goodput.format_table(rows, cluster))
 
 # %% [markdown]
@@ -88,25 +90,39 @@ print(goodput.format_table(rows, cluster))
 # the elastic curve shifted by the number of chips per learner.
 
 # %%
-policies = [goodput.make_policy("dp", **timing), goodput.make_policy("elastic_dp", **timing),
-            goodput.make_policy("decoupled", learners=8, **timing)]
+policies = [
+    goodput.make_policy("dp", **timing),
+    goodput.make_policy("elastic_dp", **timing),
+    goodput.make_policy("decoupled", learners=8, **timing),
+]
 by_scale = {}
 for chips in SCALES:
-  by_scale[chips] = goodput.simulate_many(calibration.calibrated_cluster(chips, DAYS), policies,
-                                          range(SEEDS))
+  by_scale[chips] = goodput.simulate_many(
+      calibration.calibrated_cluster(chips, DAYS), policies, range(SEEDS)
+  )
 
-print(f"{'chips':>10} " + " ".join(f"{p.name + (' M=8' if p.name == 'decoupled' else ''):>16}"
-                                   for p in policies))
+print(
+    f"{'chips':>10} "
+    + " ".join(f"{p.name + (' M=8' if p.name == 'decoupled' else ''):>16}" for p in policies)
+)
 for chips, res in by_scale.items():
-  print(f"{chips:>10,} " + " ".join(f"{100 * r.goodput:>9.1f} ± {100 * r.goodput_ci:4.1f}"
-                                    for r in res))
+  print(
+      f"{chips:>10,} "
+      + " ".join(f"{100 * r.goodput:>9.1f} ± {100 * r.goodput_ci:4.1f}" for r in res)
+  )
 
 fig, ax = plt.subplots(figsize=(6, 4))
 for i, p in enumerate(policies):
   g = np.array([by_scale[n][i].goodput for n in SCALES])
   ci = np.array([by_scale[n][i].goodput_ci for n in SCALES])
-  ax.errorbar(SCALES, 100 * g, yerr=100 * ci, marker="o", capsize=3,
-              label=p.name + (" (M=8)" if p.name == "decoupled" else ""))
+  ax.errorbar(
+      SCALES,
+      100 * g,
+      yerr=100 * ci,
+      marker="o",
+      capsize=3,
+      label=p.name + (" (M=8)" if p.name == "decoupled" else ""),
+  )
 for (name, m), value in calibration.PUBLISHED.items():
   if name != "decoupled" or m == 8:
     ax.plot(calibration.PUBLISHED_CHIPS, 100 * value, "k*", markersize=10)
@@ -128,27 +144,34 @@ plt.show()
 # %%
 learner_results = {}
 for m in M_VALUES:
-  named = [goodput.make_policy("decoupled", learners=m, quorum=k, **timing)
-           for k in sorted({1, max(1, m // 2)})]
+  named = [
+      goodput.make_policy("decoupled", learners=m, quorum=k, **timing)
+      for k in sorted({1, max(1, m // 2)})
+  ]
   learner_results[m] = goodput.simulate_many(cluster, named, range(SEEDS))
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
 g = [learner_results[m][0].goodput for m in M_VALUES]
 ci = [learner_results[m][0].goodput_ci for m in M_VALUES]
-ax1.errorbar(M_VALUES, 100 * np.array(g), yerr=100 * np.array(ci), marker="o", capsize=3,
-             label="model")
+ax1.errorbar(
+    M_VALUES, 100 * np.array(g), yerr=100 * np.array(ci), marker="o", capsize=3, label="model"
+)
 pub_m = [(1, calibration.PUBLISHED[("elastic_dp", 1)])] + [
-    (m, v) for (name, m), v in calibration.PUBLISHED.items() if name == "decoupled"]
-ax1.plot(*zip(*[(m, 100 * v) for m, v in pub_m]), "k*", markersize=10,
-         label="published (M=1: elastic dp)")
+    (m, v) for (name, m), v in calibration.PUBLISHED.items() if name == "decoupled"
+]
+ax1.plot(
+    *zip(*[(m, 100 * v) for m, v in pub_m]),
+    "k*",
+    markersize=10,
+    label="published (M=1: elastic dp)",
+)
 ax1.set_xscale("log", base=2)
 ax1.set_xlabel("learners M")
 ax1.set_ylabel("goodput (%)")
 ax1.legend()
 ax1.grid(alpha=0.3)
 ax2.plot(M_VALUES, [100 * learner_results[m][0].uptime for m in M_VALUES], "o-", label="K = 1")
-ax2.plot(M_VALUES, [100 * learner_results[m][-1].uptime for m in M_VALUES], "s--",
-         label="K = M/2")
+ax2.plot(M_VALUES, [100 * learner_results[m][-1].uptime for m in M_VALUES], "s--", label="K = M/2")
 ax2.set_xscale("log", base=2)
 ax2.set_xlabel("learners M")
 ax2.set_ylabel("uptime (%)")
@@ -157,8 +180,13 @@ ax2.grid(alpha=0.3)
 fig.suptitle("Decoupled DiLoCo at 1.2M chips")
 plt.show()
 for m in M_VALUES:
-  print(f"M={m:>2}: " + ", ".join(f"K={r.quorum}: goodput {100 * r.goodput:.1f}%, uptime "
-                                 f"{100 * r.uptime:.1f}%" for r in learner_results[m]))
+  print(
+      f"M={m:>2}: "
+      + ", ".join(
+          f"K={r.quorum}: goodput {100 * r.goodput:.1f}%, uptime " f"{100 * r.uptime:.1f}%"
+          for r in learner_results[m]
+      )
+  )
 
 # %% [markdown]
 # ## Refitting (full mode only)

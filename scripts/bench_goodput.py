@@ -10,7 +10,6 @@ normal per chip per seed, reduced to a minimum per unit. Last line: `table_vs_dr
 the whole table / seconds of the reference draws, same run).
 """
 
-
 import numpy as np
 from absl import app, flags
 
@@ -27,11 +26,16 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (median).")
 def main(argv):
   del argv
   config = goodput_config.get_config(
-      f"chips={_CHIPS.value},days={_DAYS.value},seeds={_SEEDS.value}")
+      f"chips={_CHIPS.value},days={_DAYS.value},seeds={_SEEDS.value}"
+  )
   cluster = goodput.cluster_from_config(config)
   seeds = range(_SEEDS.value)
-  pauses = dict(restart_s=config.restart_s, checkpoint_interval_s=config.checkpoint_interval_s,
-                downscale_s=config.downscale_s, upscale_s=config.upscale_s)
+  pauses = dict(
+      restart_s=config.restart_s,
+      checkpoint_interval_s=config.checkpoint_interval_s,
+      downscale_s=config.downscale_s,
+      upscale_s=config.upscale_s,
+  )
 
   def draws():
     for s in seeds:
@@ -40,16 +44,24 @@ def main(argv):
       z.reshape(cluster.units, cluster.unit_chips).min(axis=1)
 
   reference = timing.median_seconds(draws, _REPEATS.value)
-  print(f"reference: {len(seeds)} x {cluster.chips:,} normal draws + unit minima: "
-        f"{reference:.3f} s")
+  print(
+      f"reference: {len(seeds)} x {cluster.chips:,} normal draws + unit minima: "
+      f"{reference:.3f} s"
+  )
   for name, kw in [("dp", {}), ("elastic_dp", {}), ("decoupled", dict(learners=8))]:
     policy = goodput.make_policy(name, **pauses, **kw)
-    seconds = timing.median_seconds(lambda p=policy: goodput.simulate(cluster, p, seeds), _REPEATS.value)
-    print(f"{name:<10} M={getattr(policy, 'learners', 1):<2} {len(seeds)} seeds x "
-          f"{_DAYS.value:g} day x {cluster.chips:,} chips: {seconds:.3f} s "
-          f"({seconds / reference:.2f}x the draws)")
+    seconds = timing.median_seconds(
+        lambda p=policy: goodput.simulate(cluster, p, seeds), _REPEATS.value
+    )
+    print(
+        f"{name:<10} M={getattr(policy, 'learners', 1):<2} {len(seeds)} seeds x "
+        f"{_DAYS.value:g} day x {cluster.chips:,} chips: {seconds:.3f} s "
+        f"({seconds / reference:.2f}x the draws)"
+    )
   table = goodput.policies_from_config(config)
-  seconds = timing.median_seconds(lambda: goodput.simulate_many(cluster, table, seeds), _REPEATS.value)
+  seconds = timing.median_seconds(
+      lambda: goodput.simulate_many(cluster, table, seeds), _REPEATS.value
+  )
   print(f"calibration table ({len(table)} policies on shared traces): {seconds:.3f} s")
   print(f"table_vs_draws={seconds / reference:.2f}")
 

@@ -8,7 +8,6 @@ Prints achieved FLOP/s of the step (model FLOPs per token x tokens / step time) 
 the ratio of the faster one.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,8 +25,12 @@ _BATCH = flags.DEFINE_integer("batch", 32, "Global batch (sequences).")
 _SEQ = flags.DEFINE_integer("seq", 128, "Sequence length.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (after 3 warm-up steps).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
-_ATTENTION = flags.DEFINE_enum("attention", "both", ["einsum", "dot_product_attention", "both"],
-                               "Attention implementation(s) to time.")
+_ATTENTION = flags.DEFINE_enum(
+    "attention",
+    "both",
+    ["einsum", "dot_product_attention", "both"],
+    "Attention implementation(s) to time.",
+)
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 0, "Matmul size N (0: 2048 on CPU, 8192 else).")
 
 
@@ -45,8 +48,10 @@ def step_flops_per_s(model_cfg, mesh) -> float:
 
   seconds = timing.median_seconds(one, _STEPS.value, warmup=3)
   flops = transformer.flops_per_token(model_cfg, _SEQ.value) * _BATCH.value * _SEQ.value
-  print(f"step[{model_cfg.attention}]: {seconds * 1e3:.2f} ms, {flops / seconds / 1e9:.2f} GFLOP/s,"
-        f" {_BATCH.value * _SEQ.value / seconds:,.0f} tokens/s")
+  print(
+      f"step[{model_cfg.attention}]: {seconds * 1e3:.2f} ms, {flops / seconds / 1e9:.2f} GFLOP/s,"
+      f" {_BATCH.value * _SEQ.value / seconds:,.0f} tokens/s"
+  )
   return flops / seconds
 
 
@@ -57,8 +62,10 @@ def matmul_flops_per_s(mesh, dtype) -> float:
   b = jax.device_put(jnp.ones((n, n), dtype), NamedSharding(mesh, P()))
   dot = jax.jit(jnp.dot, out_shardings=rows)
   seconds = timing.median_seconds(lambda: jax.block_until_ready(dot(a, b)), 10, warmup=3)
-  print(f"matmul {n}x{n}x{n} {jnp.dtype(dtype).name}: {seconds * 1e3:.2f} ms,"
-        f" {2 * n**3 / seconds / 1e9:.2f} GFLOP/s")
+  print(
+      f"matmul {n}x{n}x{n} {jnp.dtype(dtype).name}: {seconds * 1e3:.2f} ms,"
+      f" {2 * n**3 / seconds / 1e9:.2f} GFLOP/s"
+  )
   return 2 * n**3 / seconds
 
 
@@ -66,12 +73,16 @@ def main(argv):
   del argv
   devices = jax.devices()
   mesh = sharding.make_island_mesh(devices, data=-1, fsdp=1)
-  print(f"devices: {len(devices)} x {devices[0].device_kind} ({jax.default_backend()}),"
-        f" model={_MODEL.value} batch={_BATCH.value} seq={_SEQ.value} dtype={_DTYPE.value}")
-  base = {**variants.MODEL_SIZES[_MODEL.value], "max_len": max(_SEQ.value, 64),
-          "dtype": _DTYPE.value}
-  kinds = (["einsum", "dot_product_attention"] if _ATTENTION.value == "both"
-           else [_ATTENTION.value])
+  print(
+      f"devices: {len(devices)} x {devices[0].device_kind} ({jax.default_backend()}),"
+      f" model={_MODEL.value} batch={_BATCH.value} seq={_SEQ.value} dtype={_DTYPE.value}"
+  )
+  base = {
+      **variants.MODEL_SIZES[_MODEL.value],
+      "max_len": max(_SEQ.value, 64),
+      "dtype": _DTYPE.value,
+  }
+  kinds = ["einsum", "dot_product_attention"] if _ATTENTION.value == "both" else [_ATTENTION.value]
   rates = {k: step_flops_per_s(transformer.ModelConfig(**base, attention=k), mesh) for k in kinds}
   best = max(rates, key=rates.get)
   peak = matmul_flops_per_s(mesh, jnp.dtype(_DTYPE.value))

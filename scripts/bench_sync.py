@@ -36,86 +36,111 @@ LEAVES = 4
 
 
 def make_fragment(mbytes: int) -> dict[str, np.ndarray]:
-    """LEAVES float32 matrices of 1024 columns, --mbytes MiB together."""
-    rows = max(mbytes * 2**20 // 4 // 1024 // LEAVES, 1)
-    rng = np.random.default_rng(0)
-    return {f"blocks/0/w{i}": rng.standard_normal((rows, 1024), dtype=np.float32)
-            for i in range(LEAVES)}
+  """LEAVES float32 matrices of 1024 columns, --mbytes MiB together."""
+  rows = max(mbytes * 2**20 // 4 // 1024 // LEAVES, 1)
+  rng = np.random.default_rng(0)
+  return {
+      f"blocks/0/w{i}": rng.standard_normal((rows, 1024), dtype=np.float32) for i in range(LEAVES)
+  }
 
 
 def main(argv):
-    del argv
-    m, reps = _LEARNERS.value, _REPEATS.value
-    params = make_fragment(_MBYTES.value)
-    frag = fragments.balanced(params, 1)
-    nbytes = sum(x.nbytes for x in params.values())
-    policy = policies.Policy(policies.AllLive(), policies.NoGrace(), weights=policies.EqualWeights(),
-                             merge=policies.MERGES[_MERGE.value])
-    sync = Synchronizer(params, frag, policy, optimizers.nesterov(0.7, 0.9),
-                        downlink_codec=_DOWNLINK.value)
-    for i in range(m):
-        sync.handle(Join(i, 0.0, (0,)))
-    rng = np.random.default_rng(1)
-    deltas = [{k: rng.standard_normal(x.shape, dtype=np.float32) * np.float32(1e-3)
-               for k, x in params.items()} for _ in range(m)]
-    uploads = [Upload(i, 0, 0, compression.encode_tree(d, "fp32"), 8, 8 * 1024, 0.0, 0.0, 1.0)
-               for i, d in enumerate(deltas)]
+  del argv
+  m, reps = _LEARNERS.value, _REPEATS.value
+  params = make_fragment(_MBYTES.value)
+  frag = fragments.balanced(params, 1)
+  nbytes = sum(x.nbytes for x in params.values())
+  policy = policies.Policy(
+      policies.AllLive(),
+      policies.NoGrace(),
+      weights=policies.EqualWeights(),
+      merge=policies.MERGES[_MERGE.value],
+  )
+  sync = Synchronizer(
+      params, frag, policy, optimizers.nesterov(0.7, 0.9), downlink_codec=_DOWNLINK.value
+  )
+  for i in range(m):
+    sync.handle(Join(i, 0.0, (0,)))
+  rng = np.random.default_rng(1)
+  deltas = [
+      {
+          k: rng.standard_normal(x.shape, dtype=np.float32) * np.float32(1e-3)
+          for k, x in params.items()
+      }
+      for _ in range(m)
+  ]
+  uploads = [
+      Upload(i, 0, 0, compression.encode_tree(d, "fp32"), 8, 8 * 1024, 0.0, 0.0, 1.0)
+      for i, d in enumerate(deltas)
+  ]
 
-    payload_crcs = [integrity.tree_crc(u.delta) for u in uploads]  # the senders' work, untimed
+  payload_crcs = [integrity.tree_crc(u.delta) for u in uploads]  # the senders' work, untimed
 
-    def round_() -> None:
-        v = sync.versions[0]
-        actions = []
-        for up, crc in zip(uploads, payload_crcs):
-            checksum = integrity.with_header((up.fragment, up.base_generation, v, up.steps,
-                                              up.tokens), crc)
-            actions = sync.handle(dataclasses.replace(up, base_version=v, checksum=checksum))
-        assert sync.versions[0] == v + 1 and len(actions) == m + 1, actions[:1]
+  def round_() -> None:
+    v = sync.versions[0]
+    actions = []
+    for up, crc in zip(uploads, payload_crcs):
+      checksum = integrity.with_header(
+          (up.fragment, up.base_generation, v, up.steps, up.tokens), crc
+      )
+      actions = sync.handle(dataclasses.replace(up, base_version=v, checksum=checksum))
+    assert sync.versions[0] == v + 1 and len(actions) == m + 1, actions[:1]
 
-    flat = next(iter(params.values()))
-    src = np.concatenate([x.reshape(-1) for x in params.values()])
-    dst = np.empty_like(src)
-    memcpy, t_round = timing.best_seconds([lambda: np.copyto(dst, src), round_], reps)
-    merged_bw = m * nbytes / t_round
-    copy_bw = nbytes / memcpy
-    print(f"fragment {nbytes / 2**20:.0f} MiB ({LEAVES} leaves of {flat.shape}), {m} learners, "
-          f"merge={_MERGE.value}, outer nesterov, downlink {_DOWNLINK.value}, best of {reps}")
-    print(f"memcpy {memcpy * 1e3:8.2f} ms  ({copy_bw / 1e9:.2f} GB/s)")
-    print(f"round  {t_round * 1e3:8.2f} ms  ({merged_bw / 1e9:.2f} GB/s of uploads merged)")
+  flat = next(iter(params.values()))
+  src = np.concatenate([x.reshape(-1) for x in params.values()])
+  dst = np.empty_like(src)
+  memcpy, t_round = timing.best_seconds([lambda: np.copyto(dst, src), round_], reps)
+  merged_bw = m * nbytes / t_round
+  copy_bw = nbytes / memcpy
+  print(
+      f"fragment {nbytes / 2**20:.0f} MiB ({LEAVES} leaves of {flat.shape}), {m} learners, "
+      f"merge={_MERGE.value}, outer nesterov, downlink {_DOWNLINK.value}, best of {reps}"
+  )
+  print(f"memcpy {memcpy * 1e3:8.2f} ms  ({copy_bw / 1e9:.2f} GB/s)")
+  print(f"round  {t_round * 1e3:8.2f} ms  ({merged_bw / 1e9:.2f} GB/s of uploads merged)")
 
-    # Phases of one round, each on the same inputs, to see where the time goes.
-    decoded = [{k: np.frombuffer(e.payload, np.float32).reshape(e.shape)  # viewed in place
-                for k, e in u.delta.items()} for u in uploads]
-    weights = merging.equal_weights(m)
-    merged, _ = merging.merge_checked(decoded, weights, rule=_MERGE.value)
-    tx, old = optimizers.nesterov(0.7, 0.9), sync.globals[0]
-    residual = {k: np.zeros_like(x) for k, x in old.items()}
-    opt_state = [tx.init(old)]
+  # Phases of one round, each on the same inputs, to see where the time goes.
+  decoded = [
+      {
+          k: np.frombuffer(e.payload, np.float32).reshape(e.shape)  # viewed in place
+          for k, e in u.delta.items()
+      }
+      for u in uploads
+  ]
+  weights = merging.equal_weights(m)
+  merged, _ = merging.merge_checked(decoded, weights, rule=_MERGE.value)
+  tx, old = optimizers.nesterov(0.7, 0.9), sync.globals[0]
+  residual = {k: np.zeros_like(x) for k, x in old.items()}
+  opt_state = [tx.init(old)]
 
-    def outer_step():
-        raw, opt_state[0] = optimizers.host_step(tx, merged, opt_state[0], old, residual)
-        return raw
+  def outer_step():
+    raw, opt_state[0] = optimizers.host_step(tx, merged, opt_state[0], old, residual)
+    return raw
 
-    raw = outer_step()
-    enc = compression.encode_tree(raw, _DOWNLINK.value)
-    residual_out = {k: x.copy() for k, x in raw.items()}  # becomes raw − decoded, in place
-    phases = {
-        "upload checksums": lambda: [integrity.tree_crc(u.delta) for u in uploads],
-        f"merge ({_MERGE.value}) + finite": lambda: merging.merge_checked(decoded, weights,
-                                                                          rule=_MERGE.value),
-        "outer step (numpy)": outer_step,
-        "downlink encode": lambda: compression.encode_tree(raw, _DOWNLINK.value),
-        "decode, apply, residual": lambda: {k: synchronizer._apply(old[k], enc[k],
-                                                                   residual_out[k]) for k in old},
-        "send checksum": lambda: integrity.tree_crc(enc),
-    }
-    times = timing.best_seconds([lambda: np.copyto(dst, src), *phases.values()], reps)
-    for name, t in zip(phases, times[1:]):
-        print(f"  {name:22s} {t * 1e3:8.2f} ms = {t / times[0]:6.2f}x memcpy  "
-              f"({t / t_round:5.1%} of a round)")
-    print(f"  {'sum of the phases':22s} {sum(times[1:]) * 1e3:8.2f} ms")
-    print(f"sync_vs_memcpy={merged_bw / copy_bw:.2f}")
+  raw = outer_step()
+  enc = compression.encode_tree(raw, _DOWNLINK.value)
+  residual_out = {k: x.copy() for k, x in raw.items()}  # becomes raw − decoded, in place
+  phases = {
+      "upload checksums": lambda: [integrity.tree_crc(u.delta) for u in uploads],
+      f"merge ({_MERGE.value}) + finite": lambda: merging.merge_checked(
+          decoded, weights, rule=_MERGE.value
+      ),
+      "outer step (numpy)": outer_step,
+      "downlink encode": lambda: compression.encode_tree(raw, _DOWNLINK.value),
+      "decode, apply, residual": lambda: {
+          k: synchronizer._apply(old[k], enc[k], residual_out[k]) for k in old
+      },
+      "send checksum": lambda: integrity.tree_crc(enc),
+  }
+  times = timing.best_seconds([lambda: np.copyto(dst, src), *phases.values()], reps)
+  for name, t in zip(phases, times[1:]):
+    print(
+        f"  {name:22s} {t * 1e3:8.2f} ms = {t / times[0]:6.2f}x memcpy  "
+        f"({t / t_round:5.1%} of a round)"
+    )
+  print(f"  {'sum of the phases':22s} {sum(times[1:]) * 1e3:8.2f} ms")
+  print(f"sync_vs_memcpy={merged_bw / copy_bw:.2f}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+  app.run(main)

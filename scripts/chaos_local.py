@@ -28,101 +28,128 @@ from diloco.rpc import local  # noqa: E402
 
 
 def _rows(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
 
 
 def _resumes(learner_dir):
-    """Per restart of one learner: the step it resumed from and the last step logged before."""
-    starts = _rows(os.path.join(learner_dir, "starts.jsonl"))
-    progress = _rows(os.path.join(learner_dir, "progress.jsonl"))
-    out = []
-    for i, s in enumerate(starts[1:], 1):
-        until = starts[i + 1]["time"] if i + 1 < len(starts) else float("inf")
-        before = [r["step"] for r in progress if starts[i - 1]["time"] < r["time"] < s["time"]]
-        after = [r["step"] for r in progress if s["time"] < r["time"] < until]
-        out.append({"resumed_step": s["restored_step"],
-                    "last_logged_before": max(before, default=0),
-                    "first_logged_after": after[0] if after else None})
-    return out
+  """Per restart of one learner: the step it resumed from and the last step logged before."""
+  starts = _rows(os.path.join(learner_dir, "starts.jsonl"))
+  progress = _rows(os.path.join(learner_dir, "progress.jsonl"))
+  out = []
+  for i, s in enumerate(starts[1:], 1):
+    until = starts[i + 1]["time"] if i + 1 < len(starts) else float("inf")
+    before = [r["step"] for r in progress if starts[i - 1]["time"] < r["time"] < s["time"]]
+    after = [r["step"] for r in progress if s["time"] < r["time"] < until]
+    out.append(
+        {
+            "resumed_step": s["restored_step"],
+            "last_logged_before": max(before, default=0),
+            "first_logged_after": after[0] if after else None,
+        }
+    )
+  return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/shakespeare.py:mode=decoupled,runlocal")
-    ap.add_argument("--learners", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=100000)
-    ap.add_argument("--duration_s", type=float, default=300.0)
-    ap.add_argument("--kills", type=int, default=12)
-    ap.add_argument("--sync_share", type=float, default=0.25)
-    ap.add_argument("--down_s", type=float, default=2.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--learner_checkpoint_every", type=int, default=50)
-    ap.add_argument("--workdir", required=True)
-    args, extra = ap.parse_known_args()
-    rng = random.Random(args.seed)
-    config = local.with_arg(local.with_arg(args.config, "learners", args.learners), "steps",
-                            args.steps)
-    overrides = (f"--config.outer.learner_checkpoint_every={args.learner_checkpoint_every}",
-                 *extra)
-    absent = local.load_config(config, overrides).deploy.absent_after_s
-    c = local.LocalCluster(config, args.learners, os.path.abspath(args.workdir),
-                           overrides=overrides, absent_after_s=absent)
-    plan = sorted(rng.uniform(0.05, 0.85) * args.duration_s for _ in range(args.kills))
-    victims = ["sync" if rng.random() < args.sync_share else f"learner{rng.randrange(args.learners)}"
-               for _ in plan]
-    kills, report = [], {}
-    t0 = time.monotonic()
-    try:
-        c.start()
-        for at, name in zip(plan, victims):
-            time.sleep(max(0.0, at - (time.monotonic() - t0)))
-            was_alive = c.alive(name)
-            c.kill(name)
-            time.sleep(args.down_s)
-            (c.start_sync() if name == "sync" else c.start_learner(int(name[7:])))
-            kills.append({"t_s": round(time.monotonic() - t0, 1), "process": name,
-                          "was_alive": was_alive, "back": c.alive(name)})
-            print(f"[{kills[-1]['t_s']:7.1f}s] SIGKILL {name}, restarted: {kills[-1]['back']}",
-                  flush=True)
-        time.sleep(max(0.0, args.duration_s - (time.monotonic() - t0)))
-        alive = {n: c.alive(n) for n in c.procs}
-    finally:
-        c.stop(grace_s=15.0)
-    sync_rows = _rows(os.path.join(c.workdir, "sync", "metrics.jsonl"))
-    merges = [r for r in sync_rows if r.get("event") == "merge"]
-    steps = {m: [r["step"] for r in _rows(os.path.join(c.workdir, f"learner{m}",
-                                                       "progress.jsonl"))]
-             for m in range(args.learners)}
-    losses = [r["loss"] for m in range(args.learners)
-              for r in _rows(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))]
-    with open(os.path.join(c.workdir, "sync", "summary.json")) as f:
-        sync = json.load(f)
-    resumes = {m: _resumes(os.path.join(c.workdir, f"learner{m}")) for m in range(args.learners)}
-    report = {
-        "duration_s": round(time.monotonic() - t0, 1), "kills": kills,
-        "kills_total": len(kills), "sync_kills": sum(k["process"] == "sync" for k in kills),
-        "every_killed_process_back": all(k["back"] for k in kills),
-        "alive_before_stop": alive, "merges_logged": len(merges),
-        "sync_generation": sync["generation"], "sync_merges": sync["merges"],
-        "sync_versions": sync["versions"],
-        "restored_arrays_equal": sync.get("restored_arrays_equal"),
-        "learner_steps_logged": {m: (max(s) if s else 0) for m, s in steps.items()},
-        "learner_restarts": {n: c.starts[n] - 1 for n in c.starts},
-        "learner_resumes": resumes,
-        # Restarts SIGKILLed again before they had loaded anything (no line in starts.jsonl).
-        "learner_restarts_killed_in_startup": {
-            m: c.starts.get(f"learner{m}", 1) - 1 - len(resumes[m]) for m in range(args.learners)},
-        "all_losses_finite": all(l == l and abs(l) != float("inf") for l in losses),
-        "loss_first_last": [losses[0], losses[-1]] if losses else None,
-        "refusals": sync.get("refusals"),
-    }
-    with open(os.path.join(c.workdir, "chaos_report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--config", default="configs/shakespeare.py:mode=decoupled,runlocal")
+  ap.add_argument("--learners", type=int, default=4)
+  ap.add_argument("--steps", type=int, default=100000)
+  ap.add_argument("--duration_s", type=float, default=300.0)
+  ap.add_argument("--kills", type=int, default=12)
+  ap.add_argument("--sync_share", type=float, default=0.25)
+  ap.add_argument("--down_s", type=float, default=2.0)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--learner_checkpoint_every", type=int, default=50)
+  ap.add_argument("--workdir", required=True)
+  args, extra = ap.parse_known_args()
+  rng = random.Random(args.seed)
+  config = local.with_arg(
+      local.with_arg(args.config, "learners", args.learners), "steps", args.steps
+  )
+  overrides = (f"--config.outer.learner_checkpoint_every={args.learner_checkpoint_every}", *extra)
+  absent = local.load_config(config, overrides).deploy.absent_after_s
+  c = local.LocalCluster(
+      config,
+      args.learners,
+      os.path.abspath(args.workdir),
+      overrides=overrides,
+      absent_after_s=absent,
+  )
+  plan = sorted(rng.uniform(0.05, 0.85) * args.duration_s for _ in range(args.kills))
+  victims = [
+      "sync" if rng.random() < args.sync_share else f"learner{rng.randrange(args.learners)}"
+      for _ in plan
+  ]
+  kills, report = [], {}
+  t0 = time.monotonic()
+  try:
+    c.start()
+    for at, name in zip(plan, victims):
+      time.sleep(max(0.0, at - (time.monotonic() - t0)))
+      was_alive = c.alive(name)
+      c.kill(name)
+      time.sleep(args.down_s)
+      (c.start_sync() if name == "sync" else c.start_learner(int(name[7:])))
+      kills.append(
+          {
+              "t_s": round(time.monotonic() - t0, 1),
+              "process": name,
+              "was_alive": was_alive,
+              "back": c.alive(name),
+          }
+      )
+      print(
+          f"[{kills[-1]['t_s']:7.1f}s] SIGKILL {name}, restarted: {kills[-1]['back']}", flush=True
+      )
+    time.sleep(max(0.0, args.duration_s - (time.monotonic() - t0)))
+    alive = {n: c.alive(n) for n in c.procs}
+  finally:
+    c.stop(grace_s=15.0)
+  sync_rows = _rows(os.path.join(c.workdir, "sync", "metrics.jsonl"))
+  merges = [r for r in sync_rows if r.get("event") == "merge"]
+  steps = {
+      m: [r["step"] for r in _rows(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))]
+      for m in range(args.learners)
+  }
+  losses = [
+      r["loss"]
+      for m in range(args.learners)
+      for r in _rows(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))
+  ]
+  with open(os.path.join(c.workdir, "sync", "summary.json")) as f:
+    sync = json.load(f)
+  resumes = {m: _resumes(os.path.join(c.workdir, f"learner{m}")) for m in range(args.learners)}
+  report = {
+      "duration_s": round(time.monotonic() - t0, 1),
+      "kills": kills,
+      "kills_total": len(kills),
+      "sync_kills": sum(k["process"] == "sync" for k in kills),
+      "every_killed_process_back": all(k["back"] for k in kills),
+      "alive_before_stop": alive,
+      "merges_logged": len(merges),
+      "sync_generation": sync["generation"],
+      "sync_merges": sync["merges"],
+      "sync_versions": sync["versions"],
+      "restored_arrays_equal": sync.get("restored_arrays_equal"),
+      "learner_steps_logged": {m: (max(s) if s else 0) for m, s in steps.items()},
+      "learner_restarts": {n: c.starts[n] - 1 for n in c.starts},
+      "learner_resumes": resumes,
+      # Restarts SIGKILLed again before they had loaded anything (no line in starts.jsonl).
+      "learner_restarts_killed_in_startup": {
+          m: c.starts.get(f"learner{m}", 1) - 1 - len(resumes[m]) for m in range(args.learners)
+      },
+      "all_losses_finite": all(l == l and abs(l) != float("inf") for l in losses),
+      "loss_first_last": [losses[0], losses[-1]] if losses else None,
+      "refusals": sync.get("refusals"),
+  }
+  with open(os.path.join(c.workdir, "chaos_report.json"), "w") as f:
+    json.dump(report, f, indent=2)
+  print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+  main()

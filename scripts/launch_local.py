@@ -20,35 +20,50 @@ from diloco.rpc import local  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--learners", type=int, required=True)
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--devices_per_learner", type=int, default=1, help="per process")
-    ap.add_argument("--processes_per_learner", type=int, default=1,
-                    help=">1: each learner is one multi-process JAX job")
-    ap.add_argument("--timeout_s", type=float, default=3600.0)
-    ap.add_argument("--learner_checkpoint_every", type=int, default=50,
-                    help="learners checkpoint every N steps (0: never) and resume from it")
-    args, extra = ap.parse_known_args()
-    overrides = [f"--config.outer.learner_checkpoint_every={args.learner_checkpoint_every}",
-                 *extra]  # a --config.outer.learner_checkpoint_every given here comes later, wins
-    spec = local.with_arg(args.config, "learners", args.learners)
-    config = local.load_config(spec, tuple(overrides))
-    c = local.LocalCluster(spec, args.learners, os.path.abspath(args.workdir),
-                           overrides=tuple(overrides), devices_per_learner=args.devices_per_learner,
-                           processes_per_learner=args.processes_per_learner,
-                           absent_after_s=config.deploy.absent_after_s)
-    try:
-        c.start()
-        print(f"synchronizer on 127.0.0.1:{c.port}; logs in {c.workdir}/logs", flush=True)
-        codes = c.wait(args.timeout_s)
-        print("exit codes:", codes, flush=True)
-    except KeyboardInterrupt:
-        print("stopping", flush=True)
-    finally:
-        c.stop()
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--config", required=True)
+  ap.add_argument("--learners", type=int, required=True)
+  ap.add_argument("--workdir", required=True)
+  ap.add_argument("--devices_per_learner", type=int, default=1, help="per process")
+  ap.add_argument(
+      "--processes_per_learner",
+      type=int,
+      default=1,
+      help=">1: each learner is one multi-process JAX job",
+  )
+  ap.add_argument("--timeout_s", type=float, default=3600.0)
+  ap.add_argument(
+      "--learner_checkpoint_every",
+      type=int,
+      default=50,
+      help="learners checkpoint every N steps (0: never) and resume from it",
+  )
+  args, extra = ap.parse_known_args()
+  overrides = [
+      f"--config.outer.learner_checkpoint_every={args.learner_checkpoint_every}",
+      *extra,
+  ]  # a --config.outer.learner_checkpoint_every given here comes later, wins
+  spec = local.with_arg(args.config, "learners", args.learners)
+  config = local.load_config(spec, tuple(overrides))
+  c = local.LocalCluster(
+      spec,
+      args.learners,
+      os.path.abspath(args.workdir),
+      overrides=tuple(overrides),
+      devices_per_learner=args.devices_per_learner,
+      processes_per_learner=args.processes_per_learner,
+      absent_after_s=config.deploy.absent_after_s,
+  )
+  try:
+    c.start()
+    print(f"synchronizer on 127.0.0.1:{c.port}; logs in {c.workdir}/logs", flush=True)
+    codes = c.wait(args.timeout_s)
+    print("exit codes:", codes, flush=True)
+  except KeyboardInterrupt:
+    print("stopping", flush=True)
+  finally:
+    c.stop()
 
 
 if __name__ == "__main__":
-    main()
+  main()

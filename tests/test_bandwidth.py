@@ -58,14 +58,17 @@ def test_diloco_timeline_by_hand():
 def test_streaming_with_one_fragment_and_no_overlap_is_diloco():
   work = Workload(model_params=1e9, layers=24, step_time_s=0.1)
   diloco = bandwidth.DiLoCo(learners=4, inner_steps=50, codec="int8").plan(work)
-  streaming = bandwidth.StreamingDiLoCo(learners=4, inner_steps=50, fragments=1, overlap=0,
-                                        codec="int8").plan(work)
+  streaming = bandwidth.StreamingDiLoCo(
+      learners=4, inner_steps=50, fragments=1, overlap=0, codec="int8"
+  ).plan(work)
   for gbps in (0.3, 3.0, 30.0):
-    assert utilization(work, streaming, gbps) == pytest.approx(utilization(work, diloco, gbps),
-                                                               rel=1e-12)
+    assert utilization(work, streaming, gbps) == pytest.approx(
+        utilization(work, diloco, gbps), rel=1e-12
+    )
   # Eight fragments with overlap need a third of the bandwidth here.
-  more = bandwidth.StreamingDiLoCo(learners=4, inner_steps=50, fragments=8, overlap=1,
-                                   codec="int8").plan(work)
+  more = bandwidth.StreamingDiLoCo(
+      learners=4, inner_steps=50, fragments=8, overlap=1, codec="int8"
+  ).plan(work)
   assert required_bandwidth(work, more, 0.9) < required_bandwidth(work, streaming, 0.9) / 2.5
 
 
@@ -73,8 +76,9 @@ def test_decoupled_one_fragment_per_step_is_throughput_bound():
   # One layer leaves and one arrives every step; with overlap 2 the round trip fits, so the link
   # only has to carry one layer per step each way: utilization = t / (bits / bandwidth).
   work = Workload(model_params=4e8, layers=4, step_time_s=1.0)
-  plan = bandwidth.DecoupledDiLoCo(learners=8, inner_steps=4, fragments=4, overlap=2,
-                                   codec="fp4").plan(work)
+  plan = bandwidth.DecoupledDiLoCo(
+      learners=8, inner_steps=4, fragments=4, overlap=2, codec="fp4"
+  ).plan(work)
   bits = 8 * compression.encoded_nbytes("fp4", 10**8)
   for u in (0.5, 0.8):
     assert required_bandwidth(work, plan, u) == pytest.approx(u * bits / 1.0 / 1e9, rel=1e-6)
@@ -102,7 +106,8 @@ def test_bad_input_fails_clearly():
     bandwidth.DataParallel(learners=2, codec="fp8")
   with pytest.raises(ValueError, match=r"fragments \(30\) exceeds layers \(24\)"):
     bandwidth.StreamingDiLoCo(learners=2, inner_steps=100, fragments=30, overlap=1).plan(
-        Workload(model_params=1e9, layers=24, step_time_s=0.1))
+        Workload(model_params=1e9, layers=24, step_time_s=0.1)
+    )
   with pytest.raises(ValueError, match="step_time_s must be a positive"):
     Workload(model_params=1e9, layers=24, step_time_s=-0.1)
   with pytest.raises(ValueError, match="learners must be an integer >= 1"):
@@ -124,7 +129,8 @@ def test_run_writes_gbit_per_s_per_method_and_target(tmp_path, capsys):
   saved = json.loads((tmp_path / "bandwidth.json").read_text())
   assert set(saved["gbit_per_s"]) == {"data_parallel", "diloco", "streaming", "decoupled"}
   assert saved["gbit_per_s"]["data_parallel"]["90"] == pytest.approx(
-      out["gbit_per_s"]["data_parallel"]["90"])
+      out["gbit_per_s"]["data_parallel"]["90"]
+  )
   assert saved["gbit_per_s"]["diloco"]["50"] < saved["gbit_per_s"]["data_parallel"]["50"] / 10
   assert "table4" not in saved
   assert "data_parallel" in capsys.readouterr().out

@@ -50,8 +50,18 @@ def assert_same(batches_a, batches_b):
 def test_default_data_config_keys():
   cfg = pipeline.default_data_config()
   assert set(cfg.keys()) == {
-      "source", "cache_dir", "archive", "text_glob", "array_record_glob", "val_text_glob",
-      "val_array_record_glob", "tokenizer", "sp_vocab_size", "iid", "eval_batches"}
+      "source",
+      "cache_dir",
+      "archive",
+      "text_glob",
+      "array_record_glob",
+      "val_text_glob",
+      "val_array_record_glob",
+      "tokenizer",
+      "sp_vocab_size",
+      "iid",
+      "eval_batches",
+  }
   assert (cfg.source, cfg.tokenizer, cfg.iid) == ("shakespeare", "byte", False)
   assert cfg.eval_batches == 16
   assert cfg.cache_dir is None and cfg.archive is None
@@ -84,9 +94,12 @@ def test_train_batches_are_shuffled_records_shifted_by_one(fake):
     np.testing.assert_array_equal(batch["targets_BxL"][:, :-1], batch["inputs_BxL"][:, 1:])
     records = source.records(k)
     for row, r in enumerate(records):
-      np.testing.assert_array_equal(batch["inputs_BxL"][row], splits.train.tokens[r * L:r * L + L])
-      np.testing.assert_array_equal(batch["targets_BxL"][row],
-                                    splits.train.tokens[r * L + 1:r * L + L + 1])
+      np.testing.assert_array_equal(
+          batch["inputs_BxL"][row], splits.train.tokens[r * L : r * L + L]
+      )
+      np.testing.assert_array_equal(
+          batch["targets_BxL"][row], splits.train.tokens[r * L + 1 : r * L + L + 1]
+      )
     seen += records.tolist()
   # Within the first epoch no record repeats, and the order is not the file order.
   assert len(set(seen)) == len(seen) and seen != sorted(seen)
@@ -133,8 +146,9 @@ def test_process_slices_are_disjoint_and_cover_the_global_batch(fake):
       assert local[p]["inputs_BxL"].shape == (B // 2, L)
       for key in ("inputs_BxL", "targets_BxL"):
         np.testing.assert_array_equal(local[p][key], global_batch[key][p::2])
-  for global_batch, local0, local1 in zip(whole.eval_batches(), parts[0].eval_batches(),
-                                          parts[1].eval_batches()):
+  for global_batch, local0, local1 in zip(
+      whole.eval_batches(), parts[0].eval_batches(), parts[1].eval_batches()
+  ):
     np.testing.assert_array_equal(local0["inputs_BxL"], global_batch["inputs_BxL"][0::2])
     np.testing.assert_array_equal(local1["inputs_BxL"], global_batch["inputs_BxL"][1::2])
   with pytest.raises(ValueError, match="multiple of process_count=3"):
@@ -174,7 +188,7 @@ def test_validation_is_held_out_and_fixed(fake):
   for k, batch in enumerate(first):  # in record order, unshuffled
     for row in range(B):
       start = (k * B + row) * L
-      np.testing.assert_array_equal(batch["inputs_BxL"][row], splits.val.tokens[start:start + L])
+      np.testing.assert_array_equal(batch["inputs_BxL"][row], splits.val.tokens[start : start + L])
   everything = make(fake, eval_batches=0).eval_batches()
   assert len(everything) == (len(splits.val.tokens) - 1) // L // B
 
@@ -199,10 +213,11 @@ def test_text_glob_source_reads_back_what_was_written(tmp_path):
   assert bytes(splits.val.tokens) == texts[names[9]]  # the last 10% of the files, in path order
   cfg.val_text_glob = str(tmp_path / "doc09.txt")  # overlapping globs: the validation file wins
   assert bytes(pipeline.load_splits(cfg).train.tokens) == bytes(splits.train.tokens)
-  data = pipeline.make_datasets(splits, cfg, seed=0, global_batch_size=2, seq_len=L,
-                                process_index=0, process_count=1)
+  data = pipeline.make_datasets(
+      splits, cfg, seed=0, global_batch_size=2, seq_len=L, process_index=0, process_count=1
+  )
   row = data.eval_batches()[0]["inputs_BxL"][1]
-  assert row.astype(np.uint8).tobytes() == texts[names[9]][L:2 * L]
+  assert row.astype(np.uint8).tobytes() == texts[names[9]][L : 2 * L]
   cfg.text_glob = str(tmp_path / "*.md")
   with pytest.raises(ValueError, match="matches no files"):
     pipeline.load_splits(cfg)
@@ -237,8 +252,9 @@ def test_array_record_pipeline_holds_out_the_last_records(tmp_path):
   splits = pipeline.load_splits(cfg)
   np.testing.assert_array_equal(splits.train.tokens, np.concatenate(docs[:18]))
   np.testing.assert_array_equal(splits.val.tokens, np.concatenate(docs[18:]))
-  data = pipeline.make_datasets(splits, cfg, seed=0, global_batch_size=2, seq_len=L,
-                                process_index=0, process_count=1)
+  data = pipeline.make_datasets(
+      splits, cfg, seed=0, global_batch_size=2, seq_len=L, process_index=0, process_count=1
+  )
   assert data.vocab_size == 256 and data.bytes_per_token == 1.0
   sources.write_array_record(tmp_path / "s-2.arrayrecord", [[5, 300]])
   with pytest.raises(ValueError, match="token id 300"):
@@ -251,8 +267,9 @@ def test_sentencepiece_option(fake, tmp_path):
   cfg.tokenizer, cfg.sp_vocab_size = "sentencepiece", 400
   cfg.cache_dir = str(tmp_path)
   splits = pipeline.load_splits(cfg, expected_sha256=sha)
-  data = pipeline.make_datasets(splits, cfg, seed=0, global_batch_size=2, seq_len=L,
-                                process_index=0, process_count=1)
+  data = pipeline.make_datasets(
+      splits, cfg, seed=0, global_batch_size=2, seq_len=L, process_index=0, process_count=1
+  )
   assert 256 < data.vocab_size <= 400
   assert int(next(data.train_iter)["inputs_BxL"].max()) < data.vocab_size
   (model_path,) = (tmp_path / "tokenizers").glob("*.model")

@@ -17,9 +17,14 @@ _HORIZON_1000S = 1000.0 / 86400.0  # days
 def _trace(cluster, raw_t=(), fail_t=(), fail_unit=(), unit_speed=None):
   speeds = np.ones(cluster.units) if unit_speed is None else np.asarray(unit_speed, dtype=float)
   raw_t = np.asarray(raw_t, dtype=float)
-  return Trace(cluster=cluster, raw_t=raw_t, raw_unit=np.zeros(raw_t.size, dtype=int),
-               fail_t=np.asarray(fail_t, dtype=float), fail_unit=np.asarray(fail_unit, dtype=int),
-               unit_speed=speeds)
+  return Trace(
+      cluster=cluster,
+      raw_t=raw_t,
+      raw_unit=np.zeros(raw_t.size, dtype=int),
+      fail_t=np.asarray(fail_t, dtype=float),
+      fail_unit=np.asarray(fail_unit, dtype=int),
+      unit_speed=speeds,
+  )
 
 
 def test_absorb_rule_by_hand():
@@ -35,7 +40,8 @@ def test_dp_by_hand():
   cluster = Cluster(chips=4, unit_chips=1, return_time_s=50.0, days=_HORIZON_1000S)
   assert cluster.warmup_s == 3600.0
   out = failure_policies.DataParallel(restart_s=10.0, checkpoint_interval_s=30.0).run(
-      _trace(cluster, raw_t=[100.0, 105.0, 300.0]))
+      _trace(cluster, raw_t=[100.0, 105.0, 300.0])
+  )
   assert out.uptime_s == pytest.approx(1000 - 20)
   assert out.useful_chip_s == pytest.approx(4 * (1000 - 20 - 20))
   assert out.interruptions == 3
@@ -49,7 +55,9 @@ def test_decoupled_by_hand_with_speeds():
   learner0 = 2 * 0.9 * 100 + 1 * 1.0 * (150 - 105) + 2 * 0.9 * (1000 - 153)
   learner1 = 2 * 0.95 * 1000
   for quorum, uptime in [(1, 1000.0), (2, 1000.0 - 5 - 3)]:
-    out = failure_policies.Decoupled(downscale_s=5.0, upscale_s=3.0, learners=2, quorum=quorum).run(trace)
+    out = failure_policies.Decoupled(downscale_s=5.0, upscale_s=3.0, learners=2, quorum=quorum).run(
+        trace
+    )
     assert out.useful_chip_s == pytest.approx(learner0 + learner1)
     assert out.uptime_s == pytest.approx(uptime)
     assert out.learner_uptime_s == pytest.approx((992.0, 1000.0))
@@ -70,8 +78,13 @@ def test_one_learner_decoupled_equals_elastic_dp():
   cluster = Cluster(chips=12_000, unit_chips=4, return_time_s=600.0, speed_std=0.01, days=0.25)
   timing = dict(downscale_s=20.0, upscale_s=7.0)
   elastic, decoupled = goodput.simulate_many(
-      cluster, [failure_policies.ElasticDataParallel(**timing), failure_policies.Decoupled(learners=1, **timing)],
-      seeds=range(3))
+      cluster,
+      [
+          failure_policies.ElasticDataParallel(**timing),
+          failure_policies.Decoupled(learners=1, **timing),
+      ],
+      seeds=range(3),
+  )
   assert elastic.per_seed_goodput == decoupled.per_seed_goodput
   assert elastic.per_seed_uptime == decoupled.per_seed_uptime
   assert 0.5 < elastic.goodput < 0.99  # the cluster does fail
@@ -83,8 +96,9 @@ def test_failure_count_matches_chips_times_horizon_over_mtbi():
   cluster = Cluster(chips=40_000, unit_chips=40, return_time_s=2 * 86400.0, days=60.0)
   seeds = range(4)
   raw = goodput.simulate(cluster, failure_policies.DataParallel(restart_s=1.0), seeds)
-  hits = goodput.simulate(cluster, failure_policies.ElasticDataParallel(downscale_s=1.0, upscale_s=1.0),
-                          seeds)
+  hits = goodput.simulate(
+      cluster, failure_policies.ElasticDataParallel(downscale_s=1.0, upscale_s=1.0), seeds
+  )
   n_t_over_mtbi = 40_000 * 60 * 86400 / SECONDS_PER_YEAR
   up_share = 1 / (1 + 2 * 86400 / (SECONDS_PER_YEAR / 40))
   assert cluster.expected_failures() == pytest.approx(n_t_over_mtbi * up_share)
@@ -100,8 +114,9 @@ def test_elastic_and_decoupled_match_the_renewal_formula():
   rate = cluster.failure_rate_per_s * (1 - cluster.down_fraction)
   d, u = 30.0, 20.0
   for m in (1, 4):
-    result = goodput.simulate(cluster, failure_policies.Decoupled(downscale_s=d, upscale_s=u, learners=m),
-                              seeds=range(4))
+    result = goodput.simulate(
+        cluster, failure_policies.Decoupled(downscale_s=d, upscale_s=u, learners=m), seeds=range(4)
+    )
     up = 1 / (1 + rate * (d + u) / m)
     assert result.goodput == pytest.approx(up * (1 - cluster.down_fraction), abs=0.01), m
     if m == 1:
@@ -114,8 +129,9 @@ def test_dp_matches_the_renewal_formula():
   cluster = Cluster(chips=600_000, unit_chips=4, days=1.0)
   rate, s, c = cluster.failure_rate_per_s, 20.0, 15.0
   lost = 1 / rate - c * math.exp(-rate * c) / (1 - math.exp(-rate * c))
-  result = goodput.simulate(cluster, failure_policies.DataParallel(restart_s=s, checkpoint_interval_s=c),
-                            seeds=range(4))
+  result = goodput.simulate(
+      cluster, failure_policies.DataParallel(restart_s=s, checkpoint_interval_s=c), seeds=range(4)
+  )
   assert result.goodput == pytest.approx((1 / rate - lost) / (1 / rate + s), abs=0.01)
   assert result.uptime == pytest.approx(1 / (1 + rate * s), abs=0.01)
 
@@ -135,8 +151,11 @@ def test_quorum_one_uptime_is_at_least_every_learner():
   cluster = Cluster(chips=12_000, unit_chips=4, return_time_s=600.0, mtbi_years=0.02, days=0.25)
   out = {}
   for k in (1, 2, 4):
-    out[k] = goodput.simulate(cluster, failure_policies.Decoupled(downscale_s=60.0, upscale_s=60.0,
-                                                          learners=4, quorum=k), seeds=[0])
+    out[k] = goodput.simulate(
+        cluster,
+        failure_policies.Decoupled(downscale_s=60.0, upscale_s=60.0, learners=4, quorum=k),
+        seeds=[0],
+    )
   learners = out[1].learner_uptime
   assert max(learners) < 0.9  # learners are down a good share of the time
   assert out[1].uptime >= max(learners)
@@ -158,10 +177,12 @@ def test_bad_input_fails_clearly():
     failure_policies.Decoupled(downscale_s=1.0, upscale_s=1.0, learners=2, quorum=3)
   with pytest.raises(ValueError, match=r"learners \(3\) exceeds the number of failure units \(2"):
     failure_policies.Decoupled(downscale_s=1.0, upscale_s=1.0, learners=3).run(
-        sample_trace(Cluster(chips=8, unit_chips=4), 0))
+        sample_trace(Cluster(chips=8, unit_chips=4), 0)
+    )
   with pytest.raises(ValueError, match="unknown policy 'sync'"):
-    goodput.make_policy("sync", restart_s=1.0, checkpoint_interval_s=0.0, downscale_s=1.0,
-                        upscale_s=1.0)
+    goodput.make_policy(
+        "sync", restart_s=1.0, checkpoint_interval_s=0.0, downscale_s=1.0, upscale_s=1.0
+    )
   cfg = goodput_config.get_config("tiny")
   with pytest.raises(AttributeError):
     cfg.chipz = 3  # locked: a misspelt override fails
@@ -175,8 +196,13 @@ def test_run_writes_rows_and_published_points(tmp_path, capsys):
   saved = json.loads((tmp_path / "goodput.json").read_text())
   assert saved == json.loads(json.dumps(rows))
   assert [(r["policy"], r["learners"]) for r in saved] == [
-      ("dp", 1), ("elastic_dp", 1), ("decoupled", 2), ("decoupled", 4), ("decoupled", 8),
-      ("decoupled", 16)]
+      ("dp", 1),
+      ("elastic_dp", 1),
+      ("decoupled", 2),
+      ("decoupled", 4),
+      ("decoupled", 8),
+      ("decoupled", 16),
+  ]
   for r in saved:
     assert {"goodput", "goodput_ci", "uptime", "uptime_ci", "chips"} <= set(r)
     assert r["published"] is None  # a tiny cluster is not the published one

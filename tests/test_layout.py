@@ -68,8 +68,12 @@ def _graph() -> dict[str, set[str]]:
 
 def test_imports_run_downhill():
   graph = _graph()
-  uphill = [f"{m} (layer {_layer(m)}) imports {d} (layer {_layer(d)})"
-            for m, deps in sorted(graph.items()) for d in sorted(deps) if _layer(d) > _layer(m)]
+  uphill = [
+      f"{m} (layer {_layer(m)}) imports {d} (layer {_layer(d)})"
+      for m, deps in sorted(graph.items())
+      for d in sorted(deps)
+      if _layer(d) > _layer(m)
+  ]
   assert not uphill, "\n".join(uphill)
 
 
@@ -80,7 +84,7 @@ def test_no_import_cycles():
     state[m] = "open"
     for d in sorted(graph[m]):
       if state.get(d) == "open":
-        cycles.append(" -> ".join(stack[stack.index(d):] + [m, d]))
+        cycles.append(" -> ".join(stack[stack.index(d) :] + [m, d]))
       elif d not in state:
         visit(d, stack + [m])
     state[m] = "done"
@@ -91,12 +95,17 @@ def test_no_import_cycles():
   assert not cycles, "\n".join(cycles)
 
 
-@pytest.mark.parametrize("source,imported", [
-    ("from diloco.outer import protocol\nfrom diloco import train", {"diloco.outer.protocol",
-                                                                   "diloco.train"}),
-    ("from . import synchronizer_pb2 as pb", {"diloco.rpc.synchronizer_pb2"}),
-    ("def f():\n  from diloco.runners import compare", {"diloco.runners.compare"}),
-])
+@pytest.mark.parametrize(
+    "source,imported",
+    [
+        (
+            "from diloco.outer import protocol\nfrom diloco import train",
+            {"diloco.outer.protocol", "diloco.train"},
+        ),
+        ("from . import synchronizer_pb2 as pb", {"diloco.rpc.synchronizer_pb2"}),
+        ("def f():\n  from diloco.runners import compare", {"diloco.runners.compare"}),
+    ],
+)
 def test_the_reader_sees_every_kind_of_import(tmp_path, source, imported):
   path = tmp_path / "x.py"
   path.write_text(source)
@@ -106,5 +115,8 @@ def test_the_reader_sees_every_kind_of_import(tmp_path, source, imported):
 def test_a_module_above_its_layer_is_named():
   with pytest.raises(AssertionError, match="no layer"):
     _layer("diloco.nowhere")
-  assert _layer("diloco.runtime.virtual") > _layer("diloco.config.build") > _layer(
-      "diloco.outer.synchronizer")
+  assert (
+      _layer("diloco.runtime.virtual")
+      > _layer("diloco.config.build")
+      > _layer("diloco.outer.synchronizer")
+  )

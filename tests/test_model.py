@@ -15,8 +15,14 @@ TINY = tr.ModelConfig(**{**variants.MODEL_SIZES["tiny"], "vocab_size": 256})
 @pytest.mark.parametrize("attention", ["einsum", "dot_product_attention"])
 @pytest.mark.parametrize("mlp,tied", [("swiglu", True), ("gelu", False)])
 def test_changing_token_j_never_changes_outputs_before_j(attention, mlp, tied):
-  cfg = tr.ModelConfig(**{**variants.MODEL_SIZES["tiny"], "attention": attention, "mlp": mlp,
-                          "tied_embeddings": tied})
+  cfg = tr.ModelConfig(
+      **{
+          **variants.MODEL_SIZES["tiny"],
+          "attention": attention,
+          "mlp": mlp,
+          "tied_embeddings": tied,
+      }
+  )
   model = tr.Transformer(cfg, nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
   j = 9

@@ -37,8 +37,12 @@ def test_notebook_runs_in_tiny_mode_and_draws(name, monkeypatch):
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
   monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend makes the PNGs
   nb = jupytext.read(REPO / "notebooks" / f"{name}.py")
-  client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=240,
-                                   resources={"metadata": {"path": str(REPO / "notebooks")}})
+  client = nbclient.NotebookClient(
+      nb,
+      kernel_name="python3",
+      timeout=240,
+      resources={"metadata": {"path": str(REPO / "notebooks")}},
+  )
   client.execute()
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
   assert not [o for o in outputs if o.output_type == "error"]

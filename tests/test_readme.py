@@ -23,8 +23,9 @@ def _listed(readme: str) -> set[str]:
 
 
 def _on_disk() -> set[str]:
-  return {str(p.relative_to(ROOT)) for p in (ROOT / "diloco").rglob("*.py")
-          if p.name != "__init__.py"}
+  return {
+      str(p.relative_to(ROOT)) for p in (ROOT / "diloco").rglob("*.py") if p.name != "__init__.py"
+  }
 
 
 def test_layout_table_matches_the_tree():
@@ -35,17 +36,32 @@ def test_layout_table_matches_the_tree():
 
 
 def test_the_table_reader_finds_rows_and_ignores_prose():
-  text = ("## Layout\n\nprose `diloco/x.py`\n\n| package | modules | role |\n|---|---|---|\n"
-          "| `diloco/outer/` | `protocol.py` `merging.py` | the outer loop |\n\n## Running\n"
-          "| `diloco/later/` | `no.py` | after the section |\n")
+  text = (
+      "## Layout\n\nprose `diloco/x.py`\n\n| package | modules | role |\n|---|---|---|\n"
+      "| `diloco/outer/` | `protocol.py` `merging.py` | the outer loop |\n\n## Running\n"
+      "| `diloco/later/` | `no.py` | after the section |\n"
+  )
   assert _listed(text) == {"diloco/outer/protocol.py", "diloco/outer/merging.py"}
 
 
 def test_every_mentioned_path_exists():
-  files = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *ROOT.glob("scripts/**/*.py"),
-           *ROOT.glob("notebooks/*.py"), *ROOT.glob("configs/*.py"), *ROOT.glob("experiments/*.py"),
-           *ROOT.glob("diloco/**/*.py"), *ROOT.glob("tests/*.py")]
-  missing = sorted({f"{f.relative_to(ROOT)}: {m}" for f in files if f.name != "test_readme.py"
-                    for m in PATH.findall(f.read_text(encoding="utf-8"))
-                    if not (ROOT / m).exists()})
+  files = [
+      ROOT / "README.md",
+      ROOT / "BENCHMARKS.md",
+      *ROOT.glob("scripts/**/*.py"),
+      *ROOT.glob("notebooks/*.py"),
+      *ROOT.glob("configs/*.py"),
+      *ROOT.glob("experiments/*.py"),
+      *ROOT.glob("diloco/**/*.py"),
+      *ROOT.glob("tests/*.py"),
+  ]
+  missing = sorted(
+      {
+          f"{f.relative_to(ROOT)}: {m}"
+          for f in files
+          if f.name != "test_readme.py"
+          for m in PATH.findall(f.read_text(encoding="utf-8"))
+          if not (ROOT / m).exists()
+      }
+  )
   assert not missing, "\n".join(missing)

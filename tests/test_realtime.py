@@ -9,86 +9,98 @@ from diloco.runtime import learner_loop
 
 
 class _Learner:
-    """Accepts or refuses every send with a fixed reason, as Learner.accepts would."""
+  """Accepts or refuses every send with a fixed reason, as Learner.accepts would."""
 
-    def __init__(self, why):
-        self.why, self.received = why, []
+  def __init__(self, why):
+    self.why, self.received = why, []
 
-    def accepts(self, send):
-        return self.why
+  def accepts(self, send):
+    return self.why
 
-    def receive(self, send):
-        self.received.append(send)
+  def receive(self, send):
+    self.received.append(send)
 
 
 class _Link:
-    def __init__(self, sends):
-        self.sends = sends
 
-    def poll(self, wait_s):
-        return self.sends
+  def __init__(self, sends):
+    self.sends = sends
+
+  def poll(self, wait_s):
+    return self.sends
 
 
 class _Send:
-    fragment = 3
+  fragment = 3
 
 
-@pytest.mark.parametrize("why, applied, dropped, joined", [
-    (None, 1, 0, True),  # applied, still joined
-    ("duplicate", 0, 1, True),  # an old copy: dropped, nothing lost
-    ("gap", 0, 0, False),  # a version was missed: join again to be sent it
-    ("checksum", 0, 1, False),  # corrupted on the way: dropped and, being lost, asked for again
-])
+@pytest.mark.parametrize(
+    "why, applied, dropped, joined",
+    [
+        (None, 1, 0, True),  # applied, still joined
+        ("duplicate", 0, 1, True),  # an old copy: dropped, nothing lost
+        ("gap", 0, 0, False),  # a version was missed: join again to be sent it
+        ("checksum", 0, 1, False),  # corrupted on the way: dropped and, being lost, asked for again
+    ],
+)
 def test_deliver_rejoins_after_a_lost_or_corrupted_send(why, applied, dropped, joined):
-    loop = learner_loop._LearnerLoop(_Learner(why), _Link([_Send()]), threading.Event(),
-                                 heartbeat_s=1.0, max_backoff_s=1.0, rng=random.Random(0))
-    loop.joined = True
-    loop.inflight[3] = 7
-    loop.deliver(0.0)
-    assert (loop.applied, loop.dropped, loop.joined) == (applied, dropped, joined)
-    assert (3 in loop.inflight) == (why is not None)
+  loop = learner_loop._LearnerLoop(
+      _Learner(why),
+      _Link([_Send()]),
+      threading.Event(),
+      heartbeat_s=1.0,
+      max_backoff_s=1.0,
+      rng=random.Random(0),
+  )
+  loop.joined = True
+  loop.inflight[3] = 7
+  loop.deliver(0.0)
+  assert (loop.applied, loop.dropped, loop.joined) == (applied, dropped, joined)
+  assert (3 in loop.inflight) == (why is not None)
 
 
 class _Trainer:
-    """Steps instantly; fragment 0 is due after every step."""
+  """Steps instantly; fragment 0 is due after every step."""
 
-    def __init__(self):
-        self.steps, self.versions, self.uploads = 0, [0], 0
+  def __init__(self):
+    self.steps, self.versions, self.uploads = 0, [0], 0
 
-    def step(self, batch):
-        self.steps += 1
-        return {}
+  def step(self, batch):
+    self.steps += 1
+    return {}
 
-    def due(self):
-        return [0]
+  def due(self):
+    return [0]
 
-    def upload(self, p, **kwargs):
-        self.uploads += 1
-        return ("upload", p, self.steps)
+  def upload(self, p, **kwargs):
+    self.uploads += 1
+    return ("upload", p, self.steps)
 
 
 class _RecordingLink:
-    def __init__(self):
-        self.sent = []
 
-    def join(self, versions, generations):
-        pass
+  def __init__(self):
+    self.sent = []
 
-    def poll(self, wait_s):
-        return []
+  def join(self, versions, generations):
+    pass
 
-    def upload(self, up):
-        self.sent.append(up)
+  def poll(self, wait_s):
+    return []
+
+  def upload(self, up):
+    self.sent.append(up)
 
 
 def test_a_non_blocking_learner_waits_for_the_answer_before_sending_a_fragment_again():
-    """A second delta against the same base would carry the first one's progress again."""
-    link = _RecordingLink()
-    loop = learner_loop._LearnerLoop(_Trainer(), link, threading.Event(), heartbeat_s=1.0,
-                                 max_backoff_s=1.0, rng=random.Random(0))
-    loop.learner.generations = [0]
-    loop.train(lambda: None, steps=4, overlap=0, blocking=False, on_step=None)
-    assert link.sent == [("upload", 0, 1)] and loop.inflight == {0: 1}  # steps 2-4: unanswered
-    loop.inflight.clear()  # the merged fragment arrived
-    loop.train(lambda: None, steps=6, overlap=0, blocking=False, on_step=None)
-    assert link.sent == [("upload", 0, 1), ("upload", 0, 5)]
+  """A second delta against the same base would carry the first one's progress again."""
+  link = _RecordingLink()
+  loop = learner_loop._LearnerLoop(
+      _Trainer(), link, threading.Event(), heartbeat_s=1.0, max_backoff_s=1.0, rng=random.Random(0)
+  )
+  loop.learner.generations = [0]
+  loop.train(lambda: None, steps=4, overlap=0, blocking=False, on_step=None)
+  assert link.sent == [("upload", 0, 1)] and loop.inflight == {0: 1}  # steps 2-4: unanswered
+  loop.inflight.clear()  # the merged fragment arrived
+  loop.train(lambda: None, steps=6, overlap=0, blocking=False, on_step=None)
+  assert link.sent == [("upload", 0, 1), ("upload", 0, 5)]

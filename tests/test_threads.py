@@ -12,184 +12,194 @@ from diloco.runtime import link as link_lib, sync_host, threads
 
 @pytest.fixture(scope="module")
 def both_runs(tmp_path_factory):
-    """The same synchronous config (K = all, blocking, tau = 0) on the virtual and threads runtimes."""
-    config = shakespeare.get_config("mode=diloco,runlocal,steps=20")
-    parts = build.local_learners(config)
-    virtual = islands_lib.run(config, str(tmp_path_factory.mktemp("virtual")), parts=parts)
-    return config, virtual, parts.syncs[0].global_params(), threads.train(config)
+  """The same synchronous config (K = all, blocking, tau = 0) on the virtual and threads runtimes."""
+  config = shakespeare.get_config("mode=diloco,runlocal,steps=20")
+  parts = build.local_learners(config)
+  virtual = islands_lib.run(config, str(tmp_path_factory.mktemp("virtual")), parts=parts)
+  return config, virtual, parts.syncs[0].global_params(), threads.train(config)
 
 
 def test_threads_matches_virtual_bit_for_bit(both_runs):
-    config, virtual, virtual_globals, (run, run_globals, learner_copies) = both_runs
-    # 20 steps, H = 10: two merges, each learner does all 20 steps.
-    assert run["merges"] == virtual["merges"] == 2
-    assert [r["steps"] for r in run["per_learner"]] == [20, 20]
-    # Timing cannot matter here, so the global parameters are bit-identical (tolerance 0).
-    assert threads.max_abs_diff(virtual_globals, run_globals) == 0.0
-    for learner_copy in learner_copies:
-        assert threads.max_abs_diff(run_globals, learner_copy) == 0.0
-    assert all(r["settled"] for r in run["per_learner"])
-    assert run["refusals"] == {}
-    # Training moved the parameters away from their initial values.
-    sync = threads.build_parts(config)[0].make_sync()
-    assert threads.max_abs_diff(sync.global_params(), run_globals) > 1e-4
+  config, virtual, virtual_globals, (run, run_globals, learner_copies) = both_runs
+  # 20 steps, H = 10: two merges, each learner does all 20 steps.
+  assert run["merges"] == virtual["merges"] == 2
+  assert [r["steps"] for r in run["per_learner"]] == [20, 20]
+  # Timing cannot matter here, so the global parameters are bit-identical (tolerance 0).
+  assert threads.max_abs_diff(virtual_globals, run_globals) == 0.0
+  for learner_copy in learner_copies:
+    assert threads.max_abs_diff(run_globals, learner_copy) == 0.0
+  assert all(r["settled"] for r in run["per_learner"])
+  assert run["refusals"] == {}
+  # Training moved the parameters away from their initial values.
+  sync = threads.build_parts(config)[0].make_sync()
+  assert threads.max_abs_diff(sync.global_params(), run_globals) > 1e-4
 
 
 def test_split_devices_gives_disjoint_sub_meshes():
-    import jax
-    islands = build.split_devices(jax.devices(), 2)
-    assert [len(d) for d in islands] == [4, 4]
-    assert not set(islands[0]) & set(islands[1])
+  import jax
+
+  islands = build.split_devices(jax.devices(), 2)
+  assert [len(d) for d in islands] == [4, 4]
+  assert not set(islands[0]) & set(islands[1])
 
 
 def test_max_abs_diff_checks_paths():
-    with pytest.raises(ValueError, match="different paths"):
-        threads.max_abs_diff({"a": np.zeros(1)}, {"b": np.zeros(1)})
-    assert threads.max_abs_diff({"a": np.array([1.0, 2.0])}, {"a": np.array([1.5, 2.0])}) == 0.5
+  with pytest.raises(ValueError, match="different paths"):
+    threads.max_abs_diff({"a": np.zeros(1)}, {"b": np.zeros(1)})
+  assert threads.max_abs_diff({"a": np.array([1.0, 2.0])}, {"a": np.array([1.5, 2.0])}) == 0.5
 
 
 class _Clock:
-    def __init__(self):
-        self.t = 0.0
 
-    def __call__(self):
-        return self.t
+  def __init__(self):
+    self.t = 0.0
+
+  def __call__(self):
+    return self.t
 
 
 class _TwoFragmentSync:
-    """Records the events a SyncHost feeds it; live/members as the real synchronizer keeps them."""
+  """Records the events a SyncHost feeds it; live/members as the real synchronizer keeps them."""
 
-    class frag:
-        num_fragments = 2
+  class frag:
+    num_fragments = 2
 
-    def __init__(self):
-        self.live, self.members, self.pending, self.generation, self.events = (
-            set(), set(), [{}, {}], 0, [])
+  def __init__(self):
+    self.live, self.members, self.pending, self.generation, self.events = (
+        set(),
+        set(),
+        [{}, {}],
+        0,
+        [],
+    )
 
-    def handle(self, event):
-        self.events.append(event)
-        if isinstance(event, protocol.Join):
-            self.live.add(event.learner)
-            self.members.add(event.learner)
-        elif isinstance(event, protocol.Leave):
-            self.live.discard(event.learner)
-        return []
+  def handle(self, event):
+    self.events.append(event)
+    if isinstance(event, protocol.Join):
+      self.live.add(event.learner)
+      self.members.add(event.learner)
+    elif isinstance(event, protocol.Leave):
+      self.live.discard(event.learner)
+    return []
 
 
 def test_silent_learner_is_absent_until_it_rejoins():
-    import time as time_lib
-    clock, sync = _Clock(), _TwoFragmentSync()
-    host = sync_host.SyncHost(sync, absent_after_s=2.0, clock=clock)
-    try:
-        host.join(0, "a", (0, 0))
-        host.join(1, "b", (0, 0))
-        clock.t = 1.5
-        host.progress(0, "a")  # learner 0 heartbeats, learner 1 stays silent
-        clock.t = 2.5
-        deadline = time_lib.monotonic() + 5
-        while sync.live != {0} and time_lib.monotonic() < deadline:
-            time_lib.sleep(0.01)
-        assert sync.live == {0}
-        assert isinstance(sync.events[-1], protocol.Leave) and sync.events[-1].learner == 1
-        assert sync.events[-1].time == 2.5 and host.counts["absent"] == 1
-        with pytest.raises(link_lib.Refused, match="join again"):
-            host.progress(1, "b")
-        # Another process may take the id once it is absent; a live id is refused.
-        with pytest.raises(link_lib.Refused, match="held by a live process"):
-            host.join(0, "c", (0, 0))
-        host.join(1, "c", (0, 0))
-        assert sync.live == {0, 1}
-    finally:
-        host.close()
+  import time as time_lib
+
+  clock, sync = _Clock(), _TwoFragmentSync()
+  host = sync_host.SyncHost(sync, absent_after_s=2.0, clock=clock)
+  try:
+    host.join(0, "a", (0, 0))
+    host.join(1, "b", (0, 0))
+    clock.t = 1.5
+    host.progress(0, "a")  # learner 0 heartbeats, learner 1 stays silent
+    clock.t = 2.5
+    deadline = time_lib.monotonic() + 5
+    while sync.live != {0} and time_lib.monotonic() < deadline:
+      time_lib.sleep(0.01)
+    assert sync.live == {0}
+    assert isinstance(sync.events[-1], protocol.Leave) and sync.events[-1].learner == 1
+    assert sync.events[-1].time == 2.5 and host.counts["absent"] == 1
+    with pytest.raises(link_lib.Refused, match="join again"):
+      host.progress(1, "b")
+    # Another process may take the id once it is absent; a live id is refused.
+    with pytest.raises(link_lib.Refused, match="held by a live process"):
+      host.join(0, "c", (0, 0))
+    host.join(1, "c", (0, 0))
+    assert sync.live == {0, 1}
+  finally:
+    host.close()
 
 
 class _SlowLink:
-    """A link whose uploads take `upload_s` and whose polls long-poll an outbox."""
+  """A link whose uploads take `upload_s` and whose polls long-poll an outbox."""
 
-    def __init__(self, upload_s: float):
-        self.upload_s, self.uploaded, self.outbox, self.joins = upload_s, [], [], 0
-        self.fail_next_upload = self.refuse_next_upload = False
-        self.cond = __import__("threading").Condition()
+  def __init__(self, upload_s: float):
+    self.upload_s, self.uploaded, self.outbox, self.joins = upload_s, [], [], 0
+    self.fail_next_upload = self.refuse_next_upload = False
+    self.cond = __import__("threading").Condition()
 
-    def join(self, versions, generations):
-        self.joins += 1
+  def join(self, versions, generations):
+    self.joins += 1
 
-    def progress(self, finished):
-        return False
+  def progress(self, finished):
+    return False
 
-    def upload(self, up):
-        import time as time_lib
+  def upload(self, up):
+    import time as time_lib
 
-        time_lib.sleep(self.upload_s)
-        if self.fail_next_upload:
-            self.fail_next_upload = False
-            raise link_lib.Unreachable("link down")
-        if self.refuse_next_upload:
-            self.refuse_next_upload = False
-            raise link_lib.Refused("stale", "stale: base version 0")
-        self.uploaded.append(up)
+    time_lib.sleep(self.upload_s)
+    if self.fail_next_upload:
+      self.fail_next_upload = False
+      raise link_lib.Unreachable("link down")
+    if self.refuse_next_upload:
+      self.refuse_next_upload = False
+      raise link_lib.Refused("stale", "stale: base version 0")
+    self.uploaded.append(up)
 
-    def poll(self, wait_s):
-        with self.cond:
-            self.cond.wait_for(lambda: self.outbox, wait_s)
-            got, self.outbox[:] = list(self.outbox), []
-            return got
+  def poll(self, wait_s):
+    with self.cond:
+      self.cond.wait_for(lambda: self.outbox, wait_s)
+      got, self.outbox[:] = list(self.outbox), []
+      return got
 
 
 def test_background_link_keeps_uploads_and_polls_off_the_caller():
-    import time as time_lib
-    from diloco.runtime import async_link
-    inner = _SlowLink(upload_s=0.2)
-    link = async_link.BackgroundLink(inner, poll_wait_s=0.05, max_outstanding=2)
-    try:
-        link.join((0,), ())
-        t0 = time_lib.monotonic()
-        link.upload("u1")
-        link.upload("u2")
-        assert time_lib.monotonic() - t0 < 0.1  # queued, not sent by the caller
-        deadline = time_lib.monotonic() + 5
-        while link.pending_uploads() and time_lib.monotonic() < deadline:
-            time_lib.sleep(0.01)
-        assert inner.uploaded == ["u1", "u2"]  # in order
-        with inner.cond:
-            inner.outbox.append("s1")
-            inner.cond.notify_all()
-        assert link.poll(2.0) == ["s1"]  # fetched by the poller, handed over without a call
-        assert link.poll(0.0) == []
-        inner.fail_next_upload = True
-        link.upload("u3")
-        deadline = time_lib.monotonic() + 5
-        while link.pending_uploads() and time_lib.monotonic() < deadline:
-            time_lib.sleep(0.01)
-        with pytest.raises(link_lib.Unreachable, match="link down"):
-            link.poll(0.0)  # the sender's failure is raised by the next call
-        link.join((0,), ())
-        assert inner.joins == 2 and link.poll(0.0) == []
-    finally:
-        link.close()
+  import time as time_lib
+  from diloco.runtime import async_link
+
+  inner = _SlowLink(upload_s=0.2)
+  link = async_link.BackgroundLink(inner, poll_wait_s=0.05, max_outstanding=2)
+  try:
+    link.join((0,), ())
+    t0 = time_lib.monotonic()
+    link.upload("u1")
+    link.upload("u2")
+    assert time_lib.monotonic() - t0 < 0.1  # queued, not sent by the caller
+    deadline = time_lib.monotonic() + 5
+    while link.pending_uploads() and time_lib.monotonic() < deadline:
+      time_lib.sleep(0.01)
+    assert inner.uploaded == ["u1", "u2"]  # in order
+    with inner.cond:
+      inner.outbox.append("s1")
+      inner.cond.notify_all()
+    assert link.poll(2.0) == ["s1"]  # fetched by the poller, handed over without a call
+    assert link.poll(0.0) == []
+    inner.fail_next_upload = True
+    link.upload("u3")
+    deadline = time_lib.monotonic() + 5
+    while link.pending_uploads() and time_lib.monotonic() < deadline:
+      time_lib.sleep(0.01)
+    with pytest.raises(link_lib.Unreachable, match="link down"):
+      link.poll(0.0)  # the sender's failure is raised by the next call
+    link.join((0,), ())
+    assert inner.joins == 2 and link.poll(0.0) == []
+  finally:
+    link.close()
 
 
 def test_background_link_bounds_its_queue_and_flushes_before_finished():
-    import collections
-    import time as time_lib
-    from diloco.runtime import async_link
-    inner = _SlowLink(upload_s=0.2)
-    link = async_link.BackgroundLink(inner, poll_wait_s=0.05)  # one upload outstanding
-    up = collections.namedtuple("Up", "fragment")
-    try:
-        link.join((0,), ())
-        t0 = time_lib.monotonic()
-        link.upload(up(0))  # the sender takes it at once
-        assert time_lib.monotonic() - t0 < 0.1
-        link.upload(up(1))  # no room until u0 is sent, at 0.2 s
-        assert time_lib.monotonic() - t0 >= 0.2 - 0.01
-        assert inner.uploaded == [up(0)]
-        inner.refuse_next_upload = True  # u1 is refused: its fragment is handed out once
-        link.upload(up(2))
-        link.progress(finished=True)  # returns only once every queued upload has gone out
-        assert inner.uploaded == [up(0), up(2)] and link.pending_uploads() == 0
-        assert link.refused == 1 and link.take_refused() == [1] and link.take_refused() == []
-        with pytest.raises(ValueError, match="max_outstanding"):
-            async_link.BackgroundLink(inner, max_outstanding=0)
-    finally:
-        link.close()
+  import collections
+  import time as time_lib
+  from diloco.runtime import async_link
+
+  inner = _SlowLink(upload_s=0.2)
+  link = async_link.BackgroundLink(inner, poll_wait_s=0.05)  # one upload outstanding
+  up = collections.namedtuple("Up", "fragment")
+  try:
+    link.join((0,), ())
+    t0 = time_lib.monotonic()
+    link.upload(up(0))  # the sender takes it at once
+    assert time_lib.monotonic() - t0 < 0.1
+    link.upload(up(1))  # no room until u0 is sent, at 0.2 s
+    assert time_lib.monotonic() - t0 >= 0.2 - 0.01
+    assert inner.uploaded == [up(0)]
+    inner.refuse_next_upload = True  # u1 is refused: its fragment is handed out once
+    link.upload(up(2))
+    link.progress(finished=True)  # returns only once every queued upload has gone out
+    assert inner.uploaded == [up(0), up(2)] and link.pending_uploads() == 0
+    assert link.refused == 1 and link.take_refused() == [1] and link.take_refused() == []
+    with pytest.raises(ValueError, match="max_outstanding"):
+      async_link.BackgroundLink(inner, max_outstanding=0)
+  finally:
+    link.close()

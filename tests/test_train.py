@@ -14,14 +14,28 @@ from diloco.inner import checkpoint, island as island_lib
 from diloco import metrics, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUMMARY_KEYS = {"mode", "steps", "tokens", "params", "flops_per_token", "eval_loss", "eval_bpb",
-                "wall_s", "tokens_per_s"}
+SUMMARY_KEYS = {
+    "mode",
+    "steps",
+    "tokens",
+    "params",
+    "flops_per_token",
+    "eval_loss",
+    "eval_bpb",
+    "wall_s",
+    "tokens_per_s",
+}
 ROW_KEYS = {"step", "tokens", "loss", "lr", "tokens_per_s", "wall_s"}
 
 
 def _run_main(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=600)
+  return subprocess.run(
+      [sys.executable, "-m", "experiments.train", *args],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
 
 
 def test_runlocal_through_the_main_writes_valid_outputs(tmp_path):
@@ -44,10 +58,13 @@ def test_runlocal_through_the_main_writes_valid_outputs(tmp_path):
 
 
 def test_unknown_override_key_fails_clearly(tmp_path):
-  proc = _run_main("--config=configs/shakespeare.py:runlocal", f"--workdir={tmp_path}",
-                   "--config.optimizer.lrr=0.1")
+  proc = _run_main(
+      "--config=configs/shakespeare.py:runlocal",
+      f"--workdir={tmp_path}",
+      "--config.optimizer.lrr=0.1",
+  )
   assert proc.returncode != 0
-  assert "Did you mean \"lr\" instead of \"lrr\"" in proc.stderr.replace("\\", "")
+  assert 'Did you mean "lr" instead of "lrr"' in proc.stderr.replace("\\", "")
   assert not (tmp_path / "summary.json").exists()
 
 

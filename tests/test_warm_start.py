@@ -37,8 +37,9 @@ def source(tmp_path_factory):
 def _assert_bits(a, b):
   assert sorted(a) == sorted(b)
   for k in a:
-    np.testing.assert_array_equal(np.asarray(a[k]).view(np.uint32),
-                                  np.asarray(b[k]).view(np.uint32), err_msg=k)
+    np.testing.assert_array_equal(
+        np.asarray(a[k]).view(np.uint32), np.asarray(b[k]).view(np.uint32), err_msg=k
+    )
 
 
 def test_an_island_starts_from_the_checkpoints_params_with_a_fresh_optimizer(source):
@@ -63,7 +64,7 @@ def test_diloco_starts_its_synchronizer_and_learners_from_the_checkpoint(source,
   # training losses are already below the source run's at step 5, and its final eval loss.
   first = lambda rows: {r["loss"] for r in rows if r.get("step") == 5 and "loss" in r}
   warm_losses = first(metrics.read_jsonl(tmp_path / "metrics.jsonl"))
-  cold_loss, = first(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
+  (cold_loss,) = first(metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl")))
   assert len(warm_losses) == 2 and max(warm_losses) < cold_loss - 0.5, (warm_losses, cold_loss)
   assert warm["eval_loss"] < cold["eval_loss"]
 
@@ -71,7 +72,9 @@ def test_diloco_starts_its_synchronizer_and_learners_from_the_checkpoint(source,
 def test_a_checkpoint_of_another_model_is_refused_by_name(source):
   workdir, _, _ = source
   with pytest.raises(ValueError, match=r"init_from=.*does not fit this run's model"):
-    island_lib.build_island(_config("runlocal", init_from=workdir, model__num_layers=3), jax.devices()[:1])
+    island_lib.build_island(
+        _config("runlocal", init_from=workdir, model__num_layers=3), jax.devices()[:1]
+    )
 
 
 def test_a_missing_or_empty_directory_is_refused(tmp_path):

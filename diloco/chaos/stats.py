@@ -18,93 +18,100 @@ MERGE_TIME_CODES = ("non_finite", "outlier")  # rejections of uploads already in
 
 @dataclasses.dataclass
 class ChaosStats:
-    """Counters of a chaos run; `runners.islands.chaos_summary` turns them into summary keys."""
+  """Counters of a chaos run; `runners.islands.chaos_summary` turns them into summary keys."""
 
-    faults: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    ignored: int = 0  # faults that found nothing to act on (e.g. a crash of a learner down)
-    unused: int = 0  # taints and 'save' crashes still armed at the end
-    crashes: list = dataclasses.field(default_factory=list)  # {learner, time, back, rejoined...}
-    restarts: list = dataclasses.field(default_factory=list)  # {time, back, merges, restored}
-    merges_skipped: int = 0
-    resyncs: int = 0
-    stalls_broken: int = 0  # lockstep learners that gave up waiting (see ChaosRuntime)
-    dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    refused_by_learners: collections.Counter = dataclasses.field(
-        default_factory=collections.Counter)
-    tainted: dict = dataclasses.field(default_factory=dict)  # kind -> Counter of fates
-    steps_lost: list = dataclasses.field(default_factory=list)
+  faults: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  ignored: int = 0  # faults that found nothing to act on (e.g. a crash of a learner down)
+  unused: int = 0  # taints and 'save' crashes still armed at the end
+  crashes: list = dataclasses.field(default_factory=list)  # {learner, time, back, rejoined...}
+  restarts: list = dataclasses.field(default_factory=list)  # {time, back, merges, restored}
+  merges_skipped: int = 0
+  resyncs: int = 0
+  stalls_broken: int = 0  # lockstep learners that gave up waiting (see ChaosRuntime)
+  dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  refused_by_learners: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  tainted: dict = dataclasses.field(default_factory=dict)  # kind -> Counter of fates
+  steps_lost: list = dataclasses.field(default_factory=list)
 
-    def fate(self, kind: str, outcome: str) -> None:
-        self.tainted.setdefault(kind, collections.Counter())[outcome] += 1
+  def fate(self, kind: str, outcome: str) -> None:
+    self.tainted.setdefault(kind, collections.Counter())[outcome] += 1
 
 
 class Taints:
-    """Follows tainted messages (see the module doc) into `stats.tainted`."""
+  """Follows tainted messages (see the module doc) into `stats.tainted`."""
 
-    def __init__(self, stats: ChaosStats):
-        self.stats = stats
-        self.up: dict[tuple, str] = {}  # (m, p, sent_time) -> kind, on the wire to the sync
-        self.pending: dict[tuple, tuple] = {}  # (m, p) -> ((m, p, sent_time), kind) in a round
-        self.down: dict[int, tuple[str, Any]] = {}  # id(send) -> (kind, send), on the wire
+  def __init__(self, stats: ChaosStats):
+    self.stats = stats
+    self.up: dict[tuple, str] = {}  # (m, p, sent_time) -> kind, on the wire to the sync
+    self.pending: dict[tuple, tuple] = {}  # (m, p) -> ((m, p, sent_time), kind) in a round
+    self.down: dict[int, tuple[str, Any]] = {}  # id(send) -> (kind, send), on the wire
 
-    def sent_up(self, up: protocol.Upload, kind: str) -> None:
-        self.stats.fate(kind, "sent")
-        self.up[(up.learner, up.fragment, up.sent_time)] = kind
+  def sent_up(self, up: protocol.Upload, kind: str) -> None:
+    self.stats.fate(kind, "sent")
+    self.up[(up.learner, up.fragment, up.sent_time)] = kind
 
-    def sent_down(self, send: protocol.Send, kind: str) -> None:
-        self.stats.fate(kind, "sent")
-        self.down[id(send)] = (kind, send)
+  def sent_down(self, send: protocol.Send, kind: str) -> None:
+    self.stats.fate(kind, "sent")
+    self.down[id(send)] = (kind, send)
 
-    def arrived_down(self, send: protocol.Send, refusal: str | None) -> None:
-        tainted = self.down.pop(id(send), None)
-        if tainted is not None:
-            self.stats.fate(tainted[0], f"refused ({refusal})" if refusal else "applied")
+  def arrived_down(self, send: protocol.Send, refusal: str | None) -> None:
+    tainted = self.down.pop(id(send), None)
+    if tainted is not None:
+      self.stats.fate(tainted[0], f"refused ({refusal})" if refusal else "applied")
 
-    def handled(self, event: protocol.Event, actions: list[protocol.Action]) -> None:
-        """Follows the synchronizer's answer to `event`."""
-        if isinstance(event, protocol.Upload):
-            self._arrived_up(event, actions)
-        for a in actions:
-            if not isinstance(a, protocol.Log):
-                continue
-            r = a.record
-            if r["event"] == "merge":
-                for m in r["learners"]:
-                    pending = self.pending.pop((m, r["fragment"]), None)
-                    if pending is not None:
-                        self.stats.fate(pending[1], "merged")
-            elif r["event"] == "reject" and "sent_time" in r:
-                key = (r["learner"], r["fragment"])
-                pending = self.pending.get(key)
-                if pending is not None and pending[0][2] == r["sent_time"]:
-                    del self.pending[key]
-                    self.stats.fate(pending[1], f"rejected ({r['code']})")
+  def handled(self, event: protocol.Event, actions: list[protocol.Action]) -> None:
+    """Follows the synchronizer's answer to `event`."""
+    if isinstance(event, protocol.Upload):
+      self._arrived_up(event, actions)
+    for a in actions:
+      if not isinstance(a, protocol.Log):
+        continue
+      r = a.record
+      if r["event"] == "merge":
+        for m in r["learners"]:
+          pending = self.pending.pop((m, r["fragment"]), None)
+          if pending is not None:
+            self.stats.fate(pending[1], "merged")
+      elif r["event"] == "reject" and "sent_time" in r:
+        key = (r["learner"], r["fragment"])
+        pending = self.pending.get(key)
+        if pending is not None and pending[0][2] == r["sent_time"]:
+          del self.pending[key]
+          self.stats.fate(pending[1], f"rejected ({r['code']})")
 
-    def _arrived_up(self, up: protocol.Upload, actions: list[protocol.Action]) -> None:
-        key = (up.learner, up.fragment, up.sent_time)
-        kind = self.up.pop(key, None)
-        reject = next((a.record for a in actions if isinstance(a, protocol.Log)
-                       and a.record["event"] == "reject" and a.record.get("sent_time") == key[2]
-                       and (a.record["learner"], a.record["fragment"]) == key[:2]), None)
-        if reject is None or reject["code"] in MERGE_TIME_CODES:  # it entered the round
-            old = self.pending.pop(key[:2], None)
-            if old is not None:
-                self.stats.fate(old[1], "superseded")
-        if reject is not None:
-            if kind is not None:
-                self.stats.fate(kind, f"rejected ({reject['code']})")
-        elif kind is not None:
-            self.pending[key[:2]] = (key, kind)  # followed by `handled` until its round ends
+  def _arrived_up(self, up: protocol.Upload, actions: list[protocol.Action]) -> None:
+    key = (up.learner, up.fragment, up.sent_time)
+    kind = self.up.pop(key, None)
+    reject = next(
+        (
+            a.record
+            for a in actions
+            if isinstance(a, protocol.Log)
+            and a.record["event"] == "reject"
+            and a.record.get("sent_time") == key[2]
+            and (a.record["learner"], a.record["fragment"]) == key[:2]
+        ),
+        None,
+    )
+    if reject is None or reject["code"] in MERGE_TIME_CODES:  # it entered the round
+      old = self.pending.pop(key[:2], None)
+      if old is not None:
+        self.stats.fate(old[1], "superseded")
+    if reject is not None:
+      if kind is not None:
+        self.stats.fate(kind, f"rejected ({reject['code']})")
+    elif kind is not None:
+      self.pending[key[:2]] = (key, kind)  # followed by `handled` until its round ends
 
-    def synchronizer_crashed(self) -> None:
-        for _, kind in self.pending.values():
-            self.stats.fate(kind, "lost")
-        self.pending.clear()
+  def synchronizer_crashed(self) -> None:
+    for _, kind in self.pending.values():
+      self.stats.fate(kind, "lost")
+    self.pending.clear()
 
-    def finish(self) -> None:
-        for _, kind in self.pending.values():
-            self.stats.fate(kind, "pending at the end")
-        for kind in self.up.values():
-            self.stats.fate(kind, "lost")
-        for kind, _ in self.down.values():
-            self.stats.fate(kind, "lost")
+  def finish(self) -> None:
+    for _, kind in self.pending.values():
+      self.stats.fate(kind, "pending at the end")
+    for kind in self.up.values():
+      self.stats.fate(kind, "lost")
+    for kind, _ in self.down.values():
+      self.stats.fate(kind, "lost")

@@ -27,172 +27,216 @@ from diloco.recovery import rejoin
 
 
 def parse_list(text: str, n: int, kind: type, default: Any, what: str) -> list:
-    """'1,1,3' -> [1, 1, 3]; empty -> n copies of default; wrong length fails clearly."""
-    if not text:
-        return [default] * n
-    try:
-        values = [kind(x) for x in str(text).split(",")]
-    except ValueError as e:
-        raise ValueError(f"{what}={text!r} is not a comma-separated list of {kind.__name__}") from e
-    if len(values) != n:
-        raise ValueError(f"{what}={text!r} has {len(values)} entries for {n} learners")
-    return values
+  """'1,1,3' -> [1, 1, 3]; empty -> n copies of default; wrong length fails clearly."""
+  if not text:
+    return [default] * n
+  try:
+    values = [kind(x) for x in str(text).split(",")]
+  except ValueError as e:
+    raise ValueError(f"{what}={text!r} is not a comma-separated list of {kind.__name__}") from e
+  if len(values) != n:
+    raise ValueError(f"{what}={text!r} has {len(values)} entries for {n} learners")
+  return values
 
 
 def batch_sizes(config: ml_collections.ConfigDict) -> list[int]:
-    """Each learner's batch (sequences): `sim.batch_sizes`, else `batch_size` for all."""
-    out = parse_list(config.sim.batch_sizes, config.outer.learners, int, config.batch_size,
-                     "sim.batch_sizes")
-    if any(b <= 0 for b in out):
-        raise ValueError(f"sim.batch_sizes must be positive, got {config.sim.batch_sizes!r}")
-    return out
+  """Each learner's batch (sequences): `sim.batch_sizes`, else `batch_size` for all."""
+  out = parse_list(
+      config.sim.batch_sizes, config.outer.learners, int, config.batch_size, "sim.batch_sizes"
+  )
+  if any(b <= 0 for b in out):
+    raise ValueError(f"sim.batch_sizes must be positive, got {config.sim.batch_sizes!r}")
+  return out
 
 
 def split_devices(devices: Sequence, m: int) -> list[list]:
-    """M islands of len(devices) // M devices each; with fewer devices than M, islands share."""
-    if m < 1:
-        raise ValueError(f"need at least one learner, got {m}")
-    if m > len(devices):
-        return [[devices[i % len(devices)]] for i in range(m)]
-    k = len(devices) // m
-    return [list(devices[i * k:(i + 1) * k]) for i in range(m)]
+  """M islands of len(devices) // M devices each; with fewer devices than M, islands share."""
+  if m < 1:
+    raise ValueError(f"need at least one learner, got {m}")
+  if m > len(devices):
+    return [[devices[i % len(devices)]] for i in range(m)]
+  k = len(devices) // m
+  return [list(devices[i * k : (i + 1) * k]) for i in range(m)]
 
 
 def learner_devices(config: ml_collections.ConfigDict) -> list[list]:
-    """Each learner's share of the local devices: split evenly, or `deploy.devices_per_learner`
-    each (when set) from the first ones."""
-    devices, m_count = jax.devices(), config.outer.learners
-    per = int(config.deploy.get("devices_per_learner", 0)) if "deploy" in config else 0
-    if per < 0 or per * m_count > len(devices):
-        raise ValueError(f"deploy.devices_per_learner={per} x {m_count} learners does not fit "
-                         f"{len(devices)} local devices")
-    return split_devices(devices[:per * m_count] if per else devices, m_count)
+  """Each learner's share of the local devices: split evenly, or `deploy.devices_per_learner`
+  each (when set) from the first ones."""
+  devices, m_count = jax.devices(), config.outer.learners
+  per = int(config.deploy.get("devices_per_learner", 0)) if "deploy" in config else 0
+  if per < 0 or per * m_count > len(devices):
+    raise ValueError(
+        f"deploy.devices_per_learner={per} x {m_count} learners does not fit "
+        f"{len(devices)} local devices"
+    )
+  return split_devices(devices[: per * m_count] if per else devices, m_count)
 
 
 def outer_optimizer(o: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """The `outer` section's optimizer, through the validated registry of outer/optimizers.py."""
-    kwargs = {"nesterov": dict(lr=o.lr, momentum=o.momentum), "sgd": dict(lr=o.lr),
-              "delayed_nesterov": dict(lr=o.lr, momentum=o.momentum, period=o.delayed_period,
-                                       c=o.delayed_c)}
-    return optimizers.make_outer(o.optimizer, **kwargs.get(o.optimizer, {}))
+  """The `outer` section's optimizer, through the validated registry of outer/optimizers.py."""
+  kwargs = {
+      "nesterov": dict(lr=o.lr, momentum=o.momentum),
+      "sgd": dict(lr=o.lr),
+      "delayed_nesterov": dict(
+          lr=o.lr, momentum=o.momentum, period=o.delayed_period, c=o.delayed_c
+      ),
+  }
+  return optimizers.make_outer(o.optimizer, **kwargs.get(o.optimizer, {}))
 
 
 def outlier_screen(o: ml_collections.ConfigDict) -> integrity.OutlierScreen | None:
-    """The synchronizer's outlier screen (and clip) of an `outer` section; None when off."""
-    if o.outlier_factor <= 0:
-        return None
-    return integrity.OutlierScreen(o.outlier_factor, o.outlier_history, o.outlier_window,
-                                   clip_factor=o.get("clip_factor", 0.0))
+  """The synchronizer's outlier screen (and clip) of an `outer` section; None when off."""
+  if o.outlier_factor <= 0:
+    return None
+  return integrity.OutlierScreen(
+      o.outlier_factor, o.outlier_history, o.outlier_window, clip_factor=o.get("clip_factor", 0.0)
+  )
 
 
 def faults(config: ml_collections.ConfigDict) -> list[chaos.Fault]:
-    """The run's fault schedule (the `chaos` section), checked against its checkpoint settings."""
-    out = chaos.from_config(config.chaos, config.outer.learners,
-                            horizon_s=config.steps * config.sim.step_s)
-    if any(f.kind == "sync_crash" for f in out) and not config.outer.sync_checkpoint_every:
-        raise ValueError("sync_crash faults need synchronizer checkpoints: set "
-                         "outer.sync_checkpoint_every > 0")
-    return out
+  """The run's fault schedule (the `chaos` section), checked against its checkpoint settings."""
+  out = chaos.from_config(
+      config.chaos, config.outer.learners, horizon_s=config.steps * config.sim.step_s
+  )
+  if any(f.kind == "sync_crash" for f in out) and not config.outer.sync_checkpoint_every:
+    raise ValueError(
+        "sync_crash faults need synchronizer checkpoints: set " "outer.sync_checkpoint_every > 0"
+    )
+  return out
 
 
 def initial_params(config: ml_collections.ConfigDict, splits=None) -> dict[str, np.ndarray]:
-    """The initial global parameters every learner builds, computed on one device (the values do
-    not depend on how a mesh shards them)."""
-    one = config.copy_and_resolve_references()
-    one.mesh.data, one.mesh.fsdp = 1, 1
-    isl = island_lib.build_island(one, jax.devices()[:1], splits=splits or data_lib.load_splits(
-        config.data))
-    return fragments.flatten(jax.device_get(isl.init_state().params))
+  """The initial global parameters every learner builds, computed on one device (the values do
+  not depend on how a mesh shards them)."""
+  one = config.copy_and_resolve_references()
+  one.mesh.data, one.mesh.fsdp = 1, 1
+  isl = island_lib.build_island(
+      one, jax.devices()[:1], splits=splits or data_lib.load_splits(config.data)
+  )
+  return fragments.flatten(jax.device_get(isl.init_state().params))
 
 
 @dataclasses.dataclass
 class Parts:
-    """Islands (learner index -> island), the global parameters' start and how they are cut."""
+  """Islands (learner index -> island), the global parameters' start and how they are cut."""
 
-    config: ml_collections.ConfigDict
-    islands: dict[int, island_lib.Island]
-    params0: dict[str, np.ndarray]
-    frag: fragments.Fragmentation
-    schedule: fragments.Schedule
-    batches: list[int]
-    learner_cls: type[Learner] = Learner
-    sync_cls: type[Synchronizer] = Synchronizer  # a test may record what its synchronizer does
-    syncs: list[Synchronizer] = dataclasses.field(default_factory=list)  # made so far, in order
+  config: ml_collections.ConfigDict
+  islands: dict[int, island_lib.Island]
+  params0: dict[str, np.ndarray]
+  frag: fragments.Fragmentation
+  schedule: fragments.Schedule
+  batches: list[int]
+  learner_cls: type[Learner] = Learner
+  sync_cls: type[Synchronizer] = Synchronizer  # a test may record what its synchronizer does
+  syncs: list[Synchronizer] = dataclasses.field(default_factory=list)  # made so far, in order
 
-    def make_learner(self, m: int) -> Learner:
-        """Learner m with a fresh state, holding no fragment (versions -1: its Join fetches all)."""
-        o = self.config.outer
-        learner = self.learner_cls(m, self.islands[m], self.frag, self.schedule, o.codec, o.alpha,
-                                   self.batches[m] * self.config.seq_len)
-        learner.versions = [-1] * o.fragments
-        learner.global_copy = [{} for _ in range(o.fragments)]
-        return learner
+  def make_learner(self, m: int) -> Learner:
+    """Learner m with a fresh state, holding no fragment (versions -1: its Join fetches all)."""
+    o = self.config.outer
+    learner = self.learner_cls(
+        m,
+        self.islands[m],
+        self.frag,
+        self.schedule,
+        o.codec,
+        o.alpha,
+        self.batches[m] * self.config.seq_len,
+    )
+    learner.versions = [-1] * o.fragments
+    learner.global_copy = [{} for _ in range(o.fragments)]
+    return learner
 
-    def make_sync(self, min_checkpoint_every: int = 0) -> Synchronizer:
-        """A synchronizer at the initial parameters; it asks for a checkpoint every
-        max(`outer.sync_checkpoint_every`, `min_checkpoint_every`) merges (0: never)."""
-        o = self.config.outer
-        every = max(int(o.sync_checkpoint_every), min_checkpoint_every)
-        sync = self.sync_cls(self.params0, self.frag, policies.from_config(self.config),
-                            outer_optimizer(o), downlink_codec=o.downlink_codec or o.codec,
-                            screen=outlier_screen(o), checkpoint_every=every)
-        self.syncs.append(sync)
-        return sync
+  def make_sync(self, min_checkpoint_every: int = 0) -> Synchronizer:
+    """A synchronizer at the initial parameters; it asks for a checkpoint every
+    max(`outer.sync_checkpoint_every`, `min_checkpoint_every`) merges (0: never)."""
+    o = self.config.outer
+    every = max(int(o.sync_checkpoint_every), min_checkpoint_every)
+    sync = self.sync_cls(
+        self.params0,
+        self.frag,
+        policies.from_config(self.config),
+        outer_optimizer(o),
+        downlink_codec=o.downlink_codec or o.codec,
+        screen=outlier_screen(o),
+        checkpoint_every=every,
+    )
+    self.syncs.append(sync)
+    return sync
 
-    def checkpoints_on(self, faults_on: bool) -> bool:
-        """Whether learners and synchronizer checkpoint: with faults, or when an interval is set."""
-        o = self.config.outer
-        return bool(faults_on or o.learner_checkpoint_every or o.sync_checkpoint_every)
+  def checkpoints_on(self, faults_on: bool) -> bool:
+    """Whether learners and synchronizer checkpoint: with faults, or when an interval is set."""
+    o = self.config.outer
+    return bool(faults_on or o.learner_checkpoint_every or o.sync_checkpoint_every)
 
-    def recovery(self, workdir: str) -> rejoin.Recovery:
-        """The checkpoints of every learner and of the synchronizer, under WORKDIR/checkpoints."""
-        o = self.config.outer
-        iters = [self.islands[m].data.train_iter for m in sorted(self.islands)]
-        return rejoin.Recovery(workdir, self.make_learner, iters, o.learner_checkpoint_every,
-                               o.sync_checkpoint_every)
+  def recovery(self, workdir: str) -> rejoin.Recovery:
+    """The checkpoints of every learner and of the synchronizer, under WORKDIR/checkpoints."""
+    o = self.config.outer
+    iters = [self.islands[m].data.train_iter for m in sorted(self.islands)]
+    return rejoin.Recovery(
+        workdir, self.make_learner, iters, o.learner_checkpoint_every, o.sync_checkpoint_every
+    )
 
 
 def _cut(config, params0, islands, learner_cls=Learner) -> Parts:
-    o = config.outer
-    frag = fragments.make(o.fragment_kind, params0, o.fragments)
-    return Parts(config, islands, params0, frag, fragments.Schedule(o.fragments, o.inner_steps),
-                 batch_sizes(config), learner_cls)
+  o = config.outer
+  frag = fragments.make(o.fragment_kind, params0, o.fragments)
+  return Parts(
+      config,
+      islands,
+      params0,
+      frag,
+      fragments.Schedule(o.fragments, o.inner_steps),
+      batch_sizes(config),
+      learner_cls,
+  )
 
 
-def local_learners(config: ml_collections.ConfigDict,
-                   sync_cls: type[Synchronizer] = Synchronizer) -> Parts:
-    """Every learner on its share of this process's devices (`learner_devices`), with its own
-    batch and data shard: the virtual and threads runtimes. `sync_cls` may record what the
-    synchronizer does (tests)."""
-    o, batches = config.outer, batch_sizes(config)
-    splits = data_lib.load_splits(config.data)
-    islands: dict[int, island_lib.Island] = {}
-    for m, devs in enumerate(learner_devices(config)):
-        cfg_m = config.copy_and_resolve_references()
-        with cfg_m.unlocked():
-            cfg_m.batch_size = batches[m]
-        islands[m] = island_lib.build_island(
-            cfg_m, devs, shard_index=m, num_shards=o.learners, splits=splits,
-            init_params=islands[0].init_params if islands else None)
-    params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
-    return dataclasses.replace(_cut(config, params0, islands), sync_cls=sync_cls)
-
-
-def one_learner(config: ml_collections.ConfigDict, m: int, devices: Sequence,
-                learner_cls: type[Learner], host_value: Callable[[Any], np.ndarray]) -> Parts:
-    """Learner m alone, on `devices` (a learner process; `host_value` gathers a sharded array)."""
-    o = config.outer
-    if not 0 <= m < o.learners:
-        raise ValueError(f"learner_id={m} is outside 0..{o.learners - 1} (outer.learners)")
+def local_learners(
+    config: ml_collections.ConfigDict, sync_cls: type[Synchronizer] = Synchronizer
+) -> Parts:
+  """Every learner on its share of this process's devices (`learner_devices`), with its own
+  batch and data shard: the virtual and threads runtimes. `sync_cls` may record what the
+  synchronizer does (tests)."""
+  o, batches = config.outer, batch_sizes(config)
+  splits = data_lib.load_splits(config.data)
+  islands: dict[int, island_lib.Island] = {}
+  for m, devs in enumerate(learner_devices(config)):
     cfg_m = config.copy_and_resolve_references()
     with cfg_m.unlocked():
-        cfg_m.batch_size = batch_sizes(config)[m]
-    isl = island_lib.build_island(cfg_m, devices, shard_index=m, num_shards=o.learners,
-                                  splits=data_lib.load_splits(config.data))
-    params0 = {k: host_value(v) for k, v in fragments.flatten(isl.init_state().params).items()}
-    return _cut(config, params0, {m: isl}, learner_cls)
+      cfg_m.batch_size = batches[m]
+    islands[m] = island_lib.build_island(
+        cfg_m,
+        devs,
+        shard_index=m,
+        num_shards=o.learners,
+        splits=splits,
+        init_params=islands[0].init_params if islands else None,
+    )
+  params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
+  return dataclasses.replace(_cut(config, params0, islands), sync_cls=sync_cls)
+
+
+def one_learner(
+    config: ml_collections.ConfigDict,
+    m: int,
+    devices: Sequence,
+    learner_cls: type[Learner],
+    host_value: Callable[[Any], np.ndarray],
+) -> Parts:
+  """Learner m alone, on `devices` (a learner process; `host_value` gathers a sharded array)."""
+  o = config.outer
+  if not 0 <= m < o.learners:
+    raise ValueError(f"learner_id={m} is outside 0..{o.learners - 1} (outer.learners)")
+  cfg_m = config.copy_and_resolve_references()
+  with cfg_m.unlocked():
+    cfg_m.batch_size = batch_sizes(config)[m]
+  isl = island_lib.build_island(
+      cfg_m, devices, shard_index=m, num_shards=o.learners, splits=data_lib.load_splits(config.data)
+  )
+  params0 = {k: host_value(v) for k, v in fragments.flatten(isl.init_state().params).items()}
+  return _cut(config, params0, {m: isl}, learner_cls)
 
 
 def synchronizer_only(config: ml_collections.ConfigDict) -> Parts:
-    """No learner: what the synchronizer process needs (initial parameters on one device)."""
-    return _cut(config, initial_params(config), {})
+  """No learner: what the synchronizer process needs (initial parameters on one device)."""
+  return _cut(config, initial_params(config), {})

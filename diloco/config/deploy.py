@@ -10,20 +10,33 @@ RUNTIMES = ("virtual", "threads", "grpc")
 
 def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds c.deploy with the defaults below (loopback, no TLS, token from $DILOCO_TOKEN)."""
-  c.deploy = ml_collections.ConfigDict(dict(
-      runtime="virtual",  # virtual | threads | grpc
-      bind="127.0.0.1",  # the synchronizer binds loopback unless told otherwise
-      port=0,  # 0: a free port, written to WORKDIR/port
-      cert="", key="", ca_cert="",  # TLS when set (scripts/make_certs.py makes a local pair)
-      absent_after_s=5.0,  # a learner silent this long is left out of quorums until it rejoins
-      chaos_time_scale=1.0,  # threads runtime: wall seconds per second of the chaos schedule
-      devices_per_learner=0,  # threads runtime: local devices per learner; 0 = split evenly
-      max_learners=64, chunk_bytes=1 << 20, max_message_bytes=4 << 20,
-      tpu=ml_collections.ConfigDict(dict(  # scripts/tpu/commands.py
-          project="", zone="us-central2-b", accelerator_type="v4-8",
-          runtime_version="tpu-ubuntu2204-base", name_prefix="diloco", sync_host="",
-          repo_dir="~/diloco")),
-  ))
+  c.deploy = ml_collections.ConfigDict(
+      dict(
+          runtime="virtual",  # virtual | threads | grpc
+          bind="127.0.0.1",  # the synchronizer binds loopback unless told otherwise
+          port=0,  # 0: a free port, written to WORKDIR/port
+          cert="",
+          key="",
+          ca_cert="",  # TLS when set (scripts/make_certs.py makes a local pair)
+          absent_after_s=5.0,  # a learner silent this long is left out of quorums until it rejoins
+          chaos_time_scale=1.0,  # threads runtime: wall seconds per second of the chaos schedule
+          devices_per_learner=0,  # threads runtime: local devices per learner; 0 = split evenly
+          max_learners=64,
+          chunk_bytes=1 << 20,
+          max_message_bytes=4 << 20,
+          tpu=ml_collections.ConfigDict(
+              dict(  # scripts/tpu/commands.py
+                  project="",
+                  zone="us-central2-b",
+                  accelerator_type="v4-8",
+                  runtime_version="tpu-ubuntu2204-base",
+                  name_prefix="diloco",
+                  sync_host="",
+                  repo_dir="~/diloco",
+              )
+          ),
+      )
+  )
   return c
 
 
@@ -47,5 +60,7 @@ def check(deploy: ml_collections.ConfigDict) -> None:
     if deploy[name] < 1:
       raise ValueError(f"deploy.{name} must be >= 1, got {deploy[name]}")
   if deploy.chunk_bytes + 1024 > deploy.max_message_bytes:
-    raise ValueError(f"deploy.chunk_bytes={deploy.chunk_bytes} leaves no room for the chunk header "
-                     f"under deploy.max_message_bytes={deploy.max_message_bytes}")
+    raise ValueError(
+        f"deploy.chunk_bytes={deploy.chunk_bytes} leaves no room for the chunk header "
+        f"under deploy.max_message_bytes={deploy.max_message_bytes}"
+    )

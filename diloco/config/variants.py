@@ -53,6 +53,12 @@ def _convert(key: str, raw: str, default: Any) -> Any:
 def model_config(size: str) -> ml_collections.ConfigDict:
   if size not in MODEL_SIZES:
     raise ValueError(f"unknown model size {size!r}; known: {sorted(MODEL_SIZES)}")
-  base = dict(vocab_size=256, mlp="swiglu", tied_embeddings=True, attention="dot_product_attention",
-              rope_base=10_000.0, dtype="float32")
+  base = dict(
+      vocab_size=256,
+      mlp="swiglu",
+      tied_embeddings=True,
+      attention="dot_product_attention",
+      rope_base=10_000.0,
+      dtype="float32",
+  )
   return ml_collections.ConfigDict({**base, **MODEL_SIZES[size]})

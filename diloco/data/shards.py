@@ -16,7 +16,8 @@ def balanced_assignment(sizes: Sequence[int], num_shards: int) -> list[list[int]
     raise ValueError(f"num_shards must be >= 1, got {num_shards}")
   if len(sizes) < num_shards:
     raise ValueError(
-        f"cannot give each of {num_shards} shards a whole document: only {len(sizes)} documents")
+        f"cannot give each of {num_shards} shards a whole document: only {len(sizes)} documents"
+    )
   if any(s < 0 for s in sizes):
     raise ValueError(f"document sizes must be non-negative, got {list(sizes)}")
   totals = [0] * num_shards

@@ -36,23 +36,30 @@ class TokenCorpus:
     if self.tokens.ndim != 1:
       raise ValueError(f"tokens must be 1-D, got shape {self.tokens.shape}")
     starts = self.starts
-    if (len(starts) != len(self.names) + 1 or starts[0] != 0 or starts[-1] != len(self.tokens)
-        or any(a > b for a, b in zip(starts, starts[1:]))):
-      raise ValueError(f"document starts {starts[:5]}... do not partition "
-                       f"{len(self.tokens)} tokens")
+    if (
+        len(starts) != len(self.names) + 1
+        or starts[0] != 0
+        or starts[-1] != len(self.tokens)
+        or any(a > b for a, b in zip(starts, starts[1:]))
+    ):
+      raise ValueError(
+          f"document starts {starts[:5]}... do not partition " f"{len(self.tokens)} tokens"
+      )
     if len(self.doc_bytes) != len(self.names):
       raise ValueError(f"{len(self.doc_bytes)} byte counts for {len(self.names)} documents")
 
   @classmethod
-  def from_documents(cls, names: Sequence[str], docs: Sequence[np.ndarray],
-                     doc_bytes: Sequence[int]) -> TokenCorpus:
+  def from_documents(
+      cls, names: Sequence[str], docs: Sequence[np.ndarray], doc_bytes: Sequence[int]
+  ) -> TokenCorpus:
     """Concatenates the documents' token arrays in order."""
     if len(names) != len(docs):
       raise ValueError(f"{len(names)} names for {len(docs)} documents")
     starts = np.concatenate([[0], np.cumsum([len(d) for d in docs], dtype=np.int64)])
     tokens = np.concatenate(docs) if docs else np.zeros(0, np.uint8)
-    return cls(tokens, tuple(names), tuple(int(s) for s in starts),
-               tuple(int(b) for b in doc_bytes))
+    return cls(
+        tokens, tuple(names), tuple(int(s) for s in starts), tuple(int(b) for b in doc_bytes)
+    )
 
   @property
   def num_bytes(self) -> int:
@@ -64,13 +71,15 @@ class TokenCorpus:
     return [b - a for a, b in zip(self.starts, self.starts[1:])]
 
   def doc(self, i: int) -> np.ndarray:
-    return self.tokens[self.starts[i]:self.starts[i + 1]]
+    return self.tokens[self.starts[i] : self.starts[i + 1]]
 
   def select(self, doc_ids: Sequence[int]) -> TokenCorpus:
     """A new corpus of the chosen documents, in the order given."""
-    return TokenCorpus.from_documents([self.names[i] for i in doc_ids],
-                                      [self.doc(i) for i in doc_ids],
-                                      [self.doc_bytes[i] for i in doc_ids])
+    return TokenCorpus.from_documents(
+        [self.names[i] for i in doc_ids],
+        [self.doc(i) for i in doc_ids],
+        [self.doc_bytes[i] for i in doc_ids],
+    )
 
 
 class PackedTokenSource:
@@ -87,8 +96,10 @@ class PackedTokenSource:
     if tokens_1d.ndim != 1:
       raise ValueError(f"tokens must be 1-D, got shape {tokens_1d.shape}")
     if len(tokens_1d) < seq_len + 1:
-      raise ValueError(f"{len(tokens_1d)} tokens cannot fill one sequence of seq_len={seq_len} "
-                       f"(needs {seq_len + 1})")
+      raise ValueError(
+          f"{len(tokens_1d)} tokens cannot fill one sequence of seq_len={seq_len} "
+          f"(needs {seq_len + 1})"
+      )
     self.tokens = tokens_1d
     self.seq_len = seq_len
     self._num_records = (len(tokens_1d) - 1) // seq_len
@@ -102,7 +113,7 @@ class PackedTokenSource:
     if not 0 <= index < self._num_records:
       raise IndexError(f"record {index} out of range [0, {self._num_records})")
     start = index * self.seq_len
-    return self.tokens[start:start + self.seq_len + 1].astype(np.int32)
+    return self.tokens[start : start + self.seq_len + 1].astype(np.int32)
 
   def __repr__(self) -> str:
     return f"PackedTokenSource(tokens={len(self.tokens)}, seq_len={self.seq_len})"
@@ -111,16 +122,19 @@ class PackedTokenSource:
     """{'inputs_BxL', 'targets_BxL'} (int32, contiguous) of the given records, in one gather."""
     starts_Bx1 = (np.asarray(records_B, dtype=np.int64) * self.seq_len)[:, None]
     idx_BxL = starts_Bx1 + self._offsets_L
-    return {"inputs_BxL": self.tokens[idx_BxL].astype(np.int32),
-            "targets_BxL": self.tokens[idx_BxL + 1].astype(np.int32)}
+    return {
+        "inputs_BxL": self.tokens[idx_BxL].astype(np.int32),
+        "targets_BxL": self.tokens[idx_BxL + 1].astype(np.int32),
+    }
 
 
 def glob_files(pattern: str, what: str) -> list[str]:
   """Sorted regular files matching pattern (** recurses); ValueError if there are none."""
   if not pattern:
     raise ValueError(f"{what} is empty; set it to a glob of files")
-  paths = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True)
-                 if os.path.isfile(p))
+  paths = sorted(
+      p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)
+  )
   if not paths:
     raise ValueError(f"{what}={pattern!r} matches no files")
   return paths
@@ -139,8 +153,10 @@ def write_array_record(path: str | os.PathLike, docs: Iterable[Sequence[int] | n
     for doc in docs:
       ids = np.asarray(doc)
       if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
-        raise ValueError(f"document {count} must be a 1-D sequence of integers, got "
-                         f"shape {ids.shape} dtype {ids.dtype}")
+        raise ValueError(
+            f"document {count} must be a 1-D sequence of integers, got "
+            f"shape {ids.shape} dtype {ids.dtype}"
+        )
       if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
         raise ValueError(f"document {count} has token ids outside [0, 2**31)")
       writer.write(ids.astype(_INT32).tobytes())
@@ -159,7 +175,9 @@ def read_array_record_docs(paths: Sequence[str]) -> list[np.ndarray]:
   docs = []
   for i, record in enumerate(records):
     if len(record) % _INT32.itemsize:
-      raise ValueError(f"ArrayRecord record {i} of {list(paths)} has {len(record)} bytes, not a "
-                       "whole number of int32 token ids; see diloco.data.sources for the format")
+      raise ValueError(
+          f"ArrayRecord record {i} of {list(paths)} has {len(record)} bytes, not a "
+          "whole number of int32 token ids; see diloco.data.sources for the format"
+      )
     docs.append(np.frombuffer(record, dtype=_INT32).astype(np.int32))
   return docs

@@ -87,8 +87,11 @@ def _lines(source: str | os.PathLike | Iterable[str | bytes]) -> Iterator[str]:
       yield item.decode("utf-8") if isinstance(item, bytes) else item
 
 
-def train_sentencepiece(source: str | os.PathLike | Iterable[str | bytes], vocab_size: int,
-                        model_prefix: str | os.PathLike) -> SentencePieceTokenizer:
+def train_sentencepiece(
+    source: str | os.PathLike | Iterable[str | bytes],
+    vocab_size: int,
+    model_prefix: str | os.PathLike,
+) -> SentencePieceTokenizer:
   """Trains a BPE model on a text file or an iterator of sentences; writes model_prefix + '.model'.
 
   Identity normalization, no dummy prefix and byte fallback make encode/decode lossless, so
@@ -98,19 +101,34 @@ def train_sentencepiece(source: str | os.PathLike | Iterable[str | bytes], vocab
   (hard_vocab_limit is off) and `vocab_size` reports the true size.
   """
   if vocab_size <= BYTE_VOCAB_SIZE + 1:
-    raise ValueError(f"sp_vocab_size must be > {BYTE_VOCAB_SIZE + 1} (256 byte pieces + <unk>), "
-                     f"got {vocab_size}")
+    raise ValueError(
+        f"sp_vocab_size must be > {BYTE_VOCAB_SIZE + 1} (256 byte pieces + <unk>), "
+        f"got {vocab_size}"
+    )
   model_path = pathlib.Path(f"{model_prefix}.model")
   model_path.parent.mkdir(parents=True, exist_ok=True)
   proto = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=(line.rstrip("\n") for line in _lines(source)),
-        model_writer=proto, vocab_size=vocab_size, model_type="bpe",
-        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
-        byte_fallback=True, character_coverage=1.0, hard_vocab_limit=False,
-        allow_whitespace_only_pieces=True, split_digits=True,
-        unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, num_threads=2, minloglevel=2)
+        model_writer=proto,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        byte_fallback=True,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        allow_whitespace_only_pieces=True,
+        split_digits=True,
+        unk_id=0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        num_threads=2,
+        minloglevel=2,
+    )
   except RuntimeError as e:  # e.g. the text has more distinct characters than the vocabulary allows
     raise ValueError(f"SentencePiece training with sp_vocab_size={vocab_size} failed: {e}") from e
   tmp = model_path.with_name(f".{model_path.name}.{os.getpid()}.tmp")
@@ -119,8 +137,9 @@ def train_sentencepiece(source: str | os.PathLike | Iterable[str | bytes], vocab
   return SentencePieceTokenizer(model_path)
 
 
-def cached_sentencepiece(texts: Sequence[bytes], vocab_size: int,
-                         cache_dir: str | os.PathLike) -> SentencePieceTokenizer:
+def cached_sentencepiece(
+    texts: Sequence[bytes], vocab_size: int, cache_dir: str | os.PathLike
+) -> SentencePieceTokenizer:
   """A model trained on texts, reused from cache_dir/tokenizers when the same texts were seen."""
   digest = hashlib.sha256()
   for text in texts:

@@ -11,7 +11,8 @@ import orbax.checkpoint as ocp
 def abstract_like(tree, shardings) -> Any:
   """ShapeDtypeStructs carrying the target shardings, to restore straight onto the mesh."""
   return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
 
 
 class Checkpointer:
@@ -20,8 +21,11 @@ class Checkpointer:
   def __init__(self, directory: str, every: int, keep: int = 2, async_save: bool = True):
     self.every = every
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, save_interval_steps=max(every, 1),
-        enable_async_checkpointing=async_save, create=True)
+        max_to_keep=keep,
+        save_interval_steps=max(every, 1),
+        enable_async_checkpointing=async_save,
+        create=True,
+    )
     self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
   def latest_step(self) -> int | None:
@@ -34,8 +38,9 @@ class Checkpointer:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
-  def restore(self, abstract_state: Any, data_iter: Any | None = None,
-              step: int | None = None) -> tuple[int, Any]:
+  def restore(
+      self, abstract_state: Any, data_iter: Any | None = None, step: int | None = None
+  ) -> tuple[int, Any]:
     """Restores `step` (default: newest) into the abstract state's shapes and shardings."""
     step = self._manager.latest_step() if step is None else step
     if step is None:

@@ -53,9 +53,14 @@ def optimizer_config(config: ml_collections.ConfigDict) -> step_lib.OptimizerCon
   return step_lib.OptimizerConfig(**config.optimizer.to_dict())
 
 
-def build_island(config: ml_collections.ConfigDict, devices: Sequence[jax.Device],
-                 shard_index: int = 0, num_shards: int = 1, splits=None,
-                 init_params=None) -> Island:
+def build_island(
+    config: ml_collections.ConfigDict,
+    devices: Sequence[jax.Device],
+    shard_index: int = 0,
+    num_shards: int = 1,
+    splits=None,
+    init_params=None,
+) -> Island:
   """Mesh over `devices`, this shard's data, and the jitted step functions.
 
   `splits` (from diloco.data.load_splits) and `init_params` (an island's already built) avoid
@@ -64,8 +69,14 @@ def build_island(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
   mesh = sharding.make_island_mesh(devices, config.mesh.data, config.mesh.fsdp)
   splits = data_lib.load_splits(config.data) if splits is None else splits
   data = data_lib.make_datasets(
-      splits, config.data, seed=config.seed, global_batch_size=config.batch_size,
-      seq_len=config.seq_len, shard_index=shard_index, num_shards=num_shards)
+      splits,
+      config.data,
+      seed=config.seed,
+      global_batch_size=config.batch_size,
+      seq_len=config.seq_len,
+      shard_index=shard_index,
+      num_shards=num_shards,
+  )
   model_cfg = model_config(config, data.vocab_size)
   if config.seq_len > model_cfg.max_len:
     raise ValueError(f"seq_len={config.seq_len} exceeds model.max_len={model_cfg.max_len}")
@@ -73,8 +84,14 @@ def build_island(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
   shapes = jax.eval_shape(fns.init, jax.random.key(0))
   if init_params is None and config.get("init_from"):
     init_params = warm_start.load_params(
-        config.init_from, checkpoint.abstract_like(shapes, fns.state_shardings))
-  return Island(fns=fns, data=data, model_cfg=model_cfg, seed=config.seed,
-                param_count=transformer.param_count(shapes.params),
-                flops_per_token=transformer.flops_per_token(model_cfg, config.seq_len),
-                init_params=init_params)
+        config.init_from, checkpoint.abstract_like(shapes, fns.state_shardings)
+    )
+  return Island(
+      fns=fns,
+      data=data,
+      model_cfg=model_cfg,
+      seed=config.seed,
+      param_count=transformer.param_count(shapes.params),
+      flops_per_token=transformer.flops_per_token(model_cfg, config.seq_len),
+      init_params=init_params,
+  )

@@ -63,16 +63,19 @@ def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
         if axis is not None and dim % size[axis]:
           raise ValueError(
               f"{path} has shape {shape}: dimension {dim} is not divisible by mesh axis"
-              f" {axis!r} of size {size[axis]}; change the model or mesh.fsdp")
+              f" {axis!r} of size {size[axis]}; change the model or mesh.fsdp"
+          )
       return spec
   return P()
 
 
 def tree_shardings(tree, mesh: Mesh):
   """NamedShardings for a params-like tree (params, optimizer state, abstract state)."""
+
   def one(path, leaf):
     shape = tuple(np.shape(leaf))
     return NamedSharding(mesh, spec_for(path_str(path), shape, mesh))
+
   return jax.tree_util.tree_map_with_path(one, tree)
 
 

@@ -41,9 +41,12 @@ def lr_schedule(cfg: OptimizerConfig) -> optax.Schedule:
   if cfg.warmup_steps == 0 and cfg.decay_steps == 0:
     return optax.constant_schedule(cfg.lr)
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
-      warmup_steps=cfg.warmup_steps, decay_steps=cfg.warmup_steps + max(cfg.decay_steps, 1),
-      end_value=cfg.lr * cfg.min_lr_ratio)
+      init_value=0.0 if cfg.warmup_steps else cfg.lr,
+      peak_value=cfg.lr,
+      warmup_steps=cfg.warmup_steps,
+      decay_steps=cfg.warmup_steps + max(cfg.decay_steps, 1),
+      end_value=cfg.lr * cfg.min_lr_ratio,
+  )
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
@@ -51,8 +54,9 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   schedule = lr_schedule(cfg)
   if cfg.name == "adamw":
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
-    opt = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
-                      mask=decay_mask)
+    opt = optax.adamw(
+        schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask
+    )
   elif cfg.name == "sgd":
     opt = optax.sgd(schedule)
   else:
@@ -84,17 +88,20 @@ class StepFns:
 
 def abstract_state(model_cfg: transformer.ModelConfig, tx) -> tuple[nnx.GraphDef, TrainState]:
   """Graphdef and shapes of the train state, without allocating it."""
+
   def build():
     model = transformer.Transformer(model_cfg, nnx.Rngs(0))
     params = nnx.to_pure_dict(nnx.state(model))
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
   graphdef = nnx.graphdef(nnx.eval_shape(lambda: transformer.Transformer(model_cfg, nnx.Rngs(0))))
   return graphdef, jax.eval_shape(build)
 
 
 @functools.cache
-def build_step_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig,
-                   mesh: Mesh) -> StepFns:
+def build_step_fns(
+    model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh
+) -> StepFns:
   """Jits init, train and eval steps with explicit shardings over `mesh` and donation.
 
   Cached: islands (and tests) with the same model, optimizer and mesh share one compilation.
@@ -103,8 +110,10 @@ def build_step_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig,
   schedule = lr_schedule(opt_cfg)
   graphdef, shapes = abstract_state(model_cfg, tx)
   state_sh = TrainState(*(sharding.tree_shardings(x, mesh) for x in shapes))
-  batch_sh = {"inputs_BxL": sharding.batch_sharding(mesh),
-              "targets_BxL": sharding.batch_sharding(mesh)}
+  batch_sh = {
+      "inputs_BxL": sharding.batch_sharding(mesh),
+      "targets_BxL": sharding.batch_sharding(mesh),
+  }
   rep = sharding.replicated(mesh)
 
   def init(rng: jax.Array) -> TrainState:
@@ -124,12 +133,16 @@ def build_step_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig,
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return StepFns(
-      graphdef=graphdef, mesh=mesh, state_shardings=state_sh,
+      graphdef=graphdef,
+      mesh=mesh,
+      state_shardings=state_sh,
       init=jax.jit(init, in_shardings=rep, out_shardings=state_sh),
-      train=jax.jit(train, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep),
-                    donate_argnums=0),
+      train=jax.jit(
+          train, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep), donate_argnums=0
+      ),
       eval=jax.jit(loss_fn, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
-      lr=schedule)
+      lr=schedule,
+  )
 
 
 def put_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:

@@ -39,14 +39,17 @@ def load_params(path: str, abstract_state: Any) -> dict[str, Any]:
     try:
       _, state = ckpt.restore(abstract_state)
     except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"init_from={path!r}: the checkpoint at step {step} does not fit this "
-                       f"run's model and optimizer (same model= and optimizer.name needed): {e}"
-                       ) from e
+      raise ValueError(
+          f"init_from={path!r}: the checkpoint at step {step} does not fit this "
+          f"run's model and optimizer (same model= and optimizer.name needed): {e}"
+      ) from e
   finally:
     ckpt.close()
   params = jax.device_get(state.params)
   bad = [k for k, v in jax.tree_util.tree_leaves_with_path(params) if not np.isfinite(v).all()]
   if bad:
-    raise ValueError(f"init_from={path!r}: the checkpoint at step {step} has non-finite "
-                     f"parameters in {jax.tree_util.keystr(bad[0])}")
+    raise ValueError(
+        f"init_from={path!r}: the checkpoint at step {step} has non-finite "
+        f"parameters in {jax.tree_util.keystr(bad[0])}"
+    )
   return params

@@ -56,285 +56,298 @@ _FP4_LUT = np.array(_FP4_MAGNITUDES + [-m for m in _FP4_MAGNITUDES], dtype=np.fl
 # Top 16 bits of the float32 √2·x/s -> nibble: sign << 3 | clip(biased exponent - 120, 0, 7), uint8
 # [65536]. A biased exponent of at most 120 means |x| < s·2^-6.5: code 0 (zero).
 _TOP16 = np.arange(1 << 16, dtype=np.uint32)
-_FP4_NIBBLE_OF_TOP16 = ((np.clip((_TOP16 >> 7) & 0xFF, 120, 127) - 120) | ((_TOP16 >> 15) << 3)
-                        ).astype(np.uint8)
+_FP4_NIBBLE_OF_TOP16 = (
+    (np.clip((_TOP16 >> 7) & 0xFF, 120, 127) - 120) | ((_TOP16 >> 15) << 3)
+).astype(np.uint8)
 _FP4_HIGH_NIBBLE_OF_TOP16 = _FP4_NIBBLE_OF_TOP16 << 4
 del _TOP16
 # Byte -> its two values (low nibble first) as one 8-byte word, so a gather yields float32 pairs.
-_FP4_PAIRS = np.stack([_FP4_LUT[np.arange(256) & 15], _FP4_LUT[np.arange(256) >> 4]], axis=1
-                      ).view(np.uint64).reshape(256)
+_FP4_PAIRS = (
+    np.stack([_FP4_LUT[np.arange(256) & 15], _FP4_LUT[np.arange(256) >> 4]], axis=1)
+    .view(np.uint64)
+    .reshape(256)
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Encoded:
-    """One encoded tensor: codec, original shape, wire bytes (scales included), block size."""
+  """One encoded tensor: codec, original shape, wire bytes (scales included), block size."""
 
-    codec: str
-    shape: tuple[int, ...]
-    payload: bytes
-    block: int
+  codec: str
+  shape: tuple[int, ...]
+  payload: bytes
+  block: int
 
-    def __post_init__(self):
-        _check_codec(self.codec, self.block)
-        if not isinstance(self.shape, tuple) or any(
-                not isinstance(d, (int, np.integer)) or d < 0 for d in self.shape):
-            raise ValueError(f"shape must be a tuple of non-negative ints, got {self.shape!r}")
+  def __post_init__(self):
+    _check_codec(self.codec, self.block)
+    if not isinstance(self.shape, tuple) or any(
+        not isinstance(d, (int, np.integer)) or d < 0 for d in self.shape
+    ):
+      raise ValueError(f"shape must be a tuple of non-negative ints, got {self.shape!r}")
 
-    @property
-    def nbytes(self) -> int:
-        return len(self.payload)
+  @property
+  def nbytes(self) -> int:
+    return len(self.payload)
 
-    @property
-    def num_values(self) -> int:
-        return math.prod(self.shape)
+  @property
+  def num_values(self) -> int:
+    return math.prod(self.shape)
 
 
 def _check_codec(codec: str, block: int) -> None:
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
-    if not isinstance(block, (int, np.integer)) or block < 1:
-        raise ValueError(f"block must be a positive integer, got {block!r}")
+  if codec not in CODECS:
+    raise ValueError(f"unknown codec {codec!r}; expected one of {CODECS}")
+  if not isinstance(block, (int, np.integer)) or block < 1:
+    raise ValueError(f"block must be a positive integer, got {block!r}")
 
 
 def _num_blocks(num_values: int, block: int) -> int:
-    return -(-num_values // block)
+  return -(-num_values // block)
 
 
 def encoded_nbytes(codec: str, num_values: int, block: int = DEFAULT_BLOCK) -> int:
-    """Exact payload size of ``encode`` for ``num_values`` values (``encode(...).nbytes``)."""
-    _check_codec(codec, block)
-    if num_values < 0:
-        raise ValueError(f"num_values must be >= 0, got {num_values}")
-    if codec == "fp32":
-        return 4 * num_values
-    if codec == "bf16":
-        return 2 * num_values
-    scales = _SCALE_BYTES * _num_blocks(num_values, block)
-    if codec == "int8":
-        return scales + num_values
-    return scales + (num_values + 1) // 2
+  """Exact payload size of ``encode`` for ``num_values`` values (``encode(...).nbytes``)."""
+  _check_codec(codec, block)
+  if num_values < 0:
+    raise ValueError(f"num_values must be >= 0, got {num_values}")
+  if codec == "fp32":
+    return 4 * num_values
+  if codec == "bf16":
+    return 2 * num_values
+  scales = _SCALE_BYTES * _num_blocks(num_values, block)
+  if codec == "int8":
+    return scales + num_values
+  return scales + (num_values + 1) // 2
 
 
 def _as_f32(x: np.ndarray) -> np.ndarray:
-    """Flat float32 view (or copy) of ``x``; ValueError for dtypes that are not real numbers."""
-    x = np.asarray(x)
-    # 'V' admits ml_dtypes floats (bfloat16 from jax); a structured dtype fails the cast below.
-    if x.dtype.kind not in "fiuV":
-        raise ValueError(f"can only encode real numbers, got dtype {x.dtype}")
-    try:
-        with np.errstate(over="ignore"):  # overflow to Inf is reported as non-finite below
-            x_N = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"cannot cast dtype {x.dtype} to float32 for encoding") from err
-    return x_N
+  """Flat float32 view (or copy) of ``x``; ValueError for dtypes that are not real numbers."""
+  x = np.asarray(x)
+  # 'V' admits ml_dtypes floats (bfloat16 from jax); a structured dtype fails the cast below.
+  if x.dtype.kind not in "fiuV":
+    raise ValueError(f"can only encode real numbers, got dtype {x.dtype}")
+  try:
+    with np.errstate(over="ignore"):  # overflow to Inf is reported as non-finite below
+      x_N = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+  except (TypeError, ValueError) as err:
+    raise ValueError(f"cannot cast dtype {x.dtype} to float32 for encoding") from err
+  return x_N
 
 
 def _check_finite(amax: np.ndarray, x_N: np.ndarray) -> None:
-    """ValueError if ``amax`` (max|x| of x_N or of its blocks; NaN propagates) is not all finite."""
-    if amax.size and not np.isfinite(amax).all():
-        bad = int(np.count_nonzero(~np.isfinite(x_N)))
-        raise ValueError(f"cannot encode non-finite values: {bad} of {x_N.size} are NaN or Inf "
-                         "(after the cast to float32)")
+  """ValueError if ``amax`` (max|x| of x_N or of its blocks; NaN propagates) is not all finite."""
+  if amax.size and not np.isfinite(amax).all():
+    bad = int(np.count_nonzero(~np.isfinite(x_N)))
+    raise ValueError(
+        f"cannot encode non-finite values: {bad} of {x_N.size} are NaN or Inf "
+        "(after the cast to float32)"
+    )
 
 
 def _amax(x_N: np.ndarray) -> np.ndarray:
-    """max|x| as a float32 array of 0 or 1 element, without a temporary the size of x."""
-    if not x_N.size:
-        return np.zeros(0, np.float32)
-    return np.maximum(x_N.max(keepdims=True), -x_N.min(keepdims=True))
+  """max|x| as a float32 array of 0 or 1 element, without a temporary the size of x."""
+  if not x_N.size:
+    return np.zeros(0, np.float32)
+  return np.maximum(x_N.max(keepdims=True), -x_N.min(keepdims=True))
 
 
 def _blocks(x_N: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """Splits into a (nb, block) view of the whole blocks and the short tail (or None)."""
-    whole = (x_N.size // block) * block
-    tail = x_N[whole:] if whole < x_N.size else None
-    return x_N[:whole].reshape(-1, block), tail
+  """Splits into a (nb, block) view of the whole blocks and the short tail (or None)."""
+  whole = (x_N.size // block) * block
+  tail = x_N[whole:] if whole < x_N.size else None
+  return x_N[:whole].reshape(-1, block), tail
 
 
 def _block_amax(x_N: np.ndarray, block: int, scratch: np.ndarray | None = None) -> np.ndarray:
-    """max|x| of every block (the last may be short), float32 [num_blocks]; |x| goes to
-    ``scratch`` (float32, x's size) when given."""
-    a_N = np.abs(x_N, out=scratch)
-    a_BxK, tail = _blocks(a_N, block)
-    amax = np.empty(_num_blocks(x_N.size, block), np.float32)
-    if a_BxK.size:
-        a_BxK.max(axis=1, out=amax[: a_BxK.shape[0]])
-    if tail is not None:
-        amax[-1] = tail.max()
-    return amax
+  """max|x| of every block (the last may be short), float32 [num_blocks]; |x| goes to
+  ``scratch`` (float32, x's size) when given."""
+  a_N = np.abs(x_N, out=scratch)
+  a_BxK, tail = _blocks(a_N, block)
+  amax = np.empty(_num_blocks(x_N.size, block), np.float32)
+  if a_BxK.size:
+    a_BxK.max(axis=1, out=amax[: a_BxK.shape[0]])
+  if tail is not None:
+    amax[-1] = tail.max()
+  return amax
 
 
-def _blockwise(op: np.ufunc, src_N: np.ndarray, scale: np.ndarray, block: int,
-               out_N: np.ndarray) -> None:
-    """``out = op(src, scale of the value's block)`` over the whole blocks and the short tail."""
-    s_BxK, s_tail = _blocks(src_N, block)
-    o_BxK, o_tail = _blocks(out_N, block)
-    nb = s_BxK.shape[0]
-    if nb:
-        op(s_BxK, scale[:nb, None], out=o_BxK)
-    if s_tail is not None:
-        op(s_tail, scale[-1], out=o_tail)
+def _blockwise(
+    op: np.ufunc, src_N: np.ndarray, scale: np.ndarray, block: int, out_N: np.ndarray
+) -> None:
+  """``out = op(src, scale of the value's block)`` over the whole blocks and the short tail."""
+  s_BxK, s_tail = _blocks(src_N, block)
+  o_BxK, o_tail = _blocks(out_N, block)
+  nb = s_BxK.shape[0]
+  if nb:
+    op(s_BxK, scale[:nb, None], out=o_BxK)
+  if s_tail is not None:
+    op(s_tail, scale[-1], out=o_tail)
 
 
 def _bf16_bits(x_N: np.ndarray, amax: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even bfloat16 bit patterns (ml_dtypes' cast), little-endian uint16 [n]."""
-    if amax.size and amax[0] >= _BF16_OVERFLOW:
-        raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} "
-                         "rounds to Inf")
-    return x_N.astype(ml_dtypes.bfloat16).view(np.uint16).astype(_U16, copy=False)
+  """Round-to-nearest-even bfloat16 bit patterns (ml_dtypes' cast), little-endian uint16 [n]."""
+  if amax.size and amax[0] >= _BF16_OVERFLOW:
+    raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} " "rounds to Inf")
+  return x_N.astype(ml_dtypes.bfloat16).view(np.uint16).astype(_U16, copy=False)
 
 
 def _usable_scale(amax: np.ndarray) -> np.ndarray:
-    """amax with blocks below ``_TINY`` flushed to zero (their values decode as 0)."""
-    return np.where(amax >= _TINY, amax, np.float32(0))
+  """amax with blocks below ``_TINY`` flushed to zero (their values decode as 0)."""
+  return np.where(amax >= _TINY, amax, np.float32(0))
 
 
-def _int8_codes(x_N: np.ndarray, amax: np.ndarray, block: int, tmp: np.ndarray,
-                out: np.ndarray) -> None:
-    """Writes round(x/s) with s = amax/127 into ``out`` int8 [n] (``tmp``: float32 [n] scratch)."""
-    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
-    _blockwise(np.multiply, x_N, inv, block, tmp)
-    np.rint(tmp, out=tmp)  # |x·127/amax| <= 127 up to an ulp, so no clip is needed
-    out[:] = tmp
+def _int8_codes(
+    x_N: np.ndarray, amax: np.ndarray, block: int, tmp: np.ndarray, out: np.ndarray
+) -> None:
+  """Writes round(x/s) with s = amax/127 into ``out`` int8 [n] (``tmp``: float32 [n] scratch)."""
+  inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+  _blockwise(np.multiply, x_N, inv, block, tmp)
+  np.rint(tmp, out=tmp)  # |x·127/amax| <= 127 up to an ulp, so no clip is needed
+  out[:] = tmp
 
 
-def _fp4_pack(x_N: np.ndarray, amax: np.ndarray, block: int, y: np.ndarray,
-              out: np.ndarray) -> None:
-    """Writes the nibbles (sign << 3 | code), two per byte, into ``out`` uint8 [(n + 1) // 2]
-    (``y``: float32 [n] scratch).
+def _fp4_pack(
+    x_N: np.ndarray, amax: np.ndarray, block: int, y: np.ndarray, out: np.ndarray
+) -> None:
+  """Writes the nibbles (sign << 3 | code), two per byte, into ``out`` uint8 [(n + 1) // 2]
+  (``y``: float32 [n] scratch).
 
-    Log-space rounding of r = |x|/s to 2^round(log2 r) is 2^floor(log2(√2·r)): the exponent field of
-    the float32 √2·r. So y = x·(√2/s) is computed once, and the top 16 bits of y (sign, exponent, 7
-    mantissa bits) index tables of low and high nibbles.
-    """
-    inv = np.divide(np.float32(math.sqrt(2)), amax, out=np.zeros_like(amax), where=amax > 0)
-    _blockwise(np.multiply, x_N, inv, block, y)  # |y| in [0, √2]
-    top16 = y.view(np.uint16)[1::2] if sys.byteorder == "little" else y.view(np.uint16)[0::2]
-    np.take(_FP4_NIBBLE_OF_TOP16, top16[0::2], out=out, mode="clip")  # indices are all in range
-    out[: x_N.size // 2] |= np.take(_FP4_HIGH_NIBBLE_OF_TOP16, top16[1::2], mode="clip")
+  Log-space rounding of r = |x|/s to 2^round(log2 r) is 2^floor(log2(√2·r)): the exponent field of
+  the float32 √2·r. So y = x·(√2/s) is computed once, and the top 16 bits of y (sign, exponent, 7
+  mantissa bits) index tables of low and high nibbles.
+  """
+  inv = np.divide(np.float32(math.sqrt(2)), amax, out=np.zeros_like(amax), where=amax > 0)
+  _blockwise(np.multiply, x_N, inv, block, y)  # |y| in [0, √2]
+  top16 = y.view(np.uint16)[1::2] if sys.byteorder == "little" else y.view(np.uint16)[0::2]
+  np.take(_FP4_NIBBLE_OF_TOP16, top16[0::2], out=out, mode="clip")  # indices are all in range
+  out[: x_N.size // 2] |= np.take(_FP4_HIGH_NIBBLE_OF_TOP16, top16[1::2], mode="clip")
 
 
 def encode(x: np.ndarray, codec: str, block: int = DEFAULT_BLOCK) -> Encoded:
-    """Encodes an array (cast to float32) with ``codec``; ValueError on NaN/Inf."""
-    _check_codec(codec, block)
-    shape = tuple(int(d) for d in np.shape(x))
-    x_N = _as_f32(x)
-    n = x_N.size
-    if codec in ("fp32", "bf16"):
-        amax = _amax(x_N)
-        _check_finite(amax, x_N)
-        bits = x_N.astype(_F32, copy=False) if codec == "fp32" else _bf16_bits(x_N, amax)
-        return Encoded(codec, shape, bits.tobytes(), block)
-    nb = _num_blocks(n, block)
-    out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
-    scales, body = out[: _SCALE_BYTES * nb].view(_F32), out[_SCALE_BYTES * nb:]
-    step = _chunk(block)
-    tmp = np.empty(min(step, n), np.float32)
-    for c0 in range(0, n, step):  # whole blocks per chunk, so scales and bytes split evenly
-        x_c, b0 = x_N[c0: c0 + step], c0 // block
-        amax = _block_amax(x_c, block, tmp[: x_c.size])
-        _check_finite(amax, x_N)
-        amax = _usable_scale(amax)
-        scales[b0: b0 + amax.size] = amax / np.float32(127) if codec == "int8" else amax
-        if codec == "int8":
-            _int8_codes(x_c, amax, block, tmp[: x_c.size], body[c0: c0 + x_c.size].view(np.int8))
-        else:
-            _fp4_pack(x_c, amax, block, tmp[: x_c.size], body[c0 // 2: (c0 + x_c.size + 1) // 2])
-    return Encoded(codec, shape, out.tobytes(), block)
+  """Encodes an array (cast to float32) with ``codec``; ValueError on NaN/Inf."""
+  _check_codec(codec, block)
+  shape = tuple(int(d) for d in np.shape(x))
+  x_N = _as_f32(x)
+  n = x_N.size
+  if codec in ("fp32", "bf16"):
+    amax = _amax(x_N)
+    _check_finite(amax, x_N)
+    bits = x_N.astype(_F32, copy=False) if codec == "fp32" else _bf16_bits(x_N, amax)
+    return Encoded(codec, shape, bits.tobytes(), block)
+  nb = _num_blocks(n, block)
+  out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
+  scales, body = out[: _SCALE_BYTES * nb].view(_F32), out[_SCALE_BYTES * nb :]
+  step = _chunk(block)
+  tmp = np.empty(min(step, n), np.float32)
+  for c0 in range(0, n, step):  # whole blocks per chunk, so scales and bytes split evenly
+    x_c, b0 = x_N[c0 : c0 + step], c0 // block
+    amax = _block_amax(x_c, block, tmp[: x_c.size])
+    _check_finite(amax, x_N)
+    amax = _usable_scale(amax)
+    scales[b0 : b0 + amax.size] = amax / np.float32(127) if codec == "int8" else amax
+    if codec == "int8":
+      _int8_codes(x_c, amax, block, tmp[: x_c.size], body[c0 : c0 + x_c.size].view(np.int8))
+    else:
+      _fp4_pack(x_c, amax, block, tmp[: x_c.size], body[c0 // 2 : (c0 + x_c.size + 1) // 2])
+  return Encoded(codec, shape, out.tobytes(), block)
 
 
 def _chunk(block: int) -> int:
-    """Values per chunk: an even number of whole blocks' values, about CHUNK."""
-    step = max(CHUNK // block, 1) * block
-    return step * (1 + step % 2)
+  """Values per chunk: an even number of whole blocks' values, about CHUNK."""
+  step = max(CHUNK // block, 1) * block
+  return step * (1 + step % 2)
 
 
 def decode(e: Encoded) -> np.ndarray:
-    """Decodes to a new, writable float32 array of the original shape; ValueError on bad length."""
-    n = e.num_values
-    if e.codec in ("fp32", "bf16"):
-        ((_, x_N),) = decode_chunks(e)
-        return x_N.reshape(e.shape)
-    x_N = np.empty(n + n % 2, np.float32)  # fp4 decodes whole bytes: room for the pad nibble
-    for _ in decode_chunks(e, x_N):
-        pass
-    return x_N[:n].reshape(e.shape)
+  """Decodes to a new, writable float32 array of the original shape; ValueError on bad length."""
+  n = e.num_values
+  if e.codec in ("fp32", "bf16"):
+    ((_, x_N),) = decode_chunks(e)
+    return x_N.reshape(e.shape)
+  x_N = np.empty(n + n % 2, np.float32)  # fp4 decodes whole bytes: room for the pad nibble
+  for _ in decode_chunks(e, x_N):
+    pass
+  return x_N[:n].reshape(e.shape)
 
 
 def decode_chunks(e: Encoded, out: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray]]:
-    """Decodes chunk by chunk, yielding (index of the first value, float32 values of the chunk).
+  """Decodes chunk by chunk, yielding (index of the first value, float32 values of the chunk).
 
-    int8 and fp4 decode into ``out`` (flat float32 with room for n + n % 2 values) when given, else
-    into one scratch chunk that the next chunk overwrites; fp32 and bf16 yield one new array.
-    ValueError on a payload of the wrong length.
-    """
-    n = e.num_values
-    expected = encoded_nbytes(e.codec, n, e.block)
-    if e.nbytes != expected:
-        raise ValueError(f"corrupt payload: {e.nbytes} bytes, but {e.codec} with {n} values and "
-                         f"block {e.block} takes {expected}")
-    buf = np.frombuffer(e.payload, np.uint8)
-    if e.codec == "fp32":
-        yield 0, buf.view(_F32).astype(np.float32)
-        return
-    if e.codec == "bf16":
-        yield 0, buf.view(_U16).astype(np.uint16, copy=False).view(ml_dtypes.bfloat16).astype(
-            np.float32)
-        return
-    nb = _num_blocks(n, e.block)
-    scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
-    body = buf[_SCALE_BYTES * nb:]
-    step = _chunk(e.block)
-    scratch = np.empty(min(step, n + n % 2), np.float32) if out is None else None
-    for c0 in range(0, n, step):
-        size = min(step, n - c0)
-        room = out[c0: c0 + size + size % 2] if out is not None else scratch[: size + size % 2]
-        x_c = room[:size]
-        if e.codec == "int8":
-            x_c[:] = body[c0: c0 + size].view(np.int8)
-        else:  # one gather of 8 bytes (two float32 values) per payload byte
-            pairs = room.view(np.uint64)
-            np.take(_FP4_PAIRS, body[c0 // 2: c0 // 2 + pairs.size], out=pairs)
-        b0 = c0 // e.block
-        _blockwise(np.multiply, x_c, scale[b0: b0 + _num_blocks(size, e.block)], e.block, x_c)
-        yield c0, x_c
+  int8 and fp4 decode into ``out`` (flat float32 with room for n + n % 2 values) when given, else
+  into one scratch chunk that the next chunk overwrites; fp32 and bf16 yield one new array.
+  ValueError on a payload of the wrong length.
+  """
+  n = e.num_values
+  expected = encoded_nbytes(e.codec, n, e.block)
+  if e.nbytes != expected:
+    raise ValueError(
+        f"corrupt payload: {e.nbytes} bytes, but {e.codec} with {n} values and "
+        f"block {e.block} takes {expected}"
+    )
+  buf = np.frombuffer(e.payload, np.uint8)
+  if e.codec == "fp32":
+    yield 0, buf.view(_F32).astype(np.float32)
+    return
+  if e.codec == "bf16":
+    yield 0, buf.view(_U16).astype(np.uint16, copy=False).view(ml_dtypes.bfloat16).astype(
+        np.float32
+    )
+    return
+  nb = _num_blocks(n, e.block)
+  scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
+  body = buf[_SCALE_BYTES * nb :]
+  step = _chunk(e.block)
+  scratch = np.empty(min(step, n + n % 2), np.float32) if out is None else None
+  for c0 in range(0, n, step):
+    size = min(step, n - c0)
+    room = out[c0 : c0 + size + size % 2] if out is not None else scratch[: size + size % 2]
+    x_c = room[:size]
+    if e.codec == "int8":
+      x_c[:] = body[c0 : c0 + size].view(np.int8)
+    else:  # one gather of 8 bytes (two float32 values) per payload byte
+      pairs = room.view(np.uint64)
+      np.take(_FP4_PAIRS, body[c0 // 2 : c0 // 2 + pairs.size], out=pairs)
+    b0 = c0 // e.block
+    _blockwise(np.multiply, x_c, scale[b0 : b0 + _num_blocks(size, e.block)], e.block, x_c)
+    yield c0, x_c
 
 
 def error_bound(codec: str, x: np.ndarray, block: int = DEFAULT_BLOCK) -> np.ndarray:
-    """Per-element bound on |decode(encode(x)) - x| (float64, shape of x), float rounding included.
+  """Per-element bound on |decode(encode(x)) - x| (float64, shape of x), float rounding included.
 
-    For int8 and fp4 a block whose max|x| is below 2^-100 is flushed to zero: its bound is 2^-100.
-    """
-    _check_codec(codec, block)
-    x_N = _as_f32(x)
-    a = np.abs(x_N).astype(np.float64)
-    if codec == "fp32":
-        bound = np.zeros_like(a)
-    elif codec == "bf16":
-        bound = np.maximum(a * 2.0**-8, 2.0**-134)
+  For int8 and fp4 a block whose max|x| is below 2^-100 is flushed to zero: its bound is 2^-100.
+  """
+  _check_codec(codec, block)
+  x_N = _as_f32(x)
+  a = np.abs(x_N).astype(np.float64)
+  if codec == "fp32":
+    bound = np.zeros_like(a)
+  elif codec == "bf16":
+    bound = np.maximum(a * 2.0**-8, 2.0**-134)
+  else:
+    amax = _block_amax(x_N, block).astype(np.float64)
+    s = np.repeat(amax, block)[: a.size]
+    slack = s * 2.0**-21  # float32 rounding of the scale, the reciprocal and the products
+    if codec == "int8":
+      bound = s / 254 + slack
     else:
-        amax = _block_amax(x_N, block).astype(np.float64)
-        s = np.repeat(amax, block)[: a.size]
-        slack = s * 2.0**-21  # float32 rounding of the scale, the reciprocal and the products
-        if codec == "int8":
-            bound = s / 254 + slack
-        else:
-            bound = np.maximum((math.sqrt(2) - 1) * a, s * 2.0**-6.5) + slack
-        bound = np.where(s < _TINY, _TINY, bound)
-    return bound.reshape(np.shape(x))
+      bound = np.maximum((math.sqrt(2) - 1) * a, s * 2.0**-6.5) + slack
+    bound = np.where(s < _TINY, _TINY, bound)
+  return bound.reshape(np.shape(x))
 
 
-def encode_tree(arrays: Mapping[str, np.ndarray], codec: str,
-                block: int = DEFAULT_BLOCK) -> dict[str, Encoded]:
-    """Encodes every array of a path-keyed flat dict."""
-    return {path: encode(x, codec, block) for path, x in arrays.items()}
+def encode_tree(
+    arrays: Mapping[str, np.ndarray], codec: str, block: int = DEFAULT_BLOCK
+) -> dict[str, Encoded]:
+  """Encodes every array of a path-keyed flat dict."""
+  return {path: encode(x, codec, block) for path, x in arrays.items()}
 
 
 def decode_tree(encoded: Mapping[str, Encoded]) -> dict[str, np.ndarray]:
-    """Decodes every entry of a path-keyed dict of ``Encoded``."""
-    return {path: decode(e) for path, e in encoded.items()}
+  """Decodes every entry of a path-keyed dict of ``Encoded``."""
+  return {path: decode(e) for path, e in encoded.items()}
 
 
 def tree_nbytes(encoded: Mapping[str, Encoded]) -> int:
-    """Total wire bytes of a path-keyed dict of ``Encoded``."""
-    return sum(e.nbytes for e in encoded.values())
+  """Total wire bytes of a path-keyed dict of ``Encoded``."""
+  return sum(e.nbytes for e in encoded.values())

@@ -20,93 +20,96 @@ import numpy as np
 from diloco.outer import compression
 
 try:
-    from zlib_ng import zlib_ng as _zlib
+  from zlib_ng import zlib_ng as _zlib
 except ImportError:  # pragma: no cover - same values, only slower
-    _zlib = zlib
+  _zlib = zlib
 
 crc32 = _zlib.crc32
 
 
 def tree_crc(tree: Mapping[str, object]) -> int:
-    """CRC-32 of a path-keyed dict of `compression.Encoded` or arrays, in sorted path order."""
-    crc = 0
-    for path in sorted(tree):
-        x = tree[path]
-        crc = crc32(path.encode(), crc)
-        if isinstance(x, compression.Encoded):
-            crc = crc32(f"{x.codec}{x.shape}{x.block}".encode(), crc)
-            crc = crc32(x.payload, crc)
-        else:
-            a = np.ascontiguousarray(x)
-            crc = crc32(f"{a.dtype.str}{a.shape}".encode(), crc)
-            crc = crc32(memoryview(a).cast("B"), crc)
-    return crc
+  """CRC-32 of a path-keyed dict of `compression.Encoded` or arrays, in sorted path order."""
+  crc = 0
+  for path in sorted(tree):
+    x = tree[path]
+    crc = crc32(path.encode(), crc)
+    if isinstance(x, compression.Encoded):
+      crc = crc32(f"{x.codec}{x.shape}{x.block}".encode(), crc)
+      crc = crc32(x.payload, crc)
+    else:
+      a = np.ascontiguousarray(x)
+      crc = crc32(f"{a.dtype.str}{a.shape}".encode(), crc)
+      crc = crc32(memoryview(a).cast("B"), crc)
+  return crc
 
 
 def with_header(numbers: Sequence[int], payload_crc: int) -> int:
-    """Extends a payload's CRC with the message's header numbers (signed 64-bit each)."""
-    return crc32(struct.pack(f"<{len(numbers)}q", *numbers), payload_crc)
+  """Extends a payload's CRC with the message's header numbers (signed 64-bit each)."""
+  return crc32(struct.pack(f"<{len(numbers)}q", *numbers), payload_crc)
 
 
 def norm(delta: Mapping[str, np.ndarray]) -> float:
-    """Euclidean norm of a whole fragment (all its tensors), in float64."""
-    return float(np.sqrt(sum(float(np.vdot(x.ravel(), x.ravel())) for x in delta.values())))
+  """Euclidean norm of a whole fragment (all its tensors), in float64."""
+  return float(np.sqrt(sum(float(np.vdot(x.ravel(), x.ravel())) for x in delta.values())))
 
 
 @dataclasses.dataclass(frozen=True)
 class OutlierScreen:
-    """Rejects outer gradients with norm > factor × the (lower) median norm of recent ones, and
-    optionally clips those above clip_factor × it.
+  """Rejects outer gradients with norm > factor × the (lower) median norm of recent ones, and
+  optionally clips those above clip_factor × it.
 
-    The median is over the last `window` finite outer gradients of the fragment plus those of the
-    round being merged, outliers included: an isolated poisoned upload barely moves it, and if every
-    learner's norms grow (as they do while the inner learning rate warms up) the median follows
-    instead of locking them out. It assumes fewer than half of them are poisoned; the lower median
-    (the smaller middle value of an even count) lets a round of one honest and one poisoned upload
-    reject the poisoned one. While the fragment has fewer than `min_history` such norms, the
-    reference is √n × the lower median RMS (norm / √values) of recent outer gradients of any
-    fragment, n the fragment's number of values. The very first upload of a run is compared with
-    itself only. Zero norms (no movement, e.g. a first step at learning rate 0) set no scale and are
-    left out of the medians.
-    """
+  The median is over the last `window` finite outer gradients of the fragment plus those of the
+  round being merged, outliers included: an isolated poisoned upload barely moves it, and if every
+  learner's norms grow (as they do while the inner learning rate warms up) the median follows
+  instead of locking them out. It assumes fewer than half of them are poisoned; the lower median
+  (the smaller middle value of an even count) lets a round of one honest and one poisoned upload
+  reject the poisoned one. While the fragment has fewer than `min_history` such norms, the
+  reference is √n × the lower median RMS (norm / √values) of recent outer gradients of any
+  fragment, n the fragment's number of values. The very first upload of a run is compared with
+  itself only. Zero norms (no movement, e.g. a first step at learning rate 0) set no scale and are
+  left out of the medians.
+  """
 
-    factor: float = 100.0
-    min_history: int = 4
-    window: int = 16
-    # > 0: outer gradients with norm above clip_factor × the same median are scaled down to it
-    # (adaptive clipping, as AutoClip clips to a percentile of recent norms). After an outage,
-    # learners upload progress of many more steps than usual; the outer momentum would carry each
-    # such step several times over.
-    clip_factor: float = 0.0
+  factor: float = 100.0
+  min_history: int = 4
+  window: int = 16
+  # > 0: outer gradients with norm above clip_factor × the same median are scaled down to it
+  # (adaptive clipping, as AutoClip clips to a percentile of recent norms). After an outage,
+  # learners upload progress of many more steps than usual; the outer momentum would carry each
+  # such step several times over.
+  clip_factor: float = 0.0
 
-    def __post_init__(self):
-        if not self.factor > 1:
-            raise ValueError(f"outlier factor must be > 1, got {self.factor}")
-        if not 0 <= self.clip_factor < self.factor:
-            raise ValueError(f"clip factor must be in [0, outlier factor {self.factor}), got "
-                             f"{self.clip_factor}")
-        if self.min_history < 1 or self.window < self.min_history:
-            raise ValueError(f"need 1 <= min_history <= window, got {self.min_history}, "
-                             f"{self.window}")
+  def __post_init__(self):
+    if not self.factor > 1:
+      raise ValueError(f"outlier factor must be > 1, got {self.factor}")
+    if not 0 <= self.clip_factor < self.factor:
+      raise ValueError(
+          f"clip factor must be in [0, outlier factor {self.factor}), got " f"{self.clip_factor}"
+      )
+    if self.min_history < 1 or self.window < self.min_history:
+      raise ValueError(
+          f"need 1 <= min_history <= window, got {self.min_history}, " f"{self.window}"
+      )
 
-    def limit(self, norms: Sequence[float], rms: Sequence[float], size: int,
-              round_norms: Sequence[float]) -> float:
-        """The largest acceptable norm for a fragment of `size` values with recent `norms`, given
-        the recent RMS values of all fragments and the norms of the round being merged."""
-        own = [n for n in list(norms[-self.window:]) + list(round_norms) if n > 0]
-        if len(own) >= self.min_history:
-            return self.factor * lower_median(own)
-        scale = float(np.sqrt(size))
-        rms = [r for r in list(rms[-self.window:]) + [n / scale for n in round_norms] if r > 0]
-        return self.factor * scale * lower_median(rms) if rms else float("inf")
+  def limit(
+      self, norms: Sequence[float], rms: Sequence[float], size: int, round_norms: Sequence[float]
+  ) -> float:
+    """The largest acceptable norm for a fragment of `size` values with recent `norms`, given
+    the recent RMS values of all fragments and the norms of the round being merged."""
+    own = [n for n in list(norms[-self.window :]) + list(round_norms) if n > 0]
+    if len(own) >= self.min_history:
+      return self.factor * lower_median(own)
+    scale = float(np.sqrt(size))
+    rms = [r for r in list(rms[-self.window :]) + [n / scale for n in round_norms] if r > 0]
+    return self.factor * scale * lower_median(rms) if rms else float("inf")
 
-    def remember(self, history: Sequence[float], seen: Sequence[float]) -> list[float]:
-        """The history after these values were seen (the last `window` kept)."""
-        return (list(history) + [float(n) for n in seen])[-self.window:]
+  def remember(self, history: Sequence[float], seen: Sequence[float]) -> list[float]:
+    """The history after these values were seen (the last `window` kept)."""
+    return (list(history) + [float(n) for n in seen])[-self.window :]
 
 
 def lower_median(values: Sequence[float]) -> float:
-    """The median of an odd count, the smaller of the two middle values of an even count."""
-    if not values:
-        raise ValueError("median of no values")
-    return float(sorted(values)[(len(values) - 1) // 2])
+  """The median of an odd count, the smaller of the two middle values of an even count."""
+  if not values:
+    raise ValueError("median of no values")
+  return float(sorted(values)[(len(values) - 1) // 2])

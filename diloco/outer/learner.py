@@ -26,149 +26,169 @@ from diloco.outer.protocol import Send, Upload
 
 @dataclasses.dataclass
 class Learner:
-    index: int
-    island: island_lib.Island
-    frag: fragments.Fragmentation
-    schedule: fragments.Schedule
-    codec: str
-    alpha: float
-    tokens_per_step: int
-    state: Any = None
-    global_copy: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-    generations: list[int] = dataclasses.field(default_factory=list)
-    sync_generation: int = 0  # the newest synchronizer generation heard from
-    c_steps: list[int] = dataclasses.field(default_factory=list)
-    c_tokens: list[int] = dataclasses.field(default_factory=list)
-    steps: int = 0
-    tokens: int = 0
+  index: int
+  island: island_lib.Island
+  frag: fragments.Fragmentation
+  schedule: fragments.Schedule
+  codec: str
+  alpha: float
+  tokens_per_step: int
+  state: Any = None
+  global_copy: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)
+  generations: list[int] = dataclasses.field(default_factory=list)
+  sync_generation: int = 0  # the newest synchronizer generation heard from
+  c_steps: list[int] = dataclasses.field(default_factory=list)
+  c_tokens: list[int] = dataclasses.field(default_factory=list)
+  steps: int = 0
+  tokens: int = 0
 
-    def __post_init__(self):
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
-        n = self.frag.num_fragments
-        self.versions, self.c_steps, self.c_tokens = [0] * n, [0] * n, [0] * n
-        self.generations = [0] * n
-        if self.state is None:
-            self.state = self.island.init_state()
+  def __post_init__(self):
+    if not 0.0 <= self.alpha <= 1.0:
+      raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+    n = self.frag.num_fragments
+    self.versions, self.c_steps, self.c_tokens = [0] * n, [0] * n, [0] * n
+    self.generations = [0] * n
+    if self.state is None:
+      self.state = self.island.init_state()
 
-    def host_params(self) -> dict[str, np.ndarray]:
-        """All parameters as a path-keyed dict of host arrays."""
-        return {k: np.asarray(v) for k, v in fragments.flatten(jax.device_get(self.state.params)).items()}
+  def host_params(self) -> dict[str, np.ndarray]:
+    """All parameters as a path-keyed dict of host arrays."""
+    return {
+        k: np.asarray(v) for k, v in fragments.flatten(jax.device_get(self.state.params)).items()
+    }
 
-    def load_global(self, flat: Mapping[str, np.ndarray], versions: list[int]) -> None:
-        """Starts from these global parameters (at these versions) with counters at zero."""
-        self.global_copy = [{k: np.array(flat[k], np.float32) for k in self.frag.paths[p]}
-                            for p in range(self.frag.num_fragments)]
-        self.versions = list(versions)
-        self._write({k: v for g in self.global_copy for k, v in g.items()})
-        self.c_steps = [0] * self.frag.num_fragments
-        self.c_tokens = [0] * self.frag.num_fragments
+  def load_global(self, flat: Mapping[str, np.ndarray], versions: list[int]) -> None:
+    """Starts from these global parameters (at these versions) with counters at zero."""
+    self.global_copy = [
+        {k: np.array(flat[k], np.float32) for k in self.frag.paths[p]}
+        for p in range(self.frag.num_fragments)
+    ]
+    self.versions = list(versions)
+    self._write({k: v for g in self.global_copy for k, v in g.items()})
+    self.c_steps = [0] * self.frag.num_fragments
+    self.c_tokens = [0] * self.frag.num_fragments
 
-    def step(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """One inner step (dispatched asynchronously); returns its metrics on device."""
-        self.state, metrics = self.island.fns.train(
-            self.state, step_lib.put_batch(batch, self.island.fns.mesh))
-        self.steps += 1
-        self.tokens += self.tokens_per_step
-        for p in range(self.frag.num_fragments):
-            self.c_steps[p] += 1
-            self.c_tokens[p] += self.tokens_per_step
-        return metrics
+  def step(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """One inner step (dispatched asynchronously); returns its metrics on device."""
+    self.state, metrics = self.island.fns.train(
+        self.state, step_lib.put_batch(batch, self.island.fns.mesh)
+    )
+    self.steps += 1
+    self.tokens += self.tokens_per_step
+    for p in range(self.frag.num_fragments):
+      self.c_steps[p] += 1
+      self.c_tokens[p] += self.tokens_per_step
+    return metrics
 
-    def due(self) -> list[int]:
-        """Fragments whose schedule says to sync after the step just taken, if they progressed.
+  def due(self) -> list[int]:
+    """Fragments whose schedule says to sync after the step just taken, if they progressed.
 
-        A fragment received during the step has no progress left to send (its counters are 0).
-        """
-        return [p for p in self.schedule.syncs_at(self.steps) if self.c_steps[p] > 0]
+    A fragment received during the step has no progress left to send (its counters are 0).
+    """
+    return [p for p in self.schedule.syncs_at(self.steps) if self.c_steps[p] > 0]
 
-    def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float) -> Upload:
-        """The outer gradient of fragment p against the last global version received."""
-        local = self._read(p)
-        return Upload(
-            learner=self.index, fragment=p, base_version=self.versions[p],
-            delta=protocol.outer_gradient(self.global_copy[p], local, self.codec),
-            steps=self.c_steps[p], tokens=self.c_tokens[p], time=arrival_time,
-            sent_time=sent_time, step_time=step_time, base_generation=self.generations[p])
+  def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float) -> Upload:
+    """The outer gradient of fragment p against the last global version received."""
+    local = self._read(p)
+    return Upload(
+        learner=self.index,
+        fragment=p,
+        base_version=self.versions[p],
+        delta=protocol.outer_gradient(self.global_copy[p], local, self.codec),
+        steps=self.c_steps[p],
+        tokens=self.c_tokens[p],
+        time=arrival_time,
+        sent_time=sent_time,
+        step_time=step_time,
+        base_generation=self.generations[p],
+    )
 
-    def accepts(self, send: Send) -> str | None:
-        """Why `send` cannot be applied ('checksum', 'old_generation', 'duplicate', 'gap'), or None.
+  def accepts(self, send: Send) -> str | None:
+    """Why `send` cannot be applied ('checksum', 'old_generation', 'duplicate', 'gap'), or None.
 
-        A 'gap' (an update to a version not held, or full values of an unknown newer history) means
-        messages were lost: the learner should re-join to be sent what it misses.
-        """
-        p = send.fragment
-        if not 0 <= p < self.frag.num_fragments:
-            raise ValueError(f"learner {self.index} got fragment {p} of {self.frag.num_fragments}")
-        if not send.checksum_ok():
-            return "checksum"
-        if send.generation < self.sync_generation:
-            return "old_generation"
-        held = (self.generations[p], self.versions[p])
-        if send.update is not None:
-            if (send.base_generation, send.version - 1) == held:
-                return None
-            return "duplicate" if (send.generation, send.version) <= held else "gap"
-        return None if (send.generation, send.version) > held else "duplicate"
+    A 'gap' (an update to a version not held, or full values of an unknown newer history) means
+    messages were lost: the learner should re-join to be sent what it misses.
+    """
+    p = send.fragment
+    if not 0 <= p < self.frag.num_fragments:
+      raise ValueError(f"learner {self.index} got fragment {p} of {self.frag.num_fragments}")
+    if not send.checksum_ok():
+      return "checksum"
+    if send.generation < self.sync_generation:
+      return "old_generation"
+    held = (self.generations[p], self.versions[p])
+    if send.update is not None:
+      if (send.base_generation, send.version - 1) == held:
+        return None
+      return "duplicate" if (send.generation, send.version) <= held else "gap"
+    return None if (send.generation, send.version) > held else "duplicate"
 
-    def receive(self, send: Send) -> None:
-        """Takes a new global version of a fragment and mixes it into the local parameters."""
-        p = send.fragment
-        if send.update is not None and send.version != self.versions[p] + 1:
-            raise ValueError(f"learner {self.index} holds version {self.versions[p]} of fragment {p}"
-                             f" but got an update to version {send.version}")
-        held_nothing = self.versions[p] < 0
-        new = protocol.apply_send(self.global_copy[p], send)
-        self.global_copy[p], self.versions[p] = new, send.version
-        self.generations[p] = send.generation
-        self.sync_generation = max(self.sync_generation, send.generation)
-        if self.alpha > 0 and not held_nothing:  # nothing local worth keeping otherwise
-            local = self._read(p)
-            new = {k: self.alpha * local[k] + (1 - self.alpha) * new[k] for k in new}
-        self._write(new)
-        self.c_steps[p] = self.c_tokens[p] = 0
+  def receive(self, send: Send) -> None:
+    """Takes a new global version of a fragment and mixes it into the local parameters."""
+    p = send.fragment
+    if send.update is not None and send.version != self.versions[p] + 1:
+      raise ValueError(
+          f"learner {self.index} holds version {self.versions[p]} of fragment {p}"
+          f" but got an update to version {send.version}"
+      )
+    held_nothing = self.versions[p] < 0
+    new = protocol.apply_send(self.global_copy[p], send)
+    self.global_copy[p], self.versions[p] = new, send.version
+    self.generations[p] = send.generation
+    self.sync_generation = max(self.sync_generation, send.generation)
+    if self.alpha > 0 and not held_nothing:  # nothing local worth keeping otherwise
+      local = self._read(p)
+      new = {k: self.alpha * local[k] + (1 - self.alpha) * new[k] for k in new}
+    self._write(new)
+    self.c_steps[p] = self.c_tokens[p] = 0
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        """What a crash must not lose: {'train': TrainState, 'host': name -> np.ndarray}."""
-        host = {"versions": self.versions, "generations": self.generations,
-                "c_steps": self.c_steps, "c_tokens": self.c_tokens,
-                "counters": [self.steps, self.tokens, self.sync_generation]}
-        host = {k: np.asarray(v, np.int64) for k, v in host.items()}
-        for p in range(self.frag.num_fragments):
-            for i, k in enumerate(self.frag.paths[p]):
-                host[f"global.{p}.{i}"] = np.asarray(self.global_copy[p][k], np.float32)
-        return {"train": self.state, "host": host}
+  def checkpoint_state(self) -> dict[str, Any]:
+    """What a crash must not lose: {'train': TrainState, 'host': name -> np.ndarray}."""
+    host = {
+        "versions": self.versions,
+        "generations": self.generations,
+        "c_steps": self.c_steps,
+        "c_tokens": self.c_tokens,
+        "counters": [self.steps, self.tokens, self.sync_generation],
+    }
+    host = {k: np.asarray(v, np.int64) for k, v in host.items()}
+    for p in range(self.frag.num_fragments):
+      for i, k in enumerate(self.frag.paths[p]):
+        host[f"global.{p}.{i}"] = np.asarray(self.global_copy[p][k], np.float32)
+    return {"train": self.state, "host": host}
 
-    def checkpoint_like(self) -> dict[str, Any]:
-        """The shapes of `checkpoint_state()` (a restore target), from this learner's island."""
-        n, params = self.frag.num_fragments, fragments.flatten(self.island.abstract_state().params)
-        host = {k: np.zeros(n, np.int64) for k in ("versions", "generations", "c_steps",
-                                                    "c_tokens")}
-        host["counters"] = np.zeros(3, np.int64)
-        for p in range(n):
-            for i, k in enumerate(self.frag.paths[p]):
-                host[f"global.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
-        return {"train": self.island.abstract_state(), "host": host}
+  def checkpoint_like(self) -> dict[str, Any]:
+    """The shapes of `checkpoint_state()` (a restore target), from this learner's island."""
+    n, params = self.frag.num_fragments, fragments.flatten(self.island.abstract_state().params)
+    host = {k: np.zeros(n, np.int64) for k in ("versions", "generations", "c_steps", "c_tokens")}
+    host["counters"] = np.zeros(3, np.int64)
+    for p in range(n):
+      for i, k in enumerate(self.frag.paths[p]):
+        host[f"global.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
+    return {"train": self.island.abstract_state(), "host": host}
 
-    def load_checkpoint_state(self, saved: Mapping[str, Any]) -> None:
-        """Continues from `checkpoint_state()` output (restored onto this learner's island)."""
-        host, n = saved["host"], self.frag.num_fragments
-        self.state = saved["train"]
-        self.versions, self.generations = ([int(x) for x in host[k]] for k in ("versions",
-                                                                               "generations"))
-        self.c_steps, self.c_tokens = ([int(x) for x in host[k]] for k in ("c_steps", "c_tokens"))
-        self.steps, self.tokens, self.sync_generation = (int(x) for x in host["counters"])
-        self.global_copy = [{k: np.array(host[f"global.{p}.{i}"], np.float32)
-                             for i, k in enumerate(self.frag.paths[p])} for p in range(n)]
+  def load_checkpoint_state(self, saved: Mapping[str, Any]) -> None:
+    """Continues from `checkpoint_state()` output (restored onto this learner's island)."""
+    host, n = saved["host"], self.frag.num_fragments
+    self.state = saved["train"]
+    self.versions, self.generations = (
+        [int(x) for x in host[k]] for k in ("versions", "generations")
+    )
+    self.c_steps, self.c_tokens = ([int(x) for x in host[k]] for k in ("c_steps", "c_tokens"))
+    self.steps, self.tokens, self.sync_generation = (int(x) for x in host["counters"])
+    self.global_copy = [
+        {k: np.array(host[f"global.{p}.{i}"], np.float32) for i, k in enumerate(self.frag.paths[p])}
+        for p in range(n)
+    ]
 
-    def _read(self, p: int) -> dict[str, np.ndarray]:
-        flat = fragments.flatten(self.state.params)
-        return {k: np.asarray(jax.device_get(flat[k])) for k in self.frag.paths[p]}
+  def _read(self, p: int) -> dict[str, np.ndarray]:
+    flat = fragments.flatten(self.state.params)
+    return {k: np.asarray(jax.device_get(flat[k])) for k in self.frag.paths[p]}
 
-    def _write(self, values: Mapping[str, np.ndarray]) -> None:
-        flat = dict(fragments.flatten(self.state.params))
-        for k, v in values.items():
-            flat[k] = jax.device_put(np.asarray(v, flat[k].dtype), flat[k].sharding)
-        params = fragments.unflatten(flat, like=self.state.params)
-        self.state = self.state._replace(params=params)
+  def _write(self, values: Mapping[str, np.ndarray]) -> None:
+    flat = dict(fragments.flatten(self.state.params))
+    for k, v in values.items():
+      flat[k] = jax.device_put(np.asarray(v, flat[k].dtype), flat[k].sharding)
+    params = fragments.unflatten(flat, like=self.state.params)
+    self.state = self.state._replace(params=params)

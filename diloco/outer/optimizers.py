@@ -23,131 +23,144 @@ CHUNK = 1 << 17  # values per chunk of the host step: 512 KiB of float32
 
 
 def _check(lr: float, momentum: float) -> None:
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"outer learning rate must be finite and > 0, got {lr!r}")
-    if not 0 <= momentum < 1:
-        raise ValueError(f"outer momentum must be in [0, 1), got {momentum!r}")
+  if not (math.isfinite(lr) and lr > 0):
+    raise ValueError(f"outer learning rate must be finite and > 0, got {lr!r}")
+  if not 0 <= momentum < 1:
+    raise ValueError(f"outer momentum must be in [0, 1), got {momentum!r}")
 
 
 class SGD(optax.GradientTransformation):
-    """`optax.sgd` with plain or Nesterov momentum, knowing its `lr` and `momentum` (0: none)."""
+  """`optax.sgd` with plain or Nesterov momentum, knowing its `lr` and `momentum` (0: none)."""
 
-    lr: float
-    momentum: float
+  lr: float
+  momentum: float
 
 
 def _sgd(lr: float, momentum: float) -> SGD:
-    base = optax.sgd(lr, momentum=momentum or None, nesterov=momentum > 0)
-    tx = SGD(base.init, base.update)
-    tx.lr, tx.momentum = lr, momentum  # attributes of this instance, not tuple fields
-    return tx
+  base = optax.sgd(lr, momentum=momentum or None, nesterov=momentum > 0)
+  tx = SGD(base.init, base.update)
+  tx.lr, tx.momentum = lr, momentum  # attributes of this instance, not tuple fields
+  return tx
 
 
 def nesterov(lr: float = 0.7, momentum: float = 0.9) -> SGD:
-    """SGD with Nesterov momentum (DiLoCo's outer optimizer); plain SGD when momentum is 0."""
-    _check(lr, momentum)
-    return _sgd(lr, momentum)
+  """SGD with Nesterov momentum (DiLoCo's outer optimizer); plain SGD when momentum is 0."""
+  _check(lr, momentum)
+  return _sgd(lr, momentum)
 
 
 def sgd(lr: float = 1.0) -> SGD:
-    """Plain SGD; lr=1 makes the new global parameters the merged learner parameters."""
-    _check(lr, 0.0)
-    return _sgd(lr, 0.0)
+  """Plain SGD; lr=1 makes the new global parameters the merged learner parameters."""
+  _check(lr, 0.0)
+  return _sgd(lr, 0.0)
 
 
-def host_step(tx: optax.GradientTransformation, grads: Mapping[str, np.ndarray], state: Any,
-              params: Mapping[str, np.ndarray], plus: Mapping[str, np.ndarray]
-              ) -> tuple[dict[str, np.ndarray], Any]:
-    """``tx.update(grads, state, params)``'s updates + ``plus`` (new float32 arrays), and the state.
+def host_step(
+    tx: optax.GradientTransformation,
+    grads: Mapping[str, np.ndarray],
+    state: Any,
+    params: Mapping[str, np.ndarray],
+    plus: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], Any]:
+  """``tx.update(grads, state, params)``'s updates + ``plus`` (new float32 arrays), and the state.
 
-    An `SGD` runs in numpy, chunk by chunk, bit-identical to optax; its momentum buffers are
-    updated in place when they are writable numpy arrays (the caller owns the state). Other
-    transformations run optax op by op: pin them to the host with ``jax.default_device``.
-    """
-    if not isinstance(tx, SGD):
-        updates, state = tx.update(grads, state, params)
-        return {k: np.asarray(updates[k], np.float32) + plus[k] for k in plus}, state
-    paths = sorted(grads)
-    leaves, treedef = jax.tree.flatten(state)
-    if len(leaves) != (len(paths) if tx.momentum else 0):
-        raise ValueError(f"SGD state has {len(leaves)} buffers for {len(paths)} tensors")
-    traces = [x if isinstance(x, np.ndarray) and x.flags.writeable else np.array(x, np.float32)
-              for x in leaves] or [None] * len(paths)
-    out = {}
-    for k, t in zip(paths, traces):
-        out[k] = np.empty(np.shape(grads[k]), np.float32)
-        _sgd_tensor(tx, np.asarray(grads[k], np.float32).reshape(-1),
-                    None if t is None else t.reshape(-1),
-                    np.asarray(plus[k], np.float32).reshape(-1), out[k].reshape(-1))
-    return out, jax.tree.unflatten(treedef, traces if tx.momentum else [])
+  An `SGD` runs in numpy, chunk by chunk, bit-identical to optax; its momentum buffers are
+  updated in place when they are writable numpy arrays (the caller owns the state). Other
+  transformations run optax op by op: pin them to the host with ``jax.default_device``.
+  """
+  if not isinstance(tx, SGD):
+    updates, state = tx.update(grads, state, params)
+    return {k: np.asarray(updates[k], np.float32) + plus[k] for k in plus}, state
+  paths = sorted(grads)
+  leaves, treedef = jax.tree.flatten(state)
+  if len(leaves) != (len(paths) if tx.momentum else 0):
+    raise ValueError(f"SGD state has {len(leaves)} buffers for {len(paths)} tensors")
+  traces = [
+      x if isinstance(x, np.ndarray) and x.flags.writeable else np.array(x, np.float32)
+      for x in leaves
+  ] or [None] * len(paths)
+  out = {}
+  for k, t in zip(paths, traces):
+    out[k] = np.empty(np.shape(grads[k]), np.float32)
+    _sgd_tensor(
+        tx,
+        np.asarray(grads[k], np.float32).reshape(-1),
+        None if t is None else t.reshape(-1),
+        np.asarray(plus[k], np.float32).reshape(-1),
+        out[k].reshape(-1),
+    )
+  return out, jax.tree.unflatten(treedef, traces if tx.momentum else [])
 
 
-def _sgd_tensor(tx: SGD, g: np.ndarray, t: np.ndarray | None, plus: np.ndarray,
-                out: np.ndarray) -> None:
-    """optax's trace (t ← g + μ·t; Nesterov: g + μ·t) and scale (·(−lr)), then + plus, in place."""
-    mu, scale = np.float32(tx.momentum), np.float32(-tx.lr)
-    for c0 in range(0, g.size, CHUNK):
-        gc, o = g[c0: c0 + CHUNK], out[c0: c0 + CHUNK]
-        if t is None:
-            np.multiply(gc, scale, out=o)
-        else:
-            tc = t[c0: c0 + CHUNK]
-            tc *= mu
-            tc += gc
-            np.multiply(tc, mu, out=o)
-            o += gc
-            o *= scale
-        o += plus[c0: c0 + CHUNK]
+def _sgd_tensor(
+    tx: SGD, g: np.ndarray, t: np.ndarray | None, plus: np.ndarray, out: np.ndarray
+) -> None:
+  """optax's trace (t ← g + μ·t; Nesterov: g + μ·t) and scale (·(−lr)), then + plus, in place."""
+  mu, scale = np.float32(tx.momentum), np.float32(-tx.lr)
+  for c0 in range(0, g.size, CHUNK):
+    gc, o = g[c0 : c0 + CHUNK], out[c0 : c0 + CHUNK]
+    if t is None:
+      np.multiply(gc, scale, out=o)
+    else:
+      tc = t[c0 : c0 + CHUNK]
+      tc *= mu
+      tc += gc
+      np.multiply(tc, mu, out=o)
+      o += gc
+      o *= scale
+    o += plus[c0 : c0 + CHUNK]
 
 
 class DelayedNesterovState(NamedTuple):
-    """Updates seen so far, the momentum, and Σ g since the last momentum update."""
+  """Updates seen so far, the momentum, and Σ g since the last momentum update."""
 
-    count: jax.Array  # int32 []
-    momentum: Any
-    accumulator: Any
+  count: jax.Array  # int32 []
+  momentum: Any
+  accumulator: Any
 
 
-def delayed_nesterov(lr: float, momentum: float, period: int,
-                     c: float = 0.0) -> optax.GradientTransformation:
-    """Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135, Algorithm 3): one outer gradient each.
+def delayed_nesterov(
+    lr: float, momentum: float, period: int, c: float = 0.0
+) -> optax.GradientTransformation:
+  """Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135, Algorithm 3): one outer gradient each.
 
-    Δ ← Δ + g. Every ``period``-th update (N): m ← β·m + Δ/N, θ ← θ − ε·((1 − c·N + c)·β·m + g/N),
-    Δ ← 0. Otherwise θ ← θ − ε·(c·β·m + g/N). With c = 0 the updates in between are SGD on g/N; with
-    N = 1 and c = 0 it is Nesterov SGD.
-    """
-    _check(lr, momentum)
-    if not isinstance(period, int) or period < 1:
-        raise ValueError(f"delayed Nesterov period must be a positive integer, got {period!r}")
-    if not 0 <= c <= 1:
-        raise ValueError(f"delayed Nesterov c must be in [0, 1], got {c!r}")
-    n = period
+  Δ ← Δ + g. Every ``period``-th update (N): m ← β·m + Δ/N, θ ← θ − ε·((1 − c·N + c)·β·m + g/N),
+  Δ ← 0. Otherwise θ ← θ − ε·(c·β·m + g/N). With c = 0 the updates in between are SGD on g/N; with
+  N = 1 and c = 0 it is Nesterov SGD.
+  """
+  _check(lr, momentum)
+  if not isinstance(period, int) or period < 1:
+    raise ValueError(f"delayed Nesterov period must be a positive integer, got {period!r}")
+  if not 0 <= c <= 1:
+    raise ValueError(f"delayed Nesterov c must be in [0, 1], got {c!r}")
+  n = period
 
-    def init_fn(params):
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        return DelayedNesterovState(jnp.zeros([], jnp.int32), zeros, zeros)
+  def init_fn(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return DelayedNesterovState(jnp.zeros([], jnp.int32), zeros, zeros)
 
-    def update_fn(updates, state, params=None):
-        del params
-        count = state.count + 1
-        is_momentum_step = count % n == 0
-        acc = jax.tree.map(lambda a, g: a + g, state.accumulator, updates)
-        mom = jax.tree.map(lambda m, a: jnp.where(is_momentum_step, momentum * m + a / n, m),
-                           state.momentum, acc)
-        coef = jnp.where(is_momentum_step, (1 - c * n + c) * momentum, c * momentum)
-        step = jax.tree.map(lambda m, g: (-lr * (coef * m + g / n)).astype(g.dtype), mom, updates)
-        acc = jax.tree.map(lambda a: jnp.where(is_momentum_step, jnp.zeros_like(a), a), acc)
-        return step, DelayedNesterovState(count, mom, acc)
+  def update_fn(updates, state, params=None):
+    del params
+    count = state.count + 1
+    is_momentum_step = count % n == 0
+    acc = jax.tree.map(lambda a, g: a + g, state.accumulator, updates)
+    mom = jax.tree.map(
+        lambda m, a: jnp.where(is_momentum_step, momentum * m + a / n, m), state.momentum, acc
+    )
+    coef = jnp.where(is_momentum_step, (1 - c * n + c) * momentum, c * momentum)
+    step = jax.tree.map(lambda m, g: (-lr * (coef * m + g / n)).astype(g.dtype), mom, updates)
+    acc = jax.tree.map(lambda a: jnp.where(is_momentum_step, jnp.zeros_like(a), a), acc)
+    return step, DelayedNesterovState(count, mom, acc)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn, update_fn)
 
 
 def make_outer(name: str, **kwargs: Any) -> optax.GradientTransformation:
-    """Outer optimizer by name: 'nesterov' | 'sgd' | 'delayed_nesterov', with its keywords."""
-    makers = {"nesterov": nesterov, "sgd": sgd, "delayed_nesterov": delayed_nesterov}
-    if name not in makers:
-        raise ValueError(f"unknown outer optimizer {name!r}; expected one of {NAMES}")
-    try:
-        return makers[name](**kwargs)
-    except TypeError as err:
-        raise ValueError(f"bad arguments for outer optimizer {name!r}: {kwargs} ({err})") from None
+  """Outer optimizer by name: 'nesterov' | 'sgd' | 'delayed_nesterov', with its keywords."""
+  makers = {"nesterov": nesterov, "sgd": sgd, "delayed_nesterov": delayed_nesterov}
+  if name not in makers:
+    raise ValueError(f"unknown outer optimizer {name!r}; expected one of {NAMES}")
+  try:
+    return makers[name](**kwargs)
+  except TypeError as err:
+    raise ValueError(f"bad arguments for outer optimizer {name!r}: {kwargs} ({err})") from None

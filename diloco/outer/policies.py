@@ -16,137 +16,145 @@ from diloco.outer import merging
 
 
 class Quorum(Protocol):
-    """Who a round of merges counts, and how many of them must have uploaded."""
+  """Who a round of merges counts, and how many of them must have uploaded."""
 
-    # True: every learner that ever joined counts, crashed ones included, and a round in
-    # progress waits for a learner that (re)joins in its middle; False: only live learners.
-    of_members: bool
+  # True: every learner that ever joined counts, crashed ones included, and a round in
+  # progress waits for a learner that (re)joins in its middle; False: only live learners.
+  of_members: bool
 
-    def required(self, counted: int) -> int:
-        """How many uploads of a fragment from `counted` learners must be in before its merge."""
+  def required(self, counted: int) -> int:
+    """How many uploads of a fragment from `counted` learners must be in before its merge."""
 
 
 @dataclasses.dataclass(frozen=True)
 class AllMembers:
-    """Synchronous without elasticity: every member; merges wait for crashed ones to return."""
+  """Synchronous without elasticity: every member; merges wait for crashed ones to return."""
 
-    of_members = True
+  of_members = True
 
-    def required(self, counted: int) -> int:
-        return max(counted, 1)
+  def required(self, counted: int) -> int:
+    return max(counted, 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class AllLive:
-    """Synchronous and elastic: every live learner."""
+  """Synchronous and elastic: every live learner."""
 
-    of_members = False
+  of_members = False
 
-    def required(self, counted: int) -> int:
-        return max(counted, 1)
+  def required(self, counted: int) -> int:
+    return max(counted, 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class MinQuorum:
-    """Decoupled: at least K live learners (fewer if fewer are alive, but at least one)."""
+  """Decoupled: at least K live learners (fewer if fewer are alive, but at least one)."""
 
-    k: int = 1
-    of_members = False
+  k: int = 1
+  of_members = False
 
-    def __post_init__(self):
-        if self.k < 1:
-            raise ValueError(f"quorum must be >= 1, got {self.k}")
+  def __post_init__(self):
+    if self.k < 1:
+      raise ValueError(f"quorum must be >= 1, got {self.k}")
 
-    def required(self, counted: int) -> int:
-        return max(1, min(self.k, counted))
+  def required(self, counted: int) -> int:
+    return max(1, min(self.k, counted))
 
 
 @dataclasses.dataclass
 class Ema:
-    """Exponential moving average; the first sample initialises it."""
+  """Exponential moving average; the first sample initialises it."""
 
-    decay: float
-    value: float | None = None
+  decay: float
+  value: float | None = None
 
-    def update(self, sample: float) -> float:
-        self.value = sample if self.value is None else self.decay * self.value + (1 - self.decay) * sample
-        return self.value
+  def update(self, sample: float) -> float:
+    self.value = (
+        sample if self.value is None else self.decay * self.value + (1 - self.decay) * sample
+    )
+    return self.value
 
-    def get(self) -> float:
-        return 0.0 if self.value is None else self.value
+  def get(self) -> float:
+    return 0.0 if self.value is None else self.value
 
 
 class Grace(Protocol):
-    def window(self, step_s: float, quorum_s: float, sync_s: float) -> float:
-        """Seconds to wait for more learners once the quorum is reached."""
+
+  def window(self, step_s: float, quorum_s: float, sync_s: float) -> float:
+    """Seconds to wait for more learners once the quorum is reached."""
 
 
 @dataclasses.dataclass(frozen=True)
 class NoGrace:
-    def window(self, step_s: float, quorum_s: float, sync_s: float) -> float:
-        return 0.0
+
+  def window(self, step_s: float, quorum_s: float, sync_s: float) -> float:
+    return 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveGrace:
-    """grace = max(0, γ·(τ·ξ_step − ξ_quorum − ξ_sync)): the overlap budget left after the sync."""
+  """grace = max(0, γ·(τ·ξ_step − ξ_quorum − ξ_sync)): the overlap budget left after the sync."""
 
-    gamma: float = 0.8
-    overlap: int = 2
+  gamma: float = 0.8
+  overlap: int = 2
 
-    def __post_init__(self):
-        if not 0 <= self.gamma <= 1:
-            raise ValueError(f"grace_gamma must be in [0, 1], got {self.gamma}")
-        if self.overlap < 0:
-            raise ValueError(f"overlap must be >= 0, got {self.overlap}")
+  def __post_init__(self):
+    if not 0 <= self.gamma <= 1:
+      raise ValueError(f"grace_gamma must be in [0, 1], got {self.gamma}")
+    if self.overlap < 0:
+      raise ValueError(f"overlap must be >= 0, got {self.overlap}")
 
-    def window(self, step_s: float, quorum_s: float, sync_s: float) -> float:
-        return max(0.0, self.gamma * (self.overlap * step_s - quorum_s - sync_s))
+  def window(self, step_s: float, quorum_s: float, sync_s: float) -> float:
+    return max(0.0, self.gamma * (self.overlap * step_s - quorum_s - sync_s))
 
 
 class Weighting(Protocol):
-    def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
-        """Each upload's merge weight, from its tokens and steps since its base version."""
+
+  def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
+    """Each upload's merge weight, from its tokens and steps since its base version."""
 
 
 @dataclasses.dataclass(frozen=True)
 class EqualWeights:
-    def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
-        del steps
-        return merging.equal_weights(len(tokens))
+
+  def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
+    del steps
+    return merging.equal_weights(len(tokens))
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenWeights:
-    """w = tokens · tokens/steps: quantity times quality (Decoupled DiLoCo)."""
+  """w = tokens · tokens/steps: quantity times quality (Decoupled DiLoCo)."""
 
-    def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
-        return merging.token_weights(tokens, steps)
+  def __call__(self, tokens: Sequence[int], steps: Sequence[int]) -> np.ndarray:
+    return merging.token_weights(tokens, steps)
 
 
 Deltas = Sequence[Mapping[str, np.ndarray]]
 
 
 class Merge(Protocol):
-    def __call__(self, deltas: Deltas, weights: Sequence[float]
-                 ) -> tuple[dict[str, np.ndarray], list[int]]:
-        """The merged outer gradient, and the indices of deltas holding NaN or Inf."""
+
+  def __call__(
+      self, deltas: Deltas, weights: Sequence[float]
+  ) -> tuple[dict[str, np.ndarray], list[int]]:
+    """The merged outer gradient, and the indices of deltas holding NaN or Inf."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Mean:
-    """The weighted mean of the outer gradients."""
+  """The weighted mean of the outer gradients."""
 
-    def __call__(self, deltas: Deltas, weights: Sequence[float]):
-        return merging.merge_checked(deltas, weights, rule="mean")
+  def __call__(self, deltas: Deltas, weights: Sequence[float]):
+    return merging.merge_checked(deltas, weights, rule="mean")
 
 
 @dataclasses.dataclass(frozen=True)
 class RDA:
-    """Radial-directional averaging per tensor; embeddings by the weighted mean."""
+  """Radial-directional averaging per tensor; embeddings by the weighted mean."""
 
-    def __call__(self, deltas: Deltas, weights: Sequence[float]):
-        return merging.merge_checked(deltas, weights, rule="rda")
+  def __call__(self, deltas: Deltas, weights: Sequence[float]):
+    return merging.merge_checked(deltas, weights, rule="rda")
 
 
 WEIGHTINGS: dict[str, Weighting] = {"equal": EqualWeights(), "tokens": TokenWeights()}
@@ -155,41 +163,47 @@ MERGES: dict[str, Merge] = {"mean": Mean(), "rda": RDA()}
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """Everything the synchronizer decides by."""
+  """Everything the synchronizer decides by."""
 
-    quorum: Quorum
-    grace: Grace
-    weights: Weighting
-    merge: Merge
-    ema_decay: float = 0.9
-    max_staleness: int = 1 << 30  # contributions further behind are dropped
-    # Scale a merge by the weighted mean of 1/(1+staleness) of its uploads (staleness-aware
-    # asynchronous SGD): uploads from one base that merge one by one are not simply summed.
-    staleness_damping: bool = False
+  quorum: Quorum
+  grace: Grace
+  weights: Weighting
+  merge: Merge
+  ema_decay: float = 0.9
+  max_staleness: int = 1 << 30  # contributions further behind are dropped
+  # Scale a merge by the weighted mean of 1/(1+staleness) of its uploads (staleness-aware
+  # asynchronous SGD): uploads from one base that merge one by one are not simply summed.
+  staleness_damping: bool = False
 
 
 SYNCHRONOUS = Policy(AllLive(), NoGrace(), EqualWeights(), Mean())
 
 
 def _pick(table: dict, name: str, what: str):
-    if name not in table:
-        raise ValueError(f"unknown {what} {name!r}; expected one of {sorted(table)}")
-    return table[name]
+  if name not in table:
+    raise ValueError(f"unknown {what} {name!r}; expected one of {sorted(table)}")
+  return table[name]
 
 
 def quorum_of(o: ml_collections.ConfigDict) -> Quorum:
-    """outer.quorum K > 0: MinQuorum(K); 0: all members, or all live learners when elastic."""
-    if o.quorum < 0:
-        raise ValueError(f"outer.quorum must be >= 0, got {o.quorum}")
-    if o.quorum == 0:
-        return AllLive() if o.elastic else AllMembers()
-    return MinQuorum(o.quorum)
+  """outer.quorum K > 0: MinQuorum(K); 0: all members, or all live learners when elastic."""
+  if o.quorum < 0:
+    raise ValueError(f"outer.quorum must be >= 0, got {o.quorum}")
+  if o.quorum == 0:
+    return AllLive() if o.elastic else AllMembers()
+  return MinQuorum(o.quorum)
 
 
 def from_config(config: ml_collections.ConfigDict) -> Policy:
-    """The synchronizer policy of a run's `outer` config section."""
-    o = config.outer
-    grace = AdaptiveGrace(o.grace_gamma, o.overlap) if o.grace_gamma > 0 else NoGrace()
-    return Policy(quorum_of(o), grace, weights=_pick(WEIGHTINGS, o.weighting, "outer.weighting"),
-                  merge=_pick(MERGES, o.merge, "outer.merge"), ema_decay=o.ema_decay,
-                  max_staleness=o.max_staleness, staleness_damping=o.staleness_damping)
+  """The synchronizer policy of a run's `outer` config section."""
+  o = config.outer
+  grace = AdaptiveGrace(o.grace_gamma, o.overlap) if o.grace_gamma > 0 else NoGrace()
+  return Policy(
+      quorum_of(o),
+      grace,
+      weights=_pick(WEIGHTINGS, o.weighting, "outer.weighting"),
+      merge=_pick(MERGES, o.merge, "outer.merge"),
+      ema_decay=o.ema_decay,
+      max_staleness=o.max_staleness,
+      staleness_damping=o.staleness_damping,
+  )

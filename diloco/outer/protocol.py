@@ -28,59 +28,60 @@ EncodedFlat = Mapping[str, compression.Encoded]
 
 @dataclasses.dataclass(frozen=True)
 class Join:
-    """Learner joins (or rejoins) holding these fragment versions."""
+  """Learner joins (or rejoins) holding these fragment versions."""
 
-    learner: int
-    time: float
-    versions: tuple[int, ...]  # -1: holds nothing of that fragment yet
-    generations: tuple[int, ...] = ()  # synchronizer generation of each version; () = current
+  learner: int
+  time: float
+  versions: tuple[int, ...]  # -1: holds nothing of that fragment yet
+  generations: tuple[int, ...] = ()  # synchronizer generation of each version; () = current
 
 
 @dataclasses.dataclass(frozen=True)
 class Leave:
-    learner: int
-    time: float
+  learner: int
+  time: float
 
 
 @dataclasses.dataclass(frozen=True)
 class Upload:
-    """Learner's outer gradient of one fragment, with its progress since it last received it."""
+  """Learner's outer gradient of one fragment, with its progress since it last received it."""
 
-    learner: int
-    fragment: int
-    base_version: int
-    delta: EncodedFlat
-    steps: int
-    tokens: int
-    time: float  # arrival at the synchronizer
-    sent_time: float  # departure from the learner
-    step_time: float  # the learner's recent seconds per inner step
-    base_generation: int = 0  # synchronizer generation of base_version
-    checksum: int | None = None  # None: computed now, as the sender does
+  learner: int
+  fragment: int
+  base_version: int
+  delta: EncodedFlat
+  steps: int
+  tokens: int
+  time: float  # arrival at the synchronizer
+  sent_time: float  # departure from the learner
+  step_time: float  # the learner's recent seconds per inner step
+  base_generation: int = 0  # synchronizer generation of base_version
+  checksum: int | None = None  # None: computed now, as the sender does
 
-    def __post_init__(self):
-        if self.checksum is None:
-            object.__setattr__(self, "checksum", self.expected_checksum())
+  def __post_init__(self):
+    if self.checksum is None:
+      object.__setattr__(self, "checksum", self.expected_checksum())
 
-    def expected_checksum(self) -> int:
-        """The checksum of this message's header numbers and payload as they are now."""
-        return integrity.with_header(
-            (self.fragment, self.base_generation, self.base_version, self.steps, self.tokens),
-            integrity.tree_crc(self.delta))
+  def expected_checksum(self) -> int:
+    """The checksum of this message's header numbers and payload as they are now."""
+    return integrity.with_header(
+        (self.fragment, self.base_generation, self.base_version, self.steps, self.tokens),
+        integrity.tree_crc(self.delta),
+    )
 
-    def checksum_ok(self) -> bool:
-        return self.checksum == self.expected_checksum()
+  def checksum_ok(self) -> bool:
+    return self.checksum == self.expected_checksum()
 
-    @property
-    def nbytes(self) -> int:
-        return compression.tree_nbytes(self.delta)
+  @property
+  def nbytes(self) -> int:
+    return compression.tree_nbytes(self.delta)
 
 
 @dataclasses.dataclass(frozen=True)
 class Tick:
-    """A timer the synchronizer asked for has expired."""
+  """A timer the synchronizer asked for has expired."""
 
-    time: float
+  time: float
 
 
 Event = Join | Leave | Upload | Tick
@@ -91,80 +92,87 @@ Event = Join | Leave | Upload | Tick
 
 @dataclasses.dataclass(frozen=True)
 class Send:
-    """Deliver fragment `fragment` at `version` to one learner: an update or the full values."""
+  """Deliver fragment `fragment` at `version` to one learner: an update or the full values."""
 
-    learner: int
-    fragment: int
-    version: int
-    update: EncodedFlat | None = None  # apply to version - 1
-    values: Flat | None = None  # full fp32 fragment
-    generation: int = 0  # the sender's synchronizer generation
-    base_generation: int = 0  # an update applies to version - 1 of this generation
-    checksum: int | None = None  # None: computed now; `send_checksum` reuses a payload's CRC
+  learner: int
+  fragment: int
+  version: int
+  update: EncodedFlat | None = None  # apply to version - 1
+  values: Flat | None = None  # full fp32 fragment
+  generation: int = 0  # the sender's synchronizer generation
+  base_generation: int = 0  # an update applies to version - 1 of this generation
+  checksum: int | None = None  # None: computed now; `send_checksum` reuses a payload's CRC
 
-    def __post_init__(self):
-        if self.checksum is None:
-            object.__setattr__(self, "checksum", self.expected_checksum())
+  def __post_init__(self):
+    if self.checksum is None:
+      object.__setattr__(self, "checksum", self.expected_checksum())
 
-    def expected_checksum(self, payload_crc: int | None = None) -> int:
-        """The checksum of this message's header numbers and payload as they are now."""
-        if payload_crc is None:
-            payload = self.update if self.update is not None else self.values
-            payload_crc = integrity.tree_crc(payload)
-        return send_checksum(self.fragment, self.version, self.generation, self.base_generation,
-                             payload_crc)
+  def expected_checksum(self, payload_crc: int | None = None) -> int:
+    """The checksum of this message's header numbers and payload as they are now."""
+    if payload_crc is None:
+      payload = self.update if self.update is not None else self.values
+      payload_crc = integrity.tree_crc(payload)
+    return send_checksum(
+        self.fragment, self.version, self.generation, self.base_generation, payload_crc
+    )
 
-    def checksum_ok(self) -> bool:
-        return self.checksum == self.expected_checksum()
+  def checksum_ok(self) -> bool:
+    return self.checksum == self.expected_checksum()
 
-    @property
-    def nbytes(self) -> int:
-        if self.update is not None:
-            return compression.tree_nbytes(self.update)
-        return int(sum(np.asarray(v).nbytes for v in self.values.values()))
+  @property
+  def nbytes(self) -> int:
+    if self.update is not None:
+      return compression.tree_nbytes(self.update)
+    return int(sum(np.asarray(v).nbytes for v in self.values.values()))
 
 
 @dataclasses.dataclass(frozen=True)
 class SetTimer:
-    time: float
+  time: float
 
 
 @dataclasses.dataclass(frozen=True)
 class Log:
-    record: dict
+  record: dict
 
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """Save the synchronizer's `state_dict()` now (due every N merges); `merges` names the save."""
+  """Save the synchronizer's `state_dict()` now (due every N merges); `merges` names the save."""
 
-    merges: int
+  merges: int
 
 
 Action = Send | SetTimer | Log | Checkpoint
 
 
-def send_checksum(fragment: int, version: int, generation: int, base_generation: int,
-                  payload_crc: int) -> int:
-    """A Send's checksum from its header numbers and the CRC of its payload (shared by a merge's
-    sends of one encoded update)."""
-    return integrity.with_header((fragment, version, generation, base_generation), payload_crc)
+def send_checksum(
+    fragment: int, version: int, generation: int, base_generation: int, payload_crc: int
+) -> int:
+  """A Send's checksum from its header numbers and the CRC of its payload (shared by a merge's
+  sends of one encoded update)."""
+  return integrity.with_header((fragment, version, generation, base_generation), payload_crc)
 
 
 # ---- wire math both sides share ----
 
 
 def apply_send(global_copy: Mapping[str, np.ndarray], send: Send) -> dict[str, np.ndarray]:
-    """A learner's new copy of the global fragment after receiving `send`."""
-    if send.update is None:
-        return {k: np.array(v, np.float32) for k, v in send.values.items()}
-    decoded = compression.decode_tree(send.update)
-    return {k: global_copy[k] + decoded[k] for k in global_copy}
+  """A learner's new copy of the global fragment after receiving `send`."""
+  if send.update is None:
+    return {k: np.array(v, np.float32) for k, v in send.values.items()}
+  decoded = compression.decode_tree(send.update)
+  return {k: global_copy[k] + decoded[k] for k in global_copy}
 
 
-def outer_gradient(global_copy: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray],
-                   codec: str) -> dict[str, compression.Encoded]:
-    """Δ = Θ_base − θ_local, encoded for the wire."""
-    return compression.encode_tree(
-        {k: np.asarray(global_copy[k], np.float32) - np.asarray(local[k], np.float32)
-         for k in global_copy}, codec)
+def outer_gradient(
+    global_copy: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray], codec: str
+) -> dict[str, compression.Encoded]:
+  """Δ = Θ_base − θ_local, encoded for the wire."""
+  return compression.encode_tree(
+      {
+          k: np.asarray(global_copy[k], np.float32) - np.asarray(local[k], np.float32)
+          for k in global_copy
+      },
+      codec,
+  )

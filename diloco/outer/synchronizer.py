@@ -45,351 +45,416 @@ NON_FINITE = ("non_finite", "non-finite values")
 
 
 class Synchronizer:
-    """Global fragments, outer optimizer states and versions; merges by a policy."""
+  """Global fragments, outer optimizer states and versions; merges by a policy."""
 
-    def __init__(self, params: Mapping[str, np.ndarray], frag: fragments.Fragmentation,
-                 policy: policies.Policy, outer_tx: optax.GradientTransformation,
-                 downlink_codec: str = "fp32", *, screen: integrity.OutlierScreen | None = None,
-                 checkpoint_every: int = 0):
-        if downlink_codec not in compression.CODECS:
-            raise ValueError(f"unknown downlink codec {downlink_codec!r}")
-        if checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
-        self.screen, self.checkpoint_every = screen, checkpoint_every
-        flat = fragments.flatten(params)
-        frag.check(flat)
-        self.frag, self.policy, self.tx, self.codec = frag, policy, outer_tx, downlink_codec
-        self._cpu = jax.devices("cpu")[0]
-        num = frag.num_fragments
-        self.globals = [{k: np.array(flat[k], np.float32) for k in frag.paths[p]}
-                        for p in range(num)]
-        with jax.default_device(self._cpu):
-            self.opt_states = [outer_tx.init(g) for g in self.globals]
-        self.residuals = [{k: np.zeros_like(v) for k, v in g.items()} for g in self.globals]
-        self.versions = [0] * num
-        self.generation = 0
-        self.lineage: dict[int, list[int]] = {}  # earlier generation -> versions shared with ours
-        self.contributed: list[dict[int, int]] = [{} for _ in range(num)]  # m -> last merged base
-        self.norms: list[list[float]] = [[] for _ in range(num)]  # recent finite Δ norms
-        self.rms: list[float] = []  # recent finite Δ norm / sqrt(values), any fragment
-        self.members: set[int] = set()
-        self.rounds_skipped = 0  # rounds that had uploads but ended with every one rejected
-        self.live: set[int] = set()
-        self.held: dict[int, list[int]] = {}  # fragment versions each learner was sent
-        self.held_gen: dict[int, list[int]] = {}  # ... and their generations
-        self.pending: list[dict[int, Upload]] = [{} for _ in range(num)]
-        self.abstaining: list[set[int]] = [set() for _ in range(num)]  # refused in this round
-        self.first_upload_s: list[float | None] = [None] * num
-        self.quorum_s: list[float | None] = [None] * num
-        self.deadline_s: list[float | None] = [None] * num
-        self.ema_step = policies.Ema(policy.ema_decay)
-        self.ema_quorum = policies.Ema(policy.ema_decay)
-        self.ema_sync = policies.Ema(policy.ema_decay)
+  def __init__(
+      self,
+      params: Mapping[str, np.ndarray],
+      frag: fragments.Fragmentation,
+      policy: policies.Policy,
+      outer_tx: optax.GradientTransformation,
+      downlink_codec: str = "fp32",
+      *,
+      screen: integrity.OutlierScreen | None = None,
+      checkpoint_every: int = 0,
+  ):
+    if downlink_codec not in compression.CODECS:
+      raise ValueError(f"unknown downlink codec {downlink_codec!r}")
+    if checkpoint_every < 0:
+      raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+    self.screen, self.checkpoint_every = screen, checkpoint_every
+    flat = fragments.flatten(params)
+    frag.check(flat)
+    self.frag, self.policy, self.tx, self.codec = frag, policy, outer_tx, downlink_codec
+    self._cpu = jax.devices("cpu")[0]
+    num = frag.num_fragments
+    self.globals = [{k: np.array(flat[k], np.float32) for k in frag.paths[p]} for p in range(num)]
+    with jax.default_device(self._cpu):
+      self.opt_states = [outer_tx.init(g) for g in self.globals]
+    self.residuals = [{k: np.zeros_like(v) for k, v in g.items()} for g in self.globals]
+    self.versions = [0] * num
+    self.generation = 0
+    self.lineage: dict[int, list[int]] = {}  # earlier generation -> versions shared with ours
+    self.contributed: list[dict[int, int]] = [{} for _ in range(num)]  # m -> last merged base
+    self.norms: list[list[float]] = [[] for _ in range(num)]  # recent finite Δ norms
+    self.rms: list[float] = []  # recent finite Δ norm / sqrt(values), any fragment
+    self.members: set[int] = set()
+    self.rounds_skipped = 0  # rounds that had uploads but ended with every one rejected
+    self.live: set[int] = set()
+    self.held: dict[int, list[int]] = {}  # fragment versions each learner was sent
+    self.held_gen: dict[int, list[int]] = {}  # ... and their generations
+    self.pending: list[dict[int, Upload]] = [{} for _ in range(num)]
+    self.abstaining: list[set[int]] = [set() for _ in range(num)]  # refused in this round
+    self.first_upload_s: list[float | None] = [None] * num
+    self.quorum_s: list[float | None] = [None] * num
+    self.deadline_s: list[float | None] = [None] * num
+    self.ema_step = policies.Ema(policy.ema_decay)
+    self.ema_quorum = policies.Ema(policy.ema_decay)
+    self.ema_sync = policies.Ema(policy.ema_decay)
 
-    # ---- events ----
+  # ---- events ----
 
-    def handle(self, event: Event) -> list[Action]:
-        """Consumes one event and returns what should happen next."""
-        if isinstance(event, Upload):
-            return self._upload(event)
-        if isinstance(event, Tick):
-            return self._tick(event.time)
-        if isinstance(event, Join):
-            return self._join(event)
-        if isinstance(event, Leave):
-            self.live.discard(event.learner)
-            return [a for p in range(self.frag.num_fragments)
-                    for a in self._maybe_merge(p, event.time)]
-        raise TypeError(f"unknown event {event!r}")
+  def handle(self, event: Event) -> list[Action]:
+    """Consumes one event and returns what should happen next."""
+    if isinstance(event, Upload):
+      return self._upload(event)
+    if isinstance(event, Tick):
+      return self._tick(event.time)
+    if isinstance(event, Join):
+      return self._join(event)
+    if isinstance(event, Leave):
+      self.live.discard(event.learner)
+      return [a for p in range(self.frag.num_fragments) for a in self._maybe_merge(p, event.time)]
+    raise TypeError(f"unknown event {event!r}")
 
-    def _join(self, event: Join) -> list[Action]:
-        num = self.frag.num_fragments
-        if len(event.versions) != num:
-            return [_reject(event.learner, None, event.time,
-                            f"join with {len(event.versions)} versions, expected {num}", "join")]
-        gens = tuple(event.generations) or (self.generation,) * num
-        if len(gens) != num:
-            return [_reject(event.learner, None, event.time,
-                            f"join with {len(gens)} generations, expected {num}", "join")]
-        returning = event.learner not in self.live  # not a live learner asking for a resync
-        self.live.add(event.learner)
-        self.members.add(event.learner)
-        self.held[event.learner] = list(event.versions)
-        self.held_gen[event.learner] = list(gens)
-        actions: list[Action] = [Log({"event": "join", "learner": event.learner,
-                                      "time": event.time})]
-        for p, (v, g) in enumerate(zip(event.versions, gens)):
-            if v != self.versions[p] or not self._known(p, g, v):
-                actions.append(self._send(event.learner, p))
-        # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
-        # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
-        late = [p for p in range(num) if returning and not self.policy.quorum.of_members and self.pending[p]
-                and event.learner not in self.pending[p]]
-        for p in late:
-            self.abstaining[p].add(event.learner)
-        return actions + [a for p in late for a in self._maybe_merge(p, event.time)]
+  def _join(self, event: Join) -> list[Action]:
+    num = self.frag.num_fragments
+    if len(event.versions) != num:
+      return [
+          _reject(
+              event.learner,
+              None,
+              event.time,
+              f"join with {len(event.versions)} versions, expected {num}",
+              "join",
+          )
+      ]
+    gens = tuple(event.generations) or (self.generation,) * num
+    if len(gens) != num:
+      return [
+          _reject(
+              event.learner,
+              None,
+              event.time,
+              f"join with {len(gens)} generations, expected {num}",
+              "join",
+          )
+      ]
+    returning = event.learner not in self.live  # not a live learner asking for a resync
+    self.live.add(event.learner)
+    self.members.add(event.learner)
+    self.held[event.learner] = list(event.versions)
+    self.held_gen[event.learner] = list(gens)
+    actions: list[Action] = [Log({"event": "join", "learner": event.learner, "time": event.time})]
+    for p, (v, g) in enumerate(zip(event.versions, gens)):
+      if v != self.versions[p] or not self._known(p, g, v):
+        actions.append(self._send(event.learner, p))
+    # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
+    # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
+    late = [
+        p
+        for p in range(num)
+        if returning
+        and not self.policy.quorum.of_members
+        and self.pending[p]
+        and event.learner not in self.pending[p]
+    ]
+    for p in late:
+      self.abstaining[p].add(event.learner)
+    return actions + [a for p in late for a in self._maybe_merge(p, event.time)]
 
-    def _known(self, p: int, generation: int, version: int) -> bool:
-        """Whether version `version` of fragment p from `generation` is in our own history."""
-        if not 0 <= version <= self.versions[p]:
-            return False
-        if generation == self.generation:
-            return True
-        return generation in self.lineage and version <= self.lineage[generation][p]
+  def _known(self, p: int, generation: int, version: int) -> bool:
+    """Whether version `version` of fragment p from `generation` is in our own history."""
+    if not 0 <= version <= self.versions[p]:
+      return False
+    if generation == self.generation:
+      return True
+    return generation in self.lineage and version <= self.lineage[generation][p]
 
-    def _upload(self, up: Upload) -> list[Action]:
-        invalid = self._invalid(up)
-        if invalid:
-            reject = _reject(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
-            if invalid[0] in ("unknown_fragment", "checksum"):
-                return [reject]  # corrupted on the way: the learner is expected to send it again
-            # Sending it again would not help: the round does not wait for that learner any more.
-            self.abstaining[up.fragment].add(up.learner)
-            return [reject] + self._maybe_merge(up.fragment, up.time)
-        self.abstaining[up.fragment].discard(up.learner)
-        p = up.fragment
-        self.ema_step.update(up.step_time)
-        self.ema_sync.update(2.0 * max(up.time - up.sent_time, 0.0))  # up and back down
-        if not self.pending[p]:
-            self.first_upload_s[p] = up.time
-        self.pending[p][up.learner] = up
-        return self._maybe_merge(p, up.time)
+  def _upload(self, up: Upload) -> list[Action]:
+    invalid = self._invalid(up)
+    if invalid:
+      reject = _reject(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
+      if invalid[0] in ("unknown_fragment", "checksum"):
+        return [reject]  # corrupted on the way: the learner is expected to send it again
+      # Sending it again would not help: the round does not wait for that learner any more.
+      self.abstaining[up.fragment].add(up.learner)
+      return [reject] + self._maybe_merge(up.fragment, up.time)
+    self.abstaining[up.fragment].discard(up.learner)
+    p = up.fragment
+    self.ema_step.update(up.step_time)
+    self.ema_sync.update(2.0 * max(up.time - up.sent_time, 0.0))  # up and back down
+    if not self.pending[p]:
+      self.first_upload_s[p] = up.time
+    self.pending[p][up.learner] = up
+    return self._maybe_merge(p, up.time)
 
-    def _invalid(self, up: Upload) -> tuple[str, str] | None:
-        """(code, reason) of the first check the upload fails, or None."""
-        p = up.fragment
-        if not 0 <= p < self.frag.num_fragments:
-            return "unknown_fragment", f"unknown fragment {p}"
-        if not up.checksum_ok():
-            return "checksum", f"checksum mismatch: payload of fragment {p} corrupted in transit"
-        want = self.globals[p]
-        if sorted(up.delta) != sorted(want):
-            return "paths", "fragment paths differ from the model's"
-        for k, e in up.delta.items():
-            if tuple(e.shape) != want[k].shape:
-                return "shape", f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
-            if e.nbytes != compression.encoded_nbytes(e.codec, e.num_values, e.block):
-                return "payload_size", f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
-        if not self._known(p, up.base_generation, up.base_version):
-            where = (f" of generation {up.base_generation}, now {self.generation}"
-                     if up.base_generation != self.generation else "")
-            return ("unknown_base_version", f"unknown base version {up.base_version}{where} "
-                    f"(current {self.versions[p]})")
-        if self.versions[p] - up.base_version > self.policy.max_staleness:
-            return "stale", f"stale: base version {up.base_version}, current {self.versions[p]}"
-        if up.base_version <= self.contributed[p].get(up.learner, -1):
-            return ("duplicate", f"learner {up.learner} already contributed to fragment {p} on "
-                    f"base version {self.contributed[p][up.learner]}")
-        if up.steps <= 0 or up.tokens <= 0:
-            return "no_progress", f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
-        return None
+  def _invalid(self, up: Upload) -> tuple[str, str] | None:
+    """(code, reason) of the first check the upload fails, or None."""
+    p = up.fragment
+    if not 0 <= p < self.frag.num_fragments:
+      return "unknown_fragment", f"unknown fragment {p}"
+    if not up.checksum_ok():
+      return "checksum", f"checksum mismatch: payload of fragment {p} corrupted in transit"
+    want = self.globals[p]
+    if sorted(up.delta) != sorted(want):
+      return "paths", "fragment paths differ from the model's"
+    for k, e in up.delta.items():
+      if tuple(e.shape) != want[k].shape:
+        return "shape", f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
+      if e.nbytes != compression.encoded_nbytes(e.codec, e.num_values, e.block):
+        return "payload_size", f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
+    if not self._known(p, up.base_generation, up.base_version):
+      where = (
+          f" of generation {up.base_generation}, now {self.generation}"
+          if up.base_generation != self.generation
+          else ""
+      )
+      return (
+          "unknown_base_version",
+          f"unknown base version {up.base_version}{where} " f"(current {self.versions[p]})",
+      )
+    if self.versions[p] - up.base_version > self.policy.max_staleness:
+      return "stale", f"stale: base version {up.base_version}, current {self.versions[p]}"
+    if up.base_version <= self.contributed[p].get(up.learner, -1):
+      return (
+          "duplicate",
+          f"learner {up.learner} already contributed to fragment {p} on "
+          f"base version {self.contributed[p][up.learner]}",
+      )
+    if up.steps <= 0 or up.tokens <= 0:
+      return "no_progress", f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
+    return None
 
-    def _tick(self, now: float) -> list[Action]:
-        actions: list[Action] = []
-        for p, deadline in enumerate(self.deadline_s):
-            if deadline is not None and deadline <= now:
-                actions += self._merge(p, now)
-        return actions
+  def _tick(self, now: float) -> list[Action]:
+    actions: list[Action] = []
+    for p, deadline in enumerate(self.deadline_s):
+      if deadline is not None and deadline <= now:
+        actions += self._merge(p, now)
+    return actions
 
-    # ---- merging ----
+  # ---- merging ----
 
-    def _maybe_merge(self, p: int, now: float) -> list[Action]:
-        pending = self.pending[p]
-        group = (self.members if self.policy.quorum.of_members else self.live) - self.abstaining[p]
-        arrived = len(group.intersection(pending))
-        if not pending or arrived < self.policy.quorum.required(len(group)):
-            return []
-        if self.quorum_s[p] is None:
-            self.quorum_s[p] = now
-            self.ema_quorum.update(now - self.first_upload_s[p])
-            grace = self.policy.grace.window(self.ema_step.get(), self.ema_quorum.get(),
-                                             self.ema_sync.get())
-            if grace > 0 and not group.issubset(pending):
-                self.deadline_s[p] = now + grace
-                return [SetTimer(now + grace)]
-        elif self.deadline_s[p] is not None and not group.issubset(pending):
-            return []  # still inside the grace window
-        return self._merge(p, now)
+  def _maybe_merge(self, p: int, now: float) -> list[Action]:
+    pending = self.pending[p]
+    group = (self.members if self.policy.quorum.of_members else self.live) - self.abstaining[p]
+    arrived = len(group.intersection(pending))
+    if not pending or arrived < self.policy.quorum.required(len(group)):
+      return []
+    if self.quorum_s[p] is None:
+      self.quorum_s[p] = now
+      self.ema_quorum.update(now - self.first_upload_s[p])
+      grace = self.policy.grace.window(
+          self.ema_step.get(), self.ema_quorum.get(), self.ema_sync.get()
+      )
+      if grace > 0 and not group.issubset(pending):
+        self.deadline_s[p] = now + grace
+        return [SetTimer(now + grace)]
+    elif self.deadline_s[p] is not None and not group.issubset(pending):
+      return []  # still inside the grace window
+    return self._merge(p, now)
 
-    def _screen(self, p: int, now: float
-                ) -> tuple[list[Upload], list[dict], list[Action], set[int]]:
-        """Pending uploads of p with their decoded deltas (clipped ones scaled down), less
-        outliers and, when the outlier screen is on, non-finite ones (`_merge` finds those
-        otherwise); the rejections, and the learners whose deltas were clipped."""
-        ups = [self.pending[p][m] for m in sorted(self.pending[p])]
-        deltas = [{k: _read_only(e) for k, e in u.delta.items()} for u in ups]
-        rejected: dict[int, tuple[str, str]] = {}
-        clipped: set[int] = set()
-        if self.screen is not None:
-            size = sum(x.size for x in self.globals[p].values())
-            norms = {i: integrity.norm(d) for i, d in enumerate(deltas)}
-            for i, n in list(norms.items()):  # not finite: NaN or Inf values, or an overflow
-                if not np.isfinite(n) and not all(np.isfinite(x).all() for x in deltas[i].values()):
-                    rejected[i] = NON_FINITE
-                    del norms[i]
-            limit = (self.screen.limit(self.norms[p], self.rms, size, list(norms.values()))
-                     if norms else 0.0)
-            clip = limit / self.screen.factor * self.screen.clip_factor
-            for i, n in norms.items():
-                if not n <= limit:
-                    rejected[i] = ("outlier", f"outlier: norm {n:.4g} above the limit {limit:.4g}")
-                elif 0 < clip < n:
-                    deltas[i] = {k: v * np.float32(clip / n) for k, v in deltas[i].items()}
-                    clipped.add(ups[i].learner)
-            seen = list(norms.values())  # outliers too, so a shift of the norms is followed
-            self.norms[p] = self.screen.remember(self.norms[p], seen)
-            self.rms = self.screen.remember(self.rms, [n / np.sqrt(size) for n in seen])
-        return (*self._drop(p, now, ups, deltas, rejected), clipped)
+  def _screen(self, p: int, now: float) -> tuple[list[Upload], list[dict], list[Action], set[int]]:
+    """Pending uploads of p with their decoded deltas (clipped ones scaled down), less
+    outliers and, when the outlier screen is on, non-finite ones (`_merge` finds those
+    otherwise); the rejections, and the learners whose deltas were clipped."""
+    ups = [self.pending[p][m] for m in sorted(self.pending[p])]
+    deltas = [{k: _read_only(e) for k, e in u.delta.items()} for u in ups]
+    rejected: dict[int, tuple[str, str]] = {}
+    clipped: set[int] = set()
+    if self.screen is not None:
+      size = sum(x.size for x in self.globals[p].values())
+      norms = {i: integrity.norm(d) for i, d in enumerate(deltas)}
+      for i, n in list(norms.items()):  # not finite: NaN or Inf values, or an overflow
+        if not np.isfinite(n) and not all(np.isfinite(x).all() for x in deltas[i].values()):
+          rejected[i] = NON_FINITE
+          del norms[i]
+      limit = (
+          self.screen.limit(self.norms[p], self.rms, size, list(norms.values())) if norms else 0.0
+      )
+      clip = limit / self.screen.factor * self.screen.clip_factor
+      for i, n in norms.items():
+        if not n <= limit:
+          rejected[i] = ("outlier", f"outlier: norm {n:.4g} above the limit {limit:.4g}")
+        elif 0 < clip < n:
+          deltas[i] = {k: v * np.float32(clip / n) for k, v in deltas[i].items()}
+          clipped.add(ups[i].learner)
+      seen = list(norms.values())  # outliers too, so a shift of the norms is followed
+      self.norms[p] = self.screen.remember(self.norms[p], seen)
+      self.rms = self.screen.remember(self.rms, [n / np.sqrt(size) for n in seen])
+    return (*self._drop(p, now, ups, deltas, rejected), clipped)
 
-    def _drop(self, p: int, now: float, ups: list[Upload], deltas: list[dict],
-              rejected: dict[int, tuple[str, str]]
-              ) -> tuple[list[Upload], list[dict], list[Action]]:
-        """Rejects uploads `rejected` (index -> (code, reason)); the others and the rejections."""
-        rejects: list[Action] = [_reject(ups[i].learner, p, now, rejected[i][1], rejected[i][0],
-                                         ups[i]) for i in sorted(rejected)]
-        for i in rejected:
-            del self.pending[p][ups[i].learner]
-        keep = [i for i in range(len(ups)) if i not in rejected]
-        return [ups[i] for i in keep], [deltas[i] for i in keep], rejects
+  def _drop(
+      self,
+      p: int,
+      now: float,
+      ups: list[Upload],
+      deltas: list[dict],
+      rejected: dict[int, tuple[str, str]],
+  ) -> tuple[list[Upload], list[dict], list[Action]]:
+    """Rejects uploads `rejected` (index -> (code, reason)); the others and the rejections."""
+    rejects: list[Action] = [
+        _reject(ups[i].learner, p, now, rejected[i][1], rejected[i][0], ups[i])
+        for i in sorted(rejected)
+    ]
+    for i in rejected:
+      del self.pending[p][ups[i].learner]
+    keep = [i for i in range(len(ups)) if i not in rejected]
+    return [ups[i] for i in keep], [deltas[i] for i in keep], rejects
 
-    def _merge(self, p: int, now: float) -> list[Action]:
-        ups, deltas, rejects, clipped = self._screen(p, now)
-        while ups:  # a non-finite contribution never reaches the global state
-            weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
-            merged, bad = self.policy.merge(deltas, weights)
-            if not bad:
-                break
-            ups, deltas, more = self._drop(p, now, ups, deltas, {i: NON_FINITE for i in bad})
-            rejects += more
-        if not ups:
-            self.rounds_skipped += 1
-            self._reset_round(p)
-            return rejects
-        staleness = [self.versions[p] - u.base_version for u in ups]
-        if self.policy.staleness_damping:
-            merged = _damped(merged, weights, staleness)
-        old = self.globals[p]
-        with jax.default_device(self._cpu):
-            raw, self.opt_states[p] = optimizers.host_step(self.tx, merged, self.opt_states[p], old,
-                                                      self.residuals[p])
-        encoded = compression.encode_tree(raw, self.codec)
-        self.globals[p] = {k: _apply(old[k], encoded[k], raw[k]) for k in old}
-        self.residuals[p] = raw  # now raw − decoded
-        self.versions[p] += 1
-        for u in ups:
-            self.contributed[p][u.learner] = max(u.base_version,
-                                                 self.contributed[p].get(u.learner, -1))
-        record = {
-            "event": "merge", "time": now, "fragment": p, "version": self.versions[p],
-            "quorum": len(ups), "learners": [u.learner for u in ups],
-            "weights": [float(w) for w in weights / weights.sum()],  # normalised, as merged
-            "staleness": staleness,
-            "grace_s": now - self.quorum_s[p] if self.quorum_s[p] is not None else 0.0,
-            "steps": [u.steps for u in ups], "tokens": [u.tokens for u in ups],
-            "clipped": sorted(clipped & {u.learner for u in ups}),
-        }
-        self._reset_round(p)
-        actions: list[Action] = rejects + [Log(record)]
-        crc = integrity.tree_crc(encoded)
-        for m in sorted(self.live):
-            actions.append(self._send(m, p, encoded, crc))
-        if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
-            actions.append(protocol.Checkpoint(self.merges))
-        return actions
+  def _merge(self, p: int, now: float) -> list[Action]:
+    ups, deltas, rejects, clipped = self._screen(p, now)
+    while ups:  # a non-finite contribution never reaches the global state
+      weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
+      merged, bad = self.policy.merge(deltas, weights)
+      if not bad:
+        break
+      ups, deltas, more = self._drop(p, now, ups, deltas, {i: NON_FINITE for i in bad})
+      rejects += more
+    if not ups:
+      self.rounds_skipped += 1
+      self._reset_round(p)
+      return rejects
+    staleness = [self.versions[p] - u.base_version for u in ups]
+    if self.policy.staleness_damping:
+      merged = _damped(merged, weights, staleness)
+    old = self.globals[p]
+    with jax.default_device(self._cpu):
+      raw, self.opt_states[p] = optimizers.host_step(
+          self.tx, merged, self.opt_states[p], old, self.residuals[p]
+      )
+    encoded = compression.encode_tree(raw, self.codec)
+    self.globals[p] = {k: _apply(old[k], encoded[k], raw[k]) for k in old}
+    self.residuals[p] = raw  # now raw − decoded
+    self.versions[p] += 1
+    for u in ups:
+      self.contributed[p][u.learner] = max(u.base_version, self.contributed[p].get(u.learner, -1))
+    record = {
+        "event": "merge",
+        "time": now,
+        "fragment": p,
+        "version": self.versions[p],
+        "quorum": len(ups),
+        "learners": [u.learner for u in ups],
+        "weights": [float(w) for w in weights / weights.sum()],  # normalised, as merged
+        "staleness": staleness,
+        "grace_s": now - self.quorum_s[p] if self.quorum_s[p] is not None else 0.0,
+        "steps": [u.steps for u in ups],
+        "tokens": [u.tokens for u in ups],
+        "clipped": sorted(clipped & {u.learner for u in ups}),
+    }
+    self._reset_round(p)
+    actions: list[Action] = rejects + [Log(record)]
+    crc = integrity.tree_crc(encoded)
+    for m in sorted(self.live):
+      actions.append(self._send(m, p, encoded, crc))
+    if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
+      actions.append(protocol.Checkpoint(self.merges))
+    return actions
 
-    def _reset_round(self, p: int) -> None:
-        self.pending[p] = {}
-        self.abstaining[p] = set()
-        self.first_upload_s[p] = self.quorum_s[p] = self.deadline_s[p] = None
+  def _reset_round(self, p: int) -> None:
+    self.pending[p] = {}
+    self.abstaining[p] = set()
+    self.first_upload_s[p] = self.quorum_s[p] = self.deadline_s[p] = None
 
-    def _send(self, learner: int, p: int, update=None, update_crc: int | None = None) -> Send:
-        num = self.frag.num_fragments
-        held = self.held.setdefault(learner, [-1] * num)
-        held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
-        v, g = self.versions[p], self.generation
-        if update is not None and held[p] == v - 1:
-            send = Send(learner, p, v, update=update, generation=g, base_generation=held_gen[p],
-                        checksum=protocol.send_checksum(p, v, g, held_gen[p], update_crc))
-        else:
-            send = Send(learner, p, v, values={k: x.copy() for k, x in self.globals[p].items()},
-                        generation=g)
-        held[p], held_gen[p] = v, g
-        return send
+  def _send(self, learner: int, p: int, update=None, update_crc: int | None = None) -> Send:
+    num = self.frag.num_fragments
+    held = self.held.setdefault(learner, [-1] * num)
+    held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
+    v, g = self.versions[p], self.generation
+    if update is not None and held[p] == v - 1:
+      send = Send(
+          learner,
+          p,
+          v,
+          update=update,
+          generation=g,
+          base_generation=held_gen[p],
+          checksum=protocol.send_checksum(p, v, g, held_gen[p], update_crc),
+      )
+    else:
+      send = Send(
+          learner, p, v, values={k: x.copy() for k, x in self.globals[p].items()}, generation=g
+      )
+    held[p], held_gen[p] = v, g
+    return send
 
-    # ---- restarts ----
+  # ---- restarts ----
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a restart needs: {'arrays': flat name -> np.ndarray, 'meta': JSON-able}."""
-        return sync_state.state_dict(self)
+  def state_dict(self) -> dict[str, Any]:
+    """Everything a restart needs: {'arrays': flat name -> np.ndarray, 'meta': JSON-able}."""
+    return sync_state.state_dict(self)
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Replaces the durable state with `state` (from `state_dict`); learners must re-join."""
-        sync_state.load_state_dict(self, state)
-        self.live, self.held, self.held_gen = set(), {}, {}
-        for p in range(self.frag.num_fragments):
-            self._reset_round(p)
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    """Replaces the durable state with `state` (from `state_dict`); learners must re-join."""
+    sync_state.load_state_dict(self, state)
+    self.live, self.held, self.held_gen = set(), {}, {}
+    for p in range(self.frag.num_fragments):
+      self._reset_round(p)
 
-    def restart(self, state: Mapping[str, Any], generation: int) -> None:
-        """Loads a checkpoint and begins `generation` (larger than any generation before it).
+  def restart(self, state: Mapping[str, Any], generation: int) -> None:
+    """Loads a checkpoint and begins `generation` (larger than any generation before it).
 
-        Versions up to the checkpoint's are shared with the checkpoint's generation and, as far as
-        they were shared with it, with earlier ones; versions merged after it are forgotten.
-        """
-        self.load_state_dict(state)
-        if generation <= self.generation:
-            raise ValueError(f"new generation {generation} must exceed {self.generation}")
-        restored = list(self.versions)
-        self.lineage = {g: [min(a, b) for a, b in zip(v, restored)]
-                        for g, v in self.lineage.items()}
-        for g in range(self.generation, generation):
-            self.lineage[g] = list(restored)
-        self.generation = generation
+    Versions up to the checkpoint's are shared with the checkpoint's generation and, as far as
+    they were shared with it, with earlier ones; versions merged after it are forgotten.
+    """
+    self.load_state_dict(state)
+    if generation <= self.generation:
+      raise ValueError(f"new generation {generation} must exceed {self.generation}")
+    restored = list(self.versions)
+    self.lineage = {g: [min(a, b) for a, b in zip(v, restored)] for g, v in self.lineage.items()}
+    for g in range(self.generation, generation):
+      self.lineage[g] = list(restored)
+    self.generation = generation
 
-    def digest(self) -> str:
-        """sha256 of `state_dict()`: equal digests, bit-identical durable state."""
-        return sync_state.digest(self.state_dict())
+  def digest(self) -> str:
+    """sha256 of `state_dict()`: equal digests, bit-identical durable state."""
+    return sync_state.digest(self.state_dict())
 
-    # ---- views ----
+  # ---- views ----
 
-    def global_params(self) -> dict[str, np.ndarray]:
-        """All global fragments as one path-keyed dict."""
-        return {k: v for g in self.globals for k, v in g.items()}
+  def global_params(self) -> dict[str, np.ndarray]:
+    """All global fragments as one path-keyed dict."""
+    return {k: v for g in self.globals for k, v in g.items()}
 
-    @property
-    def merges(self) -> int:
-        return int(sum(self.versions))
+  @property
+  def merges(self) -> int:
+    return int(sum(self.versions))
 
 
-def _reject(learner: int, fragment: int | None, time: float, reason: str, code: str,
-            up: Upload | None = None) -> Log:
-    record = {"event": "reject", "learner": learner, "fragment": fragment, "time": time,
-              "reason": reason, "code": code}
-    if up is not None:
-        record.update(sent_time=up.sent_time, base_version=up.base_version,
-                      base_generation=up.base_generation)
-    return Log(record)
+def _reject(
+    learner: int,
+    fragment: int | None,
+    time: float,
+    reason: str,
+    code: str,
+    up: Upload | None = None,
+) -> Log:
+  record = {
+      "event": "reject",
+      "learner": learner,
+      "fragment": fragment,
+      "time": time,
+      "reason": reason,
+      "code": code,
+  }
+  if up is not None:
+    record.update(
+        sent_time=up.sent_time, base_version=up.base_version, base_generation=up.base_generation
+    )
+  return Log(record)
 
 
 def _damped(merged: dict, weights: np.ndarray, staleness: list[int]) -> dict:
-    """`merged` times the weighted mean of 1/(1 + staleness) (unchanged when all are fresh)."""
-    if not any(staleness):
-        return merged
-    factor = np.float32(np.dot(weights / weights.sum(), 1.0 / (1.0 + np.array(staleness, float))))
-    return {k: v * factor for k, v in merged.items()}
+  """`merged` times the weighted mean of 1/(1 + staleness) (unchanged when all are fresh)."""
+  if not any(staleness):
+    return merged
+  factor = np.float32(np.dot(weights / weights.sum(), 1.0 / (1.0 + np.array(staleness, float))))
+  return {k: v * factor for k, v in merged.items()}
 
 
 def _read_only(e: compression.Encoded) -> np.ndarray:
-    """Decoded values to merge; fp32 payloads are viewed in place, not copied."""
-    if e.codec == "fp32":
-        return np.frombuffer(e.payload, "<f4").reshape(e.shape)
-    return compression.decode(e)
+  """Decoded values to merge; fp32 payloads are viewed in place, not copied."""
+  if e.codec == "fp32":
+    return np.frombuffer(e.payload, "<f4").reshape(e.shape)
+  return compression.decode(e)
 
 
 def _apply(old: np.ndarray, update: compression.Encoded, raw: np.ndarray) -> np.ndarray:
-    """old + decoded update, a new array; raw − decoded update (the residual) in place of raw."""
-    new = np.empty_like(old)
-    old_N, new_N, raw_N = old.reshape(-1), new.reshape(-1), raw.reshape(-1)
-    for c0, d in compression.decode_chunks(update):
-        np.add(old_N[c0: c0 + d.size], d, out=new_N[c0: c0 + d.size])
-        np.subtract(raw_N[c0: c0 + d.size], d, out=raw_N[c0: c0 + d.size])
-    return new
+  """old + decoded update, a new array; raw − decoded update (the residual) in place of raw."""
+  new = np.empty_like(old)
+  old_N, new_N, raw_N = old.reshape(-1), new.reshape(-1), raw.reshape(-1)
+  for c0, d in compression.decode_chunks(update):
+    np.add(old_N[c0 : c0 + d.size], d, out=new_N[c0 : c0 + d.size])
+    np.subtract(raw_N[c0 : c0 + d.size], d, out=raw_N[c0 : c0 + d.size])
+  return new

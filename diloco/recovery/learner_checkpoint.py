@@ -12,47 +12,47 @@ from diloco.outer.learner import Learner
 
 
 class LearnerCheckpointer:
-    """Saves and restores one learner; `every` = 0 never saves (restore then finds nothing)."""
+  """Saves and restores one learner; `every` = 0 never saves (restore then finds nothing)."""
 
-    def __init__(self, directory: str, every: int, keep: int = 2):
-        if every < 0:
-            raise ValueError(f"learner checkpoint interval must be >= 0, got {every}")
-        self.directory, self.every, self.keep = os.path.abspath(directory), every, keep
-        self._ckpt: checkpoint.Checkpointer | None = None
+  def __init__(self, directory: str, every: int, keep: int = 2):
+    if every < 0:
+      raise ValueError(f"learner checkpoint interval must be >= 0, got {every}")
+    self.directory, self.every, self.keep = os.path.abspath(directory), every, keep
+    self._ckpt: checkpoint.Checkpointer | None = None
 
-    def _manager(self) -> checkpoint.Checkpointer:
-        if self._ckpt is None:
-            self._ckpt = checkpoint.Checkpointer(self.directory, max(self.every, 1), keep=self.keep,
-                                                 async_save=False)
-        return self._ckpt
+  def _manager(self) -> checkpoint.Checkpointer:
+    if self._ckpt is None:
+      self._ckpt = checkpoint.Checkpointer(
+          self.directory, max(self.every, 1), keep=self.keep, async_save=False
+      )
+    return self._ckpt
 
-    def maybe_save(self, learner: Learner, data_iter) -> bool:
-        """Saves if `learner.steps` is a multiple of `every`; returns whether it saved."""
-        if not self.every or learner.steps % self.every:
-            return False
-        return self._manager().save(learner.steps, learner.checkpoint_state(), data_iter,
-                                    force=True)
+  def maybe_save(self, learner: Learner, data_iter) -> bool:
+    """Saves if `learner.steps` is a multiple of `every`; returns whether it saved."""
+    if not self.every or learner.steps % self.every:
+      return False
+    return self._manager().save(learner.steps, learner.checkpoint_state(), data_iter, force=True)
 
-    def latest_step(self) -> int | None:
-        if not self.every:
-            return None
-        return self._manager().latest_step()
+  def latest_step(self) -> int | None:
+    if not self.every:
+      return None
+    return self._manager().latest_step()
 
-    def restore_into(self, learner: Learner, data_iter) -> int | None:
-        """Loads the newest checkpoint into `learner`, rewinds `data_iter`; its step, or None."""
-        if self.latest_step() is None:
-            return None
-        step, saved = self._manager().restore(learner.checkpoint_like(), data_iter)
-        learner.load_checkpoint_state(saved)
-        return step
+  def restore_into(self, learner: Learner, data_iter) -> int | None:
+    """Loads the newest checkpoint into `learner`, rewinds `data_iter`; its step, or None."""
+    if self.latest_step() is None:
+      return None
+    step, saved = self._manager().restore(learner.checkpoint_like(), data_iter)
+    learner.load_checkpoint_state(saved)
+    return step
 
-    def reopen(self) -> None:
-        """Forgets the open manager, as a restarted process would, and reads the directory anew."""
-        if self._ckpt is not None:
-            self._ckpt.close()
-        self._ckpt = None
+  def reopen(self) -> None:
+    """Forgets the open manager, as a restarted process would, and reads the directory anew."""
+    if self._ckpt is not None:
+      self._ckpt.close()
+    self._ckpt = None
 
-    def close(self) -> None:
-        if self._ckpt is not None:
-            self._ckpt.close()
-            self._ckpt = None
+  def close(self) -> None:
+    if self._ckpt is not None:
+      self._ckpt.close()
+      self._ckpt = None

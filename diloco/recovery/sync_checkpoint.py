@@ -17,75 +17,82 @@ from etils import epath
 
 
 class SimulatedCrash(RuntimeError):
-    """The synchronizer died here (injected by a fault schedule or a test)."""
+  """The synchronizer died here (injected by a fault schedule or a test)."""
 
 
 class _CrashingJsonHandler(ocp.handlers.JsonCheckpointHandler):
-    """Writes half of its JSON file, then dies."""
+  """Writes half of its JSON file, then dies."""
 
-    async def _save_fn(self, x, directory):
-        text = str(x)
-        (epath.Path(directory) / "partial").write_text(text[:len(text) // 2])
-        raise SimulatedCrash("synchronizer crashed while writing a checkpoint")
+  async def _save_fn(self, x, directory):
+    text = str(x)
+    (epath.Path(directory) / "partial").write_text(text[: len(text) // 2])
+    raise SimulatedCrash("synchronizer crashed while writing a checkpoint")
 
 
 @ocp.args.register_with_handler(_CrashingJsonHandler, for_save=True)
 @dataclasses.dataclass
 class _CrashingSave(ocp.args.CheckpointArgs):
-    item: Any
+  item: Any
 
 
 @ocp.args.register_with_handler(_CrashingJsonHandler, for_restore=True)
 @dataclasses.dataclass
 class _CrashingRestore(ocp.args.CheckpointArgs):
-    """Never used: orbax wants a restore argument type for every handler."""
+  """Never used: orbax wants a restore argument type for every handler."""
 
 
 class SyncCheckpointer:
-    """Saves `state_dict()`s synchronously and restores the newest one."""
+  """Saves `state_dict()`s synchronously and restores the newest one."""
 
-    def __init__(self, directory: str, keep: int = 2):
-        self.directory, self.keep = os.path.abspath(directory), keep
-        self._open()
+  def __init__(self, directory: str, keep: int = 2):
+    self.directory, self.keep = os.path.abspath(directory), keep
+    self._open()
 
-    def _open(self) -> None:
-        options = ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True,
-                                               enable_async_checkpointing=False)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+  def _open(self) -> None:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=self.keep, create=True, enable_async_checkpointing=False
+    )
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
 
-    def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
 
-    def save(self, merges: int, state: dict[str, Any], interrupt: bool = False) -> bool:
-        """Saves `state` as step `merges` (skipped if that step exists); see the module doc."""
-        if merges in self._manager.all_steps():
-            return False
-        items = {"arrays": ocp.args.StandardSave(state["arrays"]),
-                 "meta": ocp.args.JsonSave(state["meta"])}
-        if not interrupt:
-            return self._manager.save(merges, args=ocp.args.Composite(**items), force=True)
-        items["crash"] = _CrashingSave({"merges": merges})
-        absl_logger = logging.get_absl_logger()
-        level = absl_logger.level
-        absl_logger.setLevel("CRITICAL")  # orbax logs the injected exception as an error
-        try:
-            return self._manager.save(merges, args=ocp.args.Composite(**items), force=True)
-        finally:
-            absl_logger.setLevel(level)
+  def save(self, merges: int, state: dict[str, Any], interrupt: bool = False) -> bool:
+    """Saves `state` as step `merges` (skipped if that step exists); see the module doc."""
+    if merges in self._manager.all_steps():
+      return False
+    items = {
+        "arrays": ocp.args.StandardSave(state["arrays"]),
+        "meta": ocp.args.JsonSave(state["meta"]),
+    }
+    if not interrupt:
+      return self._manager.save(merges, args=ocp.args.Composite(**items), force=True)
+    items["crash"] = _CrashingSave({"merges": merges})
+    absl_logger = logging.get_absl_logger()
+    level = absl_logger.level
+    absl_logger.setLevel("CRITICAL")  # orbax logs the injected exception as an error
+    try:
+      return self._manager.save(merges, args=ocp.args.Composite(**items), force=True)
+    finally:
+      absl_logger.setLevel(level)
 
-    def restore(self, like: dict[str, Any], step: int | None = None) -> dict[str, Any]:
-        """The newest (or `step`'s) state, with the array shapes of `like` (a `state_dict()`)."""
-        step = self._manager.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no synchronizer checkpoint in {self.directory}")
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            arrays=ocp.args.StandardRestore(like["arrays"]), meta=ocp.args.JsonRestore()))
-        return {"arrays": dict(restored["arrays"]), "meta": restored["meta"]}
+  def restore(self, like: dict[str, Any], step: int | None = None) -> dict[str, Any]:
+    """The newest (or `step`'s) state, with the array shapes of `like` (a `state_dict()`)."""
+    step = self._manager.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no synchronizer checkpoint in {self.directory}")
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+            arrays=ocp.args.StandardRestore(like["arrays"]), meta=ocp.args.JsonRestore()
+        ),
+    )
+    return {"arrays": dict(restored["arrays"]), "meta": restored["meta"]}
 
-    def reopen(self) -> None:
-        """Forgets the open manager, as a restarted process would, and reads the directory anew."""
-        self._manager.close()
-        self._open()
+  def reopen(self) -> None:
+    """Forgets the open manager, as a restarted process would, and reads the directory anew."""
+    self._manager.close()
+    self._open()
 
-    def close(self) -> None:
-        self._manager.close()
+  def close(self) -> None:
+    self._manager.close()

@@ -17,118 +17,160 @@ from diloco.rpc import synchronizer_pb2 as pb
 from diloco.runtime import link as link_lib
 from diloco.rpc import transport
 
-_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
-_CODE_OF = {v: k for k, v in service.RPC_CODES.items() if k not in ("malformed", "too_large",
-                                                                     "rate_limited", "stale")}
+_UNREACHABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+)
+_CODE_OF = {
+    v: k
+    for k, v in service.RPC_CODES.items()
+    if k not in ("malformed", "too_large", "rate_limited", "stale")
+}
 
 
 class GrpcLink:
-    """Join, Progress, Upload (client stream of chunks) and Poll (long-poll) over one channel."""
+  """Join, Progress, Upload (client stream of chunks) and Poll (long-poll) over one channel."""
 
-    def __init__(self, target: str, learner: int, token: str, *,
-                 limits: limits_lib.Limits = limits_lib.Limits(), ca_cert: str = ""):
-        self.learner, self.token, self.limits = learner, token, limits
-        self.session = uuid.uuid4().hex
-        creds = security.channel_credentials(ca_cert)
-        options = limits.channel_options()
-        self.channel = (grpc.secure_channel(target, creds, options=options) if creds is not None
-                        else grpc.insecure_channel(target, options=options))
-        self._lock = threading.Lock()
-        self.bytes_sent = self.bytes_received = 0  # serialized gRPC messages, both directions
-        self.codec_bytes_sent = self.codec_bytes_received = 0  # the codec's payload counts
-        self.acked = 0
-        self.generation = 0
-        self.step_time, self.steps, self.tokens = 0.0, 0, 0
-        self.last_settled = False
+  def __init__(
+      self,
+      target: str,
+      learner: int,
+      token: str,
+      *,
+      limits: limits_lib.Limits = limits_lib.Limits(),
+      ca_cert: str = "",
+  ):
+    self.learner, self.token, self.limits = learner, token, limits
+    self.session = uuid.uuid4().hex
+    creds = security.channel_credentials(ca_cert)
+    options = limits.channel_options()
+    self.channel = (
+        grpc.secure_channel(target, creds, options=options)
+        if creds is not None
+        else grpc.insecure_channel(target, options=options)
+    )
+    self._lock = threading.Lock()
+    self.bytes_sent = self.bytes_received = 0  # serialized gRPC messages, both directions
+    self.codec_bytes_sent = self.codec_bytes_received = 0  # the codec's payload counts
+    self.acked = 0
+    self.generation = 0
+    self.step_time, self.steps, self.tokens = 0.0, 0, 0
+    self.last_settled = False
 
-        def counted_out(data: bytes) -> bytes:
-            self._add(sent=len(data))
-            return data
+    def counted_out(data: bytes) -> bytes:
+      self._add(sent=len(data))
+      return data
 
-        def counted_in(data: bytes) -> bytes:
-            self._add(received=len(data))
-            return data
+    def counted_in(data: bytes) -> bytes:
+      self._add(received=len(data))
+      return data
 
-        def method(name, kind, req_cls=None):
-            ser = (lambda m: counted_out(m.SerializeToString()))
-            return getattr(self.channel, kind)(f"/{service.SERVICE}/{name}",
-                                              request_serializer=ser,
-                                              response_deserializer=counted_in)
+    def method(name, kind, req_cls=None):
+      ser = lambda m: counted_out(m.SerializeToString())
+      return getattr(self.channel, kind)(
+          f"/{service.SERVICE}/{name}", request_serializer=ser, response_deserializer=counted_in
+      )
 
-        self._join = method("Join", "unary_unary")
-        self._progress = method("Progress", "unary_unary")
-        self._upload = method("Upload", "stream_unary")
-        self._poll = method("Poll", "unary_stream")
+    self._join = method("Join", "unary_unary")
+    self._progress = method("Progress", "unary_unary")
+    self._upload = method("Upload", "stream_unary")
+    self._poll = method("Poll", "unary_stream")
 
-    def _add(self, sent: int = 0, received: int = 0) -> None:
-        with self._lock:
-            self.bytes_sent += sent
-            self.bytes_received += received
+  def _add(self, sent: int = 0, received: int = 0) -> None:
+    with self._lock:
+      self.bytes_sent += sent
+      self.bytes_received += received
 
-    def _md(self):
-        return ((security.TOKEN_KEY, self.token),)
+  def _md(self):
+    return ((security.TOKEN_KEY, self.token),)
 
-    def _call(self, fn):
-        try:
-            return fn()
-        except grpc.RpcError as err:
-            code = err.code() if hasattr(err, "code") else None
-            if code in _UNREACHABLE or code is None:
-                raise link_lib.Unreachable(str(err)) from err
-            name = _CODE_OF.get(code, "invalid")
-            raise link_lib.Refused(name, err.details() or str(code)) from err
+  def _call(self, fn):
+    try:
+      return fn()
+    except grpc.RpcError as err:
+      code = err.code() if hasattr(err, "code") else None
+      if code in _UNREACHABLE or code is None:
+        raise link_lib.Unreachable(str(err)) from err
+      name = _CODE_OF.get(code, "invalid")
+      raise link_lib.Refused(name, err.details() or str(code)) from err
 
-    def join(self, versions, generations) -> None:
-        req = pb.JoinRequest(learner=self.learner, session=self.session, versions=versions,
-                             generations=generations)
-        reply = pb.JoinReply.FromString(self._call(lambda: self._join(
-            req, timeout=self.limits.call_timeout_s, metadata=self._md())))
-        self.acked, self.generation = reply.next_seq, reply.generation
+  def join(self, versions, generations) -> None:
+    req = pb.JoinRequest(
+        learner=self.learner, session=self.session, versions=versions, generations=generations
+    )
+    reply = pb.JoinReply.FromString(
+        self._call(lambda: self._join(req, timeout=self.limits.call_timeout_s, metadata=self._md()))
+    )
+    self.acked, self.generation = reply.next_seq, reply.generation
 
-    def progress(self, finished: bool) -> bool:
-        req = pb.ProgressRequest(learner=self.learner, session=self.session, steps=self.steps,
-                                 tokens=self.tokens, step_time=self.step_time, finished=finished)
-        reply = pb.ProgressReply.FromString(self._call(lambda: self._progress(
-            req, timeout=self.limits.call_timeout_s, metadata=self._md())))
-        self.generation, self.last_settled = reply.generation, reply.settled
-        return reply.settled
+  def progress(self, finished: bool) -> bool:
+    req = pb.ProgressRequest(
+        learner=self.learner,
+        session=self.session,
+        steps=self.steps,
+        tokens=self.tokens,
+        step_time=self.step_time,
+        finished=finished,
+    )
+    reply = pb.ProgressReply.FromString(
+        self._call(
+            lambda: self._progress(req, timeout=self.limits.call_timeout_s, metadata=self._md())
+        )
+    )
+    self.generation, self.last_settled = reply.generation, reply.settled
+    return reply.settled
 
-    def upload(self, up: protocol.Upload) -> None:
-        pieces = transport.split(transport.encode_message(up), self.limits.chunk_bytes)
-        chunks = (pb.Chunk(learner=self.learner, session=self.session, fragment=up.fragment,
-                           index=p.index, total=p.total, length=p.length, crc=p.crc, data=p.data)
-                  for p in pieces)
-        self.step_time, self.steps, self.tokens = up.step_time, up.steps, up.tokens
-        self._call(lambda: self._upload(chunks, timeout=self.limits.call_timeout_s,
-                                        metadata=self._md()))
-        self.codec_bytes_sent += up.nbytes
+  def upload(self, up: protocol.Upload) -> None:
+    pieces = transport.split(transport.encode_message(up), self.limits.chunk_bytes)
+    chunks = (
+        pb.Chunk(
+            learner=self.learner,
+            session=self.session,
+            fragment=up.fragment,
+            index=p.index,
+            total=p.total,
+            length=p.length,
+            crc=p.crc,
+            data=p.data,
+        )
+        for p in pieces
+    )
+    self.step_time, self.steps, self.tokens = up.step_time, up.steps, up.tokens
+    self._call(
+        lambda: self._upload(chunks, timeout=self.limits.call_timeout_s, metadata=self._md())
+    )
+    self.codec_bytes_sent += up.nbytes
 
-    def poll(self, wait_s: float) -> list[protocol.Send]:
-        req = pb.PollRequest(learner=self.learner, session=self.session, after_seq=self.acked,
-                             wait_s=wait_s)
+  def poll(self, wait_s: float) -> list[protocol.Send]:
+    req = pb.PollRequest(
+        learner=self.learner, session=self.session, after_seq=self.acked, wait_s=wait_s
+    )
 
-        def fetch():
-            got, joiner, seq = [], None, None
-            for data in self._poll(req, timeout=wait_s + self.limits.call_timeout_s,
-                                   metadata=self._md()):
-                c = pb.Chunk.FromString(data)
-                if c.index == 0:
-                    joiner, seq = transport.Reassembler(self.limits.max_upload_bytes,
-                                                        self.limits.max_chunks), c.seq
-                joiner.add(transport.Piece(c.index, c.total, c.length, c.crc, c.data))
-                if c.index == c.total - 1:
-                    got.append((seq, transport.decode_message(joiner.done())))
-            return got
+    def fetch():
+      got, joiner, seq = [], None, None
+      for data in self._poll(req, timeout=wait_s + self.limits.call_timeout_s, metadata=self._md()):
+        c = pb.Chunk.FromString(data)
+        if c.index == 0:
+          joiner, seq = (
+              transport.Reassembler(self.limits.max_upload_bytes, self.limits.max_chunks),
+              c.seq,
+          )
+        joiner.add(transport.Piece(c.index, c.total, c.length, c.crc, c.data))
+        if c.index == c.total - 1:
+          got.append((seq, transport.decode_message(joiner.done())))
+      return got
 
-        try:
-            got = self._call(fetch)
-        except transport.WireError as err:
-            raise link_lib.Unreachable(f"corrupt delivery: {err}") from err
-        if got:
-            self.acked = got[-1][0]
-        self.codec_bytes_received += sum(s.nbytes for _, s in got)
-        return [s for _, s in got]
+    try:
+      got = self._call(fetch)
+    except transport.WireError as err:
+      raise link_lib.Unreachable(f"corrupt delivery: {err}") from err
+    if got:
+      self.acked = got[-1][0]
+    self.codec_bytes_received += sum(s.nbytes for _, s in got)
+    return [s for _, s in got]
 
-    def close(self) -> None:
-        self.channel.close()
+  def close(self) -> None:
+    self.channel.close()

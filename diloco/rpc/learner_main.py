@@ -36,138 +36,179 @@ from diloco.runtime import async_link, learner_loop
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """How this process joins a multi-process learner (all empty: a single-process learner)."""
+  """How this process joins a multi-process learner (all empty: a single-process learner)."""
 
-    coordinator: str = ""  # HOST:PORT of JAX process 0 (local tests); else auto-detected
-    num_processes: int = 0
-    process_id: int = -1
+  coordinator: str = ""  # HOST:PORT of JAX process 0 (local tests); else auto-detected
+  num_processes: int = 0
+  process_id: int = -1
 
 
 def talks_to_sync() -> bool:
-    """Whether this JAX process is the one of its learner that talks to the synchronizer."""
-    return jax.process_index() == 0
+  """Whether this JAX process is the one of its learner that talks to the synchronizer."""
+  return jax.process_index() == 0
 
 
 def loop_link_for(link, blocking: bool):
-    """The link the learner loop uses: for non-blocking learners, merged fragments are polled by a
-    thread (uploads stay on the loop's thread, which sends them while a step computes)."""
-    return link if blocking else async_link.BackgroundLink(link, send_in_thread=False)
+  """The link the learner loop uses: for non-blocking learners, merged fragments are polled by a
+  thread (uploads stay on the loop's thread, which sends them while a step computes)."""
+  return link if blocking else async_link.BackgroundLink(link, send_in_thread=False)
 
 
 def make_learner(config: ml_collections.ConfigDict, m: int) -> multihost.SpmdLearner:
-    """Learner m on every device of its JAX job, holding nothing yet (its Join fetches them)."""
-    parts = build.one_learner(config, m, jax.devices(), learner_cls=multihost.SpmdLearner,
-                              host_value=multihost.host_value)
-    return parts.make_learner(m)
+  """Learner m on every device of its JAX job, holding nothing yet (its Join fetches them)."""
+  parts = build.one_learner(
+      config, m, jax.devices(), learner_cls=multihost.SpmdLearner, host_value=multihost.host_value
+  )
+  return parts.make_learner(m)
 
 
 def restore(learner: multihost.SpmdLearner, ckpt: LearnerCheckpointer) -> int | None:
-    """Continues from the newest checkpoint (its step), or None: the learner starts fresh."""
-    return ckpt.restore_into(learner, learner.island.data.train_iter)
+  """Continues from the newest checkpoint (its step), or None: the learner starts fresh."""
+  return ckpt.restore_into(learner, learner.island.data.train_iter)
 
 
 class _Progress:
-    """Appends {step, loss, time, versions} every `log_every` steps to WORKDIR/progress.jsonl,
-    and one {time, pid, restored_step, versions} line per process start to WORKDIR/starts.jsonl."""
+  """Appends {step, loss, time, versions} every `log_every` steps to WORKDIR/progress.jsonl,
+  and one {time, pid, restored_step, versions} line per process start to WORKDIR/starts.jsonl."""
 
-    def __init__(self, workdir: str, learner_id: int, log_every: int, start: dict):
-        self.learner_id, self.log_every = learner_id, log_every
-        with open(os.path.join(workdir, "starts.jsonl"), "a", encoding="utf-8") as f:
-            f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **start}) + "\n")
-        self.f = open(os.path.join(workdir, "progress.jsonl"), "a", encoding="utf-8")
+  def __init__(self, workdir: str, learner_id: int, log_every: int, start: dict):
+    self.learner_id, self.log_every = learner_id, log_every
+    with open(os.path.join(workdir, "starts.jsonl"), "a", encoding="utf-8") as f:
+      f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **start}) + "\n")
+    self.f = open(os.path.join(workdir, "progress.jsonl"), "a", encoding="utf-8")
 
-    def write(self, record: dict) -> None:
-        self.f.write(json.dumps({**record, "time": time.time()}) + "\n")
-        self.f.flush()
+  def write(self, record: dict) -> None:
+    self.f.write(json.dumps({**record, "time": time.time()}) + "\n")
+    self.f.flush()
 
-    def __call__(self, lrn, device_metrics) -> None:
-        if lrn.steps % self.log_every == 0:
-            loss = float(jax.device_get(device_metrics)["loss"])
-            if not np.isfinite(loss):
-                raise FloatingPointError(f"learner {self.learner_id}: loss {loss} at step "
-                                         f"{lrn.steps}")
-            self.write({"step": lrn.steps, "loss": loss, "versions": lrn.versions})
+  def __call__(self, lrn, device_metrics) -> None:
+    if lrn.steps % self.log_every == 0:
+      loss = float(jax.device_get(device_metrics)["loss"])
+      if not np.isfinite(loss):
+        raise FloatingPointError(f"learner {self.learner_id}: loss {loss} at step " f"{lrn.steps}")
+      self.write({"step": lrn.steps, "loss": loss, "versions": lrn.versions})
 
-    def close(self) -> None:
-        self.f.close()
+  def close(self) -> None:
+    self.f.close()
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *, learner_id: int, target: str,
-        token: str, cluster: Cluster = Cluster()) -> dict[str, Any]:
-    deploy_lib.check(config.deploy)
-    multihost.initialize(config.get("distributed", False), cluster.coordinator,
-                         cluster.num_processes, cluster.process_id)
-    os.makedirs(workdir, exist_ok=True)
-    learner = make_learner(config, learner_id)
-    ckpt = LearnerCheckpointer(os.path.join(workdir, "checkpoints"),
-                               config.outer.learner_checkpoint_every)
-    restored = restore(learner, ckpt)
-    restored_state = {"restored_step": restored, "restored_versions": list(learner.versions)}
-    tokens0 = learner.tokens
+def run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    learner_id: int,
+    target: str,
+    token: str,
+    cluster: Cluster = Cluster(),
+) -> dict[str, Any]:
+  deploy_lib.check(config.deploy)
+  multihost.initialize(
+      config.get("distributed", False),
+      cluster.coordinator,
+      cluster.num_processes,
+      cluster.process_id,
+  )
+  os.makedirs(workdir, exist_ok=True)
+  learner = make_learner(config, learner_id)
+  ckpt = LearnerCheckpointer(
+      os.path.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
+  )
+  restored = restore(learner, ckpt)
+  restored_state = {"restored_step": restored, "restored_versions": list(learner.versions)}
+  tokens0 = learner.tokens
 
-    def after_step(lrn) -> None:
-        ckpt.maybe_save(lrn, lrn.island.data.train_iter)
+  def after_step(lrn) -> None:
+    ckpt.maybe_save(lrn, lrn.island.data.train_iter)
 
-    def next_batch():
-        return next(learner.island.data.train_iter)
+  def next_batch():
+    return next(learner.island.data.train_iter)
 
-    if not talks_to_sync():
-        counts = multihost.follow(learner, next_batch, after_step)
-        ckpt.close()
-        return _finish(learner, workdir, {"role": "follower", "ops": counts, **restored_state})
-    limits = limits_lib.Limits.from_deploy(config.deploy)
-    link = client_lib.GrpcLink(target, learner_id, token, limits=limits,
-                               ca_cert=config.deploy.ca_cert)
-    loop_link = outer_link = loop_link_for(link, config.outer.blocking)
-    if jax.process_count() > 1:
-        multihost.lead(learner)
-        loop_link = multihost.KeepFollowers(loop_link, learner)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    progress = _Progress(workdir, learner_id, config.log_every, restored_state)
-
-    def on_step(lrn, device_metrics) -> None:
-        progress(lrn, device_metrics)
-        after_step(lrn)
-
-    t0 = time.perf_counter()
-    try:
-        result = learner_loop.run_learner(
-            learner, loop_link, next_batch, config.steps, overlap=config.outer.overlap,
-            blocking=config.outer.blocking, heartbeat_s=limits.absent_after_s / 4, stop=stop,
-            on_step=on_step, seed=learner_id, settle_timeout_s=120.0)
-    finally:
-        multihost.end(learner)
-    wall = time.perf_counter() - t0
-    progress.close()
-    outer_link.close()  # a BackgroundLink closes the gRPC link too
+  if not talks_to_sync():
+    counts = multihost.follow(learner, next_batch, after_step)
     ckpt.close()
-    held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
-    np.savez(os.path.join(workdir, "global_copy.npz"), **held)
-    return _finish(learner, workdir, {
-        **result, "role": "learner", "wall_s": wall, **restored_state,
-        "tokens_per_s": (learner.tokens - tokens0) / wall,  # this process's own
-        "versions": learner.versions, "generations": learner.generations,
-        "global_crc": integrity.tree_crc(held),
-        "wire_bytes_sent": link.bytes_sent, "wire_bytes_received": link.bytes_received,
-        "codec_bytes_sent": link.codec_bytes_sent,
-        "codec_bytes_received": link.codec_bytes_received})
+    return _finish(learner, workdir, {"role": "follower", "ops": counts, **restored_state})
+  limits = limits_lib.Limits.from_deploy(config.deploy)
+  link = client_lib.GrpcLink(
+      target, learner_id, token, limits=limits, ca_cert=config.deploy.ca_cert
+  )
+  loop_link = outer_link = loop_link_for(link, config.outer.blocking)
+  if jax.process_count() > 1:
+    multihost.lead(learner)
+    loop_link = multihost.KeepFollowers(loop_link, learner)
+  stop = threading.Event()
+  signal.signal(signal.SIGTERM, lambda *_: stop.set())
+  progress = _Progress(workdir, learner_id, config.log_every, restored_state)
+
+  def on_step(lrn, device_metrics) -> None:
+    progress(lrn, device_metrics)
+    after_step(lrn)
+
+  t0 = time.perf_counter()
+  try:
+    result = learner_loop.run_learner(
+        learner,
+        loop_link,
+        next_batch,
+        config.steps,
+        overlap=config.outer.overlap,
+        blocking=config.outer.blocking,
+        heartbeat_s=limits.absent_after_s / 4,
+        stop=stop,
+        on_step=on_step,
+        seed=learner_id,
+        settle_timeout_s=120.0,
+    )
+  finally:
+    multihost.end(learner)
+  wall = time.perf_counter() - t0
+  progress.close()
+  outer_link.close()  # a BackgroundLink closes the gRPC link too
+  ckpt.close()
+  held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
+  np.savez(os.path.join(workdir, "global_copy.npz"), **held)
+  return _finish(
+      learner,
+      workdir,
+      {
+          **result,
+          "role": "learner",
+          "wall_s": wall,
+          **restored_state,
+          "tokens_per_s": (learner.tokens - tokens0) / wall,  # this process's own
+          "versions": learner.versions,
+          "generations": learner.generations,
+          "global_crc": integrity.tree_crc(held),
+          "wire_bytes_sent": link.bytes_sent,
+          "wire_bytes_received": link.bytes_received,
+          "codec_bytes_sent": link.codec_bytes_sent,
+          "codec_bytes_received": link.codec_bytes_received,
+      },
+  )
 
 
 def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict[str, Any]:
-    """Writes the summary (process 0) and, in a multi-process learner, each process's params."""
-    summary = {**summary, "runtime": "grpc", "learner": learner.index, "steps": learner.steps,
-               "tokens": learner.tokens, "process": jax.process_index(),
-               "processes": jax.process_count(), "devices": jax.device_count()}
-    if jax.process_count() > 1:  # every process: the parameters it ended with
-        params = learner.host_params()
-        np.savez(os.path.join(workdir, f"params.process{jax.process_index()}.npz"), **params)
-        summary["params_crc"] = integrity.tree_crc(params)
-        summary["params_sharded"] = sum(not x.is_fully_replicated  # over the processes' devices
-                                        for x in jax.tree.leaves(learner.state.params))
-    if talks_to_sync():
-        metrics.write_summary(workdir, summary)
-    else:
-        with open(os.path.join(workdir, f"summary.process{jax.process_index()}.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-    return summary
+  """Writes the summary (process 0) and, in a multi-process learner, each process's params."""
+  summary = {
+      **summary,
+      "runtime": "grpc",
+      "learner": learner.index,
+      "steps": learner.steps,
+      "tokens": learner.tokens,
+      "process": jax.process_index(),
+      "processes": jax.process_count(),
+      "devices": jax.device_count(),
+  }
+  if jax.process_count() > 1:  # every process: the parameters it ended with
+    params = learner.host_params()
+    np.savez(os.path.join(workdir, f"params.process{jax.process_index()}.npz"), **params)
+    summary["params_crc"] = integrity.tree_crc(params)
+    summary["params_sharded"] = sum(
+        not x.is_fully_replicated  # over the processes' devices
+        for x in jax.tree.leaves(learner.state.params)
+    )
+  if talks_to_sync():
+    metrics.write_summary(workdir, summary)
+  else:
+    with open(os.path.join(workdir, f"summary.process{jax.process_index()}.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  return summary

@@ -5,35 +5,42 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    max_message_bytes: int = 4 << 20  # one gRPC message (a chunk); gRPC's default limit is 4 MiB
-    chunk_bytes: int = 1 << 20  # payload bytes per chunk
-    max_upload_bytes: int = 1 << 30  # one reassembled upload or send
-    max_chunks: int = 4096
-    max_learners: int = 64
-    progress_per_s: float = 50.0
-    absent_after_s: float = 5.0  # a learner silent this long is left out of quorums
-    call_timeout_s: float = 10.0  # deadline of every unary and upload call
-    poll_wait_s: float = 1.0  # long-poll wait; its deadline is this plus call_timeout_s
-    keepalive_ms: int = 10_000
+  max_message_bytes: int = 4 << 20  # one gRPC message (a chunk); gRPC's default limit is 4 MiB
+  chunk_bytes: int = 1 << 20  # payload bytes per chunk
+  max_upload_bytes: int = 1 << 30  # one reassembled upload or send
+  max_chunks: int = 4096
+  max_learners: int = 64
+  progress_per_s: float = 50.0
+  absent_after_s: float = 5.0  # a learner silent this long is left out of quorums
+  call_timeout_s: float = 10.0  # deadline of every unary and upload call
+  poll_wait_s: float = 1.0  # long-poll wait; its deadline is this plus call_timeout_s
+  keepalive_ms: int = 10_000
 
-    def __post_init__(self):
-        if self.chunk_bytes + 1024 > self.max_message_bytes:
-            raise ValueError(f"chunk_bytes={self.chunk_bytes} leaves no room for the chunk header "
-                             f"under max_message_bytes={self.max_message_bytes}")
-        if min(self.max_chunks, self.max_learners, self.max_upload_bytes) < 1:
-            raise ValueError("limits must be positive")
+  def __post_init__(self):
+    if self.chunk_bytes + 1024 > self.max_message_bytes:
+      raise ValueError(
+          f"chunk_bytes={self.chunk_bytes} leaves no room for the chunk header "
+          f"under max_message_bytes={self.max_message_bytes}"
+      )
+    if min(self.max_chunks, self.max_learners, self.max_upload_bytes) < 1:
+      raise ValueError("limits must be positive")
 
-    @classmethod
-    def from_deploy(cls, deploy) -> "Limits":
-        """The limits a config's `deploy` section sets; the rest keep their defaults."""
-        return cls(max_message_bytes=int(deploy.max_message_bytes),
-                   chunk_bytes=int(deploy.chunk_bytes), max_learners=int(deploy.max_learners),
-                   absent_after_s=float(deploy.absent_after_s))
+  @classmethod
+  def from_deploy(cls, deploy) -> "Limits":
+    """The limits a config's `deploy` section sets; the rest keep their defaults."""
+    return cls(
+        max_message_bytes=int(deploy.max_message_bytes),
+        chunk_bytes=int(deploy.chunk_bytes),
+        max_learners=int(deploy.max_learners),
+        absent_after_s=float(deploy.absent_after_s),
+    )
 
-    def channel_options(self) -> list[tuple[str, int]]:
-        return [("grpc.max_send_message_length", self.max_message_bytes),
-                ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.keepalive_time_ms", self.keepalive_ms),
-                ("grpc.keepalive_timeout_ms", self.keepalive_ms),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.max_pings_without_data", 0)]
+  def channel_options(self) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", self.max_message_bytes),
+        ("grpc.max_receive_message_length", self.max_message_bytes),
+        ("grpc.keepalive_time_ms", self.keepalive_ms),
+        ("grpc.keepalive_timeout_ms", self.keepalive_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]

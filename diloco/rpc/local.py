@@ -23,149 +23,179 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @dataclasses.dataclass
 class LocalCluster:
-    """Processes of one local run; `config` is the --config argument (file[:args])."""
+  """Processes of one local run; `config` is the --config argument (file[:args])."""
 
-    config: str
-    learners: int
-    workdir: str
-    overrides: tuple[str, ...] = ()  # extra --config.key=value flags for every process
-    devices_per_learner: int = 1  # per process
-    processes_per_learner: int = 1
-    token: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16))
-    absent_after_s: float = 3.0
-    procs: dict = dataclasses.field(default_factory=dict)
-    port: int | None = None
-    starts: dict = dataclasses.field(default_factory=dict)
+  config: str
+  learners: int
+  workdir: str
+  overrides: tuple[str, ...] = ()  # extra --config.key=value flags for every process
+  devices_per_learner: int = 1  # per process
+  processes_per_learner: int = 1
+  token: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16))
+  absent_after_s: float = 3.0
+  procs: dict = dataclasses.field(default_factory=dict)
+  port: int | None = None
+  starts: dict = dataclasses.field(default_factory=dict)
 
-    def _env(self, devices: int) -> dict:
-        env = dict(os.environ, DILOCO_TOKEN=self.token, JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-                   PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        return env
+  def _env(self, devices: int) -> dict:
+    env = dict(
+        os.environ,
+        DILOCO_TOKEN=self.token,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    return env
 
-    def _spawn(self, name: str, args: list[str], devices: int) -> subprocess.Popen:
-        os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
-        log = open(os.path.join(self.workdir, "logs", f"{name}.log"), "ab")
-        proc = subprocess.Popen([sys.executable, *args, *self.overrides], cwd=REPO,
-                                env=self._env(devices), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        log.close()
-        self.procs[name] = proc
-        self.starts[name] = self.starts.get(name, 0) + 1
-        return proc
+  def _spawn(self, name: str, args: list[str], devices: int) -> subprocess.Popen:
+    os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
+    log = open(os.path.join(self.workdir, "logs", f"{name}.log"), "ab")
+    proc = subprocess.Popen(
+        [sys.executable, *args, *self.overrides],
+        cwd=REPO,
+        env=self._env(devices),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    self.procs[name] = proc
+    self.starts[name] = self.starts.get(name, 0) + 1
+    return proc
 
-    def start_sync(self, timeout_s: float = 120.0) -> int:
-        """Starts (or restarts) the synchronizer and waits for its port."""
-        sync_dir = os.path.join(self.workdir, "sync")
-        port_file = os.path.join(sync_dir, "port")
-        if os.path.exists(port_file):
-            os.remove(port_file)
-        port = self.port or 0  # a restart reuses the port the learners know
-        proc = self._spawn("sync", ["-m", "experiments.synchronizer", f"--config={self.config}",
-                                    f"--workdir={sync_dir}", f"--config.deploy.port={port}",
-                                    f"--config.deploy.absent_after_s={self.absent_after_s}"], 1)
-        deadline = time.monotonic() + timeout_s
-        while not os.path.exists(port_file):
-            if proc.poll() is not None:
-                raise RuntimeError(f"synchronizer exited with {proc.returncode}; see "
-                                   f"{self.workdir}/logs/sync.log")
-            if time.monotonic() > deadline:
-                raise TimeoutError("synchronizer did not write its port in time")
-            time.sleep(0.1)
-        with open(port_file) as f:
-            self.port = int(f.read())
-        return self.port
+  def start_sync(self, timeout_s: float = 120.0) -> int:
+    """Starts (or restarts) the synchronizer and waits for its port."""
+    sync_dir = os.path.join(self.workdir, "sync")
+    port_file = os.path.join(sync_dir, "port")
+    if os.path.exists(port_file):
+      os.remove(port_file)
+    port = self.port or 0  # a restart reuses the port the learners know
+    proc = self._spawn(
+        "sync",
+        [
+            "-m",
+            "experiments.synchronizer",
+            f"--config={self.config}",
+            f"--workdir={sync_dir}",
+            f"--config.deploy.port={port}",
+            f"--config.deploy.absent_after_s={self.absent_after_s}",
+        ],
+        1,
+    )
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(port_file):
+      if proc.poll() is not None:
+        raise RuntimeError(
+            f"synchronizer exited with {proc.returncode}; see " f"{self.workdir}/logs/sync.log"
+        )
+      if time.monotonic() > deadline:
+        raise TimeoutError("synchronizer did not write its port in time")
+      time.sleep(0.1)
+    with open(port_file) as f:
+      self.port = int(f.read())
+    return self.port
 
-    def learner_names(self, m: int) -> list[str]:
-        """The process names of learner m: learner<m>, then its followers learner<m>.p<i>."""
-        return [f"learner{m}"] + [f"learner{m}.p{i}" for i in range(1, self.processes_per_learner)]
+  def learner_names(self, m: int) -> list[str]:
+    """The process names of learner m: learner<m>, then its followers learner<m>.p<i>."""
+    return [f"learner{m}"] + [f"learner{m}.p{i}" for i in range(1, self.processes_per_learner)]
 
-    def start_learner(self, m: int) -> subprocess.Popen:
-        """Starts (or restarts) every process of learner m; returns its process 0."""
-        if self.port is None:
-            raise ValueError("start the synchronizer first")
-        args = ["-m", "experiments.learner", f"--config={self.config}", f"--learner_id={m}",
-                f"--synchronizer=127.0.0.1:{self.port}",
-                f"--workdir={os.path.join(self.workdir, f'learner{m}')}",
-                f"--config.deploy.absent_after_s={self.absent_after_s}"]
-        n = self.processes_per_learner
-        if n == 1:
-            return self._spawn(f"learner{m}", args, self.devices_per_learner)
-        coordinator = f"127.0.0.1:{_free_port()}"
-        procs = [self._spawn(name, args + [f"--coordinator={coordinator}", f"--num_processes={n}",
-                                           f"--process_id={i}"], self.devices_per_learner)
-                 for i, name in enumerate(self.learner_names(m))]
-        return procs[0]
+  def start_learner(self, m: int) -> subprocess.Popen:
+    """Starts (or restarts) every process of learner m; returns its process 0."""
+    if self.port is None:
+      raise ValueError("start the synchronizer first")
+    args = [
+        "-m",
+        "experiments.learner",
+        f"--config={self.config}",
+        f"--learner_id={m}",
+        f"--synchronizer=127.0.0.1:{self.port}",
+        f"--workdir={os.path.join(self.workdir, f'learner{m}')}",
+        f"--config.deploy.absent_after_s={self.absent_after_s}",
+    ]
+    n = self.processes_per_learner
+    if n == 1:
+      return self._spawn(f"learner{m}", args, self.devices_per_learner)
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = [
+        self._spawn(
+            name,
+            args + [f"--coordinator={coordinator}", f"--num_processes={n}", f"--process_id={i}"],
+            self.devices_per_learner,
+        )
+        for i, name in enumerate(self.learner_names(m))
+    ]
+    return procs[0]
 
-    def start(self) -> None:
-        self.start_sync()
-        for m in range(self.learners):
-            self.start_learner(m)
+  def start(self) -> None:
+    self.start_sync()
+    for m in range(self.learners):
+      self.start_learner(m)
 
-    def kill(self, name: str) -> None:
-        """SIGKILL, as a crash would; no cleanup runs in the process. Killing learner<m> kills
-        every process of that learner (one JAX job does not outlive its process 0)."""
-        names = [n for n in self.procs if n == name or n.startswith(name + ".p")]
-        for n in names:
-            proc = self.procs[n]
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+  def kill(self, name: str) -> None:
+    """SIGKILL, as a crash would; no cleanup runs in the process. Killing learner<m> kills
+    every process of that learner (one JAX job does not outlive its process 0)."""
+    names = [n for n in self.procs if n == name or n.startswith(name + ".p")]
+    for n in names:
+      proc = self.procs[n]
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
-    def alive(self, name: str) -> bool:
-        return name in self.procs and self.procs[name].poll() is None
+  def alive(self, name: str) -> bool:
+    return name in self.procs and self.procs[name].poll() is None
 
-    def wait(self, timeout_s: float) -> dict[str, int | None]:
-        """Waits for every process to exit by itself; returns their exit codes (None: running)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
-            time.sleep(0.2)
-        return {n: p.poll() for n, p in self.procs.items()}
+  def wait(self, timeout_s: float) -> dict[str, int | None]:
+    """Waits for every process to exit by itself; returns their exit codes (None: running)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+      time.sleep(0.2)
+    return {n: p.poll() for n, p in self.procs.items()}
 
-    def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM everything still running, then SIGKILL what did not exit within `grace_s`."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for name, proc in self.procs.items():
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                self.kill(name)
+  def stop(self, grace_s: float = 5.0) -> None:
+    """SIGTERM everything still running, then SIGKILL what did not exit within `grace_s`."""
+    for proc in self.procs.values():
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for name, proc in self.procs.items():
+      try:
+        proc.wait(max(deadline - time.monotonic(), 0.01))
+      except subprocess.TimeoutExpired:
+        self.kill(name)
 
 
 def with_arg(spec: str, key: str, value) -> str:
-    """`spec` (file[:a=1,b]) with key=value added to its argument."""
-    return f"{spec}{',' if ':' in spec else ':'}{key}={value}"
+  """`spec` (file[:a=1,b]) with key=value added to its argument."""
+  return f"{spec}{',' if ':' in spec else ':'}{key}={value}"
 
 
 def load_config(spec: str, overrides: tuple[str, ...] = ()):
-    """The config a process started with --config=SPEC and these --config.KEY=VALUE overrides
-    gets (checked here, so that a bad override fails before any process starts)."""
-    from absl import flags
-    from ml_collections import config_flags
+  """The config a process started with --config=SPEC and these --config.KEY=VALUE overrides
+  gets (checked here, so that a bad override fails before any process starts)."""
+  from absl import flags
+  from ml_collections import config_flags
 
-    from diloco.config import deploy as deploy_lib
-    bad = [o for o in overrides if not o.startswith("--config.")]
-    if bad:
-        raise ValueError(f"expected --config.KEY=VALUE overrides, got {bad}")
-    path, _, arg = spec.partition(":")
-    if not os.path.exists(path) and os.path.exists(os.path.join(REPO, path)):
-        spec = os.path.join(REPO, path) + (":" + arg if arg else "")
-    argv = ["local", f"--config={spec}", *overrides]
-    values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
-    try:
-        values(argv)
-    except (flags.Error, AttributeError, KeyError) as err:
-        raise ValueError(f"cannot load --config={spec} with {list(overrides)}: {err!r}") from err
-    config = values.config
-    deploy_lib.check(config.deploy)
-    return config
+  from diloco.config import deploy as deploy_lib
+
+  bad = [o for o in overrides if not o.startswith("--config.")]
+  if bad:
+    raise ValueError(f"expected --config.KEY=VALUE overrides, got {bad}")
+  path, _, arg = spec.partition(":")
+  if not os.path.exists(path) and os.path.exists(os.path.join(REPO, path)):
+    spec = os.path.join(REPO, path) + (":" + arg if arg else "")
+  argv = ["local", f"--config={spec}", *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+  try:
+    values(argv)
+  except (flags.Error, AttributeError, KeyError) as err:
+    raise ValueError(f"cannot load --config={spec} with {list(overrides)}: {err!r}") from err
+  config = values.config
+  deploy_lib.check(config.deploy)
+  return config
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]

@@ -8,25 +8,25 @@ TOKEN_KEY = "x-diloco-token"
 
 
 def token_ok(metadata, token: str) -> bool:
-    """Whether the call's metadata carries `token` (compared in constant time)."""
-    got = dict(metadata or ()).get(TOKEN_KEY, "")
-    return isinstance(got, str) and hmac.compare_digest(got.encode(), token.encode())
+  """Whether the call's metadata carries `token` (compared in constant time)."""
+  got = dict(metadata or ()).get(TOKEN_KEY, "")
+  return isinstance(got, str) and hmac.compare_digest(got.encode(), token.encode())
 
 
 def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+  with open(path, "rb") as f:
+    return f.read()
 
 
 def server_credentials(cert: str, key: str) -> grpc.ServerCredentials | None:
-    """TLS for the server when both files are given, else None (plaintext on loopback)."""
-    if bool(cert) != bool(key):
-        raise ValueError("TLS needs both a certificate and a key (got only one)")
-    if not cert:
-        return None
-    return grpc.ssl_server_credentials([(_read(key), _read(cert))])
+  """TLS for the server when both files are given, else None (plaintext on loopback)."""
+  if bool(cert) != bool(key):
+    raise ValueError("TLS needs both a certificate and a key (got only one)")
+  if not cert:
+    return None
+  return grpc.ssl_server_credentials([(_read(key), _read(cert))])
 
 
 def channel_credentials(ca_cert: str) -> grpc.ChannelCredentials | None:
-    """TLS for a client that trusts `ca_cert` (the self-signed certificate itself), else None."""
-    return grpc.ssl_channel_credentials(root_certificates=_read(ca_cert)) if ca_cert else None
+  """TLS for a client that trusts `ca_cert` (the self-signed certificate itself), else None."""
+  return grpc.ssl_channel_credentials(root_certificates=_read(ca_cert)) if ca_cert else None

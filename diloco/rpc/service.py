@@ -41,144 +41,180 @@ log = logging.getLogger(__name__)
 
 
 class Service:
-    """Handlers of SynchronizerService over one SyncHost."""
+  """Handlers of SynchronizerService over one SyncHost."""
 
-    def __init__(self, host: sync_host.SyncHost, token: str, limits: limits_lib.Limits):
-        if not token:
-            raise ValueError("the synchronizer needs a non-empty shared token")
-        self.host, self.token, self.limits = host, token, limits
-        self._lock = threading.Lock()
-        self.bytes_received = 0
-        self.bytes_sent = 0
-        self.codec_bytes_up = 0  # the codec's own count of what was accepted and delivered
-        self.codec_bytes_down = 0
+  def __init__(self, host: sync_host.SyncHost, token: str, limits: limits_lib.Limits):
+    if not token:
+      raise ValueError("the synchronizer needs a non-empty shared token")
+    self.host, self.token, self.limits = host, token, limits
+    self._lock = threading.Lock()
+    self.bytes_received = 0
+    self.bytes_sent = 0
+    self.codec_bytes_up = 0  # the codec's own count of what was accepted and delivered
+    self.codec_bytes_down = 0
 
-    def _add(self, received: int = 0, sent: int = 0) -> None:
-        with self._lock:
-            self.bytes_received += received
-            self.bytes_sent += sent
+  def _add(self, received: int = 0, sent: int = 0) -> None:
+    with self._lock:
+      self.bytes_received += received
+      self.bytes_sent += sent
 
-    def _fail(self, context: grpc.ServicerContext, code: str, message: str):
-        log.warning("refused (%s): %s", code, message)
-        context.abort(RPC_CODES.get(code, grpc.StatusCode.INVALID_ARGUMENT), message)
+  def _fail(self, context: grpc.ServicerContext, code: str, message: str):
+    log.warning("refused (%s): %s", code, message)
+    context.abort(RPC_CODES.get(code, grpc.StatusCode.INVALID_ARGUMENT), message)
 
-    def _auth(self, context: grpc.ServicerContext) -> None:
-        if not security.token_ok(context.invocation_metadata(), self.token):
-            self.host.count("unauthenticated")
-            self._fail(context, "unauthenticated", f"missing or wrong {security.TOKEN_KEY}")
+  def _auth(self, context: grpc.ServicerContext) -> None:
+    if not security.token_ok(context.invocation_metadata(), self.token):
+      self.host.count("unauthenticated")
+      self._fail(context, "unauthenticated", f"missing or wrong {security.TOKEN_KEY}")
 
-    def _parse(self, cls, data: bytes, context: grpc.ServicerContext):
-        self._add(received=len(data))
-        try:
-            return cls.FromString(data)
-        except pb_message.DecodeError as err:
-            self.host.count("malformed")
-            self._fail(context, "malformed", f"malformed {cls.__name__} bytes: {err}")
+  def _parse(self, cls, data: bytes, context: grpc.ServicerContext):
+    self._add(received=len(data))
+    try:
+      return cls.FromString(data)
+    except pb_message.DecodeError as err:
+      self.host.count("malformed")
+      self._fail(context, "malformed", f"malformed {cls.__name__} bytes: {err}")
 
-    def _reply(self, msg) -> bytes:
-        data = msg.SerializeToString()
-        self._add(sent=len(data))
-        return data
+  def _reply(self, msg) -> bytes:
+    data = msg.SerializeToString()
+    self._add(sent=len(data))
+    return data
 
-    def join(self, data: bytes, context) -> bytes:
-        self._auth(context)
-        req = self._parse(pb.JoinRequest, data, context)
-        try:
-            gen, seq = self.host.join(req.learner, req.session, tuple(req.versions),
-                                      tuple(req.generations))
-        except link_lib.Refused as err:
-            self._fail(context, err.code, str(err))
-        return self._reply(pb.JoinReply(generation=gen, next_seq=seq,
-                                        num_fragments=self.host.sync.frag.num_fragments,
-                                        heartbeat_s=self.limits.absent_after_s / 4))
+  def join(self, data: bytes, context) -> bytes:
+    self._auth(context)
+    req = self._parse(pb.JoinRequest, data, context)
+    try:
+      gen, seq = self.host.join(
+          req.learner, req.session, tuple(req.versions), tuple(req.generations)
+      )
+    except link_lib.Refused as err:
+      self._fail(context, err.code, str(err))
+    return self._reply(
+        pb.JoinReply(
+            generation=gen,
+            next_seq=seq,
+            num_fragments=self.host.sync.frag.num_fragments,
+            heartbeat_s=self.limits.absent_after_s / 4,
+        )
+    )
 
-    def progress(self, data: bytes, context) -> bytes:
-        self._auth(context)
-        req = self._parse(pb.ProgressRequest, data, context)
-        try:
-            settled = self.host.progress(req.learner, req.session, finished=req.finished)
-        except link_lib.Refused as err:
-            self._fail(context, err.code, str(err))
-        return self._reply(pb.ProgressReply(generation=self.host.sync.generation, settled=settled))
+  def progress(self, data: bytes, context) -> bytes:
+    self._auth(context)
+    req = self._parse(pb.ProgressRequest, data, context)
+    try:
+      settled = self.host.progress(req.learner, req.session, finished=req.finished)
+    except link_lib.Refused as err:
+      self._fail(context, err.code, str(err))
+    return self._reply(pb.ProgressReply(generation=self.host.sync.generation, settled=settled))
 
-    def upload(self, chunks: Iterator[bytes], context) -> bytes:
-        self._auth(context)
-        joiner = transport.Reassembler(self.limits.max_upload_bytes, self.limits.max_chunks)
-        first, started = None, None
-        try:
-            for data in chunks:
-                c = self._parse(pb.Chunk, data, context)
-                if first is None:
-                    first, started = c, self.host.now()
-                if (c.learner, c.session, c.fragment) != (first.learner, first.session,
-                                                           first.fragment):
-                    raise transport.WireError("inconsistent", "chunks of one upload name "
-                                              "different learners, sessions or fragments")
-                joiner.add(transport.Piece(c.index, c.total, c.length, c.crc, c.data))
-            up = transport.decode_message(joiner.done(), self.limits.max_upload_bytes)
-            if not isinstance(up, transport.protocol.Upload):
-                raise transport.WireError("malformed", f"expected an Upload, got "
-                                          f"{type(up).__name__}")
-            if up.fragment != first.fragment:
-                raise transport.WireError("invalid", f"chunks name fragment {first.fragment}, "
-                                          f"the upload inside fragment {up.fragment}")
-        except transport.WireError as err:
-            code = err.code if err.code in RPC_CODES else "malformed"
-            self.host.count(err.code)
-            self._fail(context, code, str(err))
-        try:
-            merges = self.host.upload(first.learner, first.session, up, started)
-        except link_lib.Refused as err:
-            self._fail(context, err.code, str(err))
-        with self._lock:
-            self.codec_bytes_up += up.nbytes
-        return self._reply(pb.UploadReply(generation=self.host.sync.generation, merges=merges))
+  def upload(self, chunks: Iterator[bytes], context) -> bytes:
+    self._auth(context)
+    joiner = transport.Reassembler(self.limits.max_upload_bytes, self.limits.max_chunks)
+    first, started = None, None
+    try:
+      for data in chunks:
+        c = self._parse(pb.Chunk, data, context)
+        if first is None:
+          first, started = c, self.host.now()
+        if (c.learner, c.session, c.fragment) != (first.learner, first.session, first.fragment):
+          raise transport.WireError(
+              "inconsistent",
+              "chunks of one upload name " "different learners, sessions or fragments",
+          )
+        joiner.add(transport.Piece(c.index, c.total, c.length, c.crc, c.data))
+      up = transport.decode_message(joiner.done(), self.limits.max_upload_bytes)
+      if not isinstance(up, transport.protocol.Upload):
+        raise transport.WireError("malformed", f"expected an Upload, got " f"{type(up).__name__}")
+      if up.fragment != first.fragment:
+        raise transport.WireError(
+            "invalid",
+            f"chunks name fragment {first.fragment}, " f"the upload inside fragment {up.fragment}",
+        )
+    except transport.WireError as err:
+      code = err.code if err.code in RPC_CODES else "malformed"
+      self.host.count(err.code)
+      self._fail(context, code, str(err))
+    try:
+      merges = self.host.upload(first.learner, first.session, up, started)
+    except link_lib.Refused as err:
+      self._fail(context, err.code, str(err))
+    with self._lock:
+      self.codec_bytes_up += up.nbytes
+    return self._reply(pb.UploadReply(generation=self.host.sync.generation, merges=merges))
 
-    def poll(self, data: bytes, context) -> Iterator[bytes]:
-        self._auth(context)
-        req = self._parse(pb.PollRequest, data, context)
-        wait = min(max(req.wait_s, 0.0), self.limits.poll_wait_s)
-        try:
-            sends = self.host.poll(req.learner, req.session, req.after_seq, wait)
-        except link_lib.Refused as err:
-            self._fail(context, err.code, str(err))
-        for seq, send in sends:
-            with self._lock:
-                self.codec_bytes_down += send.nbytes
-            for piece in transport.split(transport.encode_message(send), self.limits.chunk_bytes):
-                yield self._reply(pb.Chunk(learner=req.learner, fragment=send.fragment,
-                                           index=piece.index, total=piece.total,
-                                           length=piece.length, crc=piece.crc, data=piece.data,
-                                           seq=seq))
+  def poll(self, data: bytes, context) -> Iterator[bytes]:
+    self._auth(context)
+    req = self._parse(pb.PollRequest, data, context)
+    wait = min(max(req.wait_s, 0.0), self.limits.poll_wait_s)
+    try:
+      sends = self.host.poll(req.learner, req.session, req.after_seq, wait)
+    except link_lib.Refused as err:
+      self._fail(context, err.code, str(err))
+    for seq, send in sends:
+      with self._lock:
+        self.codec_bytes_down += send.nbytes
+      for piece in transport.split(transport.encode_message(send), self.limits.chunk_bytes):
+        yield self._reply(
+            pb.Chunk(
+                learner=req.learner,
+                fragment=send.fragment,
+                index=piece.index,
+                total=piece.total,
+                length=piece.length,
+                crc=piece.crc,
+                data=piece.data,
+                seq=seq,
+            )
+        )
 
 
 def _raw(fn, kind):
-    return kind(fn, request_deserializer=None, response_serializer=None)
+  return kind(fn, request_deserializer=None, response_serializer=None)
 
 
-def serve(host: sync_host.SyncHost, token: str, *, port: int = 0, bind: str = "127.0.0.1",
-          limits: limits_lib.Limits = limits_lib.Limits(), cert: str = "", key: str = "",
-          workers: int = 16) -> tuple[grpc.Server, Service, int]:
-    """Starts the service on bind:port (0 = a free port); returns (server, service, port)."""
-    from concurrent import futures
-    svc = Service(host, token, limits)
-    handlers = grpc.method_handlers_generic_handler(SERVICE, {
-        "Join": _raw(svc.join, grpc.unary_unary_rpc_method_handler),
-        "Progress": _raw(svc.progress, grpc.unary_unary_rpc_method_handler),
-        "Upload": _raw(svc.upload, grpc.stream_unary_rpc_method_handler),
-        "Poll": _raw(svc.poll, grpc.unary_stream_rpc_method_handler),
-    })
-    options = limits.channel_options() + [
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
-        ("grpc.http2.max_ping_strikes", 0), ("grpc.so_reuseport", 0)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
-                         maximum_concurrent_rpcs=workers * 4)
-    server.add_generic_rpc_handlers((handlers,))
-    creds = security.server_credentials(cert, key)
-    address = f"{bind}:{port}"
-    bound = (server.add_secure_port(address, creds) if creds is not None
-             else server.add_insecure_port(address))
-    if bound == 0:
-        raise OSError(f"could not bind the synchronizer service to {address}")
-    server.start()
-    return server, svc, bound
+def serve(
+    host: sync_host.SyncHost,
+    token: str,
+    *,
+    port: int = 0,
+    bind: str = "127.0.0.1",
+    limits: limits_lib.Limits = limits_lib.Limits(),
+    cert: str = "",
+    key: str = "",
+    workers: int = 16,
+) -> tuple[grpc.Server, Service, int]:
+  """Starts the service on bind:port (0 = a free port); returns (server, service, port)."""
+  from concurrent import futures
+
+  svc = Service(host, token, limits)
+  handlers = grpc.method_handlers_generic_handler(
+      SERVICE,
+      {
+          "Join": _raw(svc.join, grpc.unary_unary_rpc_method_handler),
+          "Progress": _raw(svc.progress, grpc.unary_unary_rpc_method_handler),
+          "Upload": _raw(svc.upload, grpc.stream_unary_rpc_method_handler),
+          "Poll": _raw(svc.poll, grpc.unary_stream_rpc_method_handler),
+      },
+  )
+  options = limits.channel_options() + [
+      ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+      ("grpc.http2.max_ping_strikes", 0),
+      ("grpc.so_reuseport", 0),
+  ]
+  server = grpc.server(
+      futures.ThreadPoolExecutor(max_workers=workers),
+      options=options,
+      maximum_concurrent_rpcs=workers * 4,
+  )
+  server.add_generic_rpc_handlers((handlers,))
+  creds = security.server_credentials(cert, key)
+  address = f"{bind}:{port}"
+  bound = (
+      server.add_secure_port(address, creds)
+      if creds is not None
+      else server.add_insecure_port(address)
+  )
+  if bound == 0:
+    raise OSError(f"could not bind the synchronizer service to {address}")
+  server.start()
+  return server, svc, bound

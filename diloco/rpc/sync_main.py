@@ -29,76 +29,99 @@ from diloco.runtime import sync_host
 
 
 def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
-    """The config's synchronizer, at the initial parameters every learner builds; it checkpoints
-    after every merge unless `outer.sync_checkpoint_every` says less often (a process must be able
-    to restart)."""
-    return build.synchronizer_only(config).make_sync(min_checkpoint_every=1)
+  """The config's synchronizer, at the initial parameters every learner builds; it checkpoints
+  after every merge unless `outer.sync_checkpoint_every` says less often (a process must be able
+  to restart)."""
+  return build.synchronizer_only(config).make_sync(min_checkpoint_every=1)
 
 
 def _restore(sync: Synchronizer, ckpt: sync_checkpoint.SyncCheckpointer) -> dict[str, Any]:
-    """Restarts `sync` from the newest checkpoint as a new generation (what was restored, for the
-    summary), or saves its initial state as checkpoint 0."""
-    if ckpt.latest_step() is None:
-        ckpt.save(sync.merges, sync.state_dict())
-        return {}
-    state = ckpt.restore(sync.state_dict())
-    sync.restart(state, int(state["meta"]["generation"]) + 1)
-    now = sync.state_dict()["arrays"]  # a restart changes only the generation bookkeeping
-    return {"restored_digest": arrays_digest(state),
-            "restored_arrays_equal": all(np.array_equal(now[k], v)
-                                         for k, v in state["arrays"].items())}
+  """Restarts `sync` from the newest checkpoint as a new generation (what was restored, for the
+  summary), or saves its initial state as checkpoint 0."""
+  if ckpt.latest_step() is None:
+    ckpt.save(sync.merges, sync.state_dict())
+    return {}
+  state = ckpt.restore(sync.state_dict())
+  sync.restart(state, int(state["meta"]["generation"]) + 1)
+  now = sync.state_dict()["arrays"]  # a restart changes only the generation bookkeeping
+  return {
+      "restored_digest": arrays_digest(state),
+      "restored_arrays_equal": all(np.array_equal(now[k], v) for k, v in state["arrays"].items()),
+  }
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *, token: str,
-        max_s: float = 3600.0) -> dict[str, Any]:
-    """Serves on config.deploy's bind:port (TLS when deploy.cert/key are set) until settled."""
-    deploy = config.deploy
-    deploy_lib.check(deploy)
-    limits = limits_lib.Limits.from_deploy(deploy)
-    os.makedirs(workdir, exist_ok=True)
-    sync = make_synchronizer(config)
-    ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
-    restored_from = ckpt.latest_step()
-    restored = _restore(sync, ckpt)
-    # A restarted synchronizer appends to the log of the run before it.
-    writer = metrics.MetricsWriter(workdir, resume_step=None if restored_from is None else 1 << 60)
-    lock = threading.Lock()
+def run(
+    config: ml_collections.ConfigDict, workdir: str, *, token: str, max_s: float = 3600.0
+) -> dict[str, Any]:
+  """Serves on config.deploy's bind:port (TLS when deploy.cert/key are set) until settled."""
+  deploy = config.deploy
+  deploy_lib.check(deploy)
+  limits = limits_lib.Limits.from_deploy(deploy)
+  os.makedirs(workdir, exist_ok=True)
+  sync = make_synchronizer(config)
+  ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
+  restored_from = ckpt.latest_step()
+  restored = _restore(sync, ckpt)
+  # A restarted synchronizer appends to the log of the run before it.
+  writer = metrics.MetricsWriter(workdir, resume_step=None if restored_from is None else 1 << 60)
+  lock = threading.Lock()
 
-    def on_log(record: dict) -> None:
-        with lock:
-            writer.write({"step": sync.merges, "wall_time": time.time(), **record}, prefix="sync/")
+  def on_log(record: dict) -> None:
+    with lock:
+      writer.write({"step": sync.merges, "wall_time": time.time(), **record}, prefix="sync/")
 
-    def on_checkpoint(s: Synchronizer) -> None:
-        ckpt.save(s.merges, s.state_dict())
+  def on_checkpoint(s: Synchronizer) -> None:
+    ckpt.save(s.merges, s.state_dict())
 
-    host = sync_host.SyncHost(sync, absent_after_s=limits.absent_after_s,
-                             max_learners=limits.max_learners,
-                             progress_per_s=limits.progress_per_s, on_log=on_log,
-                             on_checkpoint=on_checkpoint)
-    server, svc, bound = service.serve(host, token, port=deploy.port, bind=deploy.bind,
-                                       limits=limits, cert=deploy.cert, key=deploy.key)
-    with open(os.path.join(workdir, "port.tmp"), "w") as f:
-        f.write(str(bound))
-    os.replace(os.path.join(workdir, "port.tmp"), os.path.join(workdir, "port"))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    t0 = time.monotonic()
-    while not stop.wait(0.2) and time.monotonic() - t0 < max_s:
-        with host.cond:
-            if host.settled() and not sync.live:
-                break
-    server.stop(1.0).wait()
-    host.close()
+  host = sync_host.SyncHost(
+      sync,
+      absent_after_s=limits.absent_after_s,
+      max_learners=limits.max_learners,
+      progress_per_s=limits.progress_per_s,
+      on_log=on_log,
+      on_checkpoint=on_checkpoint,
+  )
+  server, svc, bound = service.serve(
+      host,
+      token,
+      port=deploy.port,
+      bind=deploy.bind,
+      limits=limits,
+      cert=deploy.cert,
+      key=deploy.key,
+  )
+  with open(os.path.join(workdir, "port.tmp"), "w") as f:
+    f.write(str(bound))
+  os.replace(os.path.join(workdir, "port.tmp"), os.path.join(workdir, "port"))
+  stop = threading.Event()
+  signal.signal(signal.SIGTERM, lambda *_: stop.set())
+  t0 = time.monotonic()
+  while not stop.wait(0.2) and time.monotonic() - t0 < max_s:
     with host.cond:
-        ckpt.save(sync.merges, sync.state_dict())
-        summary = {"runtime": "grpc", "role": "synchronizer", "merges": sync.merges,
-                   "generation": sync.generation, "restored_from": restored_from,
-                   "versions": list(sync.versions), "digest": sync.digest(), **restored,
-                   "refusals": dict(host.counts), "wall_s": time.monotonic() - t0,
-                   "wire_bytes_received": svc.bytes_received, "wire_bytes_sent": svc.bytes_sent,
-                   "codec_bytes_received": svc.codec_bytes_up,
-                   "codec_bytes_sent": svc.codec_bytes_down, "port": bound}
-    ckpt.close()
-    writer.close()
-    metrics.write_summary(workdir, summary)
-    return summary
+      if host.settled() and not sync.live:
+        break
+  server.stop(1.0).wait()
+  host.close()
+  with host.cond:
+    ckpt.save(sync.merges, sync.state_dict())
+    summary = {
+        "runtime": "grpc",
+        "role": "synchronizer",
+        "merges": sync.merges,
+        "generation": sync.generation,
+        "restored_from": restored_from,
+        "versions": list(sync.versions),
+        "digest": sync.digest(),
+        **restored,
+        "refusals": dict(host.counts),
+        "wall_s": time.monotonic() - t0,
+        "wire_bytes_received": svc.bytes_received,
+        "wire_bytes_sent": svc.bytes_sent,
+        "codec_bytes_received": svc.codec_bytes_up,
+        "codec_bytes_sent": svc.codec_bytes_down,
+        "port": bound,
+    }
+  ckpt.close()
+  writer.close()
+  metrics.write_summary(workdir, summary)
+  return summary

@@ -19,82 +19,102 @@ from diloco.config import presets
 from diloco.runners import islands
 
 
-def sub_config(config: ml_collections.ConfigDict, mode: str,
-               apply_mode: Callable[..., None]) -> ml_collections.ConfigDict:
-    """The config of one compared run: its mode's preset, then `presets.compare_overrides`."""
-    c = config.copy_and_resolve_references()
-    with c.unlocked():
-        apply_mode(c, mode, runlocal=False, learners=config.outer.learners)
-        c.update_from_flattened_dict(presets.compare_overrides(config, mode))
-    return c
+def sub_config(
+    config: ml_collections.ConfigDict, mode: str, apply_mode: Callable[..., None]
+) -> ml_collections.ConfigDict:
+  """The config of one compared run: its mode's preset, then `presets.compare_overrides`."""
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    apply_mode(c, mode, runlocal=False, learners=config.outer.learners)
+    c.update_from_flattened_dict(presets.compare_overrides(config, mode))
+  return c
 
 
-def on_the_islands_clock(summary: dict[str, Any], config: ml_collections.ConfigDict,
-                         workdir: str) -> None:
-    """Places a run without a simulated clock of its own (data-parallel) on the islands' clock:
-    each step takes as long as the slowest island's, and it sends what a ring all-reduce does."""
-    speeds = [float(s) for s in config.sim.speeds.split(",")] if config.sim.speeds else [1.0]
-    step_s = config.sim.step_s * max(speeds)
-    summary["sim_time_s"] = summary["steps"] * step_s
-    summary["eval_curve"] = [{"sim_time_s": r["step"] * step_s, "eval_loss": r["eval_loss"]}
-                             for r in _eval_rows(workdir)]
-    m = config.outer.learners
-    summary["dp_bytes_per_token"] = islands.dp_bytes_per_token(
-        summary["params"], m, config.batch_size * m * config.seq_len)
-    summary["bytes_per_token"] = summary["dp_bytes_per_token"]
-    summary["goodput"] = 1.0 / max(speeds) * sum(speeds) / len(speeds)
+def on_the_islands_clock(
+    summary: dict[str, Any], config: ml_collections.ConfigDict, workdir: str
+) -> None:
+  """Places a run without a simulated clock of its own (data-parallel) on the islands' clock:
+  each step takes as long as the slowest island's, and it sends what a ring all-reduce does."""
+  speeds = [float(s) for s in config.sim.speeds.split(",")] if config.sim.speeds else [1.0]
+  step_s = config.sim.step_s * max(speeds)
+  summary["sim_time_s"] = summary["steps"] * step_s
+  summary["eval_curve"] = [
+      {"sim_time_s": r["step"] * step_s, "eval_loss": r["eval_loss"]} for r in _eval_rows(workdir)
+  ]
+  m = config.outer.learners
+  summary["dp_bytes_per_token"] = islands.dp_bytes_per_token(
+      summary["params"], m, config.batch_size * m * config.seq_len
+  )
+  summary["bytes_per_token"] = summary["dp_bytes_per_token"]
+  summary["goodput"] = 1.0 / max(speeds) * sum(speeds) / len(speeds)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *, apply_mode: Callable[..., None],
-        train: Callable[[ml_collections.ConfigDict, str], dict[str, Any]]) -> dict[str, Any]:
-    """Trains every mode of `compare.modes` with `train` into WORKDIR/<mode>; table and plot."""
-    rows = {}
-    for mode in config.compare.modes.split(","):
-        sub_dir = os.path.join(workdir, mode)
-        summary = train(sub_config(config, mode, apply_mode), sub_dir)
-        if summary["runtime"] != "virtual":
-            on_the_islands_clock(summary, config, sub_dir)
-        rows[mode] = summary
-    table = format_table(rows)
-    print(table, flush=True)
-    plot_path = plot(rows, os.path.join(workdir, "compare.png"))
-    first = next(iter(rows.values()))
-    return {"mode": "compare", "runs": rows, "table": table, "plot": plot_path,
-            "tokens": first["tokens"], "params": first["params"],
-            "flops_per_token": first["flops_per_token"],
-            "wall_s": sum(r["wall_s"] for r in rows.values())}
+def run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    apply_mode: Callable[..., None],
+    train: Callable[[ml_collections.ConfigDict, str], dict[str, Any]],
+) -> dict[str, Any]:
+  """Trains every mode of `compare.modes` with `train` into WORKDIR/<mode>; table and plot."""
+  rows = {}
+  for mode in config.compare.modes.split(","):
+    sub_dir = os.path.join(workdir, mode)
+    summary = train(sub_config(config, mode, apply_mode), sub_dir)
+    if summary["runtime"] != "virtual":
+      on_the_islands_clock(summary, config, sub_dir)
+    rows[mode] = summary
+  table = format_table(rows)
+  print(table, flush=True)
+  plot_path = plot(rows, os.path.join(workdir, "compare.png"))
+  first = next(iter(rows.values()))
+  return {
+      "mode": "compare",
+      "runs": rows,
+      "table": table,
+      "plot": plot_path,
+      "tokens": first["tokens"],
+      "params": first["params"],
+      "flops_per_token": first["flops_per_token"],
+      "wall_s": sum(r["wall_s"] for r in rows.values()),
+  }
 
 
 def _eval_rows(workdir: str) -> list[dict]:
-    return [r for r in metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
-            if "eval_loss" in r]
+  return [
+      r for r in metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE)) if "eval_loss" in r
+  ]
 
 
 def format_table(rows: dict[str, dict]) -> str:
-    header = f"{'mode':<10} {'eval bpb':>9} {'sim time s':>11} {'goodput':>8} {'bytes/token':>12}"
-    lines = [header, "-" * len(header)]
-    for mode, r in rows.items():
-        lines.append(f"{mode:<10} {r['eval_bpb']:>9.3f} {r.get('sim_time_s', 0):>11.0f}"
-                     f" {r.get('goodput', 1.0):>8.3f} {r.get('bytes_per_token', 0):>12.2f}")
-    return "\n".join(lines)
+  header = f"{'mode':<10} {'eval bpb':>9} {'sim time s':>11} {'goodput':>8} {'bytes/token':>12}"
+  lines = [header, "-" * len(header)]
+  for mode, r in rows.items():
+    lines.append(
+        f"{mode:<10} {r['eval_bpb']:>9.3f} {r.get('sim_time_s', 0):>11.0f}"
+        f" {r.get('goodput', 1.0):>8.3f} {r.get('bytes_per_token', 0):>12.2f}"
+    )
+  return "\n".join(lines)
 
 
 def plot(rows: dict[str, dict], path: str) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+  import matplotlib
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for mode, r in rows.items():
-        curve = r.get("eval_curve", [])
-        ax.plot([c["sim_time_s"] for c in curve], [c["eval_loss"] for c in curve], marker="o",
-                label=mode)
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("eval loss (nats)")
-    ax.set_title("Shakespeare, same token budget")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6.4, 4.0))
+  for mode, r in rows.items():
+    curve = r.get("eval_curve", [])
+    ax.plot(
+        [c["sim_time_s"] for c in curve], [c["eval_loss"] for c in curve], marker="o", label=mode
+    )
+  ax.set_xlabel("simulated time (s)")
+  ax.set_ylabel("eval loss (nats)")
+  ax.set_title("Shakespeare, same token budget")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path

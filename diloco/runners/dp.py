@@ -15,94 +15,116 @@ from diloco.inner import step as step_lib
 
 
 class StepLogger:
-    """Fetches a step's metrics one step late, stops on a non-finite loss, logs and shows them."""
+  """Fetches a step's metrics one step late, stops on a non-finite loss, logs and shows them."""
 
-    def __init__(self, config: ml_collections.ConfigDict, writer: metrics.MetricsWriter,
-                 ckpt: checkpoint.Checkpointer, start: int):
-        self.config, self.writer, self.ckpt = config, writer, ckpt
-        self.tokens_per_step = config.batch_size * config.seq_len
-        self.t_start = time.perf_counter()
-        self.t_steady: float | None = None  # after the first fetched step (compilation excluded)
-        self.steady_from = start
-        self.first_loss: float | None = None
-        self.pending = None  # (step, metrics still on device)
-        show = config.progress_bar and jax.process_index() == 0
-        self.bar = tqdm.tqdm(total=config.steps, initial=start, disable=not show, unit="step",
-                             dynamic_ncols=True)
+  def __init__(
+      self,
+      config: ml_collections.ConfigDict,
+      writer: metrics.MetricsWriter,
+      ckpt: checkpoint.Checkpointer,
+      start: int,
+  ):
+    self.config, self.writer, self.ckpt = config, writer, ckpt
+    self.tokens_per_step = config.batch_size * config.seq_len
+    self.t_start = time.perf_counter()
+    self.t_steady: float | None = None  # after the first fetched step (compilation excluded)
+    self.steady_from = start
+    self.first_loss: float | None = None
+    self.pending = None  # (step, metrics still on device)
+    show = config.progress_bar and jax.process_index() == 0
+    self.bar = tqdm.tqdm(
+        total=config.steps, initial=start, disable=not show, unit="step", dynamic_ncols=True
+    )
 
-    def push(self, step: int, device_metrics) -> None:
-        """Records this step's metrics and fetches the previous step's."""
-        self.flush()
-        self.pending = (step, device_metrics)
-        self.bar.update(1)
+  def push(self, step: int, device_metrics) -> None:
+    """Records this step's metrics and fetches the previous step's."""
+    self.flush()
+    self.pending = (step, device_metrics)
+    self.bar.update(1)
 
-    def flush(self) -> None:
-        """Fetches the pending step's metrics now (before saving or evaluating its state)."""
-        if self.pending is None:
-            return
-        step, device_metrics = self.pending
-        self.pending = None
-        m = jax.device_get(device_metrics)
-        loss = float(m["loss"])
-        if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"loss is {loss} at step {step}; stopping (last checkpoint: step"
-                f" {self.ckpt.latest_step()}). Lower optimizer.lr or check the data.")
-        self.first_loss = loss if self.first_loss is None else self.first_loss
-        now = time.perf_counter()
-        if self.t_steady is None:
-            self.t_steady, self.steady_from = now, step
-        rate = self.tokens_per_s(step, now)
-        if step % self.config.log_every == 0 or step == self.config.steps:
-            self.writer.write({"step": step, "tokens": step * self.tokens_per_step, "loss": loss,
-                               "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
-                               "tokens_per_s": rate, "wall_s": now - self.t_start})
-        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+  def flush(self) -> None:
+    """Fetches the pending step's metrics now (before saving or evaluating its state)."""
+    if self.pending is None:
+      return
+    step, device_metrics = self.pending
+    self.pending = None
+    m = jax.device_get(device_metrics)
+    loss = float(m["loss"])
+    if not math.isfinite(loss):
+      raise FloatingPointError(
+          f"loss is {loss} at step {step}; stopping (last checkpoint: step"
+          f" {self.ckpt.latest_step()}). Lower optimizer.lr or check the data."
+      )
+    self.first_loss = loss if self.first_loss is None else self.first_loss
+    now = time.perf_counter()
+    if self.t_steady is None:
+      self.t_steady, self.steady_from = now, step
+    rate = self.tokens_per_s(step, now)
+    if step % self.config.log_every == 0 or step == self.config.steps:
+      self.writer.write(
+          {
+              "step": step,
+              "tokens": step * self.tokens_per_step,
+              "loss": loss,
+              "lr": float(m["lr"]),
+              "grad_norm": float(m["grad_norm"]),
+              "tokens_per_s": rate,
+              "wall_s": now - self.t_start,
+          }
+      )
+    self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
 
-    def tokens_per_s(self, step: int, now: float | None = None) -> float:
-        if self.t_steady is None:
-            return float("nan")
-        now = time.perf_counter() if now is None else now
-        return (step - self.steady_from) * self.tokens_per_step / max(now - self.t_steady, 1e-9)
+  def tokens_per_s(self, step: int, now: float | None = None) -> float:
+    if self.t_steady is None:
+      return float("nan")
+    now = time.perf_counter() if now is None else now
+    return (step - self.steady_from) * self.tokens_per_step / max(now - self.t_steady, 1e-9)
 
-    def close(self) -> None:
-        self.flush()
-        self.bar.close()
+  def close(self) -> None:
+    self.flush()
+    self.bar.close()
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Trains config.steps inner steps, resuming from `workdir` when it holds a checkpoint."""
-    island = island_lib.build_island(config, jax.devices())
-    fns, data = island.fns, island.data
-    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint_every)
-    state, start = island.restore_or_init(ckpt)
-    writer = metrics.MetricsWriter(workdir, resume_step=start if start else None)
-    logger = StepLogger(config, writer, ckpt, start)
-    last = config.steps
-    if config.get("stop_after_steps", 0):  # a preemption, on purpose
-        last = min(config.steps, start + config.stop_after_steps)
-    eval_row: dict[str, Any] = {}
-    for step in range(start + 1, last + 1):
-        state, device_metrics = fns.train(state, step_lib.put_batch(next(data.train_iter), fns.mesh))
-        logger.push(step, device_metrics)
-        due_eval = step % config.eval_every == 0 or step == config.steps
-        due_ckpt = step % config.checkpoint_every == 0 or step == last
-        if due_eval or due_ckpt:
-            logger.flush()  # never save or evaluate a state that went non-finite
-        if due_eval:
-            eval_row = evaluation.evaluate(fns, state.params, data)
-            writer.write({"step": step, "tokens": step * logger.tokens_per_step, **eval_row})
-        if due_ckpt:
-            ckpt.save(step, state, data.train_iter, force=step == last)
-    logger.close()
-    ckpt.close()
-    writer.close()
-    if not eval_row:  # resumed at the final step: evaluate what was restored
-        eval_row = evaluation.evaluate(fns, state.params, data)
-    return {
-        "mode": config.mode, "runtime": "spmd", "steps": last, "finished": last == config.steps,
-        "tokens": last * logger.tokens_per_step, "resumed_from_step": start,
-        "params": island.param_count, "flops_per_token": island.flops_per_token,
-        "first_loss": logger.first_loss, "wall_s": time.perf_counter() - logger.t_start,
-        "tokens_per_s": logger.tokens_per_s(last), **eval_row,
-    }
+  """Trains config.steps inner steps, resuming from `workdir` when it holds a checkpoint."""
+  island = island_lib.build_island(config, jax.devices())
+  fns, data = island.fns, island.data
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint_every)
+  state, start = island.restore_or_init(ckpt)
+  writer = metrics.MetricsWriter(workdir, resume_step=start if start else None)
+  logger = StepLogger(config, writer, ckpt, start)
+  last = config.steps
+  if config.get("stop_after_steps", 0):  # a preemption, on purpose
+    last = min(config.steps, start + config.stop_after_steps)
+  eval_row: dict[str, Any] = {}
+  for step in range(start + 1, last + 1):
+    state, device_metrics = fns.train(state, step_lib.put_batch(next(data.train_iter), fns.mesh))
+    logger.push(step, device_metrics)
+    due_eval = step % config.eval_every == 0 or step == config.steps
+    due_ckpt = step % config.checkpoint_every == 0 or step == last
+    if due_eval or due_ckpt:
+      logger.flush()  # never save or evaluate a state that went non-finite
+    if due_eval:
+      eval_row = evaluation.evaluate(fns, state.params, data)
+      writer.write({"step": step, "tokens": step * logger.tokens_per_step, **eval_row})
+    if due_ckpt:
+      ckpt.save(step, state, data.train_iter, force=step == last)
+  logger.close()
+  ckpt.close()
+  writer.close()
+  if not eval_row:  # resumed at the final step: evaluate what was restored
+    eval_row = evaluation.evaluate(fns, state.params, data)
+  return {
+      "mode": config.mode,
+      "runtime": "spmd",
+      "steps": last,
+      "finished": last == config.steps,
+      "tokens": last * logger.tokens_per_step,
+      "resumed_from_step": start,
+      "params": island.param_count,
+      "flops_per_token": island.flops_per_token,
+      "first_loss": logger.first_loss,
+      "wall_s": time.perf_counter() - logger.t_start,
+      "tokens_per_s": logger.tokens_per_s(last),
+      **eval_row,
+  }

@@ -28,233 +28,305 @@ from diloco.runtime import virtual, virtual_chaos
 
 
 def dp_bytes_per_token(num_params: int, learners: int, tokens_per_round: int) -> float:
-    """Ring all-reduce of fp32 gradients: each of M workers sends and receives 2(M−1)/M of them."""
-    per_worker = 2.0 * (learners - 1) / learners * 4 * num_params
-    return 2 * learners * per_worker / tokens_per_round
+  """Ring all-reduce of fp32 gradients: each of M workers sends and receives 2(M−1)/M of them."""
+  per_worker = 2.0 * (learners - 1) / learners * 4 * num_params
+  return 2 * learners * per_worker / tokens_per_round
 
 
-def run(config: ml_collections.ConfigDict, workdir: str,
-        parts: build.Parts | None = None) -> dict[str, Any]:
-    """Trains M learners to the token budget and evaluates the synchronizer's global model.
+def run(
+    config: ml_collections.ConfigDict, workdir: str, parts: build.Parts | None = None
+) -> dict[str, Any]:
+  """Trains M learners to the token budget and evaluates the synchronizer's global model.
 
-    `parts` (from `build.local_learners(config)`, the default) may be given to watch the run.
-    """
-    o, t_wall = config.outer, time.perf_counter()
-    clocks = _clocks(config)
-    parts = parts or build.local_learners(config)
-    learners = [parts.make_learner(m) for m in range(o.learners)]
-    for learner in learners:
-        learner.load_global(parts.params0, [0] * o.fragments)
-    sync = parts.make_sync()
-    for m in range(o.learners):
-        sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
-    faults = build.faults(config)
-    recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
-    log = _Log(config, workdir, learners, parts.islands[0])
-    args = (learners, sync, clocks, virtual.Network(config.sim.latency_s, config.sim.bandwidth_gbps))
-    kwargs = dict(next_batch=lambda m: next(parts.islands[m].data.train_iter),
-                  token_budget=config.steps * sum(parts.batches) * config.seq_len,
-                  overlap=o.overlap, blocking=o.blocking, on_step=log.on_step, on_log=log.on_log,
-                  recovery=recover)
-    if faults:
-        with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
-            f.write(chaos.format_schedule(faults))
-        runtime = log.runtime = virtual_chaos.ChaosRuntime(
-            *args, **kwargs, faults=faults, make_sync=parts.make_sync, seed=config.chaos.seed,
-            on_chaos=log.on_chaos, wait_timeout_s=o.inner_steps * config.sim.step_s)
-    else:
-        runtime = log.runtime = virtual.VirtualRuntime(*args, **kwargs)
-    sim_time = runtime.run()
-    runtime.finish()
-    if recover is not None:
-        recover.close()
-    final = log.finish(sim_time)
-    summary = _summary(config, parts, runtime, log, final, sim_time, time.perf_counter() - t_wall)
-    if faults:
-        summary.update(chaos_summary(runtime, faults, sim_time))
-    return summary
+  `parts` (from `build.local_learners(config)`, the default) may be given to watch the run.
+  """
+  o, t_wall = config.outer, time.perf_counter()
+  clocks = _clocks(config)
+  parts = parts or build.local_learners(config)
+  learners = [parts.make_learner(m) for m in range(o.learners)]
+  for learner in learners:
+    learner.load_global(parts.params0, [0] * o.fragments)
+  sync = parts.make_sync()
+  for m in range(o.learners):
+    sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
+  faults = build.faults(config)
+  recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
+  log = _Log(config, workdir, learners, parts.islands[0])
+  args = (learners, sync, clocks, virtual.Network(config.sim.latency_s, config.sim.bandwidth_gbps))
+  kwargs = dict(
+      next_batch=lambda m: next(parts.islands[m].data.train_iter),
+      token_budget=config.steps * sum(parts.batches) * config.seq_len,
+      overlap=o.overlap,
+      blocking=o.blocking,
+      on_step=log.on_step,
+      on_log=log.on_log,
+      recovery=recover,
+  )
+  if faults:
+    with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
+      f.write(chaos.format_schedule(faults))
+    runtime = log.runtime = virtual_chaos.ChaosRuntime(
+        *args,
+        **kwargs,
+        faults=faults,
+        make_sync=parts.make_sync,
+        seed=config.chaos.seed,
+        on_chaos=log.on_chaos,
+        wait_timeout_s=o.inner_steps * config.sim.step_s,
+    )
+  else:
+    runtime = log.runtime = virtual.VirtualRuntime(*args, **kwargs)
+  sim_time = runtime.run()
+  runtime.finish()
+  if recover is not None:
+    recover.close()
+  final = log.finish(sim_time)
+  summary = _summary(config, parts, runtime, log, final, sim_time, time.perf_counter() - t_wall)
+  if faults:
+    summary.update(chaos_summary(runtime, faults, sim_time))
+  return summary
 
 
 def _clocks(config: ml_collections.ConfigDict) -> list[virtual.LearnerClock]:
-    """Each learner's simulated clock: step time by speed and batch, seeded jitter, start time."""
-    sim, m_count = config.sim, config.outer.learners
-    batches = build.batch_sizes(config)
-    speeds = build.parse_list(sim.speeds, m_count, float, 1.0, "sim.speeds")
-    starts = build.parse_list(sim.start_times, m_count, float, 0.0, "sim.start_times")
-    if any(s <= 0 for s in speeds):
-        raise ValueError(f"sim.speeds must be positive, got {sim.speeds!r}")
-    return [virtual.LearnerClock(step_s=sim.step_s * speeds[m] * batches[m] / config.batch_size,
-                                 rng=np.random.default_rng([config.seed, m]),
-                                 jitter=sim.step_jitter, start_s=starts[m])
-            for m in range(m_count)]
+  """Each learner's simulated clock: step time by speed and batch, seeded jitter, start time."""
+  sim, m_count = config.sim, config.outer.learners
+  batches = build.batch_sizes(config)
+  speeds = build.parse_list(sim.speeds, m_count, float, 1.0, "sim.speeds")
+  starts = build.parse_list(sim.start_times, m_count, float, 0.0, "sim.start_times")
+  if any(s <= 0 for s in speeds):
+    raise ValueError(f"sim.speeds must be positive, got {sim.speeds!r}")
+  return [
+      virtual.LearnerClock(
+          step_s=sim.step_s * speeds[m] * batches[m] / config.batch_size,
+          rng=np.random.default_rng([config.seed, m]),
+          jitter=sim.step_jitter,
+          start_s=starts[m],
+      )
+      for m in range(m_count)
+  ]
 
 
 class _Log:
-    """What a run writes (learner rows, evaluations, synchronizer and chaos records) and keeps."""
+  """What a run writes (learner rows, evaluations, synchronizer and chaos records) and keeps."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str, learners: list[Learner],
-                 isl: island_lib.Island):
-        self.config, self.learners, self.island = config, learners, isl
-        self.m_count = len(learners)
-        self.writer = metrics.MetricsWriter(workdir)
-        self.merges: list[dict] = []
-        self.evals: list[dict] = []
-        self.rejected: collections.Counter = collections.Counter()
-        self.total_steps = 0
-        self.pending: list[tuple | None] = [None] * self.m_count
-        self.eval_every = config.eval_every * self.m_count
-        self.runtime: virtual.VirtualRuntime | None = None
+  def __init__(
+      self,
+      config: ml_collections.ConfigDict,
+      workdir: str,
+      learners: list[Learner],
+      isl: island_lib.Island,
+  ):
+    self.config, self.learners, self.island = config, learners, isl
+    self.m_count = len(learners)
+    self.writer = metrics.MetricsWriter(workdir)
+    self.merges: list[dict] = []
+    self.evals: list[dict] = []
+    self.rejected: collections.Counter = collections.Counter()
+    self.total_steps = 0
+    self.pending: list[tuple | None] = [None] * self.m_count
+    self.eval_every = config.eval_every * self.m_count
+    self.runtime: virtual.VirtualRuntime | None = None
 
-    def evaluate(self, sim_time: float) -> dict[str, float] | None:
-        if self.runtime.sync is None:  # down: nothing to evaluate until it restarts
-            return None
-        row = evaluate_global(self.island, self.runtime.sync)
-        row.update(step=self.total_steps // self.m_count, sim_time_s=sim_time,
-                   tokens=sum(l.tokens for l in self.learners))
-        self.writer.write(row)
-        self.evals.append(row)
-        return row
+  def evaluate(self, sim_time: float) -> dict[str, float] | None:
+    if self.runtime.sync is None:  # down: nothing to evaluate until it restarts
+      return None
+    row = evaluate_global(self.island, self.runtime.sync)
+    row.update(
+        step=self.total_steps // self.m_count,
+        sim_time_s=sim_time,
+        tokens=sum(l.tokens for l in self.learners),
+    )
+    self.writer.write(row)
+    self.evals.append(row)
+    return row
 
-    def on_step(self, m: int, learner: Learner, device_metrics, now: float) -> None:
-        prev, self.pending[m] = self.pending[m], (learner.steps, device_metrics, now)
-        if prev is not None:
-            _log_learner(self.writer, self.config, m, learner, *prev)
-        self.total_steps += 1
-        if self.total_steps % self.eval_every == 0:
-            self.evaluate(now)
+  def on_step(self, m: int, learner: Learner, device_metrics, now: float) -> None:
+    prev, self.pending[m] = self.pending[m], (learner.steps, device_metrics, now)
+    if prev is not None:
+      _log_learner(self.writer, self.config, m, learner, *prev)
+    self.total_steps += 1
+    if self.total_steps % self.eval_every == 0:
+      self.evaluate(now)
 
-    def on_log(self, record: dict) -> None:
-        if record["event"] == "merge":
-            self.merges.append(record)
-        elif record["event"] == "reject":
-            self.rejected[record["code"]] += 1
-        self.writer.write({"step": self.total_steps // self.m_count, **record}, prefix="sync/")
+  def on_log(self, record: dict) -> None:
+    if record["event"] == "merge":
+      self.merges.append(record)
+    elif record["event"] == "reject":
+      self.rejected[record["code"]] += 1
+    self.writer.write({"step": self.total_steps // self.m_count, **record}, prefix="sync/")
 
-    def on_chaos(self, record: dict) -> None:
-        self.writer.write({"step": self.total_steps // self.m_count, **record}, prefix="chaos/")
+  def on_chaos(self, record: dict) -> None:
+    self.writer.write({"step": self.total_steps // self.m_count, **record}, prefix="chaos/")
 
-    def finish(self, sim_time: float) -> dict[str, float]:
-        """Writes the last learner rows and the final evaluation; closes the writer."""
-        for m, prev in enumerate(self.pending):
-            if prev is not None:
-                _log_learner(self.writer, self.config, m, self.learners[m], *prev, force=True)
-        final = self.evaluate(sim_time)
-        self.writer.close()
-        return final
+  def finish(self, sim_time: float) -> dict[str, float]:
+    """Writes the last learner rows and the final evaluation; closes the writer."""
+    for m, prev in enumerate(self.pending):
+      if prev is not None:
+        _log_learner(self.writer, self.config, m, self.learners[m], *prev, force=True)
+    final = self.evaluate(sim_time)
+    self.writer.close()
+    return final
 
 
-def _summary(config: ml_collections.ConfigDict, parts: build.Parts, runtime, log: _Log,
-             final: dict[str, float], sim_time: float, wall: float) -> dict[str, Any]:
-    """The summary keys of a multi-learner run (documented in the README)."""
-    o, learners, merges, clocks = config.outer, log.learners, log.merges, runtime.clocks
-    tokens = sum(l.tokens for l in learners)
-    sent, received = sum(runtime.bytes_up), sum(runtime.bytes_down)
-    isl, allocated = parts.islands[0], o.learners * sim_time
-    return {
-        "mode": config.mode, "runtime": "virtual", "learners": o.learners,
-        "steps": max(l.steps for l in learners), "tokens": tokens, "params": isl.param_count,
-        "flops_per_token": isl.flops_per_token,
-        "eval_loss": final["eval_loss"], "eval_bpb": final["eval_bpb"],
-        "wall_s": wall, "tokens_per_s": tokens / wall,
-        "outer_steps": len(merges), "merges": len(merges),
-        "bytes_sent": sent, "bytes_received": received,
-        "bytes_per_token": (sent + received) / max(tokens, 1),
-        "dp_bytes_per_token": dp_bytes_per_token(isl.param_count, o.learners,
-                                                 sum(parts.batches) * config.seq_len),
-        "sim_time_s": sim_time,
-        "goodput": sum(c.busy_s - c.wasted_s for c in clocks) / allocated if allocated else 0.0,
-        "uptime": uptime(merges, sim_time, o.inner_steps * config.sim.step_s / o.fragments),
-        "mean_quorum": float(np.mean([r["quorum"] for r in merges])) if merges else 0.0,
-        "mean_staleness": (float(np.mean([s for r in merges for s in r["staleness"]]))
-                           if merges else 0.0),
-        "per_learner": [{"steps": l.steps, "tokens": l.tokens, "idle_s": c.idle_s,
-                         "busy_s": c.busy_s, "bytes_up": up, "bytes_down": down,
-                         "merges_joined": sum(m in r["learners"] for r in merges)}
-                        for m, (l, c, up, down) in enumerate(
-                            zip(learners, clocks, runtime.bytes_up, runtime.bytes_down))],
-        "eval_curve": [{"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]}
-                       for r in log.evals],
-        "rejected": dict(sorted(log.rejected.items())),
-        "merges_skipped": runtime.sync.rounds_skipped,
-        "faults": {}, "rejoins": 0, "synchronizer_restarts": 0,
-    }
+def _summary(
+    config: ml_collections.ConfigDict,
+    parts: build.Parts,
+    runtime,
+    log: _Log,
+    final: dict[str, float],
+    sim_time: float,
+    wall: float,
+) -> dict[str, Any]:
+  """The summary keys of a multi-learner run (documented in the README)."""
+  o, learners, merges, clocks = config.outer, log.learners, log.merges, runtime.clocks
+  tokens = sum(l.tokens for l in learners)
+  sent, received = sum(runtime.bytes_up), sum(runtime.bytes_down)
+  isl, allocated = parts.islands[0], o.learners * sim_time
+  return {
+      "mode": config.mode,
+      "runtime": "virtual",
+      "learners": o.learners,
+      "steps": max(l.steps for l in learners),
+      "tokens": tokens,
+      "params": isl.param_count,
+      "flops_per_token": isl.flops_per_token,
+      "eval_loss": final["eval_loss"],
+      "eval_bpb": final["eval_bpb"],
+      "wall_s": wall,
+      "tokens_per_s": tokens / wall,
+      "outer_steps": len(merges),
+      "merges": len(merges),
+      "bytes_sent": sent,
+      "bytes_received": received,
+      "bytes_per_token": (sent + received) / max(tokens, 1),
+      "dp_bytes_per_token": dp_bytes_per_token(
+          isl.param_count, o.learners, sum(parts.batches) * config.seq_len
+      ),
+      "sim_time_s": sim_time,
+      "goodput": sum(c.busy_s - c.wasted_s for c in clocks) / allocated if allocated else 0.0,
+      "uptime": uptime(merges, sim_time, o.inner_steps * config.sim.step_s / o.fragments),
+      "mean_quorum": float(np.mean([r["quorum"] for r in merges])) if merges else 0.0,
+      "mean_staleness": (
+          float(np.mean([s for r in merges for s in r["staleness"]])) if merges else 0.0
+      ),
+      "per_learner": [
+          {
+              "steps": l.steps,
+              "tokens": l.tokens,
+              "idle_s": c.idle_s,
+              "busy_s": c.busy_s,
+              "bytes_up": up,
+              "bytes_down": down,
+              "merges_joined": sum(m in r["learners"] for r in merges),
+          }
+          for m, (l, c, up, down) in enumerate(
+              zip(learners, clocks, runtime.bytes_up, runtime.bytes_down)
+          )
+      ],
+      "eval_curve": [
+          {"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]} for r in log.evals
+      ],
+      "rejected": dict(sorted(log.rejected.items())),
+      "merges_skipped": runtime.sync.rounds_skipped,
+      "faults": {},
+      "rejoins": 0,
+      "synchronizer_restarts": 0,
+  }
 
 
 def _log_learner(writer, config, m, learner, step, device_metrics, now, force=False):
-    if step % config.log_every and not force:
-        return
-    mx = jax.device_get(device_metrics)
-    loss = float(mx["loss"])
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"learner {m}: loss is {loss} at step {step}; stopping")
-    writer.write({"step": step, "learner": m, "loss": loss, "lr": float(mx["lr"]),
-                  "sim_time_s": now, "tokens": learner.tokens}, prefix=f"learner{m}/")
+  if step % config.log_every and not force:
+    return
+  mx = jax.device_get(device_metrics)
+  loss = float(mx["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"learner {m}: loss is {loss} at step {step}; stopping")
+  writer.write(
+      {
+          "step": step,
+          "learner": m,
+          "loss": loss,
+          "lr": float(mx["lr"]),
+          "sim_time_s": now,
+          "tokens": learner.tokens,
+      },
+      prefix=f"learner{m}/",
+  )
 
 
 def evaluate_global(isl: island_lib.Island, sync: Synchronizer) -> dict[str, float]:
-    """Eval loss and bits per byte of the synchronizer's global parameters, on one island."""
-    flat = sync.global_params()
-    shardings = fragments.flatten(isl.fns.state_shardings.params)
-    placed = {k: jax.device_put(flat[k], shardings[k]) for k in shardings}
-    like = isl.abstract_state().params
-    return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like), isl.data)
+  """Eval loss and bits per byte of the synchronizer's global parameters, on one island."""
+  flat = sync.global_params()
+  shardings = fragments.flatten(isl.fns.state_shardings.params)
+  placed = {k: jax.device_put(flat[k], shardings[k]) for k in shardings}
+  like = isl.abstract_state().params
+  return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like), isl.data)
 
 
-def chaos_summary(runtime: virtual_chaos.ChaosRuntime, faults: list[chaos.Fault],
-                  sim_time: float) -> dict[str, Any]:
-    """Summary keys of a run with faults (documented in the README)."""
-    st = runtime.stats
-    crashes = st.crashes
-    rejoined = [c for c in crashes if c["rejoined"] is not None]
-    to_rejoin = [c["rejoined"] - c["back"] for c in rejoined]
-    down = collections.Counter()
-    for c in crashes:
-        down[c["learner"]] += (c["rejoined"] if c["rejoined"] is not None else sim_time) - c["time"]
-    params = runtime.sync.global_params()
-    tainted = {k: dict(sorted(v.items())) for k, v in sorted(st.tainted.items())}
-    return {
-        "faults": dict(sorted(st.faults.items())),
-        "rejoins": len(rejoined),
-        "synchronizer_restarts": len(st.restarts),
-        "merges_skipped": st.merges_skipped + runtime.sync.rounds_skipped,
-        "chaos": {
-            # generated schedules run past the end (chaos.SPAN); count those the run reached
-            "faults_scheduled": sum(f.time_s < sim_time for f in faults),
-            "faults_ignored": st.ignored,
-            "faults_unused": st.unused, "crashes": len(crashes),
-            # ... those back before the end, unless the synchronizer was down from then on
-            "every_crashed_learner_rejoined": all(
-                c["rejoined"] is not None for c in crashes
-                if c["back"] <= sim_time and not c.get("sync_down_at_end")),
-            "down_at_end": sum(c["rejoined"] is None for c in crashes),
-            "learner_downtime_s": float(sum(down.values())),
-            "time_to_rejoin_s": {"mean": float(np.mean(to_rejoin)) if to_rejoin else 0.0,
-                                 "max": float(max(to_rejoin, default=0.0))},
-            "restored_from_checkpoint": sum(c["restored_step"] is not None for c in crashes),
-            "steps_lost": int(sum(st.steps_lost)),
-            "synchronizer_downtime_s": float(sum(min(r["back"], sim_time) - r["time"]
-                                                 for r in st.restarts)),
-            "merges_lost": int(sum(r["merges"] - r["restored"] for r in st.restarts
-                                   if r["restored"] is not None)),
-            "resyncs": st.resyncs, "stalls_broken": st.stalls_broken,
-            "messages_dropped": dict(sorted(st.dropped.items())),
-            "refused_by_learners": dict(sorted(st.refused_by_learners.items())),
-            "tainted": tainted,
-            "tainted_merged": sum(v.get("merged", 0) for v in tainted.values()),
-            "global_params_finite": bool(all(np.isfinite(v).all() for v in params.values())),
-            "per_learner_downtime_s": [float(down[m]) for m in range(len(runtime.learners))],
-        },
-    }
+def chaos_summary(
+    runtime: virtual_chaos.ChaosRuntime, faults: list[chaos.Fault], sim_time: float
+) -> dict[str, Any]:
+  """Summary keys of a run with faults (documented in the README)."""
+  st = runtime.stats
+  crashes = st.crashes
+  rejoined = [c for c in crashes if c["rejoined"] is not None]
+  to_rejoin = [c["rejoined"] - c["back"] for c in rejoined]
+  down = collections.Counter()
+  for c in crashes:
+    down[c["learner"]] += (c["rejoined"] if c["rejoined"] is not None else sim_time) - c["time"]
+  params = runtime.sync.global_params()
+  tainted = {k: dict(sorted(v.items())) for k, v in sorted(st.tainted.items())}
+  return {
+      "faults": dict(sorted(st.faults.items())),
+      "rejoins": len(rejoined),
+      "synchronizer_restarts": len(st.restarts),
+      "merges_skipped": st.merges_skipped + runtime.sync.rounds_skipped,
+      "chaos": {
+          # generated schedules run past the end (chaos.SPAN); count those the run reached
+          "faults_scheduled": sum(f.time_s < sim_time for f in faults),
+          "faults_ignored": st.ignored,
+          "faults_unused": st.unused,
+          "crashes": len(crashes),
+          # ... those back before the end, unless the synchronizer was down from then on
+          "every_crashed_learner_rejoined": all(
+              c["rejoined"] is not None
+              for c in crashes
+              if c["back"] <= sim_time and not c.get("sync_down_at_end")
+          ),
+          "down_at_end": sum(c["rejoined"] is None for c in crashes),
+          "learner_downtime_s": float(sum(down.values())),
+          "time_to_rejoin_s": {
+              "mean": float(np.mean(to_rejoin)) if to_rejoin else 0.0,
+              "max": float(max(to_rejoin, default=0.0)),
+          },
+          "restored_from_checkpoint": sum(c["restored_step"] is not None for c in crashes),
+          "steps_lost": int(sum(st.steps_lost)),
+          "synchronizer_downtime_s": float(
+              sum(min(r["back"], sim_time) - r["time"] for r in st.restarts)
+          ),
+          "merges_lost": int(
+              sum(r["merges"] - r["restored"] for r in st.restarts if r["restored"] is not None)
+          ),
+          "resyncs": st.resyncs,
+          "stalls_broken": st.stalls_broken,
+          "messages_dropped": dict(sorted(st.dropped.items())),
+          "refused_by_learners": dict(sorted(st.refused_by_learners.items())),
+          "tainted": tainted,
+          "tainted_merged": sum(v.get("merged", 0) for v in tainted.values()),
+          "global_params_finite": bool(all(np.isfinite(v).all() for v in params.values())),
+          "per_learner_downtime_s": [float(down[m]) for m in range(len(runtime.learners))],
+      },
+  }
 
 
 def uptime(merges: list[dict], sim_time: float, period_s: float) -> float:
-    """Share of the simulated time in which the global model advanced.
+  """Share of the simulated time in which the global model advanced.
 
-    Time counts as stalled when the gap between two merges (or from the start to the first, or from
-    the last to the end) exceeds the nominal merge period H·step_s/P; the excess is the stall.
-    """
-    if sim_time <= 0:
-        return 0.0
-    times = [0.0] + sorted(r["time"] for r in merges) + [sim_time]
-    stalled = sum(max(0.0, b - a - period_s) for a, b in zip(times, times[1:]))
-    return max(0.0, 1.0 - stalled / sim_time)
+  Time counts as stalled when the gap between two merges (or from the start to the first, or from
+  the last to the end) exceeds the nominal merge period H·step_s/P; the excess is the stall.
+  """
+  if sim_time <= 0:
+    return 0.0
+  times = [0.0] + sorted(r["time"] for r in merges) + [sim_time]
+  stalled = sum(max(0.0, b - a - period_s) for a, b in zip(times, times[1:]))
+  return max(0.0, 1.0 - stalled / sim_time)

@@ -15,166 +15,188 @@ from diloco.outer.learner import Learner
 from diloco.runtime.link import Link, Refused, Unreachable
 
 
-def run_learner(learner: Learner, link: Link, next_batch: Callable[[], dict], steps: int, *,
-                overlap: int, blocking: bool, heartbeat_s: float = 0.5,
-                stop: threading.Event | None = None, on_step: Callable[..., None] | None = None,
-                max_backoff_s: float = 4.0, settle_timeout_s: float = 60.0,
-                seed: int = 0) -> dict[str, Any]:
-    """Trains `learner` to `steps` inner steps over `link`, then waits for the run to settle.
+def run_learner(
+    learner: Learner,
+    link: Link,
+    next_batch: Callable[[], dict],
+    steps: int,
+    *,
+    overlap: int,
+    blocking: bool,
+    heartbeat_s: float = 0.5,
+    stop: threading.Event | None = None,
+    on_step: Callable[..., None] | None = None,
+    max_backoff_s: float = 4.0,
+    settle_timeout_s: float = 60.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+  """Trains `learner` to `steps` inner steps over `link`, then waits for the run to settle.
 
-    A heartbeat thread reports progress every `heartbeat_s`, so a long step (or its compilation)
-    does not get the learner marked absent. Blocking learners (synchronous modes) do not start step
-    s+overlap+1 before the fragment sent at step s is back; non-blocking ones never wait.
-    """
-    loop = _LearnerLoop(learner, link, stop or threading.Event(), heartbeat_s, max_backoff_s,
-                        random.Random(seed))
-    beating = threading.Event()
+  A heartbeat thread reports progress every `heartbeat_s`, so a long step (or its compilation)
+  does not get the learner marked absent. Blocking learners (synchronous modes) do not start step
+  s+overlap+1 before the fragment sent at step s is back; non-blocking ones never wait.
+  """
+  loop = _LearnerLoop(
+      learner, link, stop or threading.Event(), heartbeat_s, max_backoff_s, random.Random(seed)
+  )
+  beating = threading.Event()
 
-    def heartbeats() -> None:
-        while not beating.wait(heartbeat_s):
-            if loop.joined and time.monotonic() - loop.last_beat > heartbeat_s:
-                loop.beat()
+  def heartbeats() -> None:
+    while not beating.wait(heartbeat_s):
+      if loop.joined and time.monotonic() - loop.last_beat > heartbeat_s:
+        loop.beat()
 
-    beater = threading.Thread(target=heartbeats, daemon=True, name=f"beat{learner.index}")
-    beater.start()
-    try:
-        loop.train(next_batch, steps, overlap, blocking, on_step)
-        settled = loop.settle(settle_timeout_s)
-    finally:
-        beating.set()
-        beater.join()
-    return {"steps": learner.steps, "tokens": learner.tokens, "settled": settled,
-            "joins": loop.joins, "unreachable_steps": loop.unreachable_steps,
-            "applied": loop.applied, "dropped": loop.dropped}
+  beater = threading.Thread(target=heartbeats, daemon=True, name=f"beat{learner.index}")
+  beater.start()
+  try:
+    loop.train(next_batch, steps, overlap, blocking, on_step)
+    settled = loop.settle(settle_timeout_s)
+  finally:
+    beating.set()
+    beater.join()
+  return {
+      "steps": learner.steps,
+      "tokens": learner.tokens,
+      "settled": settled,
+      "joins": loop.joins,
+      "unreachable_steps": loop.unreachable_steps,
+      "applied": loop.applied,
+      "dropped": loop.dropped,
+  }
 
 
 class _LearnerLoop:
-    """The state of one learner's connection: joined or not, backoff, fragments in flight."""
+  """The state of one learner's connection: joined or not, backoff, fragments in flight."""
 
-    def __init__(self, learner: Learner, link: Link, stop: threading.Event, heartbeat_s: float,
-                 max_backoff_s: float, rng: random.Random):
-        self.learner, self.link, self.stop, self.rng = learner, link, stop, rng
-        self.heartbeat_s, self.max_backoff_s = heartbeat_s, max_backoff_s
-        self.joined, self.retry_at, self.backoff, self.last_beat = False, 0.0, 0.1, 0.0
-        self.joins = self.unreachable_steps = self.applied = self.dropped = 0
-        self.inflight: dict[int, int] = {}  # fragment -> step it was sent at
+  def __init__(
+      self,
+      learner: Learner,
+      link: Link,
+      stop: threading.Event,
+      heartbeat_s: float,
+      max_backoff_s: float,
+      rng: random.Random,
+  ):
+    self.learner, self.link, self.stop, self.rng = learner, link, stop, rng
+    self.heartbeat_s, self.max_backoff_s = heartbeat_s, max_backoff_s
+    self.joined, self.retry_at, self.backoff, self.last_beat = False, 0.0, 0.1, 0.0
+    self.joins = self.unreachable_steps = self.applied = self.dropped = 0
+    self.inflight: dict[int, int] = {}  # fragment -> step it was sent at
 
-    def fail(self) -> None:
-        """The link failed: join again after an exponential, jittered backoff."""
-        self.joined = False
-        self.retry_at = time.monotonic() + self.backoff * (0.5 + self.rng.random())
-        self.backoff = min(2 * self.backoff, self.max_backoff_s)
+  def fail(self) -> None:
+    """The link failed: join again after an exponential, jittered backoff."""
+    self.joined = False
+    self.retry_at = time.monotonic() + self.backoff * (0.5 + self.rng.random())
+    self.backoff = min(2 * self.backoff, self.max_backoff_s)
 
-    def ensure_joined(self) -> bool:
-        if self.joined or time.monotonic() < self.retry_at:
-            return self.joined
-        try:
-            self.link.join(tuple(self.learner.versions), tuple(self.learner.generations))
-        except (Unreachable, Refused):
-            self.fail()
-            return False
-        self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
-        self.joins += 1
-        self.inflight.clear()  # the synchronizer forgot them or answers them through the join
-        return True
+  def ensure_joined(self) -> bool:
+    if self.joined or time.monotonic() < self.retry_at:
+      return self.joined
+    try:
+      self.link.join(tuple(self.learner.versions), tuple(self.learner.generations))
+    except (Unreachable, Refused):
+      self.fail()
+      return False
+    self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
+    self.joins += 1
+    self.inflight.clear()  # the synchronizer forgot them or answers them through the join
+    return True
 
-    def deliver(self, wait_s: float) -> None:
-        try:
-            sends = self.link.poll(wait_s)
-        except (Unreachable, Refused):
-            self.fail()
-            return
-        take_refused = getattr(self.link, "take_refused", None)  # a link that uploads in a thread
-        for p in take_refused() if take_refused is not None else ():
-            self.inflight.pop(p, None)
-        for s in sends:
-            why = self.learner.accepts(s)
-            if why is None:
-                self.learner.receive(s)
-                self.inflight.pop(s.fragment, None)
-                self.applied += 1
-            elif why == "gap":
-                self.joined = False  # messages were lost: join again to be sent what we miss
-            else:
-                self.dropped += 1
-                if why == "checksum":  # a corrupted send is a lost one: join again for it
-                    self.joined = False
+  def deliver(self, wait_s: float) -> None:
+    try:
+      sends = self.link.poll(wait_s)
+    except (Unreachable, Refused):
+      self.fail()
+      return
+    take_refused = getattr(self.link, "take_refused", None)  # a link that uploads in a thread
+    for p in take_refused() if take_refused is not None else ():
+      self.inflight.pop(p, None)
+    for s in sends:
+      why = self.learner.accepts(s)
+      if why is None:
+        self.learner.receive(s)
+        self.inflight.pop(s.fragment, None)
+        self.applied += 1
+      elif why == "gap":
+        self.joined = False  # messages were lost: join again to be sent what we miss
+      else:
+        self.dropped += 1
+        if why == "checksum":  # a corrupted send is a lost one: join again for it
+          self.joined = False
 
-    def beat(self, finished: bool = False) -> bool:
-        try:
-            settled = self.link.progress(finished)
-        except (Unreachable, Refused):
-            self.fail()
-            return False
-        self.last_beat = time.monotonic()
-        return settled
+  def beat(self, finished: bool = False) -> bool:
+    try:
+      settled = self.link.progress(finished)
+    except (Unreachable, Refused):
+      self.fail()
+      return False
+    self.last_beat = time.monotonic()
+    return settled
 
-    def train(self, next_batch, steps: int, overlap: int, blocking: bool, on_step) -> None:
-        """Steps until `steps`; uploads what the schedule says after each step.
+  def train(self, next_batch, steps: int, overlap: int, blocking: bool, on_step) -> None:
+    """Steps until `steps`; uploads what the schedule says after each step.
 
-        A non-blocking learner sends the uploads due after step t while step t+1 runs (JAX
-        dispatches a step and returns), so the round trip overlaps the computation instead of
-        idling it; the answer comes within the overlap tau the schedule already allows. The
-        round trip still bounds how far it runs ahead: a learner whose steps are shorter than it
-        waits for it at its next send (see runtime/async_link.py for what happened without that
-        bound). A blocking learner sends at once: it waits for the answers anyway.
-        """
-        learner, last, outbox = self.learner, time.monotonic(), []
-        while learner.steps < steps and not self.stop.is_set():
-            if self.ensure_joined():
-                self.deliver(0.0)
-            holds_all = all(v >= 0 for v in learner.versions)
-            waiting = blocking and any(learner.steps >= s + overlap
-                                       for s in self.inflight.values())
-            if not holds_all or waiting:
-                if self.joined:
-                    self.deliver(min(self.heartbeat_s, 0.5))
-                else:
-                    time.sleep(0.05)
-                last = time.monotonic()
-                continue
-            metrics = learner.step(next_batch())  # dispatched; runs while the outbox goes
-            self._send(outbox)
-            if on_step is not None:
-                on_step(learner, metrics)
-            now = time.monotonic()
-            step_time, last = now - last, now
-            if not self.joined:
-                self.unreachable_steps += 1
-                continue  # progress stays in the counters and goes with the next upload
-            for p in learner.due():
-                if p in self.inflight:  # unanswered: its delta would count that progress twice
-                    continue
-                outbox.append(learner.upload(p, sent_time=0.0, arrival_time=0.0,
-                                             step_time=step_time))
-                self.inflight[p] = learner.steps
-            if blocking:
-                self._send(outbox)
+    A non-blocking learner sends the uploads due after step t while step t+1 runs (JAX
+    dispatches a step and returns), so the round trip overlaps the computation instead of
+    idling it; the answer comes within the overlap tau the schedule already allows. The
+    round trip still bounds how far it runs ahead: a learner whose steps are shorter than it
+    waits for it at its next send (see runtime/async_link.py for what happened without that
+    bound). A blocking learner sends at once: it waits for the answers anyway.
+    """
+    learner, last, outbox = self.learner, time.monotonic(), []
+    while learner.steps < steps and not self.stop.is_set():
+      if self.ensure_joined():
+        self.deliver(0.0)
+      holds_all = all(v >= 0 for v in learner.versions)
+      waiting = blocking and any(learner.steps >= s + overlap for s in self.inflight.values())
+      if not holds_all or waiting:
+        if self.joined:
+          self.deliver(min(self.heartbeat_s, 0.5))
+        else:
+          time.sleep(0.05)
+        last = time.monotonic()
+        continue
+      metrics = learner.step(next_batch())  # dispatched; runs while the outbox goes
+      self._send(outbox)
+      if on_step is not None:
+        on_step(learner, metrics)
+      now = time.monotonic()
+      step_time, last = now - last, now
+      if not self.joined:
+        self.unreachable_steps += 1
+        continue  # progress stays in the counters and goes with the next upload
+      for p in learner.due():
+        if p in self.inflight:  # unanswered: its delta would count that progress twice
+          continue
+        outbox.append(learner.upload(p, sent_time=0.0, arrival_time=0.0, step_time=step_time))
+        self.inflight[p] = learner.steps
+      if blocking:
         self._send(outbox)
+    self._send(outbox)
 
-    def _send(self, outbox: list) -> None:
-        """Uploads and empties `outbox`; a refused upload is forgotten (the next one carries on)."""
-        while outbox and self.joined:
-            up = outbox.pop(0)
-            try:
-                self.link.upload(up)
-            except Refused:
-                self.inflight.pop(up.fragment, None)  # no answer will come
-            except Unreachable:
-                self.fail()
-        for up in outbox:  # not joined: the synchronizer forgot them
-            self.inflight.pop(up.fragment, None)
-        outbox.clear()
+  def _send(self, outbox: list) -> None:
+    """Uploads and empties `outbox`; a refused upload is forgotten (the next one carries on)."""
+    while outbox and self.joined:
+      up = outbox.pop(0)
+      try:
+        self.link.upload(up)
+      except Refused:
+        self.inflight.pop(up.fragment, None)  # no answer will come
+      except Unreachable:
+        self.fail()
+    for up in outbox:  # not joined: the synchronizer forgot them
+      self.inflight.pop(up.fragment, None)
+    outbox.clear()
 
-    def settle(self, timeout_s: float) -> bool:
-        """Keeps polling until every learner finished and every merge arrived (or timeout)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            if not self.ensure_joined():
-                time.sleep(0.05)
-                continue
-            self.deliver(0.2)
-            if self.beat(finished=True) and not self.inflight:
-                self.deliver(0.0)
-                return True
-        return False
+  def settle(self, timeout_s: float) -> bool:
+    """Keeps polling until every learner finished and every merge arrived (or timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while not self.stop.is_set() and time.monotonic() < deadline:
+      if not self.ensure_joined():
+        time.sleep(0.05)
+        continue
+      self.deliver(0.2)
+      if self.beat(finished=True) and not self.inflight:
+        self.deliver(0.0)
+        return True
+    return False

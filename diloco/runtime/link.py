@@ -11,21 +11,28 @@ from diloco.outer import protocol
 
 
 class Refused(Exception):
-    """A call the host turns down; `code` is one of RPC_CODES' keys in diloco/rpc/service.py."""
+  """A call the host turns down; `code` is one of RPC_CODES' keys in diloco/rpc/service.py."""
 
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
+  def __init__(self, code: str, message: str):
+    super().__init__(message)
+    self.code = code
 
 
 class Unreachable(Exception):
-    """The synchronizer could not be reached (a learner keeps training and retries)."""
+  """The synchronizer could not be reached (a learner keeps training and retries)."""
 
 
 class Link(Protocol):
-    """A learner's connection to the synchronizer (in-process or gRPC)."""
+  """A learner's connection to the synchronizer (in-process or gRPC)."""
 
-    def join(self, versions: tuple[int, ...], generations: tuple[int, ...]) -> None: ...
-    def progress(self, finished: bool) -> bool: ...
-    def upload(self, up: protocol.Upload) -> None: ...
-    def poll(self, wait_s: float) -> list[protocol.Send]: ...
+  def join(self, versions: tuple[int, ...], generations: tuple[int, ...]) -> None:
+    ...
+
+  def progress(self, finished: bool) -> bool:
+    ...
+
+  def upload(self, up: protocol.Upload) -> None:
+    ...
+
+  def poll(self, wait_s: float) -> list[protocol.Send]:
+    ...

@@ -24,184 +24,209 @@ from diloco.runtime.link import Refused
 INVALID_UPLOAD = ("unknown_fragment", "checksum", "paths", "shape", "payload_size", "no_progress")
 
 
-
 class SyncHost:
-    """Thread-safe real-time host of one synchronizer state machine."""
+  """Thread-safe real-time host of one synchronizer state machine."""
 
-    def __init__(self, sync: Synchronizer, *, absent_after_s: float = 5.0,
-                 max_learners: int = 64, progress_per_s: float = 50.0,
-                 on_log: Callable[[dict], None] = lambda r: None,
-                 on_checkpoint: Callable[[Synchronizer], None] = lambda s: None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.sync, self.absent_after_s, self.max_learners = sync, absent_after_s, max_learners
-        self.progress_per_s = progress_per_s
-        self.on_log, self.on_checkpoint, self.clock = on_log, on_checkpoint, clock
-        self.t0 = clock()
-        self.cond = threading.Condition()
-        self.sessions: dict[int, str] = {}
-        self.last_seen: dict[int, float] = {}
-        self.finished: set[int] = set()
-        self.outbox: dict[int, list[tuple[int, protocol.Send]]] = {}
-        self.last_seq: dict[int, int] = {}
-        self.buckets: dict[int, tuple[float, float]] = {}  # learner -> (tokens, last refill)
-        self.timers: list[float] = []
-        self.counts: dict[str, int] = {}
-        self.merges = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._background, daemon=True, name="sync-timers")
-        self._thread.start()
+  def __init__(
+      self,
+      sync: Synchronizer,
+      *,
+      absent_after_s: float = 5.0,
+      max_learners: int = 64,
+      progress_per_s: float = 50.0,
+      on_log: Callable[[dict], None] = lambda r: None,
+      on_checkpoint: Callable[[Synchronizer], None] = lambda s: None,
+      clock: Callable[[], float] = time.monotonic,
+  ):
+    self.sync, self.absent_after_s, self.max_learners = sync, absent_after_s, max_learners
+    self.progress_per_s = progress_per_s
+    self.on_log, self.on_checkpoint, self.clock = on_log, on_checkpoint, clock
+    self.t0 = clock()
+    self.cond = threading.Condition()
+    self.sessions: dict[int, str] = {}
+    self.last_seen: dict[int, float] = {}
+    self.finished: set[int] = set()
+    self.outbox: dict[int, list[tuple[int, protocol.Send]]] = {}
+    self.last_seq: dict[int, int] = {}
+    self.buckets: dict[int, tuple[float, float]] = {}  # learner -> (tokens, last refill)
+    self.timers: list[float] = []
+    self.counts: dict[str, int] = {}
+    self.merges = 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._background, daemon=True, name="sync-timers")
+    self._thread.start()
 
-    def now(self) -> float:
-        return self.clock() - self.t0
+  def now(self) -> float:
+    return self.clock() - self.t0
 
-    def count(self, code: str) -> None:
-        with self.cond:
-            self.counts[code] = self.counts.get(code, 0) + 1
+  def count(self, code: str) -> None:
+    with self.cond:
+      self.counts[code] = self.counts.get(code, 0) + 1
 
-    def _refuse(self, code: str, message: str) -> Refused:
-        self.counts[code] = self.counts.get(code, 0) + 1
-        self.on_log({"event": "refused", "code": code, "reason": message, "time": self.now()})
-        return Refused(code, message)
+  def _refuse(self, code: str, message: str) -> Refused:
+    self.counts[code] = self.counts.get(code, 0) + 1
+    self.on_log({"event": "refused", "code": code, "reason": message, "time": self.now()})
+    return Refused(code, message)
 
-    # ---- calls from learners ----
+  # ---- calls from learners ----
 
-    def join(self, learner: int, session: str, versions: tuple[int, ...],
-             generations: tuple[int, ...] = ()) -> tuple[int, int]:
-        """Registers (or re-registers) a learner; returns (generation, last sequence number)."""
-        with self.cond:
-            if learner < 0:
-                raise self._refuse("invalid", f"learner id must be >= 0, got {learner}")
-            held = self.sessions.get(learner)
-            if held is not None and held != session and learner in self.sync.live:
-                raise self._refuse("already_exists", f"learner {learner} is held by a live "
-                                   "process; retry after it has been silent for "
-                                   f"{self.absent_after_s} s")
-            if held is None and len(self.sessions) >= self.max_learners:
-                raise self._refuse("too_many", f"{self.max_learners} learners registered already")
-            num = self.sync.frag.num_fragments
-            if len(versions) != num or (generations and len(generations) != num):
-                raise self._refuse("invalid", f"join with {len(versions)} versions and "
-                                   f"{len(generations)} generations, expected {num}")
-            self.sessions[learner] = session
-            self.last_seen[learner] = self.now()
-            self.outbox[learner] = []
-            self.last_seq.setdefault(learner, 0)
-            self.finished.discard(learner)
-            self._act(self.sync.handle(protocol.Join(learner, self.now(), tuple(versions),
-                                                     tuple(generations))))
-            return self.sync.generation, self.last_seq[learner] - len(self.outbox[learner])
+  def join(
+      self, learner: int, session: str, versions: tuple[int, ...], generations: tuple[int, ...] = ()
+  ) -> tuple[int, int]:
+    """Registers (or re-registers) a learner; returns (generation, last sequence number)."""
+    with self.cond:
+      if learner < 0:
+        raise self._refuse("invalid", f"learner id must be >= 0, got {learner}")
+      held = self.sessions.get(learner)
+      if held is not None and held != session and learner in self.sync.live:
+        raise self._refuse(
+            "already_exists",
+            f"learner {learner} is held by a live "
+            "process; retry after it has been silent for "
+            f"{self.absent_after_s} s",
+        )
+      if held is None and len(self.sessions) >= self.max_learners:
+        raise self._refuse("too_many", f"{self.max_learners} learners registered already")
+      num = self.sync.frag.num_fragments
+      if len(versions) != num or (generations and len(generations) != num):
+        raise self._refuse(
+            "invalid",
+            f"join with {len(versions)} versions and "
+            f"{len(generations)} generations, expected {num}",
+        )
+      self.sessions[learner] = session
+      self.last_seen[learner] = self.now()
+      self.outbox[learner] = []
+      self.last_seq.setdefault(learner, 0)
+      self.finished.discard(learner)
+      self._act(
+          self.sync.handle(protocol.Join(learner, self.now(), tuple(versions), tuple(generations)))
+      )
+      return self.sync.generation, self.last_seq[learner] - len(self.outbox[learner])
 
-    def _check_session(self, learner: int, session: str) -> None:
-        if self.sessions.get(learner) != session or learner not in self.sync.live:
-            raise self._refuse("not_joined", f"learner {learner} has no live session here; "
-                               "join again")
+  def _check_session(self, learner: int, session: str) -> None:
+    if self.sessions.get(learner) != session or learner not in self.sync.live:
+      raise self._refuse("not_joined", f"learner {learner} has no live session here; " "join again")
+    self.last_seen[learner] = self.now()
+
+  def progress(self, learner: int, session: str, finished: bool = False) -> bool:
+    """A heartbeat; returns whether the run is settled (see `settled`)."""
+    with self.cond:
+      self._check_session(learner, session)
+      if not self._take_token(learner):
+        raise self._refuse(
+            "rate_limited",
+            f"learner {learner} reports progress more than " f"{self.progress_per_s}/s",
+        )
+      if finished:
+        self.finished.add(learner)
+      return self.settled()
+
+  def _take_token(self, learner: int) -> bool:
+    burst = max(self.progress_per_s, 1.0)
+    tokens, last = self.buckets.get(learner, (burst, self.now()))
+    tokens = min(burst, tokens + (self.now() - last) * self.progress_per_s)
+    ok = tokens >= 1.0
+    self.buckets[learner] = (tokens - 1.0 if ok else tokens, self.now())
+    return ok
+
+  def settled(self) -> bool:
+    """Every learner that ever joined reported it finished (a restarted one must finish again),
+    no upload waits for a merge and no send waits for a live learner."""
+    live = self.sync.live
+    return (
+        bool(self.sync.members)
+        and self.sync.members <= self.finished
+        and not any(self.sync.pending)
+        and not any(self.outbox.get(m) for m in live)
+    )
+
+  def upload(
+      self, learner: int, session: str, up: protocol.Upload, started: float | None = None
+  ) -> int:
+    """Hands an upload to the synchronizer; returns how many merges it triggered.
+
+    Clocks of different hosts are not comparable, so the upload's times are the host's own:
+    it arrived now and left when its first chunk came in (`started`, host time), or now.
+    """
+    with self.cond:
+      self._check_session(learner, session)
+      if up.learner != learner:
+        raise self._refuse("invalid", f"upload names learner {up.learner}, sent by " f"{learner}")
+      now = self.now()
+      up = dataclasses.replace(up, time=now, sent_time=now if started is None else started)
+      before = self.merges
+      actions = self.sync.handle(up)
+      rejects = [
+          a
+          for a in actions
+          if isinstance(a, protocol.Log)
+          and a.record["event"] == "reject"
+          and a.record["learner"] == learner
+          and a.record["fragment"] == up.fragment
+      ]
+      self._act(actions)
+      if len(actions) == 1 and rejects:
+        r = rejects[0].record
+        kind = "invalid" if r["code"] in INVALID_UPLOAD else "stale"
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        raise Refused(
+            kind, f"upload of fragment {up.fragment} rejected " f"({r['code']}): {r['reason']}"
+        )
+      return self.merges - before
+
+  def poll(
+      self, learner: int, session: str, after_seq: int, wait_s: float
+  ) -> list[tuple[int, protocol.Send]]:
+    """Sends numbered after `after_seq`, waiting up to `wait_s` for one to exist."""
+    deadline = time.monotonic() + max(wait_s, 0.0)
+    with self.cond:
+      self._check_session(learner, session)
+      while True:
+        box = self.outbox[learner]
+        box[:] = [(s, m) for s, m in box if s > after_seq]  # acknowledged: forget
+        if box or self._stop.is_set():
+          return list(box)
+        left = deadline - time.monotonic()
+        if left <= 0:
+          return []
+        self.cond.wait(left)
+        if self.sessions.get(learner) != session:
+          raise self._refuse("not_joined", f"learner {learner} joined elsewhere")
         self.last_seen[learner] = self.now()
 
-    def progress(self, learner: int, session: str, finished: bool = False) -> bool:
-        """A heartbeat; returns whether the run is settled (see `settled`)."""
-        with self.cond:
-            self._check_session(learner, session)
-            if not self._take_token(learner):
-                raise self._refuse("rate_limited", f"learner {learner} reports progress more than "
-                                   f"{self.progress_per_s}/s")
-            if finished:
-                self.finished.add(learner)
-            return self.settled()
+  # ---- actions, timers and liveness ----
 
-    def _take_token(self, learner: int) -> bool:
-        burst = max(self.progress_per_s, 1.0)
-        tokens, last = self.buckets.get(learner, (burst, self.now()))
-        tokens = min(burst, tokens + (self.now() - last) * self.progress_per_s)
-        ok = tokens >= 1.0
-        self.buckets[learner] = (tokens - 1.0 if ok else tokens, self.now())
-        return ok
+  def _act(self, actions: list[protocol.Action]) -> None:
+    for a in actions:
+      if isinstance(a, protocol.Send):
+        if a.learner in self.outbox:
+          self.last_seq[a.learner] += 1
+          self.outbox[a.learner].append((self.last_seq[a.learner], a))
+      elif isinstance(a, protocol.SetTimer):
+        heapq.heappush(self.timers, a.time)
+      elif isinstance(a, protocol.Checkpoint):
+        self.on_checkpoint(self.sync)
+      elif isinstance(a, protocol.Log):
+        self.merges += a.record["event"] == "merge"
+        self.on_log(a.record)
+    self.cond.notify_all()
 
-    def settled(self) -> bool:
-        """Every learner that ever joined reported it finished (a restarted one must finish again),
-        no upload waits for a merge and no send waits for a live learner."""
-        live = self.sync.live
-        return (bool(self.sync.members) and self.sync.members <= self.finished
-                and not any(self.sync.pending) and not any(self.outbox.get(m) for m in live))
+  def _background(self) -> None:
+    while not self._stop.wait(0.05):
+      with self.cond:
+        now = self.now()
+        while self.timers and self.timers[0] <= now:
+          heapq.heappop(self.timers)
+          self._act(self.sync.handle(protocol.Tick(now)))
+        for m in sorted(self.sync.live):
+          if now - self.last_seen.get(m, now) > self.absent_after_s:
+            self.counts["absent"] = self.counts.get("absent", 0) + 1
+            self.on_log({"event": "absent", "learner": m, "time": now})
+            self._act(self.sync.handle(protocol.Leave(m, now)))
 
-    def upload(self, learner: int, session: str, up: protocol.Upload,
-               started: float | None = None) -> int:
-        """Hands an upload to the synchronizer; returns how many merges it triggered.
-
-        Clocks of different hosts are not comparable, so the upload's times are the host's own:
-        it arrived now and left when its first chunk came in (`started`, host time), or now.
-        """
-        with self.cond:
-            self._check_session(learner, session)
-            if up.learner != learner:
-                raise self._refuse("invalid", f"upload names learner {up.learner}, sent by "
-                                   f"{learner}")
-            now = self.now()
-            up = dataclasses.replace(up, time=now, sent_time=now if started is None else started)
-            before = self.merges
-            actions = self.sync.handle(up)
-            rejects = [a for a in actions if isinstance(a, protocol.Log)
-                       and a.record["event"] == "reject" and a.record["learner"] == learner
-                       and a.record["fragment"] == up.fragment]
-            self._act(actions)
-            if len(actions) == 1 and rejects:
-                r = rejects[0].record
-                kind = "invalid" if r["code"] in INVALID_UPLOAD else "stale"
-                self.counts[kind] = self.counts.get(kind, 0) + 1
-                raise Refused(kind, f"upload of fragment {up.fragment} rejected "
-                              f"({r['code']}): {r['reason']}")
-            return self.merges - before
-
-    def poll(self, learner: int, session: str, after_seq: int,
-             wait_s: float) -> list[tuple[int, protocol.Send]]:
-        """Sends numbered after `after_seq`, waiting up to `wait_s` for one to exist."""
-        deadline = time.monotonic() + max(wait_s, 0.0)
-        with self.cond:
-            self._check_session(learner, session)
-            while True:
-                box = self.outbox[learner]
-                box[:] = [(s, m) for s, m in box if s > after_seq]  # acknowledged: forget
-                if box or self._stop.is_set():
-                    return list(box)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return []
-                self.cond.wait(left)
-                if self.sessions.get(learner) != session:
-                    raise self._refuse("not_joined", f"learner {learner} joined elsewhere")
-                self.last_seen[learner] = self.now()
-
-    # ---- actions, timers and liveness ----
-
-    def _act(self, actions: list[protocol.Action]) -> None:
-        for a in actions:
-            if isinstance(a, protocol.Send):
-                if a.learner in self.outbox:
-                    self.last_seq[a.learner] += 1
-                    self.outbox[a.learner].append((self.last_seq[a.learner], a))
-            elif isinstance(a, protocol.SetTimer):
-                heapq.heappush(self.timers, a.time)
-            elif isinstance(a, protocol.Checkpoint):
-                self.on_checkpoint(self.sync)
-            elif isinstance(a, protocol.Log):
-                self.merges += a.record["event"] == "merge"
-                self.on_log(a.record)
-        self.cond.notify_all()
-
-    def _background(self) -> None:
-        while not self._stop.wait(0.05):
-            with self.cond:
-                now = self.now()
-                while self.timers and self.timers[0] <= now:
-                    heapq.heappop(self.timers)
-                    self._act(self.sync.handle(protocol.Tick(now)))
-                for m in sorted(self.sync.live):
-                    if now - self.last_seen.get(m, now) > self.absent_after_s:
-                        self.counts["absent"] = self.counts.get("absent", 0) + 1
-                        self.on_log({"event": "absent", "learner": m, "time": now})
-                        self._act(self.sync.handle(protocol.Leave(m, now)))
-
-    def close(self) -> None:
-        self._stop.set()
-        with self.cond:
-            self.cond.notify_all()
-        self._thread.join(timeout=2.0)
+  def close(self) -> None:
+    self._stop.set()
+    with self.cond:
+      self.cond.notify_all()
+    self._thread.join(timeout=2.0)

@@ -40,292 +40,345 @@ from diloco.runtime.faulty_link import FaultClock, FaultyLink, HostSlot, Shared
 
 
 class Driver:
-    """The fault timeline of one threads run and the crash/restart of learners and synchronizer."""
+  """The fault timeline of one threads run and the crash/restart of learners and synchronizer."""
 
-    def __init__(self, *, clock: FaultClock, slot: HostSlot, shared: Shared,
-                 recovery: recovery_lib.Recovery | None, make_sync: Callable,
-                 make_host: Callable, learners: list[Learner], links: list[FaultyLink],
-                 steps: int, on_event: Callable[[dict], None] = lambda r: None):
-        self.clock, self.slot, self.shared, self.recovery = clock, slot, shared, recovery
-        self.make_sync, self.make_host, self.on_event = make_sync, make_host, on_event
-        self.learners, self.links, self.steps = learners, links, steps
-        n = len(learners)
-        self.stops = [threading.Event() for _ in range(n)]
-        self.abort = threading.Event()
-        self.up = [True] * n
-        self.rejoining: dict[int, dict] = {}  # learner -> its crash record, until rejoined
-        self._back: dict[int, float] = {}
-        self._save_crash: chaos.Fault | None = None
-        self.saved: tuple[int, dict] | None = None  # (merges, arrays) of the last completed save
-        self._cond = threading.Condition()
-        self._timeline: list[tuple[float, int, Callable, object]] = []
-        self._seq = 0
-        self._first: set[int] = set()  # learners that took their first step
-        self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-timeline")
-        # Synchronizers to restart into, built now in this thread: building one (its outer
-        # optimizer states on the CPU device) while learner threads run their steps has hung XLA's
-        # CPU collectives here (an all-reduce rendezvous that never completed).
-        self._spares = [make_sync() for f in clock.faults if f.kind == "sync_crash"]
+  def __init__(
+      self,
+      *,
+      clock: FaultClock,
+      slot: HostSlot,
+      shared: Shared,
+      recovery: recovery_lib.Recovery | None,
+      make_sync: Callable,
+      make_host: Callable,
+      learners: list[Learner],
+      links: list[FaultyLink],
+      steps: int,
+      on_event: Callable[[dict], None] = lambda r: None,
+  ):
+    self.clock, self.slot, self.shared, self.recovery = clock, slot, shared, recovery
+    self.make_sync, self.make_host, self.on_event = make_sync, make_host, on_event
+    self.learners, self.links, self.steps = learners, links, steps
+    n = len(learners)
+    self.stops = [threading.Event() for _ in range(n)]
+    self.abort = threading.Event()
+    self.up = [True] * n
+    self.rejoining: dict[int, dict] = {}  # learner -> its crash record, until rejoined
+    self._back: dict[int, float] = {}
+    self._save_crash: chaos.Fault | None = None
+    self.saved: tuple[int, dict] | None = None  # (merges, arrays) of the last completed save
+    self._cond = threading.Condition()
+    self._timeline: list[tuple[float, int, Callable, object]] = []
+    self._seq = 0
+    self._first: set[int] = set()  # learners that took their first step
+    self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-timeline")
+    # Synchronizers to restart into, built now in this thread: building one (its outer
+    # optimizer states on the CPU device) while learner threads run their steps has hung XLA's
+    # CPU collectives here (an all-reduce rendezvous that never completed).
+    self._spares = [make_sync() for f in clock.faults if f.kind == "sync_crash"]
 
-    # ---- the timeline ----
+  # ---- the timeline ----
 
-    def start(self) -> None:
-        """Time 0 of the schedule: called once every learner has taken its first step (compiled)."""
-        self.clock.start()
-        for f in self.clock.faults:
-            self._push(self.clock.wall(f.time_s), self._on_fault, f)
-        self._thread.start()
+  def start(self) -> None:
+    """Time 0 of the schedule: called once every learner has taken its first step (compiled)."""
+    self.clock.start()
+    for f in self.clock.faults:
+      self._push(self.clock.wall(f.time_s), self._on_fault, f)
+    self._thread.start()
 
-    def _push(self, wall: float, fn: Callable, arg) -> None:
-        with self._cond:
-            self._seq += 1
-            heapq.heappush(self._timeline, (wall, self._seq, fn, arg))
-            self._cond.notify_all()
+  def _push(self, wall: float, fn: Callable, arg) -> None:
+    with self._cond:
+      self._seq += 1
+      heapq.heappush(self._timeline, (wall, self._seq, fn, arg))
+      self._cond.notify_all()
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self.abort.is_set() and (
-                        not self._timeline or self._timeline[0][0] > self.clock.clock()):
-                    self._cond.wait(None if not self._timeline
-                                    else self._timeline[0][0] - self.clock.clock())
-                if self.abort.is_set():
-                    return
-                _, _, fn, arg = heapq.heappop(self._timeline)
-            fn(arg)
+  def _run(self) -> None:
+    while True:
+      with self._cond:
+        while not self.abort.is_set() and (
+            not self._timeline or self._timeline[0][0] > self.clock.clock()
+        ):
+          self._cond.wait(None if not self._timeline else self._timeline[0][0] - self.clock.clock())
+        if self.abort.is_set():
+          return
+        _, _, fn, arg = heapq.heappop(self._timeline)
+      fn(arg)
 
-    def _log(self, record: dict) -> None:
-        self.on_event({"time": self.clock.now(), **record})
+  def _log(self, record: dict) -> None:
+    self.on_event({"time": self.clock.now(), **record})
 
-    def _training(self) -> bool:
-        return any(l.steps < self.steps for l in self.learners) and not self.abort.is_set()
+  def _training(self) -> bool:
+    return any(l.steps < self.steps for l in self.learners) and not self.abort.is_set()
 
-    def _on_fault(self, f: chaos.Fault) -> None:
-        st = self.shared.stats
-        if not self._training():
-            st.ignored += 1
-        elif f.kind == "crash":
-            self._crash(f)
-        elif f.kind == "sync_crash":
-            if f.mode == "now" and self.slot.host is not None:
-                self._sync_down(f, self.slot.take_down())
-            elif f.mode == "save" and self.slot.host is not None and self._save_crash is None:
-                self._save_crash = f  # counted when it fires
-            else:
-                st.ignored += 1
-        elif f.kind in ("straggle", "delay", "partition"):  # looked up by time where they act
-            self.shared.fault(f)
-            self._log({"event": "fault", "kind": f.kind, "learner": f.learner,
-                       "fault": f.describe()})
-        # corrupt and poison: armed in the learner's link, counted when a message carries them
+  def _on_fault(self, f: chaos.Fault) -> None:
+    st = self.shared.stats
+    if not self._training():
+      st.ignored += 1
+    elif f.kind == "crash":
+      self._crash(f)
+    elif f.kind == "sync_crash":
+      if f.mode == "now" and self.slot.host is not None:
+        self._sync_down(f, self.slot.take_down())
+      elif f.mode == "save" and self.slot.host is not None and self._save_crash is None:
+        self._save_crash = f  # counted when it fires
+      else:
+        st.ignored += 1
+    elif f.kind in ("straggle", "delay", "partition"):  # looked up by time where they act
+      self.shared.fault(f)
+      self._log({"event": "fault", "kind": f.kind, "learner": f.learner, "fault": f.describe()})
+    # corrupt and poison: armed in the learner's link, counted when a message carries them
 
-    # ---- learner crash and rejoin ----
+  # ---- learner crash and rejoin ----
 
-    def _crash(self, f: chaos.Fault) -> None:
-        m = f.learner
-        if not self.up[m] or self.learners[m].steps >= self.steps:
-            self.shared.stats.ignored += 1
-            return
-        self.shared.fault(f)
-        self.up[m] = False
-        if m in self.rejoining:  # back, but crashed again before its rejoin was complete
-            self.rejoining[m]["crashed_again"] = self.clock.now()
-        record = {"learner": m, "time": self.clock.now(), "back": f.end_s, "rejoined": None,
-                  "restored_step": None, "steps_lost": None, "wall": self.clock.clock()}
-        with self.shared.lock:
-            self.shared.stats.crashes.append(record)
-        self.rejoining[m], self._back[m] = record, f.end_s
-        self._log({"event": "fault", "kind": "crash", "learner": m, "fault": f.describe()})
-        self.stops[m].set()
+  def _crash(self, f: chaos.Fault) -> None:
+    m = f.learner
+    if not self.up[m] or self.learners[m].steps >= self.steps:
+      self.shared.stats.ignored += 1
+      return
+    self.shared.fault(f)
+    self.up[m] = False
+    if m in self.rejoining:  # back, but crashed again before its rejoin was complete
+      self.rejoining[m]["crashed_again"] = self.clock.now()
+    record = {
+        "learner": m,
+        "time": self.clock.now(),
+        "back": f.end_s,
+        "rejoined": None,
+        "restored_step": None,
+        "steps_lost": None,
+        "wall": self.clock.clock(),
+    }
+    with self.shared.lock:
+      self.shared.stats.crashes.append(record)
+    self.rejoining[m], self._back[m] = record, f.end_s
+    self._log({"event": "fault", "kind": "crash", "learner": m, "fault": f.describe()})
+    self.stops[m].set()
 
-    def crashed(self, m: int) -> bool:
-        return not self.up[m] and not self.abort.is_set()
+  def crashed(self, m: int) -> bool:
+    return not self.up[m] and not self.abort.is_set()
 
-    def recover(self, m: int) -> Learner | None:
-        """In learner m's thread after its crash: loses its memory, waits out the fault, restores
-        (or starts over); the learner to train on, or None if the run was aborted meanwhile."""
-        old, record = self.learners[m], self.rejoining[m]
-        step_at_crash = old.steps
-        old.state = None  # its memory is gone
-        old.global_copy = []
-        self.links[m].new_session()
-        if self.abort.wait(max(self.clock.wall(self._back[m]) - self.clock.clock(), 0.0)):
-            return None
-        learner, step = self.recovery.restore_learner(m)
-        others = [l.steps for i, l in enumerate(self.learners) if self.up[i] and i != m]
-        if others:  # resume in the schedule phase of the leading learner (see virtual_chaos.py)
-            learner.steps += (max(others) - learner.steps) % learner.schedule.inner_steps
-        record.update(restored_step=step, steps_lost=step_at_crash - (step or 0))
-        with self.shared.lock:
-            self.shared.stats.steps_lost[m] += record["steps_lost"]
-        self.learners[m] = learner
-        self.stops[m].clear()
-        self.up[m] = True
-        self._log({"event": "recover", "learner": m, "restored_step": step,
-                   "resumes_at_step": learner.steps})
-        return learner
+  def recover(self, m: int) -> Learner | None:
+    """In learner m's thread after its crash: loses its memory, waits out the fault, restores
+    (or starts over); the learner to train on, or None if the run was aborted meanwhile."""
+    old, record = self.learners[m], self.rejoining[m]
+    step_at_crash = old.steps
+    old.state = None  # its memory is gone
+    old.global_copy = []
+    self.links[m].new_session()
+    if self.abort.wait(max(self.clock.wall(self._back[m]) - self.clock.clock(), 0.0)):
+      return None
+    learner, step = self.recovery.restore_learner(m)
+    others = [l.steps for i, l in enumerate(self.learners) if self.up[i] and i != m]
+    if others:  # resume in the schedule phase of the leading learner (see virtual_chaos.py)
+      learner.steps += (max(others) - learner.steps) % learner.schedule.inner_steps
+    record.update(restored_step=step, steps_lost=step_at_crash - (step or 0))
+    with self.shared.lock:
+      self.shared.stats.steps_lost[m] += record["steps_lost"]
+    self.learners[m] = learner
+    self.stops[m].clear()
+    self.up[m] = True
+    self._log(
+        {"event": "recover", "learner": m, "restored_step": step, "resumes_at_step": learner.steps}
+    )
+    return learner
 
-    def check_rejoin(self, m: int) -> None:
-        """Marks m rejoined once it holds what the synchronizer sent it at its Join."""
-        record, target = self.rejoining.get(m), self.links[m].joined_versions
-        if record is None or not self.up[m] or target is None:
-            return
-        learner = self.learners[m]
-        if any(v < t for v, t in zip(learner.versions, target)):
-            return
-        host, _ = self.slot.get()
-        if host is None:
-            return
-        with host.cond:
-            sync = host.sync
-            same = [p for p in range(len(learner.versions))
-                    if (learner.generations[p], learner.versions[p])
-                    == (sync.generation, sync.versions[p])]
-            exact = all(np.array_equal(learner.global_copy[p][k], sync.globals[p][k])
-                        for p in same for k in sync.globals[p])
-        record.update(rejoined=self.clock.now(), rejoined_wall=self.clock.clock(),
-                      fragments_at_current_version=len(same),
-                      holds_global_exactly=bool(exact))
-        del self.rejoining[m]
-        self._log({"event": "rejoin", "learner": m, "down_s": record["rejoined"] - record["time"],
-                   "holds_global_exactly": bool(exact)})
+  def check_rejoin(self, m: int) -> None:
+    """Marks m rejoined once it holds what the synchronizer sent it at its Join."""
+    record, target = self.rejoining.get(m), self.links[m].joined_versions
+    if record is None or not self.up[m] or target is None:
+      return
+    learner = self.learners[m]
+    if any(v < t for v, t in zip(learner.versions, target)):
+      return
+    host, _ = self.slot.get()
+    if host is None:
+      return
+    with host.cond:
+      sync = host.sync
+      same = [
+          p
+          for p in range(len(learner.versions))
+          if (learner.generations[p], learner.versions[p]) == (sync.generation, sync.versions[p])
+      ]
+      exact = all(
+          np.array_equal(learner.global_copy[p][k], sync.globals[p][k])
+          for p in same
+          for k in sync.globals[p]
+      )
+    record.update(
+        rejoined=self.clock.now(),
+        rejoined_wall=self.clock.clock(),
+        fragments_at_current_version=len(same),
+        holds_global_exactly=bool(exact),
+    )
+    del self.rejoining[m]
+    self._log(
+        {
+            "event": "rejoin",
+            "learner": m,
+            "down_s": record["rejoined"] - record["time"],
+            "holds_global_exactly": bool(exact),
+        }
+    )
 
-    def on_step(self, m: int) -> Callable:
-        """Learner m's after-step hook: its checkpoint, straggling, the rejoin check."""
-        last = [time.monotonic()]
+  def on_step(self, m: int) -> Callable:
+    """Learner m's after-step hook: its checkpoint, straggling, the rejoin check."""
+    last = [time.monotonic()]
 
-        def hook(learner: Learner, _metrics) -> None:
-            with self._cond:
-                if self.clock.t0 is None and m not in self._first:
-                    self._first.add(m)
-                    if len(self._first) == len(self.learners):
-                        self.start()
-            if self.recovery is not None:
-                self.recovery.after_step(learner)
-            now = time.monotonic()
-            factor = float(np.prod([f.factor for f in self.clock.active(m, "straggle")]))
-            if factor > 1:  # the iteration just taken, stretched to factor x its length
-                time.sleep((factor - 1) * (now - last[0]))
-            last[0] = time.monotonic()
-            self.check_rejoin(m)
+    def hook(learner: Learner, _metrics) -> None:
+      with self._cond:
+        if self.clock.t0 is None and m not in self._first:
+          self._first.add(m)
+          if len(self._first) == len(self.learners):
+            self.start()
+      if self.recovery is not None:
+        self.recovery.after_step(learner)
+      now = time.monotonic()
+      factor = float(np.prod([f.factor for f in self.clock.active(m, "straggle")]))
+      if factor > 1:  # the iteration just taken, stretched to factor x its length
+        time.sleep((factor - 1) * (now - last[0]))
+      last[0] = time.monotonic()
+      self.check_rejoin(m)
 
-        return hook
+    return hook
 
-    # ---- synchronizer crash and restart ----
+  # ---- synchronizer crash and restart ----
 
-    def _sync_down(self, f: chaos.Fault, host: sync_host.SyncHost | None) -> None:
-        if host is None:
-            self.shared.stats.ignored += 1
-            return
-        self.shared.fault(f)
-        now = self.clock.now()
-        with self.shared.lock:
-            self.shared.stats.restarts.append({"time": now, "back": now + f.duration_s,
-                                               "merges": host.sync.merges, "restored": None,
-                                               "mode": f.mode})
-        self._log({"event": "fault", "kind": "sync_crash", "fault": f.describe(),
-                   "merges": host.sync.merges})
-        host.close()
-        self._push(self.clock.wall(now + f.duration_s), self._sync_restart, None)
+  def _sync_down(self, f: chaos.Fault, host: sync_host.SyncHost | None) -> None:
+    if host is None:
+      self.shared.stats.ignored += 1
+      return
+    self.shared.fault(f)
+    now = self.clock.now()
+    with self.shared.lock:
+      self.shared.stats.restarts.append(
+          {
+              "time": now,
+              "back": now + f.duration_s,
+              "merges": host.sync.merges,
+              "restored": None,
+              "mode": f.mode,
+          }
+      )
+    self._log(
+        {"event": "fault", "kind": "sync_crash", "fault": f.describe(), "merges": host.sync.merges}
+    )
+    host.close()
+    self._push(self.clock.wall(now + f.duration_s), self._sync_restart, None)
 
-    def _sync_restart(self, _=None) -> None:
-        restarts = self.shared.stats.restarts
-        sync = self.recovery.restore_sync(
-            lambda: self._spares.pop() if self._spares else self.make_sync(),
-            generation=len(restarts))
-        record = restarts[-1]
-        arrays = sync.state_dict()["arrays"]
-        merges, saved = self.saved
-        record.update(restored=sync.merges, checkpoint_merges=merges,
-                      restored_equals_checkpoint=bool(
-                          sync.merges == merges and sorted(arrays) == sorted(saved)
-                          and all(np.array_equal(arrays[k], saved[k]) for k in saved)))
-        self.slot.put(self.make_host(sync))
-        self._log({"event": "sync_restart", "generation": sync.generation,
-                   "merges": sync.merges, "merges_lost": record["merges"] - sync.merges})
+  def _sync_restart(self, _=None) -> None:
+    restarts = self.shared.stats.restarts
+    sync = self.recovery.restore_sync(
+        lambda: self._spares.pop() if self._spares else self.make_sync(), generation=len(restarts)
+    )
+    record = restarts[-1]
+    arrays = sync.state_dict()["arrays"]
+    merges, saved = self.saved
+    record.update(
+        restored=sync.merges,
+        checkpoint_merges=merges,
+        restored_equals_checkpoint=bool(
+            sync.merges == merges
+            and sorted(arrays) == sorted(saved)
+            and all(np.array_equal(arrays[k], saved[k]) for k in saved)
+        ),
+    )
+    self.slot.put(self.make_host(sync))
+    self._log(
+        {
+            "event": "sync_restart",
+            "generation": sync.generation,
+            "merges": sync.merges,
+            "merges_lost": record["merges"] - sync.merges,
+        }
+    )
 
-    def on_checkpoint(self, sync) -> None:
-        """The host's Checkpoint action (under its lock): save, or die saving ('save' crash)."""
-        host = self.slot.host
-        if self.recovery is None or host is None or host.sync is not sync:
-            return  # a synchronizer already dead writes nothing
-        if self._save_crash is not None:
-            f, self._save_crash = self._save_crash, None
-            try:
-                self.recovery.save_sync(sync, interrupt=True)
-            except sync_checkpoint.SimulatedCrash:
-                pass
-            self._push(self.clock.clock(), lambda dead: self._sync_down(f, dead),
-                       self.slot.take_down())
-            return
-        self.save_sync(sync)
+  def on_checkpoint(self, sync) -> None:
+    """The host's Checkpoint action (under its lock): save, or die saving ('save' crash)."""
+    host = self.slot.host
+    if self.recovery is None or host is None or host.sync is not sync:
+      return  # a synchronizer already dead writes nothing
+    if self._save_crash is not None:
+      f, self._save_crash = self._save_crash, None
+      try:
+        self.recovery.save_sync(sync, interrupt=True)
+      except sync_checkpoint.SimulatedCrash:
+        pass
+      self._push(self.clock.clock(), lambda dead: self._sync_down(f, dead), self.slot.take_down())
+      return
+    self.save_sync(sync)
 
-    def save_sync(self, sync) -> None:
-        """Saves the synchronizer and remembers what the save wrote (to check a restore)."""
-        state = sync.state_dict()
-        if self.recovery is not None and self.recovery.save_sync(sync):
-            self.saved = (sync.merges, {k: np.array(v) for k, v in state["arrays"].items()})
+  def save_sync(self, sync) -> None:
+    """Saves the synchronizer and remembers what the save wrote (to check a restore)."""
+    state = sync.state_dict()
+    if self.recovery is not None and self.recovery.save_sync(sync):
+      self.saved = (sync.merges, {k: np.array(v) for k, v in state["arrays"].items()})
 
-    def finish(self) -> None:
-        """Stops the timeline; a synchronizer still down comes back from its checkpoint."""
-        self.abort.set()
-        with self._cond:
-            self._cond.notify_all()
-        if self._thread.ident is not None:
-            self._thread.join(timeout=5.0)
-        if self.slot.host is None and self.shared.stats.restarts:
-            self._sync_restart()
+  def finish(self) -> None:
+    """Stops the timeline; a synchronizer still down comes back from its checkpoint."""
+    self.abort.set()
+    with self._cond:
+      self._cond.notify_all()
+    if self._thread.ident is not None:
+      self._thread.join(timeout=5.0)
+    if self.slot.host is None and self.shared.stats.restarts:
+      self._sync_restart()
 
 
 def follow_poison(shared: Shared, record: dict) -> None:
-    """A poisoned upload's fate, from the synchronizer's log: its round rejects it, merges it, or
-    merges a newer upload of that learner and fragment that replaced it (superseded). An upload
-    is told apart from its successor by its base version and progress."""
-    with shared.lock:
-        if record["event"] == "reject" and record.get("code") in MERGE_TIME_CODES:
-            key = (record["learner"], record["fragment"])
-            poisoned = shared.poisoned.get(key)
-            if poisoned is not None and poisoned[1] == record.get("base_version"):
-                del shared.poisoned[key]
-                shared.stats.fate(poisoned[0], f"rejected ({record['code']})")
-        elif record["event"] == "merge":
-            for i, m in enumerate(record["learners"]):
-                poisoned = shared.poisoned.pop((m, record["fragment"]), None)
-                if poisoned is None:
-                    continue
-                base = record["version"] - 1 - record["staleness"][i]
-                same = poisoned[1:] == (base, record["steps"][i], record["tokens"][i])
-                shared.stats.fate(poisoned[0], "merged" if same else "superseded")
+  """A poisoned upload's fate, from the synchronizer's log: its round rejects it, merges it, or
+  merges a newer upload of that learner and fragment that replaced it (superseded). An upload
+  is told apart from its successor by its base version and progress."""
+  with shared.lock:
+    if record["event"] == "reject" and record.get("code") in MERGE_TIME_CODES:
+      key = (record["learner"], record["fragment"])
+      poisoned = shared.poisoned.get(key)
+      if poisoned is not None and poisoned[1] == record.get("base_version"):
+        del shared.poisoned[key]
+        shared.stats.fate(poisoned[0], f"rejected ({record['code']})")
+    elif record["event"] == "merge":
+      for i, m in enumerate(record["learners"]):
+        poisoned = shared.poisoned.pop((m, record["fragment"]), None)
+        if poisoned is None:
+          continue
+        base = record["version"] - 1 - record["staleness"][i]
+        same = poisoned[1:] == (base, record["steps"][i], record["tokens"][i])
+        shared.stats.fate(poisoned[0], "merged" if same else "superseded")
 
 
 def summary(driver: Driver, sync, events: list[dict]) -> dict:
-    """The chaos keys of a threads run's summary (as the virtual runtime's, where they apply)."""
-    st = driver.shared.stats
-    with driver.shared.lock:
-        for poisoned in driver.shared.poisoned.values():
-            st.fate(poisoned[0], "pending at the end")
-        driver.shared.poisoned.clear()
-    crashes = st.crashes
-    tainted = {k: dict(sorted(v.items())) for k, v in sorted(st.tainted.items())}
-    unused = sum(len(link.armed) for link in driver.links) + (driver._save_crash is not None)
-    return {
-        "faults": dict(sorted(st.faults.items())),
-        "rejoins": sum(c["rejoined"] is not None for c in crashes),
-        "synchronizer_restarts": len(st.restarts),
-        "chaos": {
-            "faults_scheduled": len(driver.clock.faults), "faults_ignored": st.ignored,
-            "faults_unused": unused, "time_scale": driver.clock.scale,
-            "crashes": crashes, "restarts": st.restarts,
-            # ... unless it crashed again before its rejoin was complete
-            "every_crashed_learner_rejoined": all(c["rejoined"] is not None for c in crashes
-                                                  if "crashed_again" not in c),
-            "restored_from_checkpoint": sum(c["restored_step"] is not None for c in crashes),
-            "steps_lost": int(sum(st.steps_lost)),
-            "messages_dropped": dict(sorted(st.dropped.items())),
-            "tainted": tainted,
-            "tainted_merged": sum(v.get("merged", 0) for v in tainted.values()),
-            "global_params_finite": bool(all(np.isfinite(v).all()
-                                             for v in sync.global_params().values())),
-            "events": events,
-        },
-    }
+  """The chaos keys of a threads run's summary (as the virtual runtime's, where they apply)."""
+  st = driver.shared.stats
+  with driver.shared.lock:
+    for poisoned in driver.shared.poisoned.values():
+      st.fate(poisoned[0], "pending at the end")
+    driver.shared.poisoned.clear()
+  crashes = st.crashes
+  tainted = {k: dict(sorted(v.items())) for k, v in sorted(st.tainted.items())}
+  unused = sum(len(link.armed) for link in driver.links) + (driver._save_crash is not None)
+  return {
+      "faults": dict(sorted(st.faults.items())),
+      "rejoins": sum(c["rejoined"] is not None for c in crashes),
+      "synchronizer_restarts": len(st.restarts),
+      "chaos": {
+          "faults_scheduled": len(driver.clock.faults),
+          "faults_ignored": st.ignored,
+          "faults_unused": unused,
+          "time_scale": driver.clock.scale,
+          "crashes": crashes,
+          "restarts": st.restarts,
+          # ... unless it crashed again before its rejoin was complete
+          "every_crashed_learner_rejoined": all(
+              c["rejoined"] is not None for c in crashes if "crashed_again" not in c
+          ),
+          "restored_from_checkpoint": sum(c["restored_step"] is not None for c in crashes),
+          "steps_lost": int(sum(st.steps_lost)),
+          "messages_dropped": dict(sorted(st.dropped.items())),
+          "tainted": tainted,
+          "tainted_merged": sum(v.get("merged", 0) for v in tainted.values()),
+          "global_params_finite": bool(
+              all(np.isfinite(v).all() for v in sync.global_params().values())
+          ),
+          "events": events,
+      },
+  }

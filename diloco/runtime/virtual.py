@@ -36,180 +36,198 @@ SYNC = "sync"  # owner of the synchronizer's events; learner m's events are owne
 
 @dataclasses.dataclass
 class LearnerClock:
-    """Simulated-time bookkeeping of one learner."""
+  """Simulated-time bookkeeping of one learner."""
 
-    step_s: float  # mean seconds per step
-    rng: np.random.Generator
-    jitter: float
-    start_s: float = 0.0
-    busy_s: float = 0.0
-    idle_s: float = 0.0
-    wasted_s: float = 0.0  # busy time whose work a crash lost
-    waiting_since: float | None = None
-    done: bool = False
-    inflight: dict[int, int] = dataclasses.field(default_factory=dict)  # fragment -> step sent
+  step_s: float  # mean seconds per step
+  rng: np.random.Generator
+  jitter: float
+  start_s: float = 0.0
+  busy_s: float = 0.0
+  idle_s: float = 0.0
+  wasted_s: float = 0.0  # busy time whose work a crash lost
+  waiting_since: float | None = None
+  done: bool = False
+  inflight: dict[int, int] = dataclasses.field(default_factory=dict)  # fragment -> step sent
 
-    def duration(self) -> float:
-        if self.jitter <= 0:
-            return self.step_s
-        return self.step_s * math.exp(self.jitter * self.rng.standard_normal())
+  def duration(self) -> float:
+    if self.jitter <= 0:
+      return self.step_s
+    return self.step_s * math.exp(self.jitter * self.rng.standard_normal())
 
 
 @dataclasses.dataclass(frozen=True)
 class Network:
-    latency_s: float
-    bandwidth_gbps: float
+  latency_s: float
+  bandwidth_gbps: float
 
-    def delay(self, nbytes: int) -> float:
-        return self.latency_s + 8.0 * nbytes / (self.bandwidth_gbps * 1e9)
+  def delay(self, nbytes: int) -> float:
+    return self.latency_s + 8.0 * nbytes / (self.bandwidth_gbps * 1e9)
 
 
 class VirtualRuntime:
-    """Drives learners and one synchronizer through simulated time."""
+  """Drives learners and one synchronizer through simulated time."""
 
-    def __init__(self, learners: list[Learner], sync: Synchronizer, clocks: list[LearnerClock],
-                 network: Network, next_batch: Callable[[int], dict], token_budget: int,
-                 overlap: int, blocking: bool, on_step: Callable, on_log: Callable,
-                 recovery: Any = None):
-        self.learners, self.sync, self.clocks, self.net = learners, sync, clocks, network
-        self.next_batch, self.budget = next_batch, token_budget
-        self.overlap, self.blocking = overlap, blocking
-        self.on_step, self.on_log = on_step, on_log
-        self.recovery = recovery  # a recovery.Recovery, or None: no checkpoints
-        self.now = 0.0
-        self.tokens_started = 0
-        self.bytes_up = [0] * len(learners)
-        self.bytes_down = [0] * len(learners)
-        self._queue: list[tuple] = []
-        self._seq = itertools.count()
-        self._epochs: dict[Any, int] = {SYNC: 0, **{m: 0 for m in range(len(learners))}}
-        self._background = 0  # background events in the queue
+  def __init__(
+      self,
+      learners: list[Learner],
+      sync: Synchronizer,
+      clocks: list[LearnerClock],
+      network: Network,
+      next_batch: Callable[[int], dict],
+      token_budget: int,
+      overlap: int,
+      blocking: bool,
+      on_step: Callable,
+      on_log: Callable,
+      recovery: Any = None,
+  ):
+    self.learners, self.sync, self.clocks, self.net = learners, sync, clocks, network
+    self.next_batch, self.budget = next_batch, token_budget
+    self.overlap, self.blocking = overlap, blocking
+    self.on_step, self.on_log = on_step, on_log
+    self.recovery = recovery  # a recovery.Recovery, or None: no checkpoints
+    self.now = 0.0
+    self.tokens_started = 0
+    self.bytes_up = [0] * len(learners)
+    self.bytes_down = [0] * len(learners)
+    self._queue: list[tuple] = []
+    self._seq = itertools.count()
+    self._epochs: dict[Any, int] = {SYNC: 0, **{m: 0 for m in range(len(learners))}}
+    self._background = 0  # background events in the queue
 
-    def _push(self, time: float, order: int, kind: str, payload: Any, owner: Any = None,
-              background: bool = False) -> None:
-        epoch = self._epochs[owner] if owner is not None else None
-        self._background += background
-        heapq.heappush(self._queue, (time, order, next(self._seq), kind, payload, owner, epoch,
-                                     background))
+  def _push(
+      self,
+      time: float,
+      order: int,
+      kind: str,
+      payload: Any,
+      owner: Any = None,
+      background: bool = False,
+  ) -> None:
+    epoch = self._epochs[owner] if owner is not None else None
+    self._background += background
+    heapq.heappush(
+        self._queue, (time, order, next(self._seq), kind, payload, owner, epoch, background)
+    )
 
-    def _more(self) -> bool:
-        """Whether the run goes on: some event other than a background one is due."""
-        return len(self._queue) > self._background
+  def _more(self) -> bool:
+    """Whether the run goes on: some event other than a background one is due."""
+    return len(self._queue) > self._background
 
-    def run(self) -> float:
-        """Runs to the end of the token budget; returns the simulated time."""
-        if self.recovery is not None:
-            self.recovery.save_sync(self.sync, force=True)  # a restart always finds a checkpoint
-        for m, clock in enumerate(self.clocks):
-            self._push(clock.start_s, START, "start", m, owner=m)
-        while self._more():
-            time, _, _, kind, payload, owner, epoch, background = heapq.heappop(self._queue)
-            self._background -= background
-            if owner is not None and self._epochs[owner] != epoch:
-                continue  # addressed to a process that crashed since
-            self.now = time
-            getattr(self, "_on_" + kind)(payload)
-        return self.now
+  def run(self) -> float:
+    """Runs to the end of the token budget; returns the simulated time."""
+    if self.recovery is not None:
+      self.recovery.save_sync(self.sync, force=True)  # a restart always finds a checkpoint
+    for m, clock in enumerate(self.clocks):
+      self._push(clock.start_s, START, "start", m, owner=m)
+    while self._more():
+      time, _, _, kind, payload, owner, epoch, background = heapq.heappop(self._queue)
+      self._background -= background
+      if owner is not None and self._epochs[owner] != epoch:
+        continue  # addressed to a process that crashed since
+      self.now = time
+      getattr(self, "_on_" + kind)(payload)
+    return self.now
 
-    # ---- learner side ----
+  # ---- learner side ----
 
-    def _on_start(self, m: int) -> None:
-        clock, learner = self.clocks[m], self.learners[m]
-        if clock.done:
-            return
-        if self.blocking and any(learner.steps >= s + self.overlap for s in clock.inflight.values()):
-            if clock.waiting_since is None:
-                clock.waiting_since = self.now
-            return  # resumed by the arrival it waits for
-        if clock.waiting_since is not None:
-            clock.idle_s += self.now - clock.waiting_since
-            clock.waiting_since = None
-        if self.tokens_started + learner.tokens_per_step > self.budget:
-            clock.done = True
-            return
-        self.tokens_started += learner.tokens_per_step
-        metrics = learner.step(self.next_batch(m))
-        duration = self._duration(m)
-        clock.busy_s += duration
-        self._push(self.now + duration, STEP_DONE, "step_done", (m, metrics, duration), owner=m)
+  def _on_start(self, m: int) -> None:
+    clock, learner = self.clocks[m], self.learners[m]
+    if clock.done:
+      return
+    if self.blocking and any(learner.steps >= s + self.overlap for s in clock.inflight.values()):
+      if clock.waiting_since is None:
+        clock.waiting_since = self.now
+      return  # resumed by the arrival it waits for
+    if clock.waiting_since is not None:
+      clock.idle_s += self.now - clock.waiting_since
+      clock.waiting_since = None
+    if self.tokens_started + learner.tokens_per_step > self.budget:
+      clock.done = True
+      return
+    self.tokens_started += learner.tokens_per_step
+    metrics = learner.step(self.next_batch(m))
+    duration = self._duration(m)
+    clock.busy_s += duration
+    self._push(self.now + duration, STEP_DONE, "step_done", (m, metrics, duration), owner=m)
 
-    def _duration(self, m: int) -> float:
-        """Simulated seconds of the step learner m starts now."""
-        return self.clocks[m].duration()
+  def _duration(self, m: int) -> float:
+    """Simulated seconds of the step learner m starts now."""
+    return self.clocks[m].duration()
 
-    def _on_step_done(self, payload) -> None:
-        m, metrics, duration = payload
-        learner, clock = self.learners[m], self.clocks[m]
-        self.on_step(m, learner, metrics, self.now)
-        for p in learner.due():
-            up = learner.upload(p, sent_time=self.now, arrival_time=0.0, step_time=duration)
-            clock.inflight[p] = learner.steps
-            self._send_up(m, up)
-        self._after_step(learner)
-        self._push(self.now, START, "start", m, owner=m)
+  def _on_step_done(self, payload) -> None:
+    m, metrics, duration = payload
+    learner, clock = self.learners[m], self.clocks[m]
+    self.on_step(m, learner, metrics, self.now)
+    for p in learner.due():
+      up = learner.upload(p, sent_time=self.now, arrival_time=0.0, step_time=duration)
+      clock.inflight[p] = learner.steps
+      self._send_up(m, up)
+    self._after_step(learner)
+    self._push(self.now, START, "start", m, owner=m)
 
-    def _after_step(self, learner: Learner) -> bool:
-        """Saves the learner's checkpoint if due; returns whether it saved."""
-        return self.recovery is not None and self.recovery.after_step(learner)
+  def _after_step(self, learner: Learner) -> bool:
+    """Saves the learner's checkpoint if due; returns whether it saved."""
+    return self.recovery is not None and self.recovery.after_step(learner)
 
-    def _send_up(self, m: int, message: protocol.Upload | protocol.Join) -> None:
-        """Puts learner m's message on its link to the synchronizer."""
-        nbytes = message.nbytes if isinstance(message, protocol.Upload) else 0
-        arrival = self.now + self.net.delay(nbytes)
-        self.bytes_up[m] += nbytes
-        self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival),
-                   owner=SYNC)
+  def _send_up(self, m: int, message: protocol.Upload | protocol.Join) -> None:
+    """Puts learner m's message on its link to the synchronizer."""
+    nbytes = message.nbytes if isinstance(message, protocol.Upload) else 0
+    arrival = self.now + self.net.delay(nbytes)
+    self.bytes_up[m] += nbytes
+    self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival), owner=SYNC)
 
-    def _on_at_learner(self, send: protocol.Send) -> None:
-        m = send.learner
-        self.learners[m].receive(send)
-        self.clocks[m].inflight.pop(send.fragment, None)
-        if self.clocks[m].waiting_since is not None:
-            self._push(self.now, START, "start", m, owner=m)
+  def _on_at_learner(self, send: protocol.Send) -> None:
+    m = send.learner
+    self.learners[m].receive(send)
+    self.clocks[m].inflight.pop(send.fragment, None)
+    if self.clocks[m].waiting_since is not None:
+      self._push(self.now, START, "start", m, owner=m)
 
-    # ---- synchronizer side ----
+  # ---- synchronizer side ----
 
-    def _on_at_sync(self, event: protocol.Event) -> None:
-        self._act(self.sync.handle(event))
+  def _on_at_sync(self, event: protocol.Event) -> None:
+    self._act(self.sync.handle(event))
 
-    def _on_timer(self, _) -> None:
-        self._act(self.sync.handle(protocol.Tick(self.now)))
+  def _on_timer(self, _) -> None:
+    self._act(self.sync.handle(protocol.Tick(self.now)))
 
-    def _act(self, actions: list[protocol.Action]) -> None:
-        for a in actions:
-            if isinstance(a, protocol.Send):
-                self._send_down(a)
-            elif isinstance(a, protocol.SetTimer):
-                self._push(a.time, TIMER, "timer", None, owner=SYNC)
-            elif isinstance(a, protocol.Checkpoint):
-                self._checkpoint(a)
-            elif isinstance(a, protocol.Log):
-                self.on_log(a.record)
-                if a.record["event"] == "reject":
-                    self._on_reject(a.record)
+  def _act(self, actions: list[protocol.Action]) -> None:
+    for a in actions:
+      if isinstance(a, protocol.Send):
+        self._send_down(a)
+      elif isinstance(a, protocol.SetTimer):
+        self._push(a.time, TIMER, "timer", None, owner=SYNC)
+      elif isinstance(a, protocol.Checkpoint):
+        self._checkpoint(a)
+      elif isinstance(a, protocol.Log):
+        self.on_log(a.record)
+        if a.record["event"] == "reject":
+          self._on_reject(a.record)
 
-    def _send_down(self, send: protocol.Send) -> None:
-        """Puts a Send on the synchronizer's link to its learner."""
-        self.bytes_down[send.learner] += send.nbytes
-        self._push(self.now + self.net.delay(send.nbytes), AT_LEARNER, "at_learner", send,
-                   owner=send.learner)
+  def _send_down(self, send: protocol.Send) -> None:
+    """Puts a Send on the synchronizer's link to its learner."""
+    self.bytes_down[send.learner] += send.nbytes
+    self._push(
+        self.now + self.net.delay(send.nbytes), AT_LEARNER, "at_learner", send, owner=send.learner
+    )
 
-    def _on_reject(self, record: dict) -> None:
-        """Nothing will come back for a rejected upload: a learner waiting for it goes on."""
-        m, p = record["learner"], record["fragment"]
-        self.clocks[m].inflight.pop(p, None)
-        if self.clocks[m].waiting_since is not None:
-            self._push(self.now, START, "start", m, owner=m)
+  def _on_reject(self, record: dict) -> None:
+    """Nothing will come back for a rejected upload: a learner waiting for it goes on."""
+    m, p = record["learner"], record["fragment"]
+    self.clocks[m].inflight.pop(p, None)
+    if self.clocks[m].waiting_since is not None:
+      self._push(self.now, START, "start", m, owner=m)
 
-    def _checkpoint(self, action: protocol.Checkpoint) -> None:
-        if self.recovery is not None:
-            self.recovery.save_sync(self.sync)
+  def _checkpoint(self, action: protocol.Checkpoint) -> None:
+    if self.recovery is not None:
+      self.recovery.save_sync(self.sync)
 
-    def finish(self) -> None:
-        """Counts the idle time of learners still waiting at the end; saves the synchronizer."""
-        for clock in self.clocks:
-            if clock.waiting_since is not None:
-                clock.idle_s += self.now - clock.waiting_since
-                clock.waiting_since = None
-        if self.recovery is not None and self.sync is not None:
-            self.recovery.save_sync(self.sync, force=True)
+  def finish(self) -> None:
+    """Counts the idle time of learners still waiting at the end; saves the synchronizer."""
+    for clock in self.clocks:
+      if clock.waiting_since is not None:
+        clock.idle_s += self.now - clock.waiting_since
+        clock.waiting_since = None
+    if self.recovery is not None and self.sync is not None:
+      self.recovery.save_sync(self.sync, force=True)

@@ -49,302 +49,342 @@ from diloco.runtime.virtual import AT_LEARNER, FAULT, START, SYNC
 
 
 class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
-    """VirtualRuntime plus faults; needs a `recovery.Recovery` and a synchronizer factory."""
+  """VirtualRuntime plus faults; needs a `recovery.Recovery` and a synchronizer factory."""
 
-    def __init__(self, *args, faults: list[chaos.Fault], make_sync, seed: int,
-                 wait_timeout_s: float = 0.0, on_chaos=lambda record: None, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.recovery is None:
-            raise ValueError("a chaos run needs checkpoints and restarts (a Recovery)")
-        n = len(self.learners)
-        self.faults, self.make_sync, self.on_chaos = list(faults), make_sync, on_chaos
-        self.wait_timeout_s = wait_timeout_s
-        self._rounds_wait = self.sync.policy.quorum.of_members  # rounds wait for crashed learners
-        self.rng = np.random.default_rng([seed, 0xC4A05])
-        self.stats = ChaosStats(steps_lost=[0] * n)
-        self.up = [True] * n
-        self.sync_up = True
-        self._step = [None] * n  # (start, duration) of the step in progress
-        self._since_ckpt = [[0, 0.0] for _ in range(n)]  # steps, busy seconds since a checkpoint
-        self._taints: list[list[chaos.Fault]] = [[] for _ in range(n)]
-        self._crash_on_save: chaos.Fault | None = None
-        self._join_inflight = [False] * n
-        self._last_join = [-1.0] * n  # when learner m last sent a Join
-        self._rejoin: dict[int, dict] = {}  # learner -> its crash record, until rejoined
-        self._heals: set = set()
-        self._owed: list[dict[int, tuple]] = [{} for _ in range(n)]  # p -> base, dropped
-        self._resends: set[tuple] = set()  # (m, p, sent_time) of uploads sent again
-        self.taints = Taints(self.stats)
+  def __init__(
+      self,
+      *args,
+      faults: list[chaos.Fault],
+      make_sync,
+      seed: int,
+      wait_timeout_s: float = 0.0,
+      on_chaos=lambda record: None,
+      **kwargs,
+  ):
+    super().__init__(*args, **kwargs)
+    if self.recovery is None:
+      raise ValueError("a chaos run needs checkpoints and restarts (a Recovery)")
+    n = len(self.learners)
+    self.faults, self.make_sync, self.on_chaos = list(faults), make_sync, on_chaos
+    self.wait_timeout_s = wait_timeout_s
+    self._rounds_wait = self.sync.policy.quorum.of_members  # rounds wait for crashed learners
+    self.rng = np.random.default_rng([seed, 0xC4A05])
+    self.stats = ChaosStats(steps_lost=[0] * n)
+    self.up = [True] * n
+    self.sync_up = True
+    self._step = [None] * n  # (start, duration) of the step in progress
+    self._since_ckpt = [[0, 0.0] for _ in range(n)]  # steps, busy seconds since a checkpoint
+    self._taints: list[list[chaos.Fault]] = [[] for _ in range(n)]
+    self._crash_on_save: chaos.Fault | None = None
+    self._join_inflight = [False] * n
+    self._last_join = [-1.0] * n  # when learner m last sent a Join
+    self._rejoin: dict[int, dict] = {}  # learner -> its crash record, until rejoined
+    self._heals: set = set()
+    self._owed: list[dict[int, tuple]] = [{} for _ in range(n)]  # p -> base, dropped
+    self._resends: set[tuple] = set()  # (m, p, sent_time) of uploads sent again
+    self.taints = Taints(self.stats)
 
-    # ---- the loop ----
+  # ---- the loop ----
 
-    def run(self) -> float:
-        for i, f in enumerate(self.faults):
-            self._push(f.time_s, FAULT, "fault", i, background=True)
-        return super().run()
+  def run(self) -> float:
+    for i, f in enumerate(self.faults):
+      self._push(f.time_s, FAULT, "fault", i, background=True)
+    return super().run()
 
-    def _budget_left(self) -> bool:
-        return self.tokens_started + min(l_.tokens_per_step for l_ in self.learners) <= self.budget
+  def _budget_left(self) -> bool:
+    return self.tokens_started + min(l_.tokens_per_step for l_ in self.learners) <= self.budget
 
-    def _more(self) -> bool:
-        if super()._more():
-            return True
-        if not self._budget_left():
-            return False
-        if not self.sync_up or not all(self.up):
-            return bool(self._queue)  # something is down: its recovery is on the way
-        return self._break_stall()
+  def _more(self) -> bool:
+    if super()._more():
+      return True
+    if not self._budget_left():
+      return False
+    if not self.sync_up or not all(self.up):
+      return bool(self._queue)  # something is down: its recovery is on the way
+    return self._break_stall()
 
-    def _break_stall(self) -> bool:
-        """Lockstep learners all waiting for rounds that wait for each other (faults can put one
-        out of phase): the one waiting longest gives up after `wait_timeout_s` and trains on."""
-        waiting = [(c.waiting_since, m) for m, c in enumerate(self.clocks)
-                   if self.up[m] and c.waiting_since is not None and c.inflight]
-        if not waiting:
-            return False
-        since, m = min(waiting)
-        self._push(max(self.now, since + self.wait_timeout_s), AT_LEARNER, "give_up", m, owner=m)
-        return True
+  def _break_stall(self) -> bool:
+    """Lockstep learners all waiting for rounds that wait for each other (faults can put one
+    out of phase): the one waiting longest gives up after `wait_timeout_s` and trains on."""
+    waiting = [
+        (c.waiting_since, m)
+        for m, c in enumerate(self.clocks)
+        if self.up[m] and c.waiting_since is not None and c.inflight
+    ]
+    if not waiting:
+      return False
+    since, m = min(waiting)
+    self._push(max(self.now, since + self.wait_timeout_s), AT_LEARNER, "give_up", m, owner=m)
+    return True
 
-    def _on_give_up(self, m: int) -> None:
-        self.stats.stalls_broken += 1
-        self._log({"event": "give_up", "learner": m, "fragments": sorted(self.clocks[m].inflight)})
-        self.clocks[m].inflight.clear()
-        self._push(self.now, START, "start", m, owner=m)
+  def _on_give_up(self, m: int) -> None:
+    self.stats.stalls_broken += 1
+    self._log({"event": "give_up", "learner": m, "fragments": sorted(self.clocks[m].inflight)})
+    self.clocks[m].inflight.clear()
+    self._push(self.now, START, "start", m, owner=m)
 
-    def _log(self, record: dict) -> None:
-        self.on_chaos({"time": self.now, **record})
+  def _log(self, record: dict) -> None:
+    self.on_chaos({"time": self.now, **record})
 
-    def _on_fault(self, i: int) -> None:
-        f = self.faults[i]
-        m = f.learner
-        if not self._budget_left():
-            self.stats.ignored += 1
-            return
-        if f.kind == "crash":
-            if self.up[m]:
-                return self._crash(m, f)
-        elif f.kind == "sync_crash":
-            if self.sync_up and f.mode == "now":
-                return self._sync_crash(f)
-            if self.sync_up and self._crash_on_save is None:
-                self._crash_on_save = f  # counted when it fires
-                return
-        elif f.kind in ("corrupt", "poison"):
-            self._taints[m].append(f)  # counted when a message carries it
-            return
-        else:  # straggle, delay, partition: looked up by time when steps and messages happen
-            self.stats.faults[f.kind] += 1
-            self._log({"event": "fault", "kind": f.kind, "learner": m, "fault": f.describe()})
-            return
-        self.stats.ignored += 1
+  def _on_fault(self, i: int) -> None:
+    f = self.faults[i]
+    m = f.learner
+    if not self._budget_left():
+      self.stats.ignored += 1
+      return
+    if f.kind == "crash":
+      if self.up[m]:
+        return self._crash(m, f)
+    elif f.kind == "sync_crash":
+      if self.sync_up and f.mode == "now":
+        return self._sync_crash(f)
+      if self.sync_up and self._crash_on_save is None:
+        self._crash_on_save = f  # counted when it fires
+        return
+    elif f.kind in ("corrupt", "poison"):
+      self._taints[m].append(f)  # counted when a message carries it
+      return
+    else:  # straggle, delay, partition: looked up by time when steps and messages happen
+      self.stats.faults[f.kind] += 1
+      self._log({"event": "fault", "kind": f.kind, "learner": m, "fault": f.describe()})
+      return
+    self.stats.ignored += 1
 
-    def _active(self, m: int, kind: str) -> list[chaos.Fault]:
-        return [f for f in self.faults if f.kind == kind and f.learner == m and f.active(self.now)]
+  def _active(self, m: int, kind: str) -> list[chaos.Fault]:
+    return [f for f in self.faults if f.kind == kind and f.learner == m and f.active(self.now)]
 
-    # ---- learner crash and rejoin ----
+  # ---- learner crash and rejoin ----
 
-    def _crash(self, m: int, f: chaos.Fault) -> None:
-        self.stats.faults["crash"] += 1
-        self._epochs[m] += 1
-        self.up[m] = False
-        clock, learner = self.clocks[m], self.learners[m]
-        lost_steps, wasted = self._since_ckpt[m]
-        if self._step[m] is not None:  # the step in progress never finishes
-            start, duration = self._step[m]
-            clock.busy_s -= start + duration - self.now
-            wasted += self.now - start
-            lost_steps += 1
-            self.tokens_started -= learner.tokens_per_step
-        clock.wasted_s += wasted
-        self.stats.steps_lost[m] += lost_steps
-        # Their tokens were never trained into what survives: the restored learner reads them again
-        # from its checkpoint's data position, so they come back to the budget.
-        self.tokens_started -= self._since_ckpt[m][0] * learner.tokens_per_step
-        if clock.waiting_since is not None:
-            clock.idle_s += self.now - clock.waiting_since
-            clock.waiting_since = None
-        clock.inflight.clear()
-        self._owed[m].clear()
-        self._step[m], self._since_ckpt[m] = None, [0, 0.0]
-        self._join_inflight[m] = False
-        learner.state = None  # its memory is gone; recovery builds a new learner
-        record = {"learner": m, "time": self.now, "back": f.end_s, "rejoined": None,
-                  "restored_step": None, "steps_lost": lost_steps}
-        self.stats.crashes.append(record)
-        self._rejoin[m] = record
-        self._log({"event": "fault", "kind": "crash", "learner": m, "fault": f.describe(),
-                   "steps_lost": lost_steps})
-        if self.sync_up:
-            self._handle(protocol.Leave(m, self.now))
-        self._push(f.end_s, FAULT, "recover", m, background=True)
+  def _crash(self, m: int, f: chaos.Fault) -> None:
+    self.stats.faults["crash"] += 1
+    self._epochs[m] += 1
+    self.up[m] = False
+    clock, learner = self.clocks[m], self.learners[m]
+    lost_steps, wasted = self._since_ckpt[m]
+    if self._step[m] is not None:  # the step in progress never finishes
+      start, duration = self._step[m]
+      clock.busy_s -= start + duration - self.now
+      wasted += self.now - start
+      lost_steps += 1
+      self.tokens_started -= learner.tokens_per_step
+    clock.wasted_s += wasted
+    self.stats.steps_lost[m] += lost_steps
+    # Their tokens were never trained into what survives: the restored learner reads them again
+    # from its checkpoint's data position, so they come back to the budget.
+    self.tokens_started -= self._since_ckpt[m][0] * learner.tokens_per_step
+    if clock.waiting_since is not None:
+      clock.idle_s += self.now - clock.waiting_since
+      clock.waiting_since = None
+    clock.inflight.clear()
+    self._owed[m].clear()
+    self._step[m], self._since_ckpt[m] = None, [0, 0.0]
+    self._join_inflight[m] = False
+    learner.state = None  # its memory is gone; recovery builds a new learner
+    record = {
+        "learner": m,
+        "time": self.now,
+        "back": f.end_s,
+        "rejoined": None,
+        "restored_step": None,
+        "steps_lost": lost_steps,
+    }
+    self.stats.crashes.append(record)
+    self._rejoin[m] = record
+    self._log(
+        {
+            "event": "fault",
+            "kind": "crash",
+            "learner": m,
+            "fault": f.describe(),
+            "steps_lost": lost_steps,
+        }
+    )
+    if self.sync_up:
+      self._handle(protocol.Leave(m, self.now))
+    self._push(f.end_s, FAULT, "recover", m, background=True)
 
-    def _on_recover(self, m: int) -> None:
-        learner, step = self.recovery.restore_learner(m)
-        self.learners[m] = learner
-        self.up[m] = True
-        clock = self.clocks[m]
-        clock.inflight.clear()
-        clock.waiting_since, clock.done = None, False
-        record = self._rejoin[m]
-        record["restored_step"] = step
-        learner.steps = self._resume_step(m, learner)
-        self._log({"event": "recover", "learner": m, "restored_step": step,
-                   "resumes_at_step": learner.steps})
-        if self.sync_up:
-            self._join(m)
-        elif step is not None:  # nobody to rejoin yet: it trains on its checkpoint meanwhile
-            record["training"] = True
-            self._push(self.now, START, "start", m, owner=m)
+  def _on_recover(self, m: int) -> None:
+    learner, step = self.recovery.restore_learner(m)
+    self.learners[m] = learner
+    self.up[m] = True
+    clock = self.clocks[m]
+    clock.inflight.clear()
+    clock.waiting_since, clock.done = None, False
+    record = self._rejoin[m]
+    record["restored_step"] = step
+    learner.steps = self._resume_step(m, learner)
+    self._log(
+        {"event": "recover", "learner": m, "restored_step": step, "resumes_at_step": learner.steps}
+    )
+    if self.sync_up:
+      self._join(m)
+    elif step is not None:  # nobody to rejoin yet: it trains on its checkpoint meanwhile
+      record["training"] = True
+      self._push(self.now, START, "start", m, owner=m)
 
-    def _resume_step(self, m: int, learner: Learner) -> int:
-        """The step counter learner m resumes at (see the module doc): lockstep rounds that wait
-        for it need it to redo everything since the leading learner's last merged fragment;
-        otherwise it moves forward to the leading learner's phase."""
-        others = [l_ for i, l_ in enumerate(self.learners) if self.up[i] and i != m]
-        if not others:
-            return learner.steps
-        lead = max(others, key=lambda l_: l_.steps)
-        if self.blocking and self._rounds_wait:
-            return max(learner.steps, lead.steps - min(lead.c_steps))
-        return learner.steps + (lead.steps - learner.steps) % learner.schedule.inner_steps
+  def _resume_step(self, m: int, learner: Learner) -> int:
+    """The step counter learner m resumes at (see the module doc): lockstep rounds that wait
+    for it need it to redo everything since the leading learner's last merged fragment;
+    otherwise it moves forward to the leading learner's phase."""
+    others = [l_ for i, l_ in enumerate(self.learners) if self.up[i] and i != m]
+    if not others:
+      return learner.steps
+    lead = max(others, key=lambda l_: l_.steps)
+    if self.blocking and self._rounds_wait:
+      return max(learner.steps, lead.steps - min(lead.c_steps))
+    return learner.steps + (lead.steps - learner.steps) % learner.schedule.inner_steps
 
-    def _join(self, m: int) -> None:
-        learner = self.learners[m]
-        self._join_inflight[m] = True
-        self._last_join[m] = self.now
-        self._send_up(m, protocol.Join(m, self.now, tuple(learner.versions),
-                                       tuple(learner.generations)))
+  def _join(self, m: int) -> None:
+    learner = self.learners[m]
+    self._join_inflight[m] = True
+    self._last_join[m] = self.now
+    self._send_up(
+        m, protocol.Join(m, self.now, tuple(learner.versions), tuple(learner.generations))
+    )
 
-    def _resync(self, m: int) -> None:
-        if self.up[m] and self.sync_up and not self._join_inflight[m]:
-            self.stats.resyncs += 1
-            self._join(m)
+  def _resync(self, m: int) -> None:
+    if self.up[m] and self.sync_up and not self._join_inflight[m]:
+      self.stats.resyncs += 1
+      self._join(m)
 
-    def _rejoined(self, m: int) -> None:
-        record = self._rejoin.pop(m)
-        record["rejoined"] = self.now
-        self._log({"event": "rejoin", "learner": m, "down_s": self.now - record["time"],
-                   "to_rejoin_s": self.now - record["back"]})
-        if not record.get("training"):  # it trains once it holds the newest global fragments
-            self._push(self.now, START, "start", m, owner=m)
+  def _rejoined(self, m: int) -> None:
+    record = self._rejoin.pop(m)
+    record["rejoined"] = self.now
+    self._log(
+        {
+            "event": "rejoin",
+            "learner": m,
+            "down_s": self.now - record["time"],
+            "to_rejoin_s": self.now - record["back"],
+        }
+    )
+    if not record.get("training"):  # it trains once it holds the newest global fragments
+      self._push(self.now, START, "start", m, owner=m)
 
-    # ---- synchronizer crash and restart ----
+  # ---- synchronizer crash and restart ----
 
-    def _sync_crash(self, f: chaos.Fault) -> None:
-        self.stats.faults["sync_crash"] += 1
-        sync = self.sync
-        open_rounds = sum(1 for pending in sync.pending if pending)
-        self.stats.merges_skipped += sync.rounds_skipped + open_rounds
-        self.taints.synchronizer_crashed()
-        back = self.now + f.duration_s  # a 'save' crash fires after its scheduled time
-        self.stats.restarts.append({"time": self.now, "back": back, "merges": sync.merges,
-                                    "restored": None, "mode": f.mode})
-        self._log({"event": "fault", "kind": "sync_crash", "fault": f.describe(),
-                   "merges": sync.merges})
-        self._epochs[SYNC] += 1
-        self.sync_up, self.sync = False, None
-        self._join_inflight = [False] * len(self.learners)
-        self._push(back, FAULT, "sync_restart", None, background=True)
+  def _sync_crash(self, f: chaos.Fault) -> None:
+    self.stats.faults["sync_crash"] += 1
+    sync = self.sync
+    open_rounds = sum(1 for pending in sync.pending if pending)
+    self.stats.merges_skipped += sync.rounds_skipped + open_rounds
+    self.taints.synchronizer_crashed()
+    back = self.now + f.duration_s  # a 'save' crash fires after its scheduled time
+    self.stats.restarts.append(
+        {"time": self.now, "back": back, "merges": sync.merges, "restored": None, "mode": f.mode}
+    )
+    self._log(
+        {"event": "fault", "kind": "sync_crash", "fault": f.describe(), "merges": sync.merges}
+    )
+    self._epochs[SYNC] += 1
+    self.sync_up, self.sync = False, None
+    self._join_inflight = [False] * len(self.learners)
+    self._push(back, FAULT, "sync_restart", None, background=True)
 
-    def _on_sync_restart(self, _) -> None:
-        restarts = len(self.stats.restarts)
-        self.sync = self.recovery.restore_sync(self.make_sync, generation=restarts)
-        self.sync_up = True
-        record = self.stats.restarts[-1]
-        record["restored"] = self.sync.merges
-        self._log({"event": "sync_restart", "generation": restarts, "merges": self.sync.merges,
-                   "merges_lost": record["merges"] - self.sync.merges})
-        for m, learner in enumerate(self.learners):
-            if not self.up[m]:
-                continue
-            self._join(m)
-            clock = self.clocks[m]
-            for p in sorted(clock.inflight):  # unanswered uploads: send again, computed afresh
-                self._resend(m, p)
+  def _on_sync_restart(self, _) -> None:
+    restarts = len(self.stats.restarts)
+    self.sync = self.recovery.restore_sync(self.make_sync, generation=restarts)
+    self.sync_up = True
+    record = self.stats.restarts[-1]
+    record["restored"] = self.sync.merges
+    self._log(
+        {
+            "event": "sync_restart",
+            "generation": restarts,
+            "merges": self.sync.merges,
+            "merges_lost": record["merges"] - self.sync.merges,
+        }
+    )
+    for m, learner in enumerate(self.learners):
+      if not self.up[m]:
+        continue
+      self._join(m)
+      clock = self.clocks[m]
+      for p in sorted(clock.inflight):  # unanswered uploads: send again, computed afresh
+        self._resend(m, p)
 
-    def _checkpoint(self, action: protocol.Checkpoint) -> None:
-        if self._crash_on_save is None:
-            return super()._checkpoint(action)
-        f, self._crash_on_save = self._crash_on_save, None
-        try:
-            self.recovery.save_sync(self.sync, interrupt=True)
-        except sync_checkpoint.SimulatedCrash:
-            pass
-        self._sync_crash(f)
+  def _checkpoint(self, action: protocol.Checkpoint) -> None:
+    if self._crash_on_save is None:
+      return super()._checkpoint(action)
+    f, self._crash_on_save = self._crash_on_save, None
+    try:
+      self.recovery.save_sync(self.sync, interrupt=True)
+    except sync_checkpoint.SimulatedCrash:
+      pass
+    self._sync_crash(f)
 
-    def _act(self, actions: list[protocol.Action]) -> None:
-        for a in actions:
-            if not self.sync_up:
-                break  # the rest died with the synchronizer
-            super()._act([a])
+  def _act(self, actions: list[protocol.Action]) -> None:
+    for a in actions:
+      if not self.sync_up:
+        break  # the rest died with the synchronizer
+      super()._act([a])
 
-    # ---- steps ----
+  # ---- steps ----
 
-    def _duration(self, m: int) -> float:
-        duration = super()._duration(m)
-        for f in self._active(m, "straggle"):
-            duration *= f.factor
-        self._step[m] = (self.now, duration)
-        return duration
+  def _duration(self, m: int) -> float:
+    duration = super()._duration(m)
+    for f in self._active(m, "straggle"):
+      duration *= f.factor
+    self._step[m] = (self.now, duration)
+    return duration
 
-    def _on_step_done(self, payload) -> None:
-        m, _, duration = payload
-        self._step[m] = None
-        self._since_ckpt[m][0] += 1
-        self._since_ckpt[m][1] += duration
-        super()._on_step_done(payload)
+  def _on_step_done(self, payload) -> None:
+    m, _, duration = payload
+    self._step[m] = None
+    self._since_ckpt[m][0] += 1
+    self._since_ckpt[m][1] += duration
+    super()._on_step_done(payload)
 
-    def _after_step(self, learner: Learner) -> bool:
-        saved = super()._after_step(learner)
-        if saved:
-            self._since_ckpt[learner.index] = [0, 0.0]
-        return saved
+  def _after_step(self, learner: Learner) -> bool:
+    saved = super()._after_step(learner)
+    if saved:
+      self._since_ckpt[learner.index] = [0, 0.0]
+    return saved
 
-    # ---- messages: see virtual_faults.FaultyMessages; what a learner does on arrival ----
+  # ---- messages: see virtual_faults.FaultyMessages; what a learner does on arrival ----
 
-    def _on_at_learner(self, send: protocol.Send) -> None:
-        m = send.learner
-        learner = self.learners[m]
-        reason = learner.accepts(send)
-        self.taints.arrived_down(send, reason)
-        if reason is not None:
-            self.stats.refused_by_learners[reason] += 1
-            if reason in ("checksum", "gap"):
-                self._resync(m)
-            return
-        super()._on_at_learner(send)
-        record = self._rejoin.get(m)
-        if record is not None and record.get("waiting") is not None:
-            record["waiting"].discard(send.fragment)
-            if not record["waiting"]:
-                self._rejoined(m)
+  def _on_at_learner(self, send: protocol.Send) -> None:
+    m = send.learner
+    learner = self.learners[m]
+    reason = learner.accepts(send)
+    self.taints.arrived_down(send, reason)
+    if reason is not None:
+      self.stats.refused_by_learners[reason] += 1
+      if reason in ("checksum", "gap"):
+        self._resync(m)
+      return
+    super()._on_at_learner(send)
+    record = self._rejoin.get(m)
+    if record is not None and record.get("waiting") is not None:
+      record["waiting"].discard(send.fragment)
+      if not record["waiting"]:
+        self._rejoined(m)
 
-    def _handle(self, event: protocol.Event) -> None:
-        """The synchronizer consumes `event`; its actions are followed, then carried out."""
-        actions = self.sync.handle(event)
-        rejoining = None
-        if isinstance(event, protocol.Join):
-            m = event.learner
-            self._join_inflight[m] = False
-            if m in self._rejoin and self.up[m]:
-                rejoining = self._rejoin[m]
-                rejoining["waiting"] = {a.fragment for a in actions
-                                        if isinstance(a, protocol.Send) and a.learner == m}
-        self.taints.handled(event, actions)
-        self._act(actions)
-        if rejoining is not None and not rejoining["waiting"]:
-            self._rejoined(event.learner)
+  def _handle(self, event: protocol.Event) -> None:
+    """The synchronizer consumes `event`; its actions are followed, then carried out."""
+    actions = self.sync.handle(event)
+    rejoining = None
+    if isinstance(event, protocol.Join):
+      m = event.learner
+      self._join_inflight[m] = False
+      if m in self._rejoin and self.up[m]:
+        rejoining = self._rejoin[m]
+        rejoining["waiting"] = {
+            a.fragment for a in actions if isinstance(a, protocol.Send) and a.learner == m
+        }
+    self.taints.handled(event, actions)
+    self._act(actions)
+    if rejoining is not None and not rejoining["waiting"]:
+      self._rejoined(event.learner)
 
-    def finish(self) -> None:
-        """Brings a synchronizer still down back from its checkpoint (to evaluate and save it)."""
-        if not self.sync_up:
-            for record in self._rejoin.values():  # back, but nobody to rejoin
-                record["sync_down_at_end"] = True
-            self.sync = self.recovery.restore_sync(self.make_sync, generation=len(
-                self.stats.restarts))
-            self.sync_up = True
-            self.stats.restarts[-1]["restored"] = self.sync.merges
-        super().finish()
-        self.taints.finish()
-        self.stats.unused += sum(len(t) for t in self._taints) + (self._crash_on_save is not None)
+  def finish(self) -> None:
+    """Brings a synchronizer still down back from its checkpoint (to evaluate and save it)."""
+    if not self.sync_up:
+      for record in self._rejoin.values():  # back, but nobody to rejoin
+        record["sync_down_at_end"] = True
+      self.sync = self.recovery.restore_sync(self.make_sync, generation=len(self.stats.restarts))
+      self.sync_up = True
+      self.stats.restarts[-1]["restored"] = self.sync.merges
+    super().finish()
+    self.taints.finish()
+    self.stats.unused += sum(len(t) for t in self._taints) + (self._crash_on_save is not None)

@@ -51,8 +51,9 @@ class DataParallel:
 
   def plan(self, work: Workload) -> SyncPlan:
     up = ring_factor(self.learners) * layer_bits(work, self.codec)
-    return SyncPlan(period=1, layers_at=(tuple(range(work.layers)),), up_bits=up, down_bits=None,
-                    tau=0)
+    return SyncPlan(
+        period=1, layers_at=(tuple(range(work.layers)),), up_bits=up, down_bits=None, tau=0
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +85,22 @@ class _Fragmented:
   codec: str = "fp4"
 
   def __post_init__(self):
-    _check(learners=(self.learners, 1), inner_steps=(self.inner_steps, 1),
-           fragments=(self.fragments, 1), overlap=(self.overlap, 0))
+    _check(
+        learners=(self.learners, 1),
+        inner_steps=(self.inner_steps, 1),
+        fragments=(self.fragments, 1),
+        overlap=(self.overlap, 0),
+    )
     _check_codec(self.codec)
 
   def _plan(self, work: Workload, up_bits: np.ndarray, down_bits: np.ndarray | None) -> SyncPlan:
-    return SyncPlan(period=self.inner_steps, layers_at=_strided(work, self.inner_steps,
-                                                                self.fragments),
-                    up_bits=up_bits, down_bits=down_bits, tau=self.overlap)
+    return SyncPlan(
+        period=self.inner_steps,
+        layers_at=_strided(work, self.inner_steps, self.fragments),
+        up_bits=up_bits,
+        down_bits=down_bits,
+        tau=self.overlap,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,28 +123,47 @@ class DecoupledDiLoCo(_Fragmented):
 def _strided(work: Workload, period: int, fragments: int) -> tuple[tuple[int, ...], ...]:
   """Layers syncing at each step: fragment p = layers l with l mod P = p, at step floor(pH/P)."""
   if fragments > work.layers:
-    raise ValueError(f"fragments ({fragments}) exceeds layers ({work.layers}): a fragment holds "
-                     "whole layers")
+    raise ValueError(
+        f"fragments ({fragments}) exceeds layers ({work.layers}): a fragment holds " "whole layers"
+    )
   at = [[] for _ in range(period)]
   for p in range(fragments):
     at[p * period // fragments].extend(range(p, work.layers, fragments))
   return tuple(tuple(ls) for ls in at)
 
 
-def make_method(name: str, *, learners: int, inner_steps: int = 100, fragments: int = 1,
-                overlap: int = 0, codec: str = "fp4", dp_codec: str = "bf16",
-                diloco_codec: str = "bf16"):
+def make_method(
+    name: str,
+    *,
+    learners: int,
+    inner_steps: int = 100,
+    fragments: int = 1,
+    overlap: int = 0,
+    codec: str = "fp4",
+    dp_codec: str = "bf16",
+    diloco_codec: str = "bf16",
+):
   """The method object for a name; the only place a method is chosen by name."""
   if name == "data_parallel":
     return DataParallel(learners=learners, codec=dp_codec)
   if name == "diloco":
     return DiLoCo(learners=learners, inner_steps=inner_steps, codec=diloco_codec)
   if name == "streaming":
-    return StreamingDiLoCo(learners=learners, inner_steps=inner_steps, fragments=fragments,
-                           overlap=overlap, codec=codec)
+    return StreamingDiLoCo(
+        learners=learners,
+        inner_steps=inner_steps,
+        fragments=fragments,
+        overlap=overlap,
+        codec=codec,
+    )
   if name == "decoupled":
-    return DecoupledDiLoCo(learners=learners, inner_steps=inner_steps, fragments=fragments,
-                           overlap=overlap, codec=codec)
+    return DecoupledDiLoCo(
+        learners=learners,
+        inner_steps=inner_steps,
+        fragments=fragments,
+        overlap=overlap,
+        codec=codec,
+    )
   raise ValueError(f"unknown method {name!r}; expected one of {METHODS}")
 
 
@@ -146,15 +174,29 @@ def needed(work: Workload, method, targets=TARGETS) -> dict[str, float]:
 
 
 def workload_from_config(config: ml_collections.ConfigDict) -> Workload:
-  return Workload(model_params=float(config.model_params), layers=config.layers,
-                  step_time_s=config.step_time_s, forward_fraction=config.forward_fraction)
+  return Workload(
+      model_params=float(config.model_params),
+      layers=config.layers,
+      step_time_s=config.step_time_s,
+      forward_fraction=config.forward_fraction,
+  )
 
 
 def methods_from_config(config: ml_collections.ConfigDict) -> list:
   names = METHODS if config.method == "all" else (config.method,)
-  return [make_method(n, learners=config.learners, inner_steps=config.inner_steps,
-                      fragments=config.fragments, overlap=config.overlap, codec=config.codec,
-                      dp_codec=config.dp_codec, diloco_codec=config.diloco_codec) for n in names]
+  return [
+      make_method(
+          n,
+          learners=config.learners,
+          inner_steps=config.inner_steps,
+          fragments=config.fragments,
+          overlap=config.overlap,
+          codec=config.codec,
+          dp_codec=config.dp_codec,
+          diloco_codec=config.diloco_codec,
+      )
+      for n in names
+  ]
 
 
 def _check(**values: tuple[int, int]) -> None:

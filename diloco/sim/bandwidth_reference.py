@@ -32,8 +32,15 @@ TABLE4 = {
 # The 1B setting: 24 layers (the paper's 1B model), two workers; gradients and DiLoCo's outer
 # gradients in bf16; Streaming with 8 fragments of 3 layers, overlap of one step, fp4.
 TABLE4_WORKLOAD = Workload(model_params=1e9, layers=24, step_time_s=0.1)
-TABLE4_METHODS = dict(learners=2, inner_steps=100, fragments=8, overlap=1, codec="fp4",
-                      dp_codec="bf16", diloco_codec="bf16")
+TABLE4_METHODS = dict(
+    learners=2,
+    inner_steps=100,
+    fragments=8,
+    overlap=1,
+    codec="fp4",
+    dp_codec="bf16",
+    diloco_codec="bf16",
+)
 
 BLOG = {"data_parallel": 198.0, "decoupled": 0.84}
 # One plausible setting (not published): a 27B dense model with 46 layers at 5 s per step (about
@@ -42,8 +49,9 @@ BLOG = {"data_parallel": 198.0, "decoupled": 0.84}
 # its default schedule (24 fragments, each every 24 steps, overlap 2) and fp4 both ways.
 BLOG_WORKLOAD = Workload(model_params=27e9, layers=46, step_time_s=5.0)
 BLOG_TARGET = 0.9
-BLOG_METHODS = dict(learners=8, inner_steps=24, fragments=24, overlap=2, codec="fp4",
-                    dp_codec="bf16")
+BLOG_METHODS = dict(
+    learners=8, inner_steps=24, fragments=24, overlap=2, codec="fp4", dp_codec="bf16"
+)
 
 
 def snap_up(x: float) -> tuple[float, int]:
@@ -66,20 +74,33 @@ def table4_rows(workload: Workload = TABLE4_WORKLOAD, methods: dict | None = Non
     for target, pub in zip(TABLE4_TARGETS, published):
       ours = required_bandwidth(workload, plan, target)
       snapped, k = snap_up(ours)
-      rows.append(dict(method=name, target=target, published=pub, ours=ours, ours_on_grid=snapped,
-                       ratio=ours / pub, grid_steps_off=k - grid_index(pub)))
+      rows.append(
+          dict(
+              method=name,
+              target=target,
+              published=pub,
+              ours=ours,
+              ours_on_grid=snapped,
+              ratio=ours / pub,
+              grid_steps_off=k - grid_index(pub),
+          )
+      )
   return rows
 
 
 def format_table4(rows: list[dict]) -> str:
-  lines = ["Streaming DiLoCo Table 4, 1B rows (Gbit/s): published | ours (continuous) | ours "
-           "snapped up to the grid | ratio ours/published",
-           f"{'method':<14} {'util':>5} {'published':>9} {'ours':>9} {'on grid':>9} {'ratio':>6} "
-           f"{'steps':>5}"]
+  lines = [
+      "Streaming DiLoCo Table 4, 1B rows (Gbit/s): published | ours (continuous) | ours "
+      "snapped up to the grid | ratio ours/published",
+      f"{'method':<14} {'util':>5} {'published':>9} {'ours':>9} {'on grid':>9} {'ratio':>6} "
+      f"{'steps':>5}",
+  ]
   for r in rows:
-    lines.append(f"{r['method']:<14} {100 * r['target']:>4.0f}% {r['published']:>9.1f} "
-                 f"{r['ours']:>9.2f} {r['ours_on_grid']:>9.2f} {r['ratio']:>6.2f} "
-                 f"{r['grid_steps_off']:>+5d}")
+    lines.append(
+        f"{r['method']:<14} {100 * r['target']:>4.0f}% {r['published']:>9.1f} "
+        f"{r['ours']:>9.2f} {r['ours_on_grid']:>9.2f} {r['ratio']:>6.2f} "
+        f"{r['grid_steps_off']:>+5d}"
+    )
   core = [abs(r["ratio"] - 1) for r in rows if r["target"] < 0.99]
   lines.append(f"largest |ratio - 1| over the 50-95% columns: {100 * max(core):.0f}%")
   return "\n".join(lines)
@@ -115,12 +136,15 @@ VARIATIONS = (
 )
 
 
-def blog_pair(workload: Workload = BLOG_WORKLOAD, methods: dict | None = None,
-              target: float = BLOG_TARGET) -> dict[str, float]:
+def blog_pair(
+    workload: Workload = BLOG_WORKLOAD, methods: dict | None = None, target: float = BLOG_TARGET
+) -> dict[str, float]:
   """Gbit/s for data-parallel and Decoupled DiLoCo in one setting."""
   kw = dict(BLOG_METHODS, **(methods or {}))
-  return {name: required_bandwidth(workload, bandwidth.make_method(name, **kw).plan(workload),
-                                   target) for name in BLOG}
+  return {
+      name: required_bandwidth(workload, bandwidth.make_method(name, **kw).plan(workload), target)
+      for name in BLOG
+  }
 
 
 def blog_comparison(variations=VARIATIONS) -> dict:
@@ -142,8 +166,11 @@ def format_blog(blog: dict) -> str:
       f"  data-parallel: {ours['data_parallel']:.1f} Gbit/s (blog: {pub['data_parallel']:g})",
       f"  decoupled:     {ours['decoupled']:.3f} Gbit/s (blog: {pub['decoupled']:g})",
       "  sensitivity, one assumption changed at a time:",
-      f"  {'assumption':<22} {'value':<8} {'dp Gbit/s':>10} {'decoupled':>10}"]
+      f"  {'assumption':<22} {'value':<8} {'dp Gbit/s':>10} {'decoupled':>10}",
+  ]
   for r in blog["sensitivity"]:
-    lines.append(f"  {r['assumption']:<22} {r['value']:<8} {r['data_parallel']:>10.1f} "
-                 f"{r['decoupled']:>10.3f}")
+    lines.append(
+        f"  {r['assumption']:<22} {r['value']:<8} {r['data_parallel']:>10.1f} "
+        f"{r['decoupled']:>10.3f}"
+    )
   return "\n".join(lines)

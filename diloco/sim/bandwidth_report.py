@@ -18,10 +18,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Bandwidth per method for the config; the Table 4 comparison and the blog setting; JSON."""
   work = bandwidth.workload_from_config(config)
   targets = tuple(config.targets)
-  per_method = {m.name: bandwidth.needed(work, m, targets) for m in bandwidth.methods_from_config(config)}
+  per_method = {
+      m.name: bandwidth.needed(work, m, targets) for m in bandwidth.methods_from_config(config)
+  }
   out = {"setting": config.to_dict(), "gbit_per_s": per_method}
-  print(format_needed(per_method, f"{work.model_params / 1e9:g}B parameters, {work.layers} layers, "
-                      f"{work.step_time_s:g} s/step, M={config.learners}"))
+  print(
+      format_needed(
+          per_method,
+          f"{work.model_params / 1e9:g}B parameters, {work.layers} layers, "
+          f"{work.step_time_s:g} s/step, M={config.learners}",
+      )
+  )
   if config.compare_published:
     rows = reference.table4_rows()
     out["table4"] = rows
@@ -37,8 +44,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def format_needed(per_method: dict[str, dict[str, float]], title: str) -> str:
   keys = next(iter(per_method.values())).keys()
-  lines = [f"Gbit/s needed per datacenter link ({title})",
-           f"{'method':<14}" + "".join(f"{k + '%':>10}" for k in keys)]
+  lines = [
+      f"Gbit/s needed per datacenter link ({title})",
+      f"{'method':<14}" + "".join(f"{k + '%':>10}" for k in keys),
+  ]
   for name, row in per_method.items():
     lines.append(f"{name:<14}" + "".join(f"{v:>10.3g}" for v in row.values()))
   return "\n".join(lines)

@@ -50,9 +50,15 @@ def describe_params(config: ml_collections.ConfigDict) -> str:
   return "parameters: " + ", ".join(parts)
 
 
-def fit(seeds=range(10), *, unit_chips: int = 4, return_time_s: float = 4 * 3600.0,
-        checkpoint_interval_s: float = 5.0, speed_stds=(0.004, 0.005, 0.006, 0.007),
-        pauses_s=tuple(7.0 + 0.25 * i for i in range(17))) -> tuple[dict, dict]:
+def fit(
+    seeds=range(10),
+    *,
+    unit_chips: int = 4,
+    return_time_s: float = 4 * 3600.0,
+    checkpoint_interval_s: float = 5.0,
+    speed_stds=(0.004, 0.005, 0.006, 0.007),
+    pauses_s=tuple(7.0 + 0.25 * i for i in range(17)),
+) -> tuple[dict, dict]:
   """Fits the free parameters to every published point at once; returns (params, errors in points).
 
   Held fixed (stated assumptions): the unit, its return time, the checkpoint interval, and
@@ -64,13 +70,19 @@ def fit(seeds=range(10), *, unit_chips: int = 4, return_time_s: float = 4 * 3600
   from diloco.sim.cluster import sample_trace  # pylint: disable=g-import-not-at-top
 
   def mean_goodput(policy, cluster, traces):
-    return sum(policy.run(t).useful_chip_s for t in traces) / (len(traces) * cluster.chips
-                                                                * cluster.horizon_s)
+    return sum(policy.run(t).useful_chip_s for t in traces) / (
+        len(traces) * cluster.chips * cluster.horizon_s
+    )
 
   best = None
   for std in speed_stds:
-    cluster = Cluster(chips=PUBLISHED_CHIPS, mtbi_years=PUBLISHED_MTBI_YEARS, unit_chips=unit_chips,
-                      return_time_s=return_time_s, speed_std=std)
+    cluster = Cluster(
+        chips=PUBLISHED_CHIPS,
+        mtbi_years=PUBLISHED_MTBI_YEARS,
+        unit_chips=unit_chips,
+        return_time_s=return_time_s,
+        speed_std=std,
+    )
     traces = [sample_trace(cluster, s) for s in seeds]
     for pause in pauses_s:
       errors = {}
@@ -93,20 +105,32 @@ def fit(seeds=range(10), *, unit_chips: int = 4, return_time_s: float = 4 * 3600
       hi = mid
   dp = failure_policies.DataParallel(restart_s=lo, checkpoint_interval_s=checkpoint_interval_s)
   errors[("dp", 1)] = 100 * (mean_goodput(dp, cluster, traces) - PUBLISHED[("dp", 1)])
-  params = dict(unit_chips=unit_chips, return_time_s=return_time_s, restart_s=lo,
-                checkpoint_interval_s=checkpoint_interval_s, downscale_s=pause, upscale_s=pause,
-                speed_std=std)
+  params = dict(
+      unit_chips=unit_chips,
+      return_time_s=return_time_s,
+      restart_s=lo,
+      checkpoint_interval_s=checkpoint_interval_s,
+      downscale_s=pause,
+      upscale_s=pause,
+      speed_std=std,
+  )
   return params, errors
 
 
 def calibrated_cluster(chips: int = PUBLISHED_CHIPS, days: float = 1.0) -> Cluster:
   """A cluster with the calibrated unit, return time and speed spread."""
-  return Cluster(chips=chips, mtbi_years=PUBLISHED_MTBI_YEARS, unit_chips=CALIBRATED["unit_chips"],
-                 return_time_s=CALIBRATED["return_time_s"], speed_std=CALIBRATED["speed_std"],
-                 days=days)
+  return Cluster(
+      chips=chips,
+      mtbi_years=PUBLISHED_MTBI_YEARS,
+      unit_chips=CALIBRATED["unit_chips"],
+      return_time_s=CALIBRATED["return_time_s"],
+      speed_std=CALIBRATED["speed_std"],
+      days=days,
+  )
 
 
 def calibrated_timing() -> dict[str, float]:
   """The calibrated pause and checkpoint times, as keyword arguments of `goodput.make_policy`."""
-  return {k: CALIBRATED[k] for k in ("restart_s", "checkpoint_interval_s", "downscale_s",
-                                     "upscale_s")}
+  return {
+      k: CALIBRATED[k] for k in ("restart_s", "checkpoint_interval_s", "downscale_s", "upscale_s")
+  }

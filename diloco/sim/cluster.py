@@ -111,8 +111,15 @@ def sample_trace(cluster: Cluster, seed: int) -> Trace:
   t = np.r_[down0_t, raw_t]
   unit = np.r_[rng.permutation(down0), raw_unit]
   keep = _thin(t, unit, cluster.return_time_s)
-  return Trace(cluster=cluster, raw_t=raw_t, raw_unit=raw_unit, fail_t=t[keep],
-               fail_unit=unit[keep], unit_speed=_unit_speeds(cluster, rng))
+  return Trace(
+      cluster=cluster,
+      raw_t=raw_t,
+      raw_unit=raw_unit,
+      fail_t=t[keep],
+      fail_unit=unit[keep],
+      unit_speed=_unit_speeds(cluster, rng),
+  )
+
 
 def _thin(t: np.ndarray, unit: np.ndarray, return_time_s: float) -> np.ndarray:
   """Mask of failures that find their unit up (not within return_time_s of its last failure)."""

@@ -54,7 +54,7 @@ class DataParallel:
     cluster, horizon = trace.cluster, trace.cluster.horizon_s
     t = trace.raw_t
     p_start, p_end = intervals.absorb_pauses(t, np.full(t.size, self.restart_s))
-    resumed = np.r_[-cluster.warmup_s, p_end][:p_start.size]
+    resumed = np.r_[-cluster.warmup_s, p_end][: p_start.size]
     progress = p_start - resumed  # training time since the last restart, when a failure stops it
     every = self.checkpoint_interval_s
     lost = np.mod(progress, every) if every else np.zeros_like(progress)
@@ -63,9 +63,12 @@ class DataParallel:
     paused = intervals.covered_within(p_start, p_end, 0.0, horizon)
     speed = float(trace.unit_speed.min())
     uptime = horizon - paused
-    return Outcome(useful_chip_s=cluster.chips * speed * (horizon - wasted), uptime_s=uptime,
-                   interruptions=int(np.count_nonzero((t >= 0) & (t < horizon))),
-                   learner_uptime_s=(uptime,))
+    return Outcome(
+        useful_chip_s=cluster.chips * speed * (horizon - wasted),
+        uptime_s=uptime,
+        interruptions=int(np.count_nonzero((t >= 0) & (t < horizon))),
+        learner_uptime_s=(uptime,),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,19 +89,28 @@ class Decoupled:
 
   def __post_init__(self):
     _check_times(downscale_s=self.downscale_s, upscale_s=self.upscale_s)
-    if isinstance(self.learners, bool) or not isinstance(self.learners, (int, np.integer)) \
-        or self.learners < 1:
+    if (
+        isinstance(self.learners, bool)
+        or not isinstance(self.learners, (int, np.integer))
+        or self.learners < 1
+    ):
       raise ValueError(f"learners must be an integer >= 1, got {self.learners!r}")
-    if isinstance(self.quorum, bool) or not isinstance(self.quorum, (int, np.integer)) \
-        or not 1 <= self.quorum <= self.learners:
-      raise ValueError(f"quorum must be an integer in [1, learners={self.learners}], "
-                       f"got {self.quorum!r}")
+    if (
+        isinstance(self.quorum, bool)
+        or not isinstance(self.quorum, (int, np.integer))
+        or not 1 <= self.quorum <= self.learners
+    ):
+      raise ValueError(
+          f"quorum must be an integer in [1, learners={self.learners}], " f"got {self.quorum!r}"
+      )
 
   def run(self, trace: Trace) -> Outcome:
     cluster, horizon = trace.cluster, trace.cluster.horizon_s
     if self.learners > cluster.units:
-      raise ValueError(f"learners ({self.learners}) exceeds the number of failure units "
-                       f"({cluster.units} units of {cluster.unit_chips} chips)")
+      raise ValueError(
+          f"learners ({self.learners}) exceeds the number of failure units "
+          f"({cluster.units} units of {cluster.unit_chips} chips)"
+      )
     bounds = np.cumsum(np.r_[0, _split_evenly(cluster.units, self.learners)])
     useful, down, interruptions = 0.0, [], 0
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
@@ -108,8 +120,12 @@ class Decoupled:
       interruptions += n
     uptime = intervals.time_with_quorum(down, self.quorum, 0.0, horizon)
     learner_up = tuple(horizon - intervals.covered_within(s, e, 0.0, horizon) for s, e in down)
-    return Outcome(useful_chip_s=useful, uptime_s=uptime, interruptions=interruptions,
-                   learner_uptime_s=learner_up)
+    return Outcome(
+        useful_chip_s=useful,
+        uptime_s=uptime,
+        interruptions=interruptions,
+        learner_uptime_s=learner_up,
+    )
 
   def _run_learner(self, trace: Trace, lo: int, hi: int):
     """Useful chip-seconds, down intervals and failures of the learner on units lo..hi-1."""
@@ -158,8 +174,9 @@ class ElasticDataParallel(Decoupled):
       raise ValueError("elastic_dp is a single job: learners and quorum must be 1")
 
 
-def _learner_speed(trace: Trace, lo: int, hi: int, f_t: np.ndarray, f_unit: np.ndarray,
-                   seg_lo: np.ndarray) -> np.ndarray:
+def _learner_speed(
+    trace: Trace, lo: int, hi: int, f_t: np.ndarray, f_unit: np.ndarray, seg_lo: np.ndarray
+) -> np.ndarray:
   """Speed of the slowest up unit of units [lo, hi) on each segment starting at seg_lo."""
   speeds = trace.unit_speed[lo:hi]
   if np.all(speeds == speeds[0]):

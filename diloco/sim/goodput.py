@@ -48,16 +48,27 @@ class Result:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
-def make_policy(name: str, *, restart_s: float, checkpoint_interval_s: float, downscale_s: float,
-                upscale_s: float, learners: int = 1, quorum: int = 1):
+def make_policy(
+    name: str,
+    *,
+    restart_s: float,
+    checkpoint_interval_s: float,
+    downscale_s: float,
+    upscale_s: float,
+    learners: int = 1,
+    quorum: int = 1,
+):
   """The policy object for a name; the only place a policy is chosen by name."""
   if name == "dp":
-    return failure_policies.DataParallel(restart_s=restart_s, checkpoint_interval_s=checkpoint_interval_s)
+    return failure_policies.DataParallel(
+        restart_s=restart_s, checkpoint_interval_s=checkpoint_interval_s
+    )
   if name == "elastic_dp":
     return failure_policies.ElasticDataParallel(downscale_s=downscale_s, upscale_s=upscale_s)
   if name == "decoupled":
-    return failure_policies.Decoupled(downscale_s=downscale_s, upscale_s=upscale_s, learners=learners,
-                              quorum=quorum)
+    return failure_policies.Decoupled(
+        downscale_s=downscale_s, upscale_s=upscale_s, learners=learners, quorum=quorum
+    )
   raise ValueError(f"unknown policy {name!r}; expected one of {POLICIES}")
 
 
@@ -86,12 +97,21 @@ def summarize(cluster: Cluster, policy, outcomes: Sequence[failure_policies.Outc
   good = np.array([o.useful_chip_s for o in outcomes]) / (cluster.chips * horizon)
   up = np.array([o.uptime_s for o in outcomes]) / horizon
   learner_up = np.mean([o.learner_uptime_s for o in outcomes], axis=0) / horizon
-  return Result(policy=policy.name, chips=cluster.chips, learners=getattr(policy, "learners", 1),
-                quorum=getattr(policy, "quorum", 1), goodput=float(good.mean()),
-                goodput_ci=half_width(good), uptime=float(up.mean()), uptime_ci=half_width(up),
-                failures=float(np.mean([o.interruptions for o in outcomes])), seeds=len(outcomes),
-                per_seed_goodput=tuple(good.tolist()), per_seed_uptime=tuple(up.tolist()),
-                learner_uptime=tuple(learner_up.tolist()))
+  return Result(
+      policy=policy.name,
+      chips=cluster.chips,
+      learners=getattr(policy, "learners", 1),
+      quorum=getattr(policy, "quorum", 1),
+      goodput=float(good.mean()),
+      goodput_ci=half_width(good),
+      uptime=float(up.mean()),
+      uptime_ci=half_width(up),
+      failures=float(np.mean([o.interruptions for o in outcomes])),
+      seeds=len(outcomes),
+      per_seed_goodput=tuple(good.tolist()),
+      per_seed_uptime=tuple(up.tolist()),
+      learner_uptime=tuple(learner_up.tolist()),
+  )
 
 
 def half_width(x: np.ndarray, level: float = 0.95) -> float:
@@ -103,20 +123,31 @@ def half_width(x: np.ndarray, level: float = 0.95) -> float:
 
 
 def cluster_from_config(config: ml_collections.ConfigDict) -> Cluster:
-  return Cluster(chips=config.chips, mtbi_years=config.mtbi_years, unit_chips=config.unit_chips,
-                 return_time_s=config.return_time_s, speed_std=config.speed_std, days=config.days)
+  return Cluster(
+      chips=config.chips,
+      mtbi_years=config.mtbi_years,
+      unit_chips=config.unit_chips,
+      return_time_s=config.return_time_s,
+      speed_std=config.speed_std,
+      days=config.days,
+  )
 
 
 def policies_from_config(config: ml_collections.ConfigDict) -> list:
   """The policies a config asks for: one, or with policy='all' every policy and M in the sweep."""
-  timing = dict(restart_s=config.restart_s, checkpoint_interval_s=config.checkpoint_interval_s,
-                downscale_s=config.downscale_s, upscale_s=config.upscale_s)
+  timing = dict(
+      restart_s=config.restart_s,
+      checkpoint_interval_s=config.checkpoint_interval_s,
+      downscale_s=config.downscale_s,
+      upscale_s=config.upscale_s,
+  )
   if config.policy != "all":
     return [make_policy(config.policy, learners=config.learners, quorum=config.quorum, **timing)]
   out = [make_policy("dp", **timing), make_policy("elastic_dp", **timing)]
   for m in config.learners_sweep:
-    out.append(make_policy("decoupled", learners=int(m), quorum=min(config.quorum, int(m)),
-                           **timing))
+    out.append(
+        make_policy("decoupled", learners=int(m), quorum=min(config.quorum, int(m)), **timing)
+    )
   return out
 
 
@@ -127,8 +158,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   cluster = cluster_from_config(config)
   seeds = range(config.seed, config.seed + config.seeds)
   results = simulate_many(cluster, policies_from_config(config), seeds)
-  rows = [dict(r.row(), published=calibration.published(r.policy, r.learners, cluster))
-          for r in results]
+  rows = [
+      dict(r.row(), published=calibration.published(r.policy, r.learners, cluster)) for r in results
+  ]
   print(format_table(rows, cluster))
   print(calibration.describe_params(config))
   os.makedirs(workdir, exist_ok=True)
@@ -139,19 +171,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
 
 def format_table(rows: Sequence[dict], cluster: Cluster) -> str:
   """A plain-text table of goodput and uptime, beside the published value where there is one."""
-  head = (f"{cluster.chips:,} chips, MTBI {cluster.mtbi_years:g} chip-years, {cluster.days:g} "
-          f"day(s), {rows[0]['seeds'] if rows else 0} seeds; 95% CI half-widths in points")
-  lines = [head, f"{'policy':<11} {'M':>3} {'K':>3} {'goodput %':>14} {'uptime %':>14} "
-           f"{'failures':>9} {'published':>9} {'diff':>6}"]
+  head = (
+      f"{cluster.chips:,} chips, MTBI {cluster.mtbi_years:g} chip-years, {cluster.days:g} "
+      f"day(s), {rows[0]['seeds'] if rows else 0} seeds; 95% CI half-widths in points"
+  )
+  lines = [
+      head,
+      f"{'policy':<11} {'M':>3} {'K':>3} {'goodput %':>14} {'uptime %':>14} "
+      f"{'failures':>9} {'published':>9} {'diff':>6}",
+  ]
   worst = 0.0
   for r in rows:
     pub = r.get("published")
     diff = "" if pub is None else f"{100 * (r['goodput'] - pub):+6.1f}"
     worst = max(worst, 0.0 if pub is None else abs(100 * (r["goodput"] - pub)))
-    lines.append(f"{r['policy']:<11} {r['learners']:>3} {r['quorum']:>3} "
-                 f"{_pct(r['goodput'], r['goodput_ci']):>14} "
-                 f"{_pct(r['uptime'], r['uptime_ci']):>14} "
-                 f"{r['failures']:>9.0f} {'' if pub is None else f'{100 * pub:.0f}':>9} {diff:>6}")
+    lines.append(
+        f"{r['policy']:<11} {r['learners']:>3} {r['quorum']:>3} "
+        f"{_pct(r['goodput'], r['goodput_ci']):>14} "
+        f"{_pct(r['uptime'], r['uptime_ci']):>14} "
+        f"{r['failures']:>9.0f} {'' if pub is None else f'{100 * pub:.0f}':>9} {diff:>6}"
+    )
   if any(r.get("published") is not None for r in rows):
     lines.append(f"largest |model - published|: {worst:.1f} points")
   return "\n".join(lines)

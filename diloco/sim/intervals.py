@@ -60,8 +60,9 @@ def covered_within(starts: np.ndarray, ends: np.ndarray, t0: float, t1: float) -
   return float(hi - lo)
 
 
-def time_with_quorum(down: Sequence[tuple[np.ndarray, np.ndarray]], quorum: int, t0: float,
-                     t1: float) -> float:
+def time_with_quorum(
+    down: Sequence[tuple[np.ndarray, np.ndarray]], quorum: int, t0: float, t1: float
+) -> float:
   """Time in [t0, t1) during which at least `quorum` of the members are not down.
 
   `down` holds, per member, its sorted disjoint down intervals (starts, ends).

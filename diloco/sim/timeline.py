@@ -31,8 +31,11 @@ class Workload:
   def __post_init__(self):
     if not self.model_params > 0:
       raise ValueError(f"model_params must be positive, got {self.model_params!r}")
-    if isinstance(self.layers, bool) or not isinstance(self.layers, (int, np.integer)) \
-        or self.layers < 1:
+    if (
+        isinstance(self.layers, bool)
+        or not isinstance(self.layers, (int, np.integer))
+        or self.layers < 1
+    ):
       raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
     if not self.step_time_s > 0 or not np.isfinite(self.step_time_s):
       raise ValueError(f"step_time_s must be a positive finite number, got {self.step_time_s!r}")
@@ -110,8 +113,14 @@ def _fifo(ready: np.ndarray, duration: np.ndarray, free: float) -> tuple[np.ndar
   return ends, float(ends[-1])
 
 
-def required_bandwidth(work: Workload, plan: SyncPlan, target: float, lo: float = 1e-6,
-                       hi: float = 1e9, iters: int = 60) -> float:
+def required_bandwidth(
+    work: Workload,
+    plan: SyncPlan,
+    target: float,
+    lo: float = 1e-6,
+    hi: float = 1e9,
+    iters: int = 60,
+) -> float:
   """Smallest bandwidth (Gbit/s) whose steady-state utilization reaches `target` (bisection)."""
   if not 0 < target < 1:
     raise ValueError(f"target utilization must be in (0, 1), got {target!r}")

@@ -31,95 +31,117 @@ from diloco.config import deploy as deploy_lib
 TOKEN = "$DILOCO_TOKEN"
 
 
-def commands(spec: str, config, overrides: tuple[str, ...] = (),
-             workdir: str = "$HOME/runs/diloco", token: str = TOKEN) -> list[list[str]]:
-    """Every command of a deployment, in order, as argument lists.
+def commands(
+    spec: str,
+    config,
+    overrides: tuple[str, ...] = (),
+    workdir: str = "$HOME/runs/diloco",
+    token: str = TOKEN,
+) -> list[list[str]]:
+  """Every command of a deployment, in order, as argument lists.
 
-    `spec` is the --config argument and `overrides` the --config.KEY=VALUE flags that made `config`.
-    """
-    d, t = config.deploy, config.deploy.tpu
-    deploy_lib.check(d)
-    learners = config.outer.learners
-    if learners < 1:
-        raise ValueError(f"need at least one learner, got outer.learners={learners}")
-    if not t.project or not t.sync_host:
-        raise ValueError("deploy.tpu.project and deploy.tpu.sync_host are required")
-    if not d.port:
-        raise ValueError("deploy.port must be set: learners on other hosts connect to it")
-    g = ["gcloud", "compute", "tpus", "tpu-vm"]
-    where = [f"--zone={t.zone}", f"--project={t.project}"]
-    flags_ = " ".join(shlex.quote(a) for a in (f"--config={spec}", *overrides))
-    # Loopback is unreachable from the slices: bind the internal address unless told otherwise.
-    bind = f" --config.deploy.bind={shlex.quote(t.sync_host)}" if d.bind == "127.0.0.1" else ""
-    sync = (f"nohup python -m experiments.synchronizer {flags_}{bind} --workdir={workdir}/sync "
-            f"> sync.log 2>&1 &")
-    cmds = [["bash", "-c", sync]]
-    for m in range(learners):
-        name = f"{t.name_prefix}-learner{m}"
-        exists = " ".join(g + ["describe", name] + where)
-        create = " ".join(g + ["create", name, f"--accelerator-type={t.accelerator_type}",
-                               f"--version={t.runtime_version}"] + where)
-        cmds.append(["bash", "-c", f"{exists} >/dev/null 2>&1 || {create}"])
-        cmds.append(g + ["scp", "--recurse", ".", f"{name}:{t.repo_dir}", "--worker=all"] + where)
-        learner = (f"cd {t.repo_dir} && pip install -e . && DILOCO_TOKEN={token} nohup python "
-                   f"-m experiments.learner {flags_} --config.distributed=True "
-                   f"--learner_id={m} --synchronizer={t.sync_host}:{d.port} "
-                   f"--workdir={workdir}/learner{m} > learner{m}.log 2>&1 &")
-        cmds.append(g + ["ssh", name, "--worker=all", f"--command={learner}"] + where)
-    return cmds
+  `spec` is the --config argument and `overrides` the --config.KEY=VALUE flags that made `config`.
+  """
+  d, t = config.deploy, config.deploy.tpu
+  deploy_lib.check(d)
+  learners = config.outer.learners
+  if learners < 1:
+    raise ValueError(f"need at least one learner, got outer.learners={learners}")
+  if not t.project or not t.sync_host:
+    raise ValueError("deploy.tpu.project and deploy.tpu.sync_host are required")
+  if not d.port:
+    raise ValueError("deploy.port must be set: learners on other hosts connect to it")
+  g = ["gcloud", "compute", "tpus", "tpu-vm"]
+  where = [f"--zone={t.zone}", f"--project={t.project}"]
+  flags_ = " ".join(shlex.quote(a) for a in (f"--config={spec}", *overrides))
+  # Loopback is unreachable from the slices: bind the internal address unless told otherwise.
+  bind = f" --config.deploy.bind={shlex.quote(t.sync_host)}" if d.bind == "127.0.0.1" else ""
+  sync = (
+      f"nohup python -m experiments.synchronizer {flags_}{bind} --workdir={workdir}/sync "
+      f"> sync.log 2>&1 &"
+  )
+  cmds = [["bash", "-c", sync]]
+  for m in range(learners):
+    name = f"{t.name_prefix}-learner{m}"
+    exists = " ".join(g + ["describe", name] + where)
+    create = " ".join(
+        g
+        + [
+            "create",
+            name,
+            f"--accelerator-type={t.accelerator_type}",
+            f"--version={t.runtime_version}",
+        ]
+        + where
+    )
+    cmds.append(["bash", "-c", f"{exists} >/dev/null 2>&1 || {create}"])
+    cmds.append(g + ["scp", "--recurse", ".", f"{name}:{t.repo_dir}", "--worker=all"] + where)
+    learner = (
+        f"cd {t.repo_dir} && pip install -e . && DILOCO_TOKEN={token} nohup python "
+        f"-m experiments.learner {flags_} --config.distributed=True "
+        f"--learner_id={m} --synchronizer={t.sync_host}:{d.port} "
+        f"--workdir={workdir}/learner{m} > learner{m}.log 2>&1 &"
+    )
+    cmds.append(g + ["ssh", name, "--worker=all", f"--command={learner}"] + where)
+  return cmds
 
 
 def config_spec(argv: list[str]) -> str:
-    """The value of --config (file[:args]) on a command line."""
-    for i, a in enumerate(argv):
-        if a.startswith("--config="):
-            return a.split("=", 1)[1]
-        if a == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-    raise ValueError("--config is required")
+  """The value of --config (file[:args]) on a command line."""
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  raise ValueError("--config is required")
 
 
 def config_overrides(argv: list[str]) -> tuple[str, ...]:
-    """The --config.KEY=VALUE flags of a command line (a value in the next argument is joined)."""
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("--config."):
-            if "=" not in a and i + 1 < len(argv):
-                a, i = f"{a}={argv[i + 1]}", i + 1
-            out.append(a)
-        i += 1
-    return tuple(out)
+  """The --config.KEY=VALUE flags of a command line (a value in the next argument is joined)."""
+  out, i = [], 0
+  while i < len(argv):
+    a = argv[i]
+    if a.startswith("--config."):
+      if "=" not in a and i + 1 < len(argv):
+        a, i = f"{a}={argv[i + 1]}", i + 1
+      out.append(a)
+    i += 1
+  return tuple(out)
 
 
 def _define_flags() -> None:
-    """Flags of the command line (defined here, not at import, so that tests can import this)."""
-    config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
-    flags.DEFINE_bool("run", False, "Run the commands instead of printing them.")
-    flags.DEFINE_string("workdir", "$HOME/runs/diloco", "Outputs on each host.")
+  """Flags of the command line (defined here, not at import, so that tests can import this)."""
+  config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
+  flags.DEFINE_bool("run", False, "Run the commands instead of printing them.")
+  flags.DEFINE_string("workdir", "$HOME/runs/diloco", "Outputs on each host.")
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    run = flags.FLAGS.run
-    token = TOKEN
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  run = flags.FLAGS.run
+  token = TOKEN
+  if run:
+    token = os.environ.get("DILOCO_TOKEN", "")
+    if not token:
+      raise app.UsageError("set DILOCO_TOKEN to the shared secret before --run")
+  cmds = commands(
+      config_spec(sys.argv[1:]),
+      flags.FLAGS.config,
+      config_overrides(sys.argv[1:]),
+      flags.FLAGS.workdir,
+      token,
+  )
+  for cmd in cmds:
     if run:
-        token = os.environ.get("DILOCO_TOKEN", "")
-        if not token:
-            raise app.UsageError("set DILOCO_TOKEN to the shared secret before --run")
-    cmds = commands(config_spec(sys.argv[1:]), flags.FLAGS.config,
-                    config_overrides(sys.argv[1:]), flags.FLAGS.workdir, token)
-    for cmd in cmds:
-        if run:
-            print(shlex.join(cmd).replace(token, TOKEN), flush=True)
-            subprocess.run(cmd, check=True)
-        else:
-            print(shlex.join(cmd), flush=True)
-    if not run:
-        print("# dry run: nothing was executed (add --run)", file=sys.stderr)
+      print(shlex.join(cmd).replace(token, TOKEN), flush=True)
+      subprocess.run(cmd, check=True)
+    else:
+      print(shlex.join(cmd), flush=True)
+  if not run:
+    print("# dry run: nothing was executed (add --run)", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    _define_flags()
-    app.run(main)
+  _define_flags()
+  app.run(main)
