@@ -351,3 +351,20 @@ def decode_tree(encoded: Mapping[str, Encoded]) -> dict[str, np.ndarray]:
 def tree_nbytes(encoded: Mapping[str, Encoded]) -> int:
   """Total wire bytes of a path-keyed dict of ``Encoded``."""
   return sum(e.nbytes for e in encoded.values())
+
+
+def decoded_view(e: Encoded) -> np.ndarray:
+  """Decoded values to merge; fp32 payloads are viewed in place, not copied."""
+  if e.codec == "fp32":
+    return np.frombuffer(e.payload, "<f4").reshape(e.shape)
+  return decode(e)
+
+
+def add_decoded(old: np.ndarray, update: Encoded, raw: np.ndarray) -> np.ndarray:
+  """old + decoded update, a new array; raw − decoded update (the residual) in place of raw."""
+  new = np.empty_like(old)
+  old_N, new_N, raw_N = old.reshape(-1), new.reshape(-1), raw.reshape(-1)
+  for c0, d in decode_chunks(update):
+    np.add(old_N[c0 : c0 + d.size], d, out=new_N[c0 : c0 + d.size])
+    np.subtract(raw_N[c0 : c0 + d.size], d, out=raw_N[c0 : c0 + d.size])
+  return new

@@ -240,3 +240,11 @@ def _all_finite(x: np.ndarray) -> bool:
   """Whether every value of x is finite, in chunks (no temporary the size of x)."""
   x_N = np.asarray(x).reshape(-1)
   return all(np.isfinite(x_N[c0 : c0 + CHUNK]).all() for c0 in range(0, x_N.size, CHUNK))
+
+
+def staleness_damped(merged: dict, weights: np.ndarray, staleness: list[int]) -> dict:
+  """`merged` times the weighted mean of 1/(1 + staleness) (unchanged when all are fresh)."""
+  if not any(staleness):
+    return merged
+  factor = np.float32(np.dot(weights / weights.sum(), 1.0 / (1.0 + np.array(staleness, float))))
+  return {k: v * factor for k, v in merged.items()}

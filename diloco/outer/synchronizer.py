@@ -11,7 +11,7 @@ learner. The update Θ_new − Θ_old is sent encoded with the downlink codec, a
 itself applies the decoded update, so learners and synchronizer hold bit-identical fragments; the
 quantisation error is fed back into the next update of that fragment (error feedback).
 
-Everything that arrives is checked before it can touch the state (see `_invalid` and `_screen`):
+Everything that arrives is checked before it can touch the state (see `admission.invalid` and `_screen`):
 the checksum, the fragment id, paths, shapes and payload sizes against the model, the base version
 (known to this generation's history, not too stale, not already merged from that learner),
 progress, finite values and, with an `integrity.OutlierScreen`, the norm. A rejection is a 'reject'
@@ -37,7 +37,8 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import compression, fragments, integrity, optimizers, policies, protocol
+from diloco.outer import admission, compression, fragments, integrity, merging, optimizers
+from diloco.outer import policies, protocol
 from diloco.outer import sync_state
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
@@ -137,7 +138,7 @@ class Synchronizer:
     self.held_gen[event.learner] = list(gens)
     actions: list[Action] = [Log({"event": "join", "learner": event.learner, "time": event.time})]
     for p, (v, g) in enumerate(zip(event.versions, gens)):
-      if v != self.versions[p] or not self._known(p, g, v):
+      if v != self.versions[p] or not admission.known(self, p, g, v):
         actions.append(self._send(event.learner, p))
     # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
     # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
@@ -153,16 +154,8 @@ class Synchronizer:
       self.abstaining[p].add(event.learner)
     return actions + [a for p in late for a in self._maybe_merge(p, event.time)]
 
-  def _known(self, p: int, generation: int, version: int) -> bool:
-    """Whether version `version` of fragment p from `generation` is in our own history."""
-    if not 0 <= version <= self.versions[p]:
-      return False
-    if generation == self.generation:
-      return True
-    return generation in self.lineage and version <= self.lineage[generation][p]
-
   def _upload(self, up: Upload) -> list[Action]:
-    invalid = self._invalid(up)
+    invalid = admission.invalid(self, up)
     if invalid:
       reject = _reject(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
       if invalid[0] in ("unknown_fragment", "checksum"):
@@ -178,43 +171,6 @@ class Synchronizer:
       self.first_upload_s[p] = up.time
     self.pending[p][up.learner] = up
     return self._maybe_merge(p, up.time)
-
-  def _invalid(self, up: Upload) -> tuple[str, str] | None:
-    """(code, reason) of the first check the upload fails, or None."""
-    p = up.fragment
-    if not 0 <= p < self.frag.num_fragments:
-      return "unknown_fragment", f"unknown fragment {p}"
-    if not up.checksum_ok():
-      return "checksum", f"checksum mismatch: payload of fragment {p} corrupted in transit"
-    want = self.globals[p]
-    if sorted(up.delta) != sorted(want):
-      return "paths", "fragment paths differ from the model's"
-    for k, e in up.delta.items():
-      if tuple(e.shape) != want[k].shape:
-        return "shape", f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
-      if e.nbytes != compression.encoded_nbytes(e.codec, e.num_values, e.block):
-        return "payload_size", f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
-    if not self._known(p, up.base_generation, up.base_version):
-      where = (
-          f" of generation {up.base_generation}, now {self.generation}"
-          if up.base_generation != self.generation
-          else ""
-      )
-      return (
-          "unknown_base_version",
-          f"unknown base version {up.base_version}{where} " f"(current {self.versions[p]})",
-      )
-    if self.versions[p] - up.base_version > self.policy.max_staleness:
-      return "stale", f"stale: base version {up.base_version}, current {self.versions[p]}"
-    if up.base_version <= self.contributed[p].get(up.learner, -1):
-      return (
-          "duplicate",
-          f"learner {up.learner} already contributed to fragment {p} on "
-          f"base version {self.contributed[p][up.learner]}",
-      )
-    if up.steps <= 0 or up.tokens <= 0:
-      return "no_progress", f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
-    return None
 
   def _tick(self, now: float) -> list[Action]:
     actions: list[Action] = []
@@ -249,7 +205,7 @@ class Synchronizer:
     outliers and, when the outlier screen is on, non-finite ones (`_merge` finds those
     otherwise); the rejections, and the learners whose deltas were clipped."""
     ups = [self.pending[p][m] for m in sorted(self.pending[p])]
-    deltas = [{k: _read_only(e) for k, e in u.delta.items()} for u in ups]
+    deltas = [{k: compression.decoded_view(e) for k, e in u.delta.items()} for u in ups]
     rejected: dict[int, tuple[str, str]] = {}
     clipped: set[int] = set()
     if self.screen is not None:
@@ -307,14 +263,14 @@ class Synchronizer:
       return rejects
     staleness = [self.versions[p] - u.base_version for u in ups]
     if self.policy.staleness_damping:
-      merged = _damped(merged, weights, staleness)
+      merged = merging.staleness_damped(merged, weights, staleness)
     old = self.globals[p]
     with jax.default_device(self._cpu):
       raw, self.opt_states[p] = optimizers.host_step(
           self.tx, merged, self.opt_states[p], old, self.residuals[p]
       )
     encoded = compression.encode_tree(raw, self.codec)
-    self.globals[p] = {k: _apply(old[k], encoded[k], raw[k]) for k in old}
+    self.globals[p] = {k: compression.add_decoded(old[k], encoded[k], raw[k]) for k in old}
     self.residuals[p] = raw  # now raw − decoded
     self.versions[p] += 1
     for u in ups:
@@ -433,28 +389,3 @@ def _reject(
         sent_time=up.sent_time, base_version=up.base_version, base_generation=up.base_generation
     )
   return Log(record)
-
-
-def _damped(merged: dict, weights: np.ndarray, staleness: list[int]) -> dict:
-  """`merged` times the weighted mean of 1/(1 + staleness) (unchanged when all are fresh)."""
-  if not any(staleness):
-    return merged
-  factor = np.float32(np.dot(weights / weights.sum(), 1.0 / (1.0 + np.array(staleness, float))))
-  return {k: v * factor for k, v in merged.items()}
-
-
-def _read_only(e: compression.Encoded) -> np.ndarray:
-  """Decoded values to merge; fp32 payloads are viewed in place, not copied."""
-  if e.codec == "fp32":
-    return np.frombuffer(e.payload, "<f4").reshape(e.shape)
-  return compression.decode(e)
-
-
-def _apply(old: np.ndarray, update: compression.Encoded, raw: np.ndarray) -> np.ndarray:
-  """old + decoded update, a new array; raw − decoded update (the residual) in place of raw."""
-  new = np.empty_like(old)
-  old_N, new_N, raw_N = old.reshape(-1), new.reshape(-1), raw.reshape(-1)
-  for c0, d in compression.decode_chunks(update):
-    np.add(old_N[c0 : c0 + d.size], d, out=new_N[c0 : c0 + d.size])
-    np.subtract(raw_N[c0 : c0 + d.size], d, out=raw_N[c0 : c0 + d.size])
-  return new
