@@ -22,18 +22,8 @@ def dp(c: ml_collections.ConfigDict, runlocal: bool, learners: int) -> None:
 
 def diloco(c: ml_collections.ConfigDict, runlocal: bool, learners: int) -> None:
   """Synchronous DiLoCo: all learners, every H steps, plain mean, Nesterov outer step."""
-  c.outer.update(
-      dict(
-          fragments=1,
-          overlap=0,
-          codec="fp32",
-          quorum=0,
-          grace_gamma=0.0,
-          weighting="equal",
-          merge="mean",
-          blocking=True,
-      )
-  )
+  c.outer.update(dict(fragments=1, overlap=0, codec="fp32", blocking=True))  # lockstep
+  c.outer.update(dict(quorum=0, grace_gamma=0.0, weighting="equal", merge="mean"))  # all, mean
   _learners(c, runlocal, learners)
   if runlocal:
     c.outer.inner_steps = 10
@@ -58,22 +48,9 @@ def decoupled(c: ml_collections.ConfigDict, runlocal: bool, learners: int) -> No
 
   Paper defaults (reconstructed): P=24 balanced fragments, each synced every H=24 steps, tau=2.
   """
-  c.outer.update(
-      dict(
-          fragments=24,
-          fragment_kind="balanced",
-          inner_steps=24,
-          overlap=2,
-          codec="fp4",
-          quorum=1,
-          grace_gamma=0.8,
-          weighting="tokens",
-          merge="rda",
-          blocking=False,
-          staleness_damping=True,
-          clip_factor=4.0,
-      )
-  )
+  c.outer.update(dict(fragments=24, fragment_kind="balanced", inner_steps=24, overlap=2))
+  c.outer.update(dict(codec="fp4", quorum=1, grace_gamma=0.8, weighting="tokens", merge="rda"))
+  c.outer.update(dict(blocking=False, staleness_damping=True, clip_factor=4.0))
   _learners(c, runlocal, learners)
   if runlocal:
     c.outer.update(dict(inner_steps=8, fragments=4))

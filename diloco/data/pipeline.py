@@ -280,26 +280,7 @@ def make_datasets(
   )
 
 
-def build_datasets(
-    data_cfg: ml_collections.ConfigDict,
-    *,
-    seed: int,
-    global_batch_size: int,
-    seq_len: int,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    process_index: int | None = None,
-    process_count: int | None = None,
-) -> Datasets:
-  """Training iterator and evaluation batches for shard `shard_index`, this process's rows only."""
-  return make_datasets(
-      load_splits(data_cfg),
-      data_cfg,
-      seed=seed,
-      global_batch_size=global_batch_size,
-      seq_len=seq_len,
-      shard_index=shard_index,
-      num_shards=num_shards,
-      process_index=process_index,
-      process_count=process_count,
-  )
+def build_datasets(data_cfg: ml_collections.ConfigDict, **kwargs) -> Datasets:
+  """Training iterator and evaluation batches for shard `shard_index`, this process's rows only:
+  `make_datasets` (which takes the same keywords) of the loaded splits."""
+  return make_datasets(load_splits(data_cfg), data_cfg, **kwargs)

@@ -124,20 +124,7 @@ class GrpcLink:
     return reply.settled
 
   def upload(self, up: protocol.Upload) -> None:
-    pieces = transport.split(transport.encode_message(up), self.limits.chunk_bytes)
-    chunks = (
-        pb.Chunk(
-            learner=self.learner,
-            session=self.session,
-            fragment=up.fragment,
-            index=p.index,
-            total=p.total,
-            length=p.length,
-            crc=p.crc,
-            data=p.data,
-        )
-        for p in pieces
-    )
+    chunks = service.chunks(up, self.limits.chunk_bytes, learner=self.learner, session=self.session)
     self.step_time, self.steps, self.tokens = up.step_time, up.steps, up.tokens
     self._call(
         lambda: self._upload(chunks, timeout=self.limits.call_timeout_s, metadata=self._md())

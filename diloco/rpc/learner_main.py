@@ -115,7 +115,6 @@ def run(
   )
   restored = restore(learner, ckpt)
   restored_state = {"restored_step": restored, "restored_versions": list(learner.versions)}
-  tokens0 = learner.tokens
 
   def after_step(lrn) -> None:
     ckpt.maybe_save(lrn, lrn.island.data.train_iter)
@@ -127,63 +126,82 @@ def run(
     counts = multihost.follow(learner, next_batch, after_step)
     ckpt.close()
     return _finish(learner, workdir, {"role": "follower", "ops": counts, **restored_state})
-  limits = limits_lib.Limits.from_deploy(config.deploy)
   link = client_lib.GrpcLink(
-      target, learner_id, token, limits=limits, ca_cert=config.deploy.ca_cert
+      target,
+      learner_id,
+      token,
+      limits=limits_lib.Limits.from_deploy(config.deploy),
+      ca_cert=config.deploy.ca_cert,
   )
-  loop_link = outer_link = loop_link_for(link, config.outer.blocking)
-  if jax.process_count() > 1:
-    multihost.lead(learner)
-    loop_link = multihost.KeepFollowers(loop_link, learner)
-  stop = threading.Event()
-  signal.signal(signal.SIGTERM, lambda *_: stop.set())
   progress = _Progress(workdir, learner_id, config.log_every, restored_state)
 
   def on_step(lrn, device_metrics) -> None:
     progress(lrn, device_metrics)
     after_step(lrn)
 
-  t0 = time.perf_counter()
+  tokens0, t0 = learner.tokens, time.perf_counter()
+  result = _train(config, learner, link, next_batch, on_step)
+  wall = time.perf_counter() - t0
+  progress.close()
+  ckpt.close()
+  return _finish(
+      learner, workdir, _summary(learner, link, workdir, result, wall, tokens0, restored_state)
+  )
+
+
+def _summary(
+    learner, link, workdir: str, result: dict, wall: float, tokens0: int, restored_state: dict
+) -> dict[str, Any]:
+  """Saves the global fragments this learner holds (global_copy.npz); its summary keys."""
+  held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
+  np.savez(os.path.join(workdir, "global_copy.npz"), **held)
+  return {
+      **result,
+      "role": "learner",
+      "wall_s": wall,
+      **restored_state,
+      "tokens_per_s": (learner.tokens - tokens0) / wall,  # this process's own
+      "versions": learner.versions,
+      "generations": learner.generations,
+      "global_crc": integrity.tree_crc(held),
+      "wire_bytes_sent": link.bytes_sent,
+      "wire_bytes_received": link.bytes_received,
+      "codec_bytes_sent": link.codec_bytes_sent,
+      "codec_bytes_received": link.codec_bytes_received,
+  }
+
+
+def _train(
+    config, learner: multihost.SpmdLearner, link: client_lib.GrpcLink, next_batch, on_step
+) -> dict[str, Any]:
+  """The learner loop over `link` until SIGTERM or `config.steps`; the followers are told the end.
+
+  Non-blocking learners poll in a thread (`loop_link_for`); a multi-process learner's link keeps
+  its followers in step.
+  """
+  loop_link = outer_link = loop_link_for(link, config.outer.blocking)
+  if jax.process_count() > 1:
+    multihost.lead(learner)
+    loop_link = multihost.KeepFollowers(loop_link, learner)
+  stop = threading.Event()
+  signal.signal(signal.SIGTERM, lambda *_: stop.set())
   try:
-    result = learner_loop.run_learner(
+    return learner_loop.run_learner(
         learner,
         loop_link,
         next_batch,
         config.steps,
         overlap=config.outer.overlap,
         blocking=config.outer.blocking,
-        heartbeat_s=limits.absent_after_s / 4,
+        heartbeat_s=link.limits.absent_after_s / 4,
         stop=stop,
         on_step=on_step,
-        seed=learner_id,
+        seed=learner.index,
         settle_timeout_s=120.0,
     )
   finally:
     multihost.end(learner)
-  wall = time.perf_counter() - t0
-  progress.close()
-  outer_link.close()  # a BackgroundLink closes the gRPC link too
-  ckpt.close()
-  held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
-  np.savez(os.path.join(workdir, "global_copy.npz"), **held)
-  return _finish(
-      learner,
-      workdir,
-      {
-          **result,
-          "role": "learner",
-          "wall_s": wall,
-          **restored_state,
-          "tokens_per_s": (learner.tokens - tokens0) / wall,  # this process's own
-          "versions": learner.versions,
-          "generations": learner.generations,
-          "global_crc": integrity.tree_crc(held),
-          "wire_bytes_sent": link.bytes_sent,
-          "wire_bytes_received": link.bytes_received,
-          "codec_bytes_sent": link.codec_bytes_sent,
-          "codec_bytes_received": link.codec_bytes_received,
-      },
-  )
+    outer_link.close()  # a BackgroundLink closes the gRPC link too
 
 
 def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict[str, Any]:

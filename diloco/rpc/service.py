@@ -153,19 +153,19 @@ class Service:
     for seq, send in sends:
       with self._lock:
         self.codec_bytes_down += send.nbytes
-      for piece in transport.split(transport.encode_message(send), self.limits.chunk_bytes):
-        yield self._reply(
-            pb.Chunk(
-                learner=req.learner,
-                fragment=send.fragment,
-                index=piece.index,
-                total=piece.total,
-                length=piece.length,
-                crc=piece.crc,
-                data=piece.data,
-                seq=seq,
-            )
-        )
+      for chunk in chunks(send, self.limits.chunk_bytes, learner=req.learner, seq=seq):
+        yield self._reply(chunk)
+
+
+def chunks(message, chunk_bytes: int, **header) -> Iterator[pb.Chunk]:
+  """An Upload or Send as the Chunk messages of a stream, each with `header` (learner, session or
+  seq) and the fragment: serialized and cut at once (errors surface here), built one by one."""
+  pieces = transport.split(transport.encode_message(message), chunk_bytes)
+  fields = dict(fragment=message.fragment, **header)
+  return (
+      pb.Chunk(index=p.index, total=p.total, length=p.length, crc=p.crc, data=p.data, **fields)
+      for p in pieces
+  )
 
 
 def _raw(fn, kind):

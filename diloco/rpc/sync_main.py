@@ -50,6 +50,54 @@ def _restore(sync: Synchronizer, ckpt: sync_checkpoint.SyncCheckpointer) -> dict
   }
 
 
+def _write_port(workdir: str, port: int) -> None:
+  """WORKDIR/port, written under a temporary name and renamed: a reader sees all of it or none."""
+  with open(os.path.join(workdir, "port.tmp"), "w") as f:
+    f.write(str(port))
+  os.replace(os.path.join(workdir, "port.tmp"), os.path.join(workdir, "port"))
+
+
+def _serve_until_settled(host: sync_host.SyncHost, sync: Synchronizer, max_s: float) -> None:
+  """Returns once every learner finished and left and every merge went out, on SIGTERM, or after
+  `max_s` seconds."""
+  stop = threading.Event()
+  signal.signal(signal.SIGTERM, lambda *_: stop.set())
+  t0 = time.monotonic()
+  while not stop.wait(0.2) and time.monotonic() - t0 < max_s:
+    with host.cond:
+      if host.settled() and not sync.live:
+        return
+
+
+def _summary(
+    sync: Synchronizer,
+    host: sync_host.SyncHost,
+    svc,
+    port: int,
+    restored_from,
+    restored: dict,
+    wall_s: float,
+) -> dict[str, Any]:
+  """The synchronizer process's summary keys (under the host's lock)."""
+  return {
+      "runtime": "grpc",
+      "role": "synchronizer",
+      "merges": sync.merges,
+      "generation": sync.generation,
+      "restored_from": restored_from,
+      "versions": list(sync.versions),
+      "digest": sync.digest(),
+      **restored,
+      "refusals": dict(host.counts),
+      "wall_s": wall_s,
+      "wire_bytes_received": svc.bytes_received,
+      "wire_bytes_sent": svc.bytes_sent,
+      "codec_bytes_received": svc.codec_bytes_up,
+      "codec_bytes_sent": svc.codec_bytes_down,
+      "port": port,
+  }
+
+
 def run(
     config: ml_collections.ConfigDict, workdir: str, *, token: str, max_s: float = 3600.0
 ) -> dict[str, Any]:
@@ -90,37 +138,14 @@ def run(
       cert=deploy.cert,
       key=deploy.key,
   )
-  with open(os.path.join(workdir, "port.tmp"), "w") as f:
-    f.write(str(bound))
-  os.replace(os.path.join(workdir, "port.tmp"), os.path.join(workdir, "port"))
-  stop = threading.Event()
-  signal.signal(signal.SIGTERM, lambda *_: stop.set())
+  _write_port(workdir, bound)
   t0 = time.monotonic()
-  while not stop.wait(0.2) and time.monotonic() - t0 < max_s:
-    with host.cond:
-      if host.settled() and not sync.live:
-        break
+  _serve_until_settled(host, sync, max_s)
   server.stop(1.0).wait()
   host.close()
   with host.cond:
     ckpt.save(sync.merges, sync.state_dict())
-    summary = {
-        "runtime": "grpc",
-        "role": "synchronizer",
-        "merges": sync.merges,
-        "generation": sync.generation,
-        "restored_from": restored_from,
-        "versions": list(sync.versions),
-        "digest": sync.digest(),
-        **restored,
-        "refusals": dict(host.counts),
-        "wall_s": time.monotonic() - t0,
-        "wire_bytes_received": svc.bytes_received,
-        "wire_bytes_sent": svc.bytes_sent,
-        "codec_bytes_received": svc.codec_bytes_up,
-        "codec_bytes_sent": svc.codec_bytes_down,
-        "port": bound,
-    }
+    summary = _summary(sync, host, svc, bound, restored_from, restored, time.monotonic() - t0)
   ckpt.close()
   writer.close()
   metrics.write_summary(workdir, summary)

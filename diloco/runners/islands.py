@@ -168,6 +168,25 @@ class _Log:
     return final
 
 
+def _per_learner(learners: list[Learner], runtime, merges: list[dict]) -> list[dict[str, Any]]:
+  """Each learner's steps, tokens, simulated idle and busy seconds, bytes and merges joined."""
+  clocks = runtime.clocks
+  return [
+      {
+          "steps": l.steps,
+          "tokens": l.tokens,
+          "idle_s": c.idle_s,
+          "busy_s": c.busy_s,
+          "bytes_up": up,
+          "bytes_down": down,
+          "merges_joined": sum(m in r["learners"] for r in merges),
+      }
+      for m, (l, c, up, down) in enumerate(
+          zip(learners, clocks, runtime.bytes_up, runtime.bytes_down)
+      )
+  ]
+
+
 def _summary(
     config: ml_collections.ConfigDict,
     parts: build.Parts,
@@ -209,20 +228,7 @@ def _summary(
       "mean_staleness": (
           float(np.mean([s for r in merges for s in r["staleness"]])) if merges else 0.0
       ),
-      "per_learner": [
-          {
-              "steps": l.steps,
-              "tokens": l.tokens,
-              "idle_s": c.idle_s,
-              "busy_s": c.busy_s,
-              "bytes_up": up,
-              "bytes_down": down,
-              "merges_joined": sum(m in r["learners"] for r in merges),
-          }
-          for m, (l, c, up, down) in enumerate(
-              zip(learners, clocks, runtime.bytes_up, runtime.bytes_down)
-          )
-      ],
+      "per_learner": _per_learner(log.learners, runtime, merges),
       "eval_curve": [
           {"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]} for r in log.evals
       ],

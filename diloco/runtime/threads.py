@@ -110,20 +110,25 @@ def train(
   slot.host.close()
   if recover is not None:
     recover.close()
+  summary = {**_summary(config, learners, results, wall), **records.summary(slot.host.sync)}
+  copies = [{k: v for g in l.global_copy for k, v in g.items()} for l in learners]
+  return summary, slot.host.sync.global_params(), copies
+
+
+def _summary(
+    config: ml_collections.ConfigDict, learners: list[Learner], results: list, wall: float
+) -> dict[str, Any]:
   tokens = sum(l.tokens for l in learners)
-  summary = {
+  return {
       "mode": config.mode,
       "runtime": "threads",
-      "learners": m_count,
+      "learners": len(learners),
       "steps": max(l.steps for l in learners),
       "tokens": tokens,
       "wall_s": wall,
       "tokens_per_s": tokens / wall,
       "per_learner": results,
-      **records.summary(slot.host.sync),
   }
-  copies = [{k: v for g in l.global_copy for k, v in g.items()} for l in learners]
-  return summary, slot.host.sync.global_params(), copies
 
 
 def _run_threads(

@@ -148,22 +148,9 @@ def make_method(
     return DataParallel(learners=learners, codec=dp_codec)
   if name == "diloco":
     return DiLoCo(learners=learners, inner_steps=inner_steps, codec=diloco_codec)
-  if name == "streaming":
-    return StreamingDiLoCo(
-        learners=learners,
-        inner_steps=inner_steps,
-        fragments=fragments,
-        overlap=overlap,
-        codec=codec,
-    )
-  if name == "decoupled":
-    return DecoupledDiLoCo(
-        learners=learners,
-        inner_steps=inner_steps,
-        fragments=fragments,
-        overlap=overlap,
-        codec=codec,
-    )
+  fragmented = {"streaming": StreamingDiLoCo, "decoupled": DecoupledDiLoCo}
+  if name in fragmented:
+    return fragmented[name](learners, inner_steps, fragments, overlap, codec)
   raise ValueError(f"unknown method {name!r}; expected one of {METHODS}")
 
 
@@ -184,19 +171,8 @@ def workload_from_config(config: ml_collections.ConfigDict) -> Workload:
 
 def methods_from_config(config: ml_collections.ConfigDict) -> list:
   names = METHODS if config.method == "all" else (config.method,)
-  return [
-      make_method(
-          n,
-          learners=config.learners,
-          inner_steps=config.inner_steps,
-          fragments=config.fragments,
-          overlap=config.overlap,
-          codec=config.codec,
-          dp_codec=config.dp_codec,
-          diloco_codec=config.diloco_codec,
-      )
-      for n in names
-  ]
+  keys = ("learners", "inner_steps", "fragments", "overlap", "codec", "dp_codec", "diloco_codec")
+  return [make_method(n, **{k: config[k] for k in keys}) for n in names]
 
 
 def _check(**values: tuple[int, int]) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from diloco.sim.cluster import Cluster
+from diloco.sim import failure_policies
+from diloco.sim.cluster import Cluster, sample_trace
 
 PUBLISHED_CHIPS = 1_200_000
 PUBLISHED_MTBI_YEARS = 1.0
@@ -50,6 +51,27 @@ def describe_params(config: ml_collections.ConfigDict) -> str:
   return "parameters: " + ", ".join(parts)
 
 
+def _mean_goodput(policy, cluster: Cluster, traces) -> float:
+  return sum(policy.run(t).useful_chip_s for t in traces) / (
+      len(traces) * cluster.chips * cluster.horizon_s
+  )
+
+
+def _fit_restart(cluster: Cluster, traces, checkpoint_interval_s: float) -> tuple[float, float]:
+  """The dp restart time that meets the published dp point (bisection: dp goodput falls as it
+  grows), and the error left in points."""
+  lo, hi = 0.0, 600.0
+  for _ in range(30):
+    mid = 0.5 * (lo + hi)
+    dp = failure_policies.DataParallel(restart_s=mid, checkpoint_interval_s=checkpoint_interval_s)
+    if _mean_goodput(dp, cluster, traces) > PUBLISHED[("dp", 1)]:
+      lo = mid
+    else:
+      hi = mid
+  dp = failure_policies.DataParallel(restart_s=lo, checkpoint_interval_s=checkpoint_interval_s)
+  return lo, 100 * (_mean_goodput(dp, cluster, traces) - PUBLISHED[("dp", 1)])
+
+
 def fit(
     seeds=range(10),
     *,
@@ -66,23 +88,10 @@ def fit(
   pause by grid search, minimising the largest error over the elastic and decoupled points; then the
   restart time by bisection so that data-parallel meets its point.
   """
-  from diloco.sim import failure_policies
-  from diloco.sim.cluster import sample_trace  # pylint: disable=g-import-not-at-top
-
-  def mean_goodput(policy, cluster, traces):
-    return sum(policy.run(t).useful_chip_s for t in traces) / (
-        len(traces) * cluster.chips * cluster.horizon_s
-    )
-
+  held = dict(unit_chips=unit_chips, return_time_s=return_time_s)
   best = None
   for std in speed_stds:
-    cluster = Cluster(
-        chips=PUBLISHED_CHIPS,
-        mtbi_years=PUBLISHED_MTBI_YEARS,
-        unit_chips=unit_chips,
-        return_time_s=return_time_s,
-        speed_std=std,
-    )
+    cluster = Cluster(chips=PUBLISHED_CHIPS, mtbi_years=PUBLISHED_MTBI_YEARS, speed_std=std, **held)
     traces = [sample_trace(cluster, s) for s in seeds]
     for pause in pauses_s:
       errors = {}
@@ -90,30 +99,14 @@ def fit(
         if name == "dp":
           continue
         policy = failure_policies.Decoupled(downscale_s=pause, upscale_s=pause, learners=m)
-        errors[(name, m)] = 100 * (mean_goodput(policy, cluster, traces) - target)
+        errors[(name, m)] = 100 * (_mean_goodput(policy, cluster, traces) - target)
       worst = max(abs(e) for e in errors.values())
       if best is None or worst < best[0]:
         best = (worst, std, pause, errors, cluster, traces)
   _, std, pause, errors, cluster, traces = best
-  lo, hi = 0.0, 600.0  # restart time: dp goodput falls as it grows
-  for _ in range(30):
-    mid = 0.5 * (lo + hi)
-    dp = failure_policies.DataParallel(restart_s=mid, checkpoint_interval_s=checkpoint_interval_s)
-    if mean_goodput(dp, cluster, traces) > PUBLISHED[("dp", 1)]:
-      lo = mid
-    else:
-      hi = mid
-  dp = failure_policies.DataParallel(restart_s=lo, checkpoint_interval_s=checkpoint_interval_s)
-  errors[("dp", 1)] = 100 * (mean_goodput(dp, cluster, traces) - PUBLISHED[("dp", 1)])
-  params = dict(
-      unit_chips=unit_chips,
-      return_time_s=return_time_s,
-      restart_s=lo,
-      checkpoint_interval_s=checkpoint_interval_s,
-      downscale_s=pause,
-      upscale_s=pause,
-      speed_std=std,
-  )
+  lo, errors[("dp", 1)] = _fit_restart(cluster, traces, checkpoint_interval_s)
+  params = {**held, "restart_s": lo, "checkpoint_interval_s": checkpoint_interval_s}
+  params.update(downscale_s=pause, upscale_s=pause, speed_std=std)
   return params, errors
 
 

@@ -123,14 +123,8 @@ def half_width(x: np.ndarray, level: float = 0.95) -> float:
 
 
 def cluster_from_config(config: ml_collections.ConfigDict) -> Cluster:
-  return Cluster(
-      chips=config.chips,
-      mtbi_years=config.mtbi_years,
-      unit_chips=config.unit_chips,
-      return_time_s=config.return_time_s,
-      speed_std=config.speed_std,
-      days=config.days,
-  )
+  keys = ("chips", "mtbi_years", "unit_chips", "return_time_s", "speed_std", "days")
+  return Cluster(**{k: config[k] for k in keys})
 
 
 def policies_from_config(config: ml_collections.ConfigDict) -> list:
