@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 from absl import app, flags
 
-from diloco.outer import compression, fragments, integrity, merging, optimizers, policies, synchronizer
+from diloco.outer import compression, fragments, integrity, merging, optimizers, policies
 from diloco import timing
 from diloco.outer.protocol import Join, Upload
 from diloco.outer.synchronizer import Synchronizer
@@ -128,7 +128,7 @@ def main(argv):
       "outer step (numpy)": outer_step,
       "downlink encode": lambda: compression.encode_tree(raw, _DOWNLINK.value),
       "decode, apply, residual": lambda: {
-          k: synchronizer._apply(old[k], enc[k], residual_out[k]) for k in old
+          k: compression.add_decoded(old[k], enc[k], residual_out[k]) for k in old
       },
       "send checksum": lambda: integrity.tree_crc(enc),
   }
