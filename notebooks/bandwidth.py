@@ -36,8 +36,7 @@ except ImportError:  # a clone that is not installed: the repository root holds 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from diloco.sim import bandwidth
-from diloco.sim import bandwidth_reference as ref
+from diloco.sim import bandwidth, bandwidth_reference as ref
 from diloco.sim.timeline import required_bandwidth
 
 CURVE_TARGETS = (0.5, 0.9, 0.99) if TINY else tuple(np.round(np.arange(0.3, 0.991, 0.03), 2))

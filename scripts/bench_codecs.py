@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags
 
-from diloco.outer import compression, merging
 from diloco import timing
+from diloco.outer import compression, merging
 
 _MBYTES = flags.DEFINE_integer("mbytes", 64, "Fragment size in MiB of float32.")
 _LEARNERS = flags.DEFINE_integer("learners", 8, "Deltas merged.")

@@ -14,10 +14,9 @@ import numpy as np
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from diloco.config import variants
-from diloco.inner import sharding
 from diloco import timing
-from diloco.inner import step as step_lib
+from diloco.config import variants
+from diloco.inner import sharding, step as step_lib
 from diloco.models import transformer
 
 _MODEL = flags.DEFINE_enum("model", "small", list(variants.MODEL_SIZES), "Model size.")

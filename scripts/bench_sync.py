@@ -22,8 +22,8 @@ import dataclasses
 import numpy as np
 from absl import app, flags
 
-from diloco.outer import compression, fragments, integrity, merging, optimizers, policies
 from diloco import timing
+from diloco.outer import compression, fragments, integrity, merging, optimizers, policies
 from diloco.outer.protocol import Join, Upload
 from diloco.outer.synchronizer import Synchronizer
 

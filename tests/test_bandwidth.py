@@ -7,7 +7,7 @@ import pytest
 from configs import bandwidth as bandwidth_config
 from diloco.outer import compression
 from diloco.sim import bandwidth, bandwidth_reference, bandwidth_report
-from diloco.sim.timeline import Workload, required_bandwidth, utilization
+from diloco.sim.timeline import required_bandwidth, utilization, Workload
 
 
 def test_data_parallel_bytes_per_step_are_the_ring_all_reduce():

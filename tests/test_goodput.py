@@ -8,8 +8,8 @@ import pytest
 from scipy import integrate, stats
 
 from configs import goodput as goodput_config
-from diloco.sim import calibration, goodput, intervals, failure_policies
-from diloco.sim.cluster import SECONDS_PER_YEAR, Cluster, Trace, sample_trace
+from diloco.sim import calibration, failure_policies, goodput, intervals
+from diloco.sim.cluster import Cluster, sample_trace, SECONDS_PER_YEAR, Trace
 
 _HORIZON_1000S = 1000.0 / 86400.0  # days
 

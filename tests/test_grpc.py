@@ -10,9 +10,9 @@ from proc_helpers import read_jsonl, wait_for
 
 from configs import shakespeare
 from diloco.config import build
-from diloco.runners import islands as islands_lib
 from diloco.recovery import sync_checkpoint
 from diloco.rpc import local, sync_main
+from diloco.runners import islands as islands_lib
 
 CHAOS = "configs/shakespeare.py:mode=decoupled,runlocal,learners=3,steps=60"
 SYNCHRONOUS = "configs/shakespeare.py:mode=diloco,runlocal,learners=2,steps=20"

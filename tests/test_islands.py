@@ -17,26 +17,14 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco.outer import compression, fragments
-from diloco import data as data_lib
-from diloco.inner import evaluation
-from diloco.inner import island as island_lib, step as step_lib
-from diloco import metrics, train
+from diloco import data as data_lib, metrics, train
 from diloco.config import build
+from diloco.inner import evaluation, island as island_lib, step as step_lib
+from diloco.outer import compression, fragments
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
+from test_train import SUMMARY_KEYS  # the keys every run's summary has
 
-SUMMARY_KEYS = {
-    "mode",
-    "steps",
-    "tokens",
-    "params",
-    "flops_per_token",
-    "eval_loss",
-    "eval_bpb",
-    "wall_s",
-    "tokens_per_s",
-}
 MULTI_KEYS = SUMMARY_KEYS | {
     "learners",
     "outer_steps",

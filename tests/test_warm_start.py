@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco.inner import checkpoint, island as island_lib, warm_start
-from diloco.outer import fragments
 from diloco import metrics, train
 from diloco.config import build
+from diloco.inner import checkpoint, island as island_lib, warm_start
+from diloco.outer import fragments
 
 
 def _config(arg, **overrides):

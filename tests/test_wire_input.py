@@ -10,10 +10,8 @@ import pytest
 
 from configs import shakespeare
 from diloco.outer import compression, protocol
-from diloco.rpc import client as client_lib, limits as limits_lib, security, service
-from diloco.rpc import synchronizer_pb2 as pb
+from diloco.rpc import client as client_lib, limits as limits_lib, security, service, synchronizer_pb2 as pb, transport
 from diloco.runtime import link as link_lib, sync_host, threads
-from diloco.rpc import transport
 
 TOKEN = "s3cret"
 

@@ -7,7 +7,7 @@ from diloco.data.pipeline import (
     load_splits,
     make_datasets,
 )
-from diloco.data.shakespeare import PreparedCorpus, ensure_prepared, prepare_corpus
+from diloco.data.shakespeare import ensure_prepared, prepare_corpus, PreparedCorpus
 from diloco.data.sources import PackedTokenSource, write_array_record
 
 __all__ = [

@@ -21,12 +21,8 @@ import ml_collections
 import numpy as np
 from ml_collections import config_dict
 
-from diloco.data import shakespeare
-from diloco.data import shards
-from diloco.data import sources
-from diloco.data import tokenizers
-from diloco.data import archive as archive_lib
-from diloco.data.batching import Batch, TrainBatchSource, eval_batches
+from diloco.data import archive as archive_lib, shakespeare, shards, sources, tokenizers
+from diloco.data.batching import Batch, eval_batches, TrainBatchSource
 
 SOURCES = ("shakespeare", "text_glob", "array_record")
 TOKENIZERS = ("byte", "sentencepiece")

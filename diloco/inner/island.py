@@ -7,9 +7,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from diloco.inner import checkpoint, sharding, warm_start
 from diloco import data as data_lib
-from diloco.inner import step as step_lib
+from diloco.inner import checkpoint, sharding, step as step_lib, warm_start
 from diloco.models import transformer
 
 

@@ -18,9 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from diloco.inner import island as island_lib, step as step_lib
 from diloco.outer import fragments, protocol
-from diloco.inner import island as island_lib
-from diloco.inner import step as step_lib
 from diloco.outer.protocol import Send, Upload
 
 

@@ -37,9 +37,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, compression, fragments, integrity, merging, optimizers
-from diloco.outer import policies, protocol
-from diloco.outer import sync_state
+from diloco.outer import admission, compression, fragments, integrity, merging, optimizers, policies, protocol, sync_state
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 NON_FINITE = ("non_finite", "non-finite values")

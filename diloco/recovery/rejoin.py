@@ -14,10 +14,10 @@ import os
 import shutil
 from collections.abc import Callable
 
-from diloco.recovery import sync_checkpoint
 from diloco.outer.learner import Learner
-from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.outer.synchronizer import Synchronizer
+from diloco.recovery import sync_checkpoint
+from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 
 
 class Recovery:

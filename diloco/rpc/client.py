@@ -12,10 +12,8 @@ import uuid
 import grpc
 
 from diloco.outer import protocol
-from diloco.rpc import limits as limits_lib, security, service
-from diloco.rpc import synchronizer_pb2 as pb
+from diloco.rpc import limits as limits_lib, security, service, synchronizer_pb2 as pb, transport
 from diloco.runtime import link as link_lib
-from diloco.rpc import transport
 
 _UNREACHABLE = (
     grpc.StatusCode.UNAVAILABLE,

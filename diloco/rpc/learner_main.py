@@ -26,8 +26,7 @@ import ml_collections
 import numpy as np
 
 from diloco import metrics
-from diloco.config import build
-from diloco.config import deploy as deploy_lib
+from diloco.config import build, deploy as deploy_lib
 from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, limits as limits_lib, multihost

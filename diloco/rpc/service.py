@@ -20,10 +20,8 @@ from collections.abc import Iterator
 import grpc
 from google.protobuf import message as pb_message
 
-from diloco.rpc import limits as limits_lib, security
-from diloco.rpc import synchronizer_pb2 as pb
+from diloco.rpc import limits as limits_lib, security, synchronizer_pb2 as pb, transport
 from diloco.runtime import link as link_lib, sync_host
-from diloco.rpc import transport
 
 SERVICE = "diloco.rpc.SynchronizerService"
 RPC_CODES = {

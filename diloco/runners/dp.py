@@ -9,9 +9,8 @@ import jax
 import ml_collections
 import tqdm
 
-from diloco.inner import checkpoint, evaluation, island as island_lib
 from diloco import metrics
-from diloco.inner import step as step_lib
+from diloco.inner import checkpoint, evaluation, island as island_lib, step as step_lib
 
 
 class StepLogger:

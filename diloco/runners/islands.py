@@ -19,8 +19,7 @@ import numpy as np
 from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
-from diloco.inner import evaluation
-from diloco.inner import island as island_lib
+from diloco.inner import evaluation, island as island_lib
 from diloco.outer import fragments, protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer

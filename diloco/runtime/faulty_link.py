@@ -32,9 +32,9 @@ from collections.abc import Callable
 import numpy as np
 
 from diloco.chaos import schedule as chaos
+from diloco.chaos.stats import ChaosStats
 from diloco.outer import protocol
 from diloco.runtime import link as link_lib, sync_host
-from diloco.chaos.stats import ChaosStats
 
 
 class FaultClock:

@@ -32,10 +32,10 @@ from collections.abc import Callable
 import numpy as np
 
 from diloco.chaos import schedule as chaos
-from diloco.recovery import rejoin as recovery_lib, sync_checkpoint
-from diloco.outer.learner import Learner
-from diloco.runtime import sync_host
 from diloco.chaos.stats import MERGE_TIME_CODES
+from diloco.outer.learner import Learner
+from diloco.recovery import rejoin as recovery_lib, sync_checkpoint
+from diloco.runtime import sync_host
 from diloco.runtime.faulty_link import FaultClock, FaultyLink, HostSlot, Shared
 
 

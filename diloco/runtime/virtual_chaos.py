@@ -39,13 +39,13 @@ spent are ignored.
 import numpy as np
 
 from diloco.chaos import schedule as chaos
-from diloco.outer import protocol
-from diloco.recovery import sync_checkpoint
-from diloco.outer.learner import Learner
-from diloco.runtime import virtual
-from diloco.runtime.virtual_faults import FaultyMessages
 from diloco.chaos.stats import ChaosStats, Taints
+from diloco.outer import protocol
+from diloco.outer.learner import Learner
+from diloco.recovery import sync_checkpoint
+from diloco.runtime import virtual
 from diloco.runtime.virtual import AT_LEARNER, FAULT, START, SYNC
+from diloco.runtime.virtual_faults import FaultyMessages
 
 
 class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):

@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from diloco.outer import compression
-from diloco.sim.timeline import SyncPlan, Workload, required_bandwidth
+from diloco.sim.timeline import required_bandwidth, SyncPlan, Workload
 
 METHODS = ("data_parallel", "diloco", "streaming", "decoupled")
 TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)

@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 
 from diloco.sim import bandwidth
-from diloco.sim.timeline import Workload, required_bandwidth
+from diloco.sim.timeline import required_bandwidth, Workload
 
 GRID = np.logspace(-1, 3, 50)  # Gbit/s
 TABLE4_TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)

@@ -10,8 +10,7 @@ import os
 import ml_collections
 import numpy as np
 
-from diloco.sim import bandwidth
-from diloco.sim import bandwidth_reference as reference
+from diloco.sim import bandwidth, bandwidth_reference as reference
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

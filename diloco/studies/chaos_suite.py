@@ -18,9 +18,9 @@ import jax
 import ml_collections
 
 from configs import shakespeare
+from diloco import metrics, train
 from diloco.chaos import schedule as chaos
 from diloco.inner import evaluation, island as island_lib
-from diloco import metrics, train
 
 VERDICTS = ("params_ok", "all_rejoined", "advanced")
 
