@@ -15,7 +15,7 @@ from typing import Any
 import ml_collections
 
 from diloco import metrics
-from diloco.config import presets
+from diloco.config import build, presets
 from diloco.runners import islands
 
 
@@ -35,7 +35,7 @@ def on_the_islands_clock(
 ) -> None:
   """Places a run without a simulated clock of its own (data-parallel) on the islands' clock:
   each step takes as long as the slowest island's, and it sends what a ring all-reduce does."""
-  speeds = [float(s) for s in config.sim.speeds.split(",")] if config.sim.speeds else [1.0]
+  speeds = build.parse_list(config.sim.speeds, config.outer.learners, float, 1.0, "sim.speeds")
   step_s = config.sim.step_s * max(speeds)
   summary["sim_time_s"] = summary["steps"] * step_s
   summary["eval_curve"] = [
