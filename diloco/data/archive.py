@@ -113,7 +113,7 @@ def read_works(archive: str | os.PathLike) -> dict[str, bytes]:
           raise ValueError(f"archive {str(archive)!r} holds {name}_gut.txt twice")
         if member.size > _MAX_MEMBER_BYTES:
           raise ValueError(
-              f"archive member {member.name!r} is implausibly large " f"({member.size} bytes)"
+              f"archive member {member.name!r} is implausibly large ({member.size} bytes)"
           )
         f = tar.extractfile(member)
         if f is None:

@@ -28,7 +28,7 @@ def process_batch_size(global_batch_size: int, process_index: int, process_count
   """Rows of the global batch that this process reads; ValueError on an uneven split."""
   if process_count < 1 or not 0 <= process_index < process_count:
     raise ValueError(
-        f"need 0 <= process_index < process_count, got {process_index} of " f"{process_count}"
+        f"need 0 <= process_index < process_count, got {process_index} of {process_count}"
     )
   if global_batch_size < 1 or global_batch_size % process_count:
     raise ValueError(

@@ -43,7 +43,7 @@ class TokenCorpus:
         or any(a > b for a, b in zip(starts, starts[1:]))
     ):
       raise ValueError(
-          f"document starts {starts[:5]}... do not partition " f"{len(self.tokens)} tokens"
+          f"document starts {starts[:5]}... do not partition {len(self.tokens)} tokens"
       )
     if len(self.doc_bytes) != len(self.names):
       raise ValueError(f"{len(self.doc_bytes)} byte counts for {len(self.names)} documents")

@@ -42,7 +42,7 @@ def invalid(sync, up: Upload) -> tuple[str, str] | None:
     )
     return (
         "unknown_base_version",
-        f"unknown base version {up.base_version}{where} " f"(current {sync.versions[p]})",
+        f"unknown base version {up.base_version}{where} (current {sync.versions[p]})",
     )
   if sync.versions[p] - up.base_version > sync.policy.max_staleness:
     return "stale", f"stale: base version {up.base_version}, current {sync.versions[p]}"

@@ -187,7 +187,7 @@ def _blockwise(
 def _bf16_bits(x_N: np.ndarray, amax: np.ndarray) -> np.ndarray:
   """Round-to-nearest-even bfloat16 bit patterns (ml_dtypes' cast), little-endian uint16 [n]."""
   if amax.size and amax[0] >= _BF16_OVERFLOW:
-    raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} " "rounds to Inf")
+    raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} rounds to Inf")
   return x_N.astype(ml_dtypes.bfloat16).view(np.uint16).astype(_U16, copy=False)
 
 

@@ -282,10 +282,10 @@ def insert(params: Params, frag: Fragmentation, p: int, values: Mapping[str, Any
     if not hasattr(new, "shape") or not hasattr(new, "dtype"):
       raise ValueError(f"insert {path!r}: value is not an array ({type(new).__name__})")
     if tuple(new.shape) != tuple(old[path].shape):
-      raise ValueError(f"insert {path!r}: shape {tuple(new.shape)} != " f"{tuple(old[path].shape)}")
+      raise ValueError(f"insert {path!r}: shape {tuple(new.shape)} != {tuple(old[path].shape)}")
     if np.dtype(new.dtype) != np.dtype(old[path].dtype):
       raise ValueError(
-          f"insert {path!r}: dtype {np.dtype(new.dtype)} != " f"{np.dtype(old[path].dtype)}"
+          f"insert {path!r}: dtype {np.dtype(new.dtype)} != {np.dtype(old[path].dtype)}"
       )
   if is_flat(params):
     return {**params, **values}

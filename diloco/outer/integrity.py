@@ -84,12 +84,10 @@ class OutlierScreen:
       raise ValueError(f"outlier factor must be > 1, got {self.factor}")
     if not 0 <= self.clip_factor < self.factor:
       raise ValueError(
-          f"clip factor must be in [0, outlier factor {self.factor}), got " f"{self.clip_factor}"
+          f"clip factor must be in [0, outlier factor {self.factor}), got {self.clip_factor}"
       )
     if self.min_history < 1 or self.window < self.min_history:
-      raise ValueError(
-          f"need 1 <= min_history <= window, got {self.min_history}, " f"{self.window}"
-      )
+      raise ValueError(f"need 1 <= min_history <= window, got {self.min_history}, {self.window}")
 
   def limit(
       self, norms: Sequence[float], rms: Sequence[float], size: int, round_norms: Sequence[float]

@@ -33,16 +33,12 @@ def token_weights(tokens: Sequence[float], steps: Sequence[float]) -> np.ndarray
   t = np.asarray(tokens, np.float64)
   s = np.asarray(steps, np.float64)
   if t.ndim != 1 or t.shape != s.shape:
-    raise ValueError(
-        f"tokens and steps must be 1-D of equal length, got {t.shape} and " f"{s.shape}"
-    )
+    raise ValueError(f"tokens and steps must be 1-D of equal length, got {t.shape} and {s.shape}")
   if not (np.isfinite(t).all() and np.isfinite(s).all()) or (t < 0).any() or (s < 0).any():
-    raise ValueError(
-        f"tokens and steps must be finite and >= 0, got {t.tolist()} and " f"{s.tolist()}"
-    )
+    raise ValueError(f"tokens and steps must be finite and >= 0, got {t.tolist()} and {s.tolist()}")
   if ((s == 0) & (t > 0)).any():
     raise ValueError(
-        f"a learner reports tokens but zero steps: tokens={t.tolist()}, " f"steps={s.tolist()}"
+        f"a learner reports tokens but zero steps: tokens={t.tolist()}, steps={s.tolist()}"
     )
   return np.divide(t * t, s, out=np.zeros_like(t), where=s > 0)
 

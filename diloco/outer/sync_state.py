@@ -50,7 +50,7 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
     got = np.asarray(arrays[name])
     if got.shape != x.shape or got.dtype != x.dtype:
       raise ValueError(
-          f"synchronizer state {name}: {got.dtype}{got.shape}, expected " f"{x.dtype}{x.shape}"
+          f"synchronizer state {name}: {got.dtype}{got.shape}, expected {x.dtype}{x.shape}"
       )
   sync.versions = [int(v) for v in arrays["versions"]]
   for p in range(sync.frag.num_fragments):

@@ -84,7 +84,7 @@ class _Progress:
     if lrn.steps % self.log_every == 0:
       loss = float(jax.device_get(device_metrics)["loss"])
       if not np.isfinite(loss):
-        raise FloatingPointError(f"learner {self.learner_id}: loss {loss} at step " f"{lrn.steps}")
+        raise FloatingPointError(f"learner {self.learner_id}: loss {loss} at step {lrn.steps}")
       self.write({"step": lrn.steps, "loss": loss, "versions": lrn.versions})
 
   def close(self) -> None:

@@ -86,7 +86,7 @@ class LocalCluster:
     while not os.path.exists(port_file):
       if proc.poll() is not None:
         raise RuntimeError(
-            f"synchronizer exited with {proc.returncode}; see " f"{self.workdir}/logs/sync.log"
+            f"synchronizer exited with {proc.returncode}; see {self.workdir}/logs/sync.log"
         )
       if time.monotonic() > deadline:
         raise TimeoutError("synchronizer did not write its port in time")

@@ -117,16 +117,16 @@ class Service:
         if (c.learner, c.session, c.fragment) != (first.learner, first.session, first.fragment):
           raise transport.WireError(
               "inconsistent",
-              "chunks of one upload name " "different learners, sessions or fragments",
+              "chunks of one upload name different learners, sessions or fragments",
           )
         joiner.add(transport.Piece(c.index, c.total, c.length, c.crc, c.data))
       up = transport.decode_message(joiner.done(), self.limits.max_upload_bytes)
       if not isinstance(up, transport.protocol.Upload):
-        raise transport.WireError("malformed", f"expected an Upload, got " f"{type(up).__name__}")
+        raise transport.WireError("malformed", f"expected an Upload, got {type(up).__name__}")
       if up.fragment != first.fragment:
         raise transport.WireError(
             "invalid",
-            f"chunks name fragment {first.fragment}, " f"the upload inside fragment {up.fragment}",
+            f"chunks name fragment {first.fragment}, the upload inside fragment {up.fragment}",
         )
     except transport.WireError as err:
       code = err.code if err.code in RPC_CODES else "malformed"

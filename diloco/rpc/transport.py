@@ -128,7 +128,7 @@ def decode_message(data: bytes, max_bytes: int | None = None) -> Any:
     if isinstance(v, dict):
       if len(maps[k]) != v.get("tensors"):
         raise WireError(
-            "malformed", f"field {k}: {len(maps[k])} tensors, header says " f"{v.get('tensors')}"
+            "malformed", f"field {k}: {len(maps[k])} tensors, header says {v.get('tensors')}"
         )
       kwargs[k] = maps[k]
     else:
@@ -162,14 +162,14 @@ def _read_tensor(t: Any, data: bytes, offset: int, maps: dict[str, dict]) -> int
       raise WireError("dtype", f"tensor {path}: {err}") from err
     if e.nbytes != compression.encoded_nbytes(e.codec, e.num_values, e.block):
       raise WireError(
-          "shape", f"tensor {path}: {e.nbytes} bytes do not hold shape {shape} " f"in {e.codec}"
+          "shape", f"tensor {path}: {e.nbytes} bytes do not hold shape {shape} in {e.codec}"
       )
     maps[field][path] = e
   else:
     if t.get("dtype") not in _DTYPES:
       raise WireError(
           "dtype",
-          f"tensor {path} has dtype {t.get('dtype')!r}; only " f"{_DTYPES} travel as values",
+          f"tensor {path} has dtype {t.get('dtype')!r}; only {_DTYPES} travel as values",
       )
     if nbytes != 4 * int(np.prod(shape, dtype=np.int64)):
       raise WireError("shape", f"tensor {path}: {nbytes} bytes do not hold float32 {shape}")
@@ -210,11 +210,11 @@ class Reassembler:
     if self._total is None:
       if not 1 <= piece.total <= self.max_chunks:
         raise WireError(
-            "too_many_chunks", f"stream of {piece.total} chunks; the limit " f"is {self.max_chunks}"
+            "too_many_chunks", f"stream of {piece.total} chunks; the limit is {self.max_chunks}"
         )
       if piece.length > self.max_bytes:
         raise WireError(
-            "too_large", f"message of {piece.length} bytes exceeds the " f"{self.max_bytes} limit"
+            "too_large", f"message of {piece.length} bytes exceeds the {self.max_bytes} limit"
         )
       self._total, self._length = piece.total, piece.length
     if (piece.total, piece.length) != (self._total, self._length):
@@ -234,7 +234,7 @@ class Reassembler:
       raise WireError("checksum", f"chunk {piece.index} fails its CRC-32")
     self._size += len(piece.data)
     if self._size > self._length:
-      raise WireError("too_large", f"chunks carry more than the announced {self._length} " "bytes")
+      raise WireError("too_large", f"chunks carry more than the announced {self._length} bytes")
     self._parts.append(piece.data)
 
   def done(self) -> bytes:

@@ -48,7 +48,7 @@ class FaultClock:
       clock: Callable[[], float] = time.monotonic,
   ):
     if not (math.isfinite(scale) and scale > 0):
-      raise ValueError(f"the chaos time scale (wall s per schedule s) must be > 0, got " f"{scale}")
+      raise ValueError(f"the chaos time scale (wall s per schedule s) must be > 0, got {scale}")
     self.faults, self.scale, self.clock = list(faults), float(scale), clock
     self.t0: float | None = None
 

@@ -106,7 +106,7 @@ class SyncHost:
 
   def _check_session(self, learner: int, session: str) -> None:
     if self.sessions.get(learner) != session or learner not in self.sync.live:
-      raise self._refuse("not_joined", f"learner {learner} has no live session here; " "join again")
+      raise self._refuse("not_joined", f"learner {learner} has no live session here; join again")
     self.last_seen[learner] = self.now()
 
   def progress(self, learner: int, session: str, finished: bool = False) -> bool:
@@ -116,7 +116,7 @@ class SyncHost:
       if not self._take_token(learner):
         raise self._refuse(
             "rate_limited",
-            f"learner {learner} reports progress more than " f"{self.progress_per_s}/s",
+            f"learner {learner} reports progress more than {self.progress_per_s}/s",
         )
       if finished:
         self.finished.add(learner)
@@ -152,7 +152,7 @@ class SyncHost:
     with self.cond:
       self._check_session(learner, session)
       if up.learner != learner:
-        raise self._refuse("invalid", f"upload names learner {up.learner}, sent by " f"{learner}")
+        raise self._refuse("invalid", f"upload names learner {up.learner}, sent by {learner}")
       now = self.now()
       up = dataclasses.replace(up, time=now, sent_time=now if started is None else started)
       before = self.merges
@@ -171,7 +171,7 @@ class SyncHost:
         kind = "invalid" if r["code"] in INVALID_UPLOAD else "stale"
         self.counts[kind] = self.counts.get(kind, 0) + 1
         raise Refused(
-            kind, f"upload of fragment {up.fragment} rejected " f"({r['code']}): {r['reason']}"
+            kind, f"upload of fragment {up.fragment} rejected ({r['code']}): {r['reason']}"
         )
       return self.merges - before
 

@@ -124,7 +124,7 @@ def _strided(work: Workload, period: int, fragments: int) -> tuple[tuple[int, ..
   """Layers syncing at each step: fragment p = layers l with l mod P = p, at step floor(pH/P)."""
   if fragments > work.layers:
     raise ValueError(
-        f"fragments ({fragments}) exceeds layers ({work.layers}): a fragment holds " "whole layers"
+        f"fragments ({fragments}) exceeds layers ({work.layers}): a fragment holds whole layers"
     )
   at = [[] for _ in range(period)]
   for p in range(fragments):

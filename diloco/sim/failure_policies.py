@@ -101,7 +101,7 @@ class Decoupled:
         or not 1 <= self.quorum <= self.learners
     ):
       raise ValueError(
-          f"quorum must be an integer in [1, learners={self.learners}], " f"got {self.quorum!r}"
+          f"quorum must be an integer in [1, learners={self.learners}], got {self.quorum!r}"
       )
 
   def run(self, trace: Trace) -> Outcome:
