@@ -105,14 +105,12 @@ def faults(config: ml_collections.ConfigDict) -> list[chaos.Fault]:
   return out
 
 
-def initial_params(config: ml_collections.ConfigDict, splits=None) -> dict[str, np.ndarray]:
+def initial_params(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """The initial global parameters every learner builds, computed on one device (the values do
   not depend on how a mesh shards them)."""
   one = config.copy_and_resolve_references()
   one.mesh.data, one.mesh.fsdp = 1, 1
-  isl = island_lib.build_island(
-      one, jax.devices()[:1], splits=splits or data_lib.load_splits(config.data)
-  )
+  isl = island_lib.build_island(one, jax.devices()[:1], splits=data_lib.load_splits(config.data))
   return fragments.flatten(jax.device_get(isl.init_state().params))
 
 
@@ -177,17 +175,26 @@ class Parts:
     )
 
 
-def _cut(config, params0, islands, learner_cls=Learner) -> Parts:
+def _cut(config, params0, islands, **classes) -> Parts:
+  """Parts around these islands; `classes`: learner_cls and sync_cls, when not the defaults."""
   o = config.outer
   frag = fragments.make(o.fragment_kind, params0, o.fragments)
-  return Parts(
-      config,
-      islands,
-      params0,
-      frag,
-      fragments.Schedule(o.fragments, o.inner_steps),
-      batch_sizes(config),
-      learner_cls,
+  schedule = fragments.Schedule(o.fragments, o.inner_steps)
+  return Parts(config, islands, params0, frag, schedule, batch_sizes(config), **classes)
+
+
+def _island(config, m: int, devices: Sequence, splits, init_params=None) -> island_lib.Island:
+  """Learner m's island on `devices`: its own batch (`batch_sizes`) and data shard."""
+  cfg_m = config.copy_and_resolve_references()
+  with cfg_m.unlocked():
+    cfg_m.batch_size = batch_sizes(config)[m]
+  return island_lib.build_island(
+      cfg_m,
+      devices,
+      shard_index=m,
+      num_shards=config.outer.learners,
+      splits=splits,
+      init_params=init_params,
   )
 
 
@@ -197,23 +204,13 @@ def local_learners(
   """Every learner on its share of this process's devices (`learner_devices`), with its own
   batch and data shard: the virtual and threads runtimes. `sync_cls` may record what the
   synchronizer does (tests)."""
-  o, batches = config.outer, batch_sizes(config)
   splits = data_lib.load_splits(config.data)
   islands: dict[int, island_lib.Island] = {}
   for m, devs in enumerate(learner_devices(config)):
-    cfg_m = config.copy_and_resolve_references()
-    with cfg_m.unlocked():
-      cfg_m.batch_size = batches[m]
-    islands[m] = island_lib.build_island(
-        cfg_m,
-        devs,
-        shard_index=m,
-        num_shards=o.learners,
-        splits=splits,
-        init_params=islands[0].init_params if islands else None,
-    )
+    warm = islands[0].init_params if islands else None  # a warm start's checkpoint, read once
+    islands[m] = _island(config, m, devs, splits, init_params=warm)
   params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
-  return dataclasses.replace(_cut(config, params0, islands), sync_cls=sync_cls)
+  return _cut(config, params0, islands, sync_cls=sync_cls)
 
 
 def one_learner(
@@ -224,17 +221,11 @@ def one_learner(
     host_value: Callable[[Any], np.ndarray],
 ) -> Parts:
   """Learner m alone, on `devices` (a learner process; `host_value` gathers a sharded array)."""
-  o = config.outer
-  if not 0 <= m < o.learners:
-    raise ValueError(f"learner_id={m} is outside 0..{o.learners - 1} (outer.learners)")
-  cfg_m = config.copy_and_resolve_references()
-  with cfg_m.unlocked():
-    cfg_m.batch_size = batch_sizes(config)[m]
-  isl = island_lib.build_island(
-      cfg_m, devices, shard_index=m, num_shards=o.learners, splits=data_lib.load_splits(config.data)
-  )
+  if not 0 <= m < config.outer.learners:
+    raise ValueError(f"learner_id={m} is outside 0..{config.outer.learners - 1} (outer.learners)")
+  isl = _island(config, m, devices, data_lib.load_splits(config.data))
   params0 = {k: host_value(v) for k, v in fragments.flatten(isl.init_state().params).items()}
-  return _cut(config, params0, {m: isl}, learner_cls)
+  return _cut(config, params0, {m: isl}, learner_cls=learner_cls)
 
 
 def synchronizer_only(config: ml_collections.ConfigDict) -> Parts:
