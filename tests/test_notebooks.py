@@ -15,6 +15,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = {
     "goodput": (2, "largest |model - published|"),
     "bandwidth": (2, "largest |ratio - 1| over the 50-95% columns"),
+    "scaling_laws": (2, "same order as the paper:"),
 }
 
 

@@ -1,0 +1,147 @@
+"""Sweeps as config: a config file's `get_sweep(arg)` lists points, each a dict of overrides.
+
+A point mirrors a command line. Keys that start with `config.` override a key of the built config
+(`--config.outer.lr=0.4`); every other key is a variant of the file (`FILE:mode=diloco`), so
+presets that set several keys at once (a mode, a model size) are swept like anything else:
+
+  def get_sweep(arg):
+    return [{"mode": "diloco", "learners": m, "config.outer.lr": lr, "seed": 0}
+            for m in (2, 4) for lr in (0.4, 0.8)]
+
+`get_sweep` takes the variants after the colon of `--config=FILE[:variants]`; so does
+`get_config`, together with each point's own variants (the point's win). Every point is checked
+before anything runs: an unknown variant or config key fails, naming the point and the key.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import re
+import shlex
+import sys
+from types import ModuleType
+from typing import Any
+
+import ml_collections
+
+CONFIG_PREFIX = "config."
+SEP = "+"  # between a point's key=value pairs in its directory name
+
+
+class SweepError(ValueError):
+  """A sweep that cannot run as written (raised before any point runs)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One run of a sweep."""
+
+  index: int
+  name: str  # its sub-directory of the sweep's workdir
+  values: dict[str, Any]  # as get_sweep returned it (the results table's columns)
+  spec: str  # FILE:variants, the --config argument of this point
+  overrides: dict[str, Any]  # config key (without `config.`) -> value
+  config: ml_collections.ConfigDict | None = None  # built once, when the sweep is checked
+
+  def flags(self) -> list[str]:
+    """The --config.KEY=VALUE flags of this point."""
+    return [f"--{CONFIG_PREFIX}{k}={_text(v)}" for k, v in self.overrides.items()]
+
+  def command(self, workdir: str) -> str:
+    """The one-run command line equivalent to this point."""
+    args = [sys.executable, "-m", "experiments.train", f"--config={self.spec}"]
+    args += self.flags() + [f"--workdir={os.path.join(workdir, self.name)}"]
+    return shlex.join(args)
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+  """'FILE[:variants]' -> (FILE, variants)."""
+  path, _, arg = spec.partition(":")
+  return path, arg
+
+
+def load_module(path: str) -> ModuleType:
+  """Imports a config file by path (as `config_flags` does)."""
+  if not os.path.isfile(path):
+    raise SweepError(f"config file {path!r} does not exist")
+  name = "sweep_config_" + re.sub(r"\W", "_", os.path.abspath(path))
+  module_spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
+
+
+def point_name(values: dict[str, Any]) -> str:
+  """A directory name from a point's overrides, in their order: `mode=diloco+outer.lr=0.4`."""
+  parts = []
+  for k, v in values.items():
+    key = k[len(CONFIG_PREFIX) :] if k.startswith(CONFIG_PREFIX) else k
+    parts.append(f"{key}={_text(v)}")
+  name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", SEP.join(parts))
+  return name or "default"
+
+
+def points(spec: str) -> list[Point]:
+  """The points of `spec`'s get_sweep, each checked against the config it builds."""
+  path, arg = split_spec(spec)
+  module = load_module(path)
+  if not hasattr(module, "get_sweep"):
+    raise SweepError(f"{path} defines no get_sweep(arg)")
+  raw = module.get_sweep(arg or None)
+  if not isinstance(raw, list) or not raw:
+    raise SweepError(f"{path}: get_sweep({arg!r}) must return a non-empty list of dicts")
+  out, seen = [], {}
+  for i, values in enumerate(raw):
+    if not isinstance(values, dict):
+      raise SweepError(f"point {i} of {path} is a {type(values).__name__}, not a dict")
+    name = point_name(values)
+    if name in seen:
+      raise SweepError(f"points {seen[name]} and {i} are the same run ({name})")
+    seen[name] = i
+    variants = [f"{k}={_text(v)}" for k, v in values.items() if not k.startswith(CONFIG_PREFIX)]
+    overrides = {
+        k[len(CONFIG_PREFIX) :]: v for k, v in values.items() if k.startswith(CONFIG_PREFIX)
+    }
+    point_arg = ",".join([a for a in (arg,) if a] + variants)
+    point = Point(i, name, dict(values), f"{path}:{point_arg}" if point_arg else path, overrides)
+    # Built now: a bad point fails before any runs, and editing the file mid-sweep changes nothing.
+    out.append(dataclasses.replace(point, config=build_config(point, module)))
+  return out
+
+
+def build_config(point: Point, module: ModuleType | None = None) -> ml_collections.ConfigDict:
+  """The config of one point: get_config(its variants), then its config overrides."""
+  if point.config is not None:
+    return point.config
+  path, arg = split_spec(point.spec)
+  module = module or load_module(path)
+  try:
+    config = module.get_config(arg or None)
+  except (ValueError, KeyError) as e:
+    raise SweepError(f"point {point.index} ({point.name}): {e}") from e
+  for key, value in point.overrides.items():
+    try:
+      _set(config, key, value)
+    except (KeyError, AttributeError, TypeError) as e:
+      raise SweepError(
+          f"point {point.index} ({point.name}): cannot set config key {key!r}: {e}"
+      ) from e
+  if "progress_bar" in config:  # the sweep draws one bar over its points
+    config.progress_bar = False
+  return config
+
+
+def _set(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+  *parents, leaf = key.split(".")
+  node = config
+  for p in parents:
+    if p not in node or not isinstance(node[p], ml_collections.ConfigDict):
+      raise KeyError(f"no section {p!r}")
+    node = node[p]
+  if leaf not in node:
+    raise KeyError(f"no key {leaf!r}")
+  node[leaf] = value
+
+
+def _text(v: Any) -> str:
+  return str(v).lower() if isinstance(v, bool) else str(v)

@@ -1,0 +1,167 @@
+"""Runs a sweep's points, each through train_and_evaluate in WORKDIR/<point name>, and tabulates.
+
+A point whose directory holds a summary.json is done and skipped; a point that raises is reported
+with its error (also in its `error.txt`) and the others go on. `parallel` = N runs the points in N
+worker processes (spawned, so each has its own JAX); 0 runs them in this process, one by one.
+The table is WORKDIR/results.jsonl and WORKDIR/results.csv: one row per point with its status,
+its overrides and the summary keys asked for.
+"""
+
+import concurrent.futures as cf
+import csv
+import json
+import multiprocessing
+import os
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import tqdm
+
+from diloco.studies import sweep
+
+DEFAULT_KEYS = ("eval_loss", "eval_bpb", "params", "tokens", "wall_s")
+SUMMARY = "summary.json"
+
+
+def run_point(point: sweep.Point, workdir: str) -> dict[str, Any]:
+  """Trains one point in workdir/<name>; returns its summary (raises what the run raised)."""
+  from diloco import train  # here, so that spawned workers import JAX themselves
+
+  config = sweep.build_config(point)
+  return train.train_and_evaluate(config, os.path.join(workdir, point.name))
+
+
+def _worker(point: sweep.Point, workdir: str) -> tuple[dict[str, Any] | None, str]:
+  """(summary, '') or (None, the error and its traceback); never raises."""
+  _quiet()
+  try:
+    return run_point(point, workdir), ""
+  except Exception as e:  # pylint: disable=broad-except
+    err = f"{type(e).__name__}: {e}"
+    path = os.path.join(workdir, point.name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "error.txt"), "w", encoding="utf-8") as f:
+      f.write(err + "\n\n" + traceback.format_exc())
+    return None, err
+
+
+def _quiet() -> None:
+  from absl import logging
+
+  logging.set_verbosity(logging.WARNING)
+
+
+def finished(workdir: str, point: sweep.Point) -> dict[str, Any] | None:
+  """The summary of a point that finished earlier, or None."""
+  path = os.path.join(workdir, point.name, SUMMARY)
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def run(
+    spec: str,
+    workdir: str,
+    parallel: int = 1,
+    keys: Sequence[str] = (),
+    dry_run: bool = False,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+  """Runs every unfinished point of `spec`'s sweep and returns the table's rows.
+
+  `keys`: the summary keys of the table (default: the config file's SWEEP_KEYS, else
+  DEFAULT_KEYS). `dry_run` prints each point's command and runs nothing.
+  """
+  if parallel < 0:
+    raise sweep.SweepError(f"parallel must be >= 0, got {parallel}")
+  points = sweep.points(spec)  # every point checked before any runs
+  if not keys:
+    module = sweep.load_module(sweep.split_spec(spec)[0])
+    keys = getattr(module, "SWEEP_KEYS", DEFAULT_KEYS)
+  if dry_run:
+    for p in points:
+      print(p.command(workdir), flush=True)
+    return []
+  os.makedirs(workdir, exist_ok=True)
+  results = {p.index: (finished(workdir, p), "") for p in points}
+  todo = [p for p in points if results[p.index][0] is None]
+  bar = tqdm.tqdm(
+      total=len(points),
+      initial=len(points) - len(todo),
+      desc="sweep",
+      unit="point",
+      disable=not progress,
+      dynamic_ncols=True,
+  )
+  slots = max(parallel, 1)
+  counts = dict(done=len(points) - len(todo), running=min(slots, len(todo)), failed=0)
+  bar.set_postfix(counts)
+  for n, (point, outcome) in enumerate(_execute(todo, workdir, parallel), start=1):
+    results[point.index] = outcome
+    counts["running"] = min(slots, len(todo) - n)
+    counts["done" if outcome[0] is not None else "failed"] += 1
+    if outcome[1]:
+      bar.write(f"point {point.index} ({point.name}) failed: {outcome[1]}")
+    bar.set_postfix(counts)
+    bar.update(1)
+    write_table(workdir, points, results, keys)  # after every point: a killed sweep keeps its rows
+  bar.close()
+  return write_table(workdir, points, results, keys)
+
+
+def _execute(todo: list[sweep.Point], workdir: str, parallel: int):
+  """Yields (point, (summary or None, error)) as points finish."""
+  if parallel == 0:
+    for p in todo:
+      yield p, _worker(p, workdir)
+    return
+  ctx = multiprocessing.get_context("spawn")
+  with cf.ProcessPoolExecutor(max_workers=parallel, mp_context=ctx) as pool:
+    futures = {pool.submit(_worker, p, workdir): p for p in todo}
+    for fut in cf.as_completed(futures):
+      try:
+        outcome = fut.result()
+      except Exception as e:  # pylint: disable=broad-except  (a worker that died)
+        outcome = (None, f"worker died: {type(e).__name__}: {e}")
+      yield futures[fut], outcome
+
+
+def rows(points, results, keys) -> list[dict[str, Any]]:
+  """One row per point: name, status, its overrides, the summary's keys (or the error)."""
+  out = []
+  for p in points:
+    summary, err = results.get(p.index, (None, ""))
+    status = "done" if summary is not None else ("failed" if err else "pending")
+    row = {"name": p.name, "status": status, **p.values}
+    for k in keys:  # a summary key that is also an override of the point keeps both
+      row[f"summary.{k}" if k in p.values else k] = (summary or {}).get(k)
+    row["error"] = err
+    out.append(row)
+  return out
+
+
+def write_table(workdir, points, results, keys) -> list[dict[str, Any]]:
+  """Writes results.jsonl and results.csv (atomically) and returns the rows."""
+  table = rows(points, results, keys)
+  columns = list(dict.fromkeys(k for r in table for k in r))
+  _atomic(
+      os.path.join(workdir, "results.jsonl"),
+      lambda f: f.writelines(json.dumps(r) + "\n" for r in table),
+  )
+
+  def write_csv(f):
+    w = csv.DictWriter(f, fieldnames=columns)
+    w.writeheader()
+    w.writerows(table)
+
+  _atomic(os.path.join(workdir, "results.csv"), write_csv)
+  return table
+
+
+def _atomic(path: str, write) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8", newline="") as f:
+    write(f)
+  os.replace(tmp, path)

@@ -1,0 +1,44 @@
+"""Runs a sweep: python -m experiments.sweep --config=FILE[:variants] --workdir=DIR [--parallel=N].
+
+The config file defines get_sweep(arg) (diloco/studies/sweep.py). Each point runs in DIR/<name>; a
+point with a summary.json is skipped, so running the same command again resumes. The table goes to
+DIR/results.jsonl and DIR/results.csv.
+"""
+
+from absl import app, flags, logging
+
+from diloco.studies import sweep, sweep_run
+
+_CONFIG = flags.DEFINE_string("config", None, "FILE[:variants] of a config file with get_sweep.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "One sub-directory per point, and the table.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Worker processes (0: in this process).")
+_KEYS = flags.DEFINE_list("keys", [], "Summary keys of the table (default: the file's SWEEP_KEYS).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each point's command; run nothing.")
+_PROGRESS = flags.DEFINE_bool("progress_bar", True, "A progress bar over the points.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  try:
+    table = sweep_run.run(
+        _CONFIG.value, _WORKDIR.value, _PARALLEL.value, _KEYS.value, _DRY_RUN.value, _PROGRESS.value
+    )
+  except sweep.SweepError as e:
+    raise app.UsageError(str(e)) from e
+  if _DRY_RUN.value:
+    return
+  failed = [r for r in table if r["status"] != "done"]
+  print(
+      f"{len(table) - len(failed)} of {len(table)} points done; table in {_WORKDIR.value}/results.csv"
+  )
+  for r in failed:
+    print(f"  {r['status']}: {r['name']}: {r['error']}")
+  if failed:
+    raise SystemExit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)

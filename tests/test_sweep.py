@@ -1,0 +1,164 @@
+"""experiments.sweep: points from get_sweep, checked first, run, resumed, tabulated."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from diloco import train
+from diloco.studies import sweep, sweep_run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A sweep over the scaling study's tiny mode; `bad` adds a point whose run raises at data setup
+# (eval_batches < 0 is checked when the pipeline is built, not when the config is).
+SWEEP_FILE = """
+from configs.sweeps import scaling
+
+SWEEP_KEYS = ("eval_loss", "params", "steps")
+
+def get_config(arg=None):  # the toy's own variants (bad, typo, variant) select points only
+  kept = [t for t in arg.split(",") if t not in ("bad", "typo", "variant")]
+  return scaling.get_config(",".join(kept))
+
+def get_sweep(arg=None):
+  points = [
+      {"size": "d8l1", "method": "dp", "seed": 0},
+      {"size": "d8l1", "method": "diloco", "learners": 2, "config.outer.lr": 0.5, "seed": 0},
+  ]
+  if arg and "bad" in arg:
+    points.insert(1, {"size": "d8l1", "method": "dp", "config.data.eval_batches": -1, "seed": 0})
+  if arg and "typo" in arg:
+    points.append({"size": "d8l1", "config.outer.lrr": 0.5})
+  if arg and "variant" in arg:
+    points.append({"size": "d8l1", "methd": "dp"})
+  return points
+"""
+
+
+@pytest.fixture
+def sweep_file(tmp_path):
+  path = tmp_path / "toy_sweep.py"
+  path.write_text(SWEEP_FILE)
+  return str(path)
+
+
+def _spec(path: str, *extra: str) -> str:
+  return f"{path}:" + ",".join(("tiny", "part=tune") + extra)
+
+
+def _read_csv(path):
+  with open(path, encoding="utf-8") as f:
+    return list(csv.DictReader(f))
+
+
+def test_point_names_follow_the_overrides_in_order():
+  assert sweep.point_name({"size": "d8l1", "config.outer.lr": 0.5, "iid": True}) == (
+      "size=d8l1+outer.lr=0.5+iid=true"
+  )
+  assert sweep.point_name({"a": "x/y z"}) == "a=x_y_z"
+
+
+def test_points_split_variants_from_config_keys(sweep_file):
+  pts = sweep.points(_spec(sweep_file))
+  assert [p.name for p in pts] == [
+      "size=d8l1+method=dp+seed=0",
+      "size=d8l1+method=diloco+learners=2+outer.lr=0.5+seed=0",
+  ]
+  p = pts[1]
+  assert p.spec == f"{sweep_file}:tiny,part=tune,size=d8l1,method=diloco,learners=2,seed=0"
+  assert p.overrides == {"outer.lr": 0.5}
+  config = sweep.build_config(p)
+  assert (config.mode, config.outer.learners, config.outer.lr) == ("diloco", 2, 0.5)
+  assert config.batch_size == 8  # the tiny global batch of 16 over 2 learners
+  assert "--config.outer.lr=0.5" in p.command("/tmp/w")
+
+
+@pytest.mark.parametrize(
+    "variant, named", [("typo", "'outer.lrr'"), ("variant", "'methd'")], ids=["key", "variant"]
+)
+def test_unknown_key_fails_before_anything_runs(sweep_file, tmp_path, monkeypatch, variant, named):
+  calls = []
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: calls.append(a))
+  workdir = tmp_path / "w"
+  with pytest.raises(sweep.SweepError) as e:
+    sweep_run.run(_spec(sweep_file, variant), str(workdir), parallel=0, progress=False)
+  assert "point 2" in str(e.value) and named in str(e.value)
+  assert not calls and not workdir.exists()
+
+
+def test_two_points_run_then_are_skipped(sweep_file, tmp_path, monkeypatch):
+  workdir = str(tmp_path / "w")
+  table = sweep_run.run(_spec(sweep_file), workdir, parallel=2, progress=False)
+  assert [r["status"] for r in table] == ["done", "done"]
+  for r in table:
+    with open(os.path.join(workdir, r["name"], "summary.json"), encoding="utf-8") as f:
+      assert json.load(f)["eval_loss"] == r["eval_loss"]
+  rows = _read_csv(os.path.join(workdir, "results.csv"))
+  assert [r["name"] for r in rows] == [r["name"] for r in table]
+  assert (
+      rows[1]["learners"] == "2"
+      and rows[1]["config.outer.lr"] == "0.5"
+      and rows[0]["learners"] == ""
+  )
+  assert rows[0]["steps"] == "12" and int(rows[0]["params"]) > 0
+  with open(os.path.join(workdir, "results.jsonl"), encoding="utf-8") as f:
+    assert [json.loads(line)["eval_loss"] for line in f] == [r["eval_loss"] for r in table]
+
+  calls = []
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: calls.append(a))
+  again = sweep_run.run(_spec(sweep_file), workdir, parallel=0, progress=False)
+  assert not calls and again == table
+
+
+def test_a_failing_point_is_reported_and_the_others_go_on(sweep_file, tmp_path):
+  workdir = str(tmp_path / "w")
+  table = sweep_run.run(_spec(sweep_file, "bad"), workdir, parallel=0, progress=False)
+  assert [r["status"] for r in table] == ["done", "failed", "done"]
+  assert "eval_batches" in table[1]["error"] and table[1]["eval_loss"] is None
+  with open(os.path.join(workdir, table[1]["name"], "error.txt"), encoding="utf-8") as f:
+    assert "Traceback" in f.read()
+  assert _read_csv(os.path.join(workdir, "results.csv"))[1]["status"] == "failed"
+
+
+def test_main_dry_run_prints_one_command_per_point_and_runs_nothing(sweep_file, tmp_path):
+  workdir = tmp_path / "w"
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.sweep", f"--config={_spec(sweep_file)}"]
+      + [f"--workdir={workdir}", "--dry_run"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout.splitlines()
+  assert len(out) == 2 and all("-m experiments.train" in line for line in out)
+  assert out[1].endswith(
+      f"--workdir={workdir}/size=d8l1+method=diloco+learners=2+outer.lr=0.5+seed=0"
+  )
+  assert not workdir.exists()
+
+
+def test_main_fails_with_usage_error_naming_the_key(sweep_file, tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.sweep", f"--config={_spec(sweep_file, 'typo')}"]
+      + [f"--workdir={tmp_path / 'w'}"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+  )
+  assert proc.returncode != 0 and "outer.lrr" in proc.stderr
+
+
+def test_scaling_sweep_parts_share_point_names():
+  """A cell of the table is the same directory whichever part of the sweep asked for it."""
+  spec = os.path.join(REPO, "configs", "sweeps", "scaling.py")
+  lrs = "lrs=0.2/0.4/0.6/0.8"
+  tune = {p.name for p in sweep.points(f"{spec}:part=tune")}
+  table2 = {p.name for p in sweep.points(f"{spec}:part=table2,{lrs}")}
+  assert len(tune) == 3 + 4 * 5
+  assert "size=d24l2+method=diloco+learners=8+outer_lr=0.8+seed=0" in tune & table2
+  with pytest.raises(ValueError, match="lrs"):
+    sweep.points(f"{spec}:part=table")
