@@ -81,6 +81,46 @@ def test_tpu_dry_run_prints_the_deployment():
   assert "DILOCO_TOKEN=$DILOCO_TOKEN" in remote  # the name in a dry run, never a value
 
 
+def test_tpu_sweep_dry_run_launches_every_point(tmp_path):
+  toy = tmp_path / "toy_sweep.py"
+  toy.write_text(
+      "from configs import shakespeare\n"
+      "get_config = shakespeare.get_config\n"
+      "def get_sweep(arg=None):\n"
+      "  return [{'mode': 'dp'}, {'mode': 'diloco', 'learners': 2, 'config.outer.lr': 0.5}]\n"
+  )
+  deploy_flags = [f for f in TPU_FLAGS if "outer.learners" not in f]
+  out = subprocess.run(
+      [sys.executable, "scripts/tpu/commands.py", f"--config={toy}:runlocal", "--sweep"]
+      + deploy_flags
+      + ["--workdir=/runs/s"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=60,
+      check=True,
+  )
+  lines = out.stdout.strip().splitlines()
+  # point 0 (dp): a header, create, copy, train on one slice; point 1: a header, the synchronizer,
+  # then create/copy/start for each of its 2 learners.
+  assert len(lines) == (1 + 3) + (1 + 1 + 3 * 2)
+  assert (
+      lines[0] == "echo '# point 0: mode=dp'"
+      and lines[4] == "echo '# point 1: mode=diloco+learners=2+outer.lr=0.5'"
+  )
+  train = shlex.split(shlex.split(lines[3])[7].split("=", 1)[1])
+  assert train[train.index("-m") + 1] == "experiments.train"
+  assert f"--config={toy}:runlocal,mode=dp" in train and "--workdir=/runs/s/mode=dp" in train
+  assert "diloco-p0-dp" in lines[3] and "--config.deploy.tpu.name_prefix=diloco-p0" in train
+  sync = shlex.split(shlex.split(lines[5])[2])
+  assert f"--config={toy}:runlocal,mode=diloco,learners=2" in sync
+  assert (
+      "--config.outer.lr=0.5" in sync
+      and "--workdir=/runs/s/mode=diloco+learners=2+outer.lr=0.5/sync" in sync
+  )
+  assert "diloco-p1-learner1" in lines[11] and "--learner_id=1" in lines[11]
+
+
 def test_tpu_commands_reject_missing_settings():
   from configs import shakespeare
 

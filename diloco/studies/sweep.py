@@ -143,5 +143,21 @@ def _set(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
   node[leaf] = value
 
 
+def set_from_text(config: ml_collections.ConfigDict, key: str, raw: str) -> None:
+  """Sets `key` from a command line's text, typed like the value it replaces."""
+  *parents, leaf = key.split(".")
+  node = config
+  for p in parents:
+    node = node[p]
+  old = node[leaf]
+  if isinstance(old, bool):
+    value = raw.lower() in ("true", "1")
+  elif old is None or isinstance(old, str):
+    value = raw
+  else:
+    value = type(old)(raw)
+  _set(config, key, value)
+
+
 def _text(v: Any) -> str:
   return str(v).lower() if isinstance(v, bool) else str(v)

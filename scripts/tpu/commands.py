@@ -14,6 +14,10 @@ is created if absent (`describe || create`), gets a copy of this repository, ins
 starts its learner on every worker with `gcloud compute tpus tpu-vm ssh --worker=all` and
 --config.distributed=True: the learner is one multi-host JAX job whose process 0 talks to the
 synchronizer. The shared token is $DILOCO_TOKEN (printed as that name; --run sends its value).
+
+With --sweep, --config is a sweep file (get_sweep, diloco/studies/sweep.py): one launch per point,
+in WORKDIR/<point name>, with the point's variants and overrides before the command line's and its
+own slices (`<name_prefix>-p<index>`); a mode=dp point runs experiments.train on one slice.
 """
 
 import os
@@ -63,26 +67,78 @@ def commands(
   cmds = [["bash", "-c", sync]]
   for m in range(learners):
     name = f"{t.name_prefix}-learner{m}"
-    exists = " ".join(g + ["describe", name] + where)
-    create = " ".join(
-        g
-        + [
-            "create",
-            name,
-            f"--accelerator-type={t.accelerator_type}",
-            f"--version={t.runtime_version}",
-        ]
-        + where
-    )
-    cmds.append(["bash", "-c", f"{exists} >/dev/null 2>&1 || {create}"])
-    cmds.append(g + ["scp", "--recurse", ".", f"{name}:{t.repo_dir}", "--worker=all"] + where)
     learner = (
         f"cd {t.repo_dir} && pip install -e . && DILOCO_TOKEN={token} nohup python "
         f"-m experiments.learner {flags_} --config.distributed=True "
         f"--learner_id={m} --synchronizer={t.sync_host}:{d.port} "
         f"--workdir={workdir}/learner{m} > learner{m}.log 2>&1 &"
     )
-    cmds.append(g + ["ssh", name, "--worker=all", f"--command={learner}"] + where)
+    cmds += _slice(t, name) + [g + ["ssh", name, "--worker=all", f"--command={learner}"] + where]
+  return cmds
+
+
+def _slice(t, name: str) -> list[list[str]]:
+  """Creates the slice `name` if absent and copies this repository to each of its workers."""
+  g = ["gcloud", "compute", "tpus", "tpu-vm"]
+  where = [f"--zone={t.zone}", f"--project={t.project}"]
+  exists = " ".join(g + ["describe", name] + where)
+  create = " ".join(
+      g
+      + [
+          "create",
+          name,
+          f"--accelerator-type={t.accelerator_type}",
+          f"--version={t.runtime_version}",
+      ]
+      + where
+  )
+  return [
+      ["bash", "-c", f"{exists} >/dev/null 2>&1 || {create}"],
+      g + ["scp", "--recurse", ".", f"{name}:{t.repo_dir}", "--worker=all"] + where,
+  ]
+
+
+def single_slice(spec: str, config, overrides: tuple[str, ...], workdir: str) -> list[list[str]]:
+  """mode=dp on one slice: experiments.train as one multi-host JAX job (no synchronizer)."""
+  t = config.deploy.tpu
+  if not t.project:
+    raise ValueError("deploy.tpu.project is required")
+  name = f"{t.name_prefix}-dp"
+  flags_ = " ".join(shlex.quote(a) for a in (f"--config={spec}", *overrides))
+  train = (
+      f"cd {t.repo_dir} && pip install -e . && nohup python -m experiments.train {flags_} "
+      f"--config.distributed=True --workdir={workdir} > train.log 2>&1 &"
+  )
+  where = [f"--zone={t.zone}", f"--project={t.project}"]
+  ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", name, "--worker=all", f"--command={train}"]
+  return _slice(t, name) + [ssh + where]
+
+
+def sweep_commands(
+    spec: str, overrides: tuple[str, ...], workdir: str, token: str = TOKEN
+) -> list[list[str]]:
+  """One launch per point of the sweep `spec` (diloco/studies/sweep.py), in DIR/<point name>.
+
+  `overrides` (the command line's --config.KEY=VALUE, e.g. the deploy section) apply to every
+  point after its own; each point gets its own slices (name prefix `<prefix>-p<index>`).
+  """
+  from diloco.studies import sweep  # pylint: disable=import-outside-toplevel
+
+  cmds = []
+  for p in sweep.points(spec):
+    config = p.config.copy_and_resolve_references()
+    for flag in overrides:
+      key, _, raw = flag[len("--config.") :].partition("=")
+      sweep.set_from_text(config, key, raw)
+    prefix = f"{config.deploy.tpu.name_prefix}-p{p.index}"
+    config.deploy.tpu.name_prefix = prefix
+    flags_ = (*p.flags(), *overrides, f"--config.deploy.tpu.name_prefix={prefix}")
+    where = f"{workdir}/{p.name}"
+    cmds.append(["echo", f"# point {p.index}: {p.name}"])
+    if config.mode == "dp":
+      cmds += single_slice(p.spec, config, flags_, where)
+    else:
+      cmds += commands(p.spec, config, flags_, where, token)
   return cmds
 
 
@@ -113,6 +169,7 @@ def _define_flags() -> None:
   """Flags of the command line (defined here, not at import, so that tests can import this)."""
   config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
   flags.DEFINE_bool("run", False, "Run the commands instead of printing them.")
+  flags.DEFINE_bool("sweep", False, "--config is a sweep (get_sweep): one launch per point.")
   flags.DEFINE_string("workdir", "$HOME/runs/diloco", "Outputs on each host.")
 
 
@@ -125,13 +182,11 @@ def main(argv):
     token = os.environ.get("DILOCO_TOKEN", "")
     if not token:
       raise app.UsageError("set DILOCO_TOKEN to the shared secret before --run")
-  cmds = commands(
-      config_spec(sys.argv[1:]),
-      flags.FLAGS.config,
-      config_overrides(sys.argv[1:]),
-      flags.FLAGS.workdir,
-      token,
-  )
+  spec, overrides = config_spec(sys.argv[1:]), config_overrides(sys.argv[1:])
+  if flags.FLAGS.sweep:
+    cmds = sweep_commands(spec, overrides, flags.FLAGS.workdir, token)
+  else:
+    cmds = commands(spec, flags.FLAGS.config, overrides, flags.FLAGS.workdir, token)
   for cmd in cmds:
     if run:
       print(shlex.join(cmd).replace(token, TOKEN), flush=True)
