@@ -26,7 +26,7 @@
 # `configs/sweeps/scaling.py` through `experiments.sweep`'s runner and sets our table beside theirs.
 #
 # **The design, and why.** Everything must fit a few hours on 2 CPU cores, so the models are
-# byte-level decoders of 18k, 56k and 181k parameters (depth and width grown together, heads of 8
+# byte-level decoders of 18k, 59k and 181k parameters (depth and width grown together, heads of 8
 # dims; the paper's Table 3 shapes could not be read here) trained on Shakespeare. The paper's runs
 # have hundreds of outer steps and thousands of tokens per learner step; we keep the first (H = 30
 # and 3,000 inner steps: 100 outer steps) and cannot afford the second: the global batch is 32

@@ -162,3 +162,18 @@ def test_scaling_sweep_parts_share_point_names():
   assert "size=d24l2+method=diloco+learners=8+outer_lr=0.8+seed=0" in tune & table2
   with pytest.raises(ValueError, match="lrs"):
     sweep.points(f"{spec}:part=table")
+
+
+def test_a_summary_key_that_is_also_an_override_keeps_both():
+  p = sweep.Point(0, "steps=24", {"steps": 24}, "f.py:steps=24", {})
+  (row,) = sweep_run.rows([p], {0: ({"steps": 12, "eval_loss": 1.5}, "")}, ("steps", "eval_loss"))
+  assert row == {
+      "name": "steps=24",
+      "status": "done",
+      "steps": 24,
+      "summary.steps": 12,
+      "eval_loss": 1.5,
+      "error": "",
+  }
+  (pending,) = sweep_run.rows([p], {}, ("eval_loss",))
+  assert pending["status"] == "pending" and pending["eval_loss"] is None

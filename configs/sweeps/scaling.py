@@ -130,10 +130,11 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     elif part == "table":
       lrs = _lrs(a)
       out += [_diloco(s, m, lrs[m], 0) for s in sizes[1:] for m in learners]
-    elif part == "seeds":
+    elif part == "seeds":  # the cells of finding 1 first (DP, M=1), then of finding 3 (M=8 ...)
       lrs = _lrs(a)
-      for s in sizes:
-        out += [_dp(s, 1)] + [_diloco(s, m, lrs[m], 1) for m in learners]
+      out += [_dp(s, 1) for s in sizes]
+      for m in sorted(learners, key=lambda m: (m != 1, -m)):
+        out += [_diloco(s, m, lrs[m], 1) for s in sizes]
     elif part == "table2":  # k = 8 (tiny: 2) learners, or k x the batch, or k x the steps
       lrs, b, s, k = _lrs(a), _budget(a.tiny), sizes[0], learners[-1]
       one = {"size": s, "method": "dp", "batch": b["batch"] // k, "seed": 0}
