@@ -15,6 +15,7 @@ _PARALLEL = flags.DEFINE_integer("parallel", 1, "Worker processes (0: in this pr
 _KEYS = flags.DEFINE_list("keys", [], "Summary keys of the table (default: the file's SWEEP_KEYS).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each point's command; run nothing.")
 _PROGRESS = flags.DEFINE_bool("progress_bar", True, "A progress bar over the points.")
+_TABLE = flags.DEFINE_string("table", "results", "The table's name: DIR/<table>.jsonl and .csv.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -24,7 +25,13 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   try:
     table = sweep_run.run(
-        _CONFIG.value, _WORKDIR.value, _PARALLEL.value, _KEYS.value, _DRY_RUN.value, _PROGRESS.value
+        _CONFIG.value,
+        _WORKDIR.value,
+        _PARALLEL.value,
+        _KEYS.value,
+        _DRY_RUN.value,
+        _PROGRESS.value,
+        _TABLE.value,
     )
   except sweep.SweepError as e:
     raise app.UsageError(str(e)) from e

@@ -66,9 +66,16 @@ print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
 
 
 def sweep(part: str, lrs: str = "") -> list[dict]:
-  """Runs the points of `part` that have no summary.json in RESULTS, and returns all its rows."""
+  """Runs the points of `part` that have no summary.json in RESULTS, and returns all its rows
+  (also written to RESULTS/results_<part>.jsonl and .csv)."""
   arg = ",".join(["tiny"] * TINY + [f"part={part}"] + [f"lrs={lrs}"] * bool(lrs))
-  rows = sweep_run.run(f"{SPEC}:{arg}", RESULTS, parallel=0 if TINY else 2, progress=not TINY)
+  rows = sweep_run.run(
+      f"{SPEC}:{arg}",
+      RESULTS,
+      parallel=0 if TINY else 2,
+      progress=not TINY,
+      table=f"results_{part}",
+  )
   failed = [f"{r['name']}: {r['error']}" for r in rows if r["status"] != "done"]
   if failed:
     raise RuntimeError("points failed:\n" + "\n".join(failed))

@@ -177,3 +177,14 @@ def test_a_summary_key_that_is_also_an_override_keeps_both():
   }
   (pending,) = sweep_run.rows([p], {}, ("eval_loss",))
   assert pending["status"] == "pending" and pending["eval_loss"] is None
+
+
+def test_sweeps_sharing_a_workdir_keep_their_tables_apart(sweep_file, tmp_path, monkeypatch):
+  workdir = str(tmp_path / "w")
+  sweep_run.run(_spec(sweep_file), workdir, parallel=0, progress=False, table="first")
+  calls = []
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: calls.append(a))
+  with pytest.raises(sweep.SweepError):
+    sweep_run.run(_spec(sweep_file, "typo"), workdir, parallel=0, progress=False, table="second")
+  assert sorted(os.listdir(workdir))[:2] == ["first.csv", "first.jsonl"] and not calls
+  assert not os.path.exists(os.path.join(workdir, "results.csv"))

@@ -68,11 +68,13 @@ def run(
     keys: Sequence[str] = (),
     dry_run: bool = False,
     progress: bool = True,
+    table: str = "results",
 ) -> list[dict[str, Any]]:
   """Runs every unfinished point of `spec`'s sweep and returns the table's rows.
 
   `keys`: the summary keys of the table (default: the config file's SWEEP_KEYS, else
-  DEFAULT_KEYS). `dry_run` prints each point's command and runs nothing.
+  DEFAULT_KEYS). `dry_run` prints each point's command and runs nothing. The table is written to
+  WORKDIR/<table>.jsonl and .csv (sweeps that share a workdir keep their tables apart).
   """
   if parallel < 0:
     raise sweep.SweepError(f"parallel must be >= 0, got {parallel}")
@@ -106,9 +108,9 @@ def run(
       bar.write(f"point {point.index} ({point.name}) failed: {outcome[1]}")
     bar.set_postfix(counts)
     bar.update(1)
-    write_table(workdir, points, results, keys)  # after every point: a killed sweep keeps its rows
+    write_table(workdir, points, results, keys, table)  # after every point: a kill keeps the rows
   bar.close()
-  return write_table(workdir, points, results, keys)
+  return write_table(workdir, points, results, keys, table)
 
 
 def _execute(todo: list[sweep.Point], workdir: str, parallel: int):
@@ -142,12 +144,12 @@ def rows(points, results, keys) -> list[dict[str, Any]]:
   return out
 
 
-def write_table(workdir, points, results, keys) -> list[dict[str, Any]]:
-  """Writes results.jsonl and results.csv (atomically) and returns the rows."""
+def write_table(workdir, points, results, keys, name: str = "results") -> list[dict[str, Any]]:
+  """Writes <name>.jsonl and <name>.csv (atomically) and returns the rows."""
   table = rows(points, results, keys)
   columns = list(dict.fromkeys(k for r in table for k in r))
   _atomic(
-      os.path.join(workdir, "results.jsonl"),
+      os.path.join(workdir, f"{name}.jsonl"),
       lambda f: f.writelines(json.dumps(r) + "\n" for r in table),
   )
 
@@ -156,7 +158,7 @@ def write_table(workdir, points, results, keys) -> list[dict[str, Any]]:
     w.writeheader()
     w.writerows(table)
 
-  _atomic(os.path.join(workdir, "results.csv"), write_csv)
+  _atomic(os.path.join(workdir, f"{name}.csv"), write_csv)
   return table
 
 
