@@ -23,6 +23,12 @@ waiting for that learner, which may let the others merge; unless the quorum coun
 Non-finite values and outliers are found at merge time, so such an upload has already fed the
 timing EMAs behind the grace window when it arrived.
 
+Merges are atomic: the merge rule, the outer step, the downlink encoding and the residual are
+computed into new arrays and checked finite before anything is committed. A round that would
+overflow float32 anywhere (two finite uploads near the float32 maximum through the momentum, say)
+is rejected as a whole with code `non_finite_merge`, the state exactly as before it; `handle`
+returns actions and does not raise.
+
 Restarts: `state_dict()` is everything that must survive a crash (globals, outer optimizer states,
 versions, downlink residuals, EMAs, outlier history, generation history); `restart(state, g)` loads
 it and begins generation g. Who is live, what each learner holds and uploads not yet merged are
@@ -247,6 +253,7 @@ class Synchronizer:
     return [ups[i] for i in keep], [deltas[i] for i in keep], rejects
 
   def _merge(self, p: int, now: float) -> list[Action]:
+    history = (list(self.norms[p]), list(self.rms))  # the screen's, restored if the round fails
     ups, deltas, rejects, clipped = self._screen(p, now)
     while ups:  # a non-finite contribution never reaches the global state
       weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
@@ -262,14 +269,11 @@ class Synchronizer:
     staleness = [self.versions[p] - u.base_version for u in ups]
     if self.policy.staleness_damping:
       merged = merging.staleness_damped(merged, weights, staleness)
-    old = self.globals[p]
-    with jax.default_device(self._cpu):
-      raw, self.opt_states[p] = optimizers.host_step(
-          self.tx, merged, self.opt_states[p], old, self.residuals[p]
-      )
-    encoded = compression.encode_tree(raw, self.codec)
-    self.globals[p] = {k: compression.add_decoded(old[k], encoded[k], raw[k]) for k in old}
-    self.residuals[p] = raw  # now raw − decoded
+    step = self._outer_step(p, merged)
+    if isinstance(step, str):  # nothing was committed: drop the round
+      self.norms[p], self.rms = history
+      return rejects + self._reject_round(p, now, ups, step)
+    self.globals[p], self.opt_states[p], self.residuals[p], encoded = step
     self.versions[p] += 1
     for u in ups:
       self.contributed[p][u.learner] = max(u.base_version, self.contributed[p].get(u.learner, -1))
@@ -295,6 +299,34 @@ class Synchronizer:
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
     return actions
+
+  def _outer_step(self, p: int, merged: dict) -> tuple | str:
+    """(globals, optimizer state, residuals, encoded update) of fragment p after the outer step
+    on `merged`, all new and all finite; or why they cannot be (then nothing has changed)."""
+    old, residual = self.globals[p], self.residuals[p]
+    try:
+      with np.errstate(over="ignore", invalid="ignore"), jax.default_device(self._cpu):
+        raw, state = optimizers.host_step(
+            self.tx, merged, self.opt_states[p], old, residual, in_place=False
+        )
+        encoded = compression.encode_tree(raw, self.codec)  # refuses NaN/Inf (but fp32 and bf16)
+        new, finite = {}, True
+        for k in old:
+          new[k], ok = compression.add_decoded(old[k], encoded[k], raw[k], check=True)
+          finite &= ok
+    except (ArithmeticError, ValueError) as e:
+      return f"the merge failed: {e}"
+    # With SGD, a non-finite momentum makes the update, hence the residual, non-finite.
+    if not finite or not (isinstance(self.tx, optimizers.SGD) or _finite_state(state)):
+      return "the new global values or outer optimizer state are not finite (float32 overflow)"
+    return new, state, raw, encoded  # raw is now raw - decoded: the residual
+
+  def _reject_round(self, p: int, now: float, ups: list[Upload], why: str) -> list[Action]:
+    """Rejects every upload of a round whose merge could not be committed."""
+    rejects = [_reject(u.learner, p, now, why, "non_finite_merge", u) for u in ups]
+    self.rounds_skipped += 1
+    self._reset_round(p)
+    return rejects
 
   def _reset_round(self, p: int) -> None:
     self.pending[p] = {}
@@ -364,6 +396,11 @@ class Synchronizer:
   @property
   def merges(self) -> int:
     return int(sum(self.versions))
+
+
+def _finite_state(state) -> bool:
+  leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
+  return all(merging.all_finite(x) for x in leaves if np.issubdtype(x.dtype, np.floating))
 
 
 def _reject(
