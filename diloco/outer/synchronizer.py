@@ -23,11 +23,8 @@ waiting for that learner, which may let the others merge; unless the quorum coun
 Non-finite values and outliers are found at merge time, so such an upload has already fed the
 timing EMAs behind the grace window when it arrived.
 
-Merges are atomic: the merge rule, the outer step, the downlink encoding and the residual are
-computed into new arrays and checked finite before anything is committed. A round that would
-overflow float32 anywhere (two finite uploads near the float32 maximum through the momentum, say)
-is rejected as a whole with code `non_finite_merge`, the state exactly as before it; `handle`
-returns actions and does not raise.
+Merges are atomic (`commit.outer_step`): a round whose merge, outer step or downlink would
+overflow float32 is rejected whole (`non_finite_merge`), the state as before; `handle` never raises.
 
 Restarts: `state_dict()` is everything that must survive a crash (globals, outer optimizer states,
 versions, downlink residuals, EMAs, outlier history, generation history); `restart(state, g)` loads
@@ -43,7 +40,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, compression, fragments, integrity, merging, optimizers, policies, protocol, sync_state
+from diloco.outer import admission, commit, compression, fragments, integrity, merging, policies, protocol, sync_state
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 NON_FINITE = ("non_finite", "non-finite values")
@@ -269,7 +266,10 @@ class Synchronizer:
     staleness = [self.versions[p] - u.base_version for u in ups]
     if self.policy.staleness_damping:
       merged = merging.staleness_damped(merged, weights, staleness)
-    step = self._outer_step(p, merged)
+    with jax.default_device(self._cpu):
+      step = commit.outer_step(
+          self.tx, merged, self.opt_states[p], self.globals[p], self.residuals[p], self.codec
+      )
     if isinstance(step, str):  # nothing was committed: drop the round
       self.norms[p], self.rms = history
       return rejects + self._reject_round(p, now, ups, step)
@@ -299,27 +299,6 @@ class Synchronizer:
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
     return actions
-
-  def _outer_step(self, p: int, merged: dict) -> tuple | str:
-    """(globals, optimizer state, residuals, encoded update) of fragment p after the outer step
-    on `merged`, all new and all finite; or why they cannot be (then nothing has changed)."""
-    old, residual = self.globals[p], self.residuals[p]
-    try:
-      with np.errstate(over="ignore", invalid="ignore"), jax.default_device(self._cpu):
-        raw, state = optimizers.host_step(
-            self.tx, merged, self.opt_states[p], old, residual, in_place=False
-        )
-        encoded = compression.encode_tree(raw, self.codec)  # refuses NaN/Inf (but fp32 and bf16)
-        new, finite = {}, True
-        for k in old:
-          new[k], ok = compression.add_decoded(old[k], encoded[k], raw[k], check=True)
-          finite &= ok
-    except (ArithmeticError, ValueError) as e:
-      return f"the merge failed: {e}"
-    # With SGD, a non-finite momentum makes the update, hence the residual, non-finite.
-    if not finite or not (isinstance(self.tx, optimizers.SGD) or _finite_state(state)):
-      return "the new global values or outer optimizer state are not finite (float32 overflow)"
-    return new, state, raw, encoded  # raw is now raw - decoded: the residual
 
   def _reject_round(self, p: int, now: float, ups: list[Upload], why: str) -> list[Action]:
     """Rejects every upload of a round whose merge could not be committed."""
@@ -396,11 +375,6 @@ class Synchronizer:
   @property
   def merges(self) -> int:
     return int(sum(self.versions))
-
-
-def _finite_state(state) -> bool:
-  leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
-  return all(merging.all_finite(x) for x in leaves if np.issubdtype(x.dtype, np.floating))
 
 
 def _reject(
