@@ -107,18 +107,17 @@ class Checkpointer:
   ) -> tuple[int, Any]:
     """Restores `step` (default: the newest intact one) into the abstract state's shapes."""
     self._seal()
-    candidates = [step] if step is not None else self.intact_steps()
-    for s in candidates:
-      items = {"state": ocp.args.StandardRestore(abstract_state)}
-      if data_iter is not None:
-        items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-      try:
-        restored = self._manager.restore(s, args=ocp.args.Composite(**items))
-      except (OSError, ValueError) as e:
-        logging.warning("checkpoint step %d in %s failed to restore: %s", s, self.directory, e)
-        continue
-      return s, restored["state"]
-    raise FileNotFoundError(f"no intact checkpoint to restore in {self.directory}")
+    if step is None:
+      intact = self.intact_steps()
+      if not intact:
+        raise FileNotFoundError(f"no intact checkpoint to restore in {self.directory}")
+      step = intact[0]
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iter is not None:
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+    # An intact step that does not fit (another model) raises orbax's error: that is no corruption.
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    return step, restored["state"]
 
   def wait(self) -> None:
     self._seal()

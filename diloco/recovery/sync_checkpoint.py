@@ -107,19 +107,18 @@ class SyncCheckpointer:
 
   def restore(self, like: dict[str, Any], step: int | None = None) -> dict[str, Any]:
     """The newest intact (or `step`'s) state, with the array shapes of `like` (a `state_dict()`)."""
-    for s in [step] if step is not None else self.intact_steps():
-      try:
-        restored = self._manager.restore(
-            s,
-            args=ocp.args.Composite(
-                arrays=ocp.args.StandardRestore(like["arrays"]), meta=ocp.args.JsonRestore()
-            ),
-        )
-      except (OSError, ValueError) as e:
-        logging.warning("synchronizer checkpoint %d failed to restore: %s", s, e)
-        continue
-      return {"arrays": dict(restored["arrays"]), "meta": restored["meta"]}
-    raise FileNotFoundError(f"no intact synchronizer checkpoint in {self.directory}")
+    if step is None:
+      intact = self.intact_steps()
+      if not intact:
+        raise FileNotFoundError(f"no intact synchronizer checkpoint in {self.directory}")
+      step = intact[0]
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+            arrays=ocp.args.StandardRestore(like["arrays"]), meta=ocp.args.JsonRestore()
+        ),
+    )
+    return {"arrays": dict(restored["arrays"]), "meta": restored["meta"]}
 
   def reopen(self) -> None:
     """Forgets the open manager, as a restarted process would, and reads the directory anew."""
