@@ -26,6 +26,7 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     "dev": [
         "pytest>=9.0",
+        "hypothesis>=6.170",  # the synchronizer's property-based state machine
         "jupytext>=1.19",
         "nbclient>=0.11",
         "nbformat>=5.10",

@@ -1,5 +1,6 @@
 """Run outputs: metrics.jsonl, TensorBoard event files and summary.json."""
 
+import hashlib
 import json
 import math
 import os
@@ -62,6 +63,16 @@ class MetricsWriter:
   def close(self) -> None:
     self._file.close()
     self._tb.close()
+
+
+def params_sha256(flat: dict[str, Any]) -> str:
+  """sha256 over path-keyed arrays (sorted by path): each path, dtype, shape and bytes."""
+  h = hashlib.sha256()
+  for k in sorted(flat):
+    x = np.ascontiguousarray(np.asarray(flat[k]))
+    h.update(f"{k}:{x.dtype}:{x.shape}".encode())
+    h.update(x.tobytes())
+  return h.hexdigest()
 
 
 def write_summary(workdir: str, summary: dict[str, Any]) -> str:

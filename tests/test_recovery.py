@@ -350,8 +350,7 @@ def test_a_crash_during_a_checkpoint_write_leaves_the_previous_one_restorable(
 
   with monkeypatch.context() as mp:
     mp.setattr(ocp.handlers.StandardCheckpointHandler, "async_save", failing)
-    with pytest.raises(OSError, match="disk full"):
-      ckpt.save(sync.merges, sync.state_dict())
+    assert not ckpt.save(sync.merges, sync.state_dict())  # logged; the run goes on
   # The injected crash of the chaos schedule: half a JSON file, then the process dies.
   with pytest.raises(sync_checkpoint.SimulatedCrash):
     ckpt.save(sync.merges + 1, sync.state_dict(), interrupt=True)

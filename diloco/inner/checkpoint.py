@@ -1,4 +1,11 @@
-"""Orbax checkpoints of a learner: train state plus the grain data iterator, saved together."""
+"""Orbax checkpoints of a learner: train state plus the grain data iterator, saved together.
+
+Each complete save gets a checksum manifest (diloco/inner/manifest.py). Restores take the newest
+step whose files match it: a truncated or altered newest step is logged with the reason and the one
+before it is used. A save that fails (an OSError such as a full disk, now or in the background) is
+logged and training goes on; orbax writes into a temporary directory, so the previous checkpoint
+stays as it was.
+"""
 
 import os
 from typing import Any
@@ -6,6 +13,9 @@ from typing import Any
 import grain
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
+
+from diloco.inner import manifest
 
 
 def abstract_like(tree, shardings) -> Any:
@@ -16,44 +26,102 @@ def abstract_like(tree, shardings) -> Any:
 
 
 class Checkpointer:
-  """Saves every `every` steps (asynchronously) and restores the newest step."""
+  """Saves every `every` steps (asynchronously) and restores the newest intact step."""
 
   def __init__(self, directory: str, every: int, keep: int = 2, async_save: bool = True):
-    self.every = every
+    self.every, self.directory, self.async_save = every, os.path.abspath(directory), async_save
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         save_interval_steps=max(every, 1),
         enable_async_checkpointing=async_save,
         create=True,
     )
-    self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._unsealed: list[int] = []  # saved (or being saved) without a manifest yet
+    self.failed_saves = 0
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def intact_steps(self) -> list[int]:
+    """Steps whose files match their manifest, newest first (the others are logged)."""
+    out = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      why = manifest.problem(self.step_dir(step))
+      if why is None:
+        out.append(step)
+      else:
+        logging.warning("checkpoint step %d in %s is not used: %s", step, self.directory, why)
+    return out
 
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    self._seal()
+    steps = self.intact_steps()
+    return steps[0] if steps else None
 
   def save(self, step: int, state: Any, data_iter: Any | None = None, force: bool = False) -> bool:
-    """Queues a save of `state` (and the iterator position) if `step` is due or `force`."""
+    """Queues a save of `state` (and the iterator position) if `step` is due or `force`.
+
+    False when not due or when the save failed (logged; the previous checkpoint is intact).
+    """
+    self._seal()
     items = {"state": ocp.args.StandardSave(state)}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-    return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+    try:
+      saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+    except OSError as e:
+      return self._failed(step, e)
+    if saved:
+      self._unsealed.append(step)
+      if not self.async_save:
+        self._seal()
+    return saved
+
+  def _failed(self, step: int, error: OSError) -> bool:
+    self.failed_saves += 1
+    logging.error(
+        "checkpoint save of step %d in %s failed (%s); training goes on",
+        step,
+        self.directory,
+        error,
+    )
+    return False
+
+  def _seal(self) -> None:
+    """Waits for queued saves and writes the manifests of those that completed."""
+    if not self._unsealed:
+      return
+    try:
+      self._manager.wait_until_finished()
+    except OSError as e:  # an asynchronous save failed in the background
+      self._failed(self._unsealed[-1], e)
+    done = set(self._manager.all_steps())
+    for step in self._unsealed:
+      if step in done and os.path.isdir(self.step_dir(step)):
+        manifest.write(self.step_dir(step))
+    self._unsealed = []
 
   def restore(
       self, abstract_state: Any, data_iter: Any | None = None, step: int | None = None
   ) -> tuple[int, Any]:
-    """Restores `step` (default: newest) into the abstract state's shapes and shardings."""
-    step = self._manager.latest_step() if step is None else step
+    """Restores `step` (default: the newest intact one) into the abstract state's shapes."""
+    self._seal()
     if step is None:
-      raise FileNotFoundError("no checkpoint to restore")
+      intact = self.intact_steps()
+      if not intact:
+        raise FileNotFoundError(f"no intact checkpoint to restore in {self.directory}")
+      step = intact[0]
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+    # An intact step that does not fit (another model) raises orbax's error: that is no corruption.
     restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     return step, restored["state"]
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    self._seal()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self._seal()
     self._manager.close()

@@ -360,11 +360,19 @@ def decoded_view(e: Encoded) -> np.ndarray:
   return decode(e)
 
 
-def add_decoded(old: np.ndarray, update: Encoded, raw: np.ndarray) -> np.ndarray:
-  """old + decoded update, a new array; raw − decoded update (the residual) in place of raw."""
+def add_decoded(old: np.ndarray, update: Encoded, raw: np.ndarray, check: bool = False):
+  """old + decoded update, a new array; raw − decoded update (the residual) in place of raw.
+
+  With `check`, (new, whether new and the residual are all finite), checked chunk by chunk while
+  they are in cache.
+  """
   new = np.empty_like(old)
   old_N, new_N, raw_N = old.reshape(-1), new.reshape(-1), raw.reshape(-1)
+  finite = True
   for c0, d in decode_chunks(update):
-    np.add(old_N[c0 : c0 + d.size], d, out=new_N[c0 : c0 + d.size])
-    np.subtract(raw_N[c0 : c0 + d.size], d, out=raw_N[c0 : c0 + d.size])
-  return new
+    n, r = new_N[c0 : c0 + d.size], raw_N[c0 : c0 + d.size]
+    np.add(old_N[c0 : c0 + d.size], d, out=n)
+    np.subtract(r, d, out=r)
+    if check and finite:
+      finite = bool(np.isfinite(n).all() and np.isfinite(r).all())
+  return (new, finite) if check else new

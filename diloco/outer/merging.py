@@ -96,6 +96,18 @@ def _sumsq(x_N: np.ndarray) -> float:
   return total
 
 
+def _scaled(x_N: np.ndarray, c: float) -> tuple[np.ndarray, float]:
+  """(x, c), or (x·2^k, c·2^-k) when c is beyond what two float32 factors can hold.
+
+  A delta of subnormal size beside a huge one has a coefficient ref/‖x‖ near 2^270; scaling x by a
+  power of two first is exact (x is tiny, so x·2^k is a normal float32) and leaves c in range.
+  """
+  if not math.isfinite(c) or abs(c) <= _SAFE * _SAFE:  # NaN: the caller finds its delta
+    return x_N, c
+  k = int(math.floor(math.log2(abs(c)))) - 100
+  return np.ldexp(x_N, k).astype(np.float32), math.ldexp(c, -k)
+
+
 def _combine(terms: list[tuple[np.ndarray, float]], out_N: np.ndarray) -> bool:
   """out = Σ c·x over ``terms``, chunk by chunk, in float32; whether all of out is finite.
 
@@ -170,7 +182,8 @@ def _rda(flats: list[np.ndarray], w: np.ndarray) -> tuple[np.ndarray, list[float
   if target == 0:
     return out, norms
   ref = max(norms)
-  _combine([(x, wm * (ref / n)) for x, wm, n in zip(flats, w, norms) if wm > 0 and n > 0], out)
+  terms = [_scaled(x, wm * (ref / n)) for x, wm, n in zip(flats, w, norms) if wm > 0 and n > 0]
+  _combine(terms, out)
   length = math.sqrt(_sumsq(out))
   if length == 0:  # the unit directions cancel exactly
     return np.zeros_like(out), norms
@@ -228,11 +241,11 @@ def merge_checked(
       out, norms = _rda(flats, w)
       suspects.update(m for m, n in enumerate(norms) if not math.isfinite(n))
     merged[path] = out.reshape(shape)
-  bad = [m for m in sorted(suspects) if not all(_all_finite(x) for x in deltas[m].values())]
+  bad = [m for m in sorted(suspects) if not all(all_finite(x) for x in deltas[m].values())]
   return merged, bad
 
 
-def _all_finite(x: np.ndarray) -> bool:
+def all_finite(x: np.ndarray) -> bool:
   """Whether every value of x is finite, in chunks (no temporary the size of x)."""
   x_N = np.asarray(x).reshape(-1)
   return all(np.isfinite(x_N[c0 : c0 + CHUNK]).all() for c0 in range(0, x_N.size, CHUNK))

@@ -61,12 +61,14 @@ def host_step(
     state: Any,
     params: Mapping[str, np.ndarray],
     plus: Mapping[str, np.ndarray],
+    in_place: bool = True,
 ) -> tuple[dict[str, np.ndarray], Any]:
   """``tx.update(grads, state, params)``'s updates + ``plus`` (new float32 arrays), and the state.
 
   An `SGD` runs in numpy, chunk by chunk, bit-identical to optax; its momentum buffers are
-  updated in place when they are writable numpy arrays (the caller owns the state). Other
-  transformations run optax op by op: pin them to the host with ``jax.default_device``.
+  updated in place when they are writable numpy arrays (the caller owns the state) and
+  `in_place`, else written to new arrays (`state` is left as it was). Other transformations run
+  optax op by op (never in place): pin them to the host with ``jax.default_device``.
   """
   if not isinstance(tx, SGD):
     updates, state = tx.update(grads, state, params)
@@ -75,17 +77,19 @@ def host_step(
   leaves, treedef = jax.tree.flatten(state)
   if len(leaves) != (len(paths) if tx.momentum else 0):
     raise ValueError(f"SGD state has {len(leaves)} buffers for {len(paths)} tensors")
+  olds = [np.asarray(x, np.float32) for x in leaves] or [None] * len(paths)
   traces = [
-      x if isinstance(x, np.ndarray) and x.flags.writeable else np.array(x, np.float32)
-      for x in leaves
+      x if in_place and x.flags.writeable else np.empty(x.shape, np.float32)
+      for x in olds
+      if x is not None
   ] or [None] * len(paths)
   out = {}
-  for k, t in zip(paths, traces):
+  for k, t_old, t in zip(paths, olds, traces):
     out[k] = np.empty(np.shape(grads[k]), np.float32)
     _sgd_tensor(
         tx,
         np.asarray(grads[k], np.float32).reshape(-1),
-        None if t is None else t.reshape(-1),
+        None if t is None else (t_old.reshape(-1), t.reshape(-1)),
         np.asarray(plus[k], np.float32).reshape(-1),
         out[k].reshape(-1),
     )
@@ -93,17 +97,22 @@ def host_step(
 
 
 def _sgd_tensor(
-    tx: SGD, g: np.ndarray, t: np.ndarray | None, plus: np.ndarray, out: np.ndarray
+    tx: SGD,
+    g: np.ndarray,
+    t: tuple[np.ndarray, np.ndarray] | None,
+    plus: np.ndarray,
+    out: np.ndarray,
 ) -> None:
-  """optax's trace (t ← g + μ·t; Nesterov: g + μ·t) and scale (·(−lr)), then + plus, in place."""
+  """optax's trace (t_new ← g + μ·t_old; Nesterov: g + μ·t_new) and scale (·(−lr)), then + plus,
+  into `out`; `t` is (t_old, t_new), the same array to update in place."""
   mu, scale = np.float32(tx.momentum), np.float32(-tx.lr)
   for c0 in range(0, g.size, CHUNK):
     gc, o = g[c0 : c0 + CHUNK], out[c0 : c0 + CHUNK]
     if t is None:
       np.multiply(gc, scale, out=o)
     else:
-      tc = t[c0 : c0 + CHUNK]
-      tc *= mu
+      tc = t[1][c0 : c0 + CHUNK]
+      np.multiply(t[0][c0 : c0 + CHUNK], mu, out=tc)
       tc += gc
       np.multiply(tc, mu, out=o)
       o += gc

@@ -23,6 +23,9 @@ waiting for that learner, which may let the others merge; unless the quorum coun
 Non-finite values and outliers are found at merge time, so such an upload has already fed the
 timing EMAs behind the grace window when it arrived.
 
+Merges are atomic (`commit.outer_step`): a round whose merge, outer step or downlink would
+overflow float32 is rejected whole (`non_finite_merge`), the state as before; `handle` never raises.
+
 Restarts: `state_dict()` is everything that must survive a crash (globals, outer optimizer states,
 versions, downlink residuals, EMAs, outlier history, generation history); `restart(state, g)` loads
 it and begins generation g. Who is live, what each learner holds and uploads not yet merged are
@@ -37,7 +40,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, compression, fragments, integrity, merging, optimizers, policies, protocol, sync_state
+from diloco.outer import admission, commit, compression, fragments, integrity, merging, policies, protocol, sync_state
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 NON_FINITE = ("non_finite", "non-finite values")
@@ -247,6 +250,7 @@ class Synchronizer:
     return [ups[i] for i in keep], [deltas[i] for i in keep], rejects
 
   def _merge(self, p: int, now: float) -> list[Action]:
+    history = (list(self.norms[p]), list(self.rms))  # the screen's, restored if the round fails
     ups, deltas, rejects, clipped = self._screen(p, now)
     while ups:  # a non-finite contribution never reaches the global state
       weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
@@ -262,14 +266,14 @@ class Synchronizer:
     staleness = [self.versions[p] - u.base_version for u in ups]
     if self.policy.staleness_damping:
       merged = merging.staleness_damped(merged, weights, staleness)
-    old = self.globals[p]
     with jax.default_device(self._cpu):
-      raw, self.opt_states[p] = optimizers.host_step(
-          self.tx, merged, self.opt_states[p], old, self.residuals[p]
+      step = commit.outer_step(
+          self.tx, merged, self.opt_states[p], self.globals[p], self.residuals[p], self.codec
       )
-    encoded = compression.encode_tree(raw, self.codec)
-    self.globals[p] = {k: compression.add_decoded(old[k], encoded[k], raw[k]) for k in old}
-    self.residuals[p] = raw  # now raw − decoded
+    if isinstance(step, str):  # nothing was committed: drop the round
+      self.norms[p], self.rms = history
+      return rejects + self._reject_round(p, now, ups, step)
+    self.globals[p], self.opt_states[p], self.residuals[p], encoded = step
     self.versions[p] += 1
     for u in ups:
       self.contributed[p][u.learner] = max(u.base_version, self.contributed[p].get(u.learner, -1))
@@ -295,6 +299,13 @@ class Synchronizer:
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
     return actions
+
+  def _reject_round(self, p: int, now: float, ups: list[Upload], why: str) -> list[Action]:
+    """Rejects every upload of a round whose merge could not be committed."""
+    rejects = [_reject(u.learner, p, now, why, "non_finite_merge", u) for u in ups]
+    self.rounds_skipped += 1
+    self._reset_round(p)
+    return rejects
 
   def _reset_round(self, p: int) -> None:
     self.pending[p] = {}

@@ -5,6 +5,8 @@ Each save is named by the number of merges so far. Orbax writes a save into
 crash in the middle of a save leaves the previous checkpoint as the newest (orbax ignores the
 unfinished directory, and replaces it if that step is saved again). `save(..., interrupt=True)` is
 that crash, injected on purpose: it writes part of the save, then raises `SimulatedCrash`.
+Each complete save gets a checksum manifest (diloco/inner/manifest.py): restores use the newest
+step whose files match theirs and log why a newer one was passed over.
 """
 
 import dataclasses
@@ -14,6 +16,8 @@ from typing import Any
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+
+from diloco.inner import manifest
 
 
 class SimulatedCrash(RuntimeError):
@@ -54,11 +58,29 @@ class SyncCheckpointer:
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
+  def intact_steps(self) -> list[int]:
+    """Steps whose files match their checksum manifest, newest first (the others are logged)."""
+    out = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      why = manifest.problem(os.path.join(self.directory, str(step)))
+      if why is None:
+        out.append(step)
+      else:
+        logging.warning(
+            "synchronizer checkpoint %d in %s is not used: %s", step, self.directory, why
+        )
+    return out
+
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    steps = self.intact_steps()
+    return steps[0] if steps else None
 
   def save(self, merges: int, state: dict[str, Any], interrupt: bool = False) -> bool:
-    """Saves `state` as step `merges` (skipped if that step exists); see the module doc."""
+    """Saves `state` as step `merges` (skipped if that step exists); see the module doc.
+
+    A save that fails with an OSError (a full disk) is logged and returns False; the previous
+    checkpoint stays the newest intact one.
+    """
     if merges in self._manager.all_steps():
       return False
     items = {
@@ -66,7 +88,14 @@ class SyncCheckpointer:
         "meta": ocp.args.JsonSave(state["meta"]),
     }
     if not interrupt:
-      return self._manager.save(merges, args=ocp.args.Composite(**items), force=True)
+      try:
+        saved = self._manager.save(merges, args=ocp.args.Composite(**items), force=True)
+      except OSError as e:
+        logging.error("synchronizer checkpoint %d in %s failed (%s)", merges, self.directory, e)
+        return False
+      if saved:
+        manifest.write(os.path.join(self.directory, str(merges)))
+      return saved
     items["crash"] = _CrashingSave({"merges": merges})
     absl_logger = logging.get_absl_logger()
     level = absl_logger.level
@@ -77,10 +106,12 @@ class SyncCheckpointer:
       absl_logger.setLevel(level)
 
   def restore(self, like: dict[str, Any], step: int | None = None) -> dict[str, Any]:
-    """The newest (or `step`'s) state, with the array shapes of `like` (a `state_dict()`)."""
-    step = self._manager.latest_step() if step is None else step
+    """The newest intact (or `step`'s) state, with the array shapes of `like` (a `state_dict()`)."""
     if step is None:
-      raise FileNotFoundError(f"no synchronizer checkpoint in {self.directory}")
+      intact = self.intact_steps()
+      if not intact:
+        raise FileNotFoundError(f"no intact synchronizer checkpoint in {self.directory}")
+      step = intact[0]
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(

@@ -125,5 +125,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "first_loss": logger.first_loss,
       "wall_s": time.perf_counter() - logger.t_start,
       "tokens_per_s": logger.tokens_per_s(last),
+      "params_sha256": metrics.params_sha256(_flat(jax.device_get(state.params))),
       **eval_row,
+  }
+
+
+def _flat(tree) -> dict[str, Any]:
+  """'a/b/c' -> leaf of a nested parameter tree."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {
+      "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): v for path, v in leaves
   }

@@ -81,6 +81,7 @@ def run(
     recover.close()
   final = log.finish(sim_time)
   summary = _summary(config, parts, runtime, log, final, sim_time, time.perf_counter() - t_wall)
+  summary["params_sha256"] = metrics.params_sha256(runtime.sync.global_params())
   if faults:
     summary.update(chaos_summary(runtime, faults, sim_time))
   return summary

@@ -1,0 +1,72 @@
+"""A checksum manifest beside each checkpoint: every file's size and sha256, written once the save
+is complete; a step whose files do not match it (truncated, a flipped byte, missing) is not used.
+
+The manifest is `<step dir>/diloco_manifest.json`, written under a temporary name and renamed, so a
+crash before it is complete leaves the step without one: a step without a manifest did not finish
+saving and is skipped like a corrupt one.
+"""
+
+import hashlib
+import json
+import os
+
+NAME = "diloco_manifest.json"
+_CHUNK = 1 << 20
+
+
+def _files(step_dir: str) -> list[str]:
+  out = []
+  for root, _, names in os.walk(step_dir):
+    for n in names:
+      rel = os.path.relpath(os.path.join(root, n), step_dir)
+      if rel != NAME and not rel.startswith(NAME + "."):
+        out.append(rel)
+  return sorted(out)
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(_CHUNK):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def write(step_dir: str) -> dict[str, list]:
+  """Writes the manifest of every file now in `step_dir`; returns it (rel path -> [size, sha256])."""
+  entries = {}
+  for rel in _files(step_dir):
+    path = os.path.join(step_dir, rel)
+    entries[rel] = [os.path.getsize(path), _sha256(path)]
+  tmp = os.path.join(step_dir, f"{NAME}.tmp{os.getpid()}")
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump({"files": entries}, f, indent=1, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(step_dir, NAME))
+  return entries
+
+
+def problem(step_dir: str) -> str | None:
+  """Why `step_dir` must not be restored (no manifest, a file missing, truncated or changed), or
+  None when every file matches its manifest."""
+  path = os.path.join(step_dir, NAME)
+  if not os.path.isdir(step_dir):
+    return f"{step_dir} does not exist"
+  try:
+    with open(path, encoding="utf-8") as f:
+      entries = json.load(f)["files"]
+  except FileNotFoundError:
+    return "no checksum manifest: the save did not finish"
+  except (OSError, ValueError, KeyError) as e:
+    return f"unreadable checksum manifest ({e})"
+  for rel, (size, digest) in sorted(entries.items()):
+    file = os.path.join(step_dir, rel)
+    if not os.path.isfile(file):
+      return f"{rel} is missing"
+    got = os.path.getsize(file)
+    if got != size:
+      return f"{rel} is truncated or grown: {got} bytes, {size} when saved"
+    if _sha256(file) != digest:
+      return f"{rel} does not match its sha256 (a changed byte)"
+  return None

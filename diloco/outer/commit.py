@@ -1,0 +1,49 @@
+"""The outer step of one fragment, computed whole into new arrays before anything is committed.
+
+The synchronizer commits a merge only when this returns its results: the new global values, the
+outer optimizer state, the residual and the encoded downlink update, all finite. Otherwise it gets
+the reason and leaves its state as it was (a round rejected as `non_finite_merge`).
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from diloco.outer import compression, merging, optimizers
+
+
+def outer_step(
+    tx: optax.GradientTransformation,
+    merged: Mapping[str, np.ndarray],
+    opt_state: Any,
+    old: Mapping[str, np.ndarray],
+    residual: Mapping[str, np.ndarray],
+    codec: str,
+) -> tuple[dict, Any, dict, dict] | str:
+  """(new globals, new optimizer state, new residual, encoded update), or why not (a str).
+
+  Nothing passed in is modified: the momentum is written to new arrays, and the update plus the
+  old residual is a new array that becomes the new residual (raw - decoded).
+  """
+  try:
+    with np.errstate(over="ignore", invalid="ignore"):
+      raw, state = optimizers.host_step(tx, merged, opt_state, old, residual, in_place=False)
+      encoded = compression.encode_tree(raw, codec)  # refuses NaN/Inf (but fp32 and bf16)
+      new, finite = {}, True
+      for k in old:
+        new[k], ok = compression.add_decoded(old[k], encoded[k], raw[k], check=True)
+        finite &= ok
+  except (ArithmeticError, ValueError) as e:
+    return f"the merge failed: {e}"
+  # With SGD, a non-finite momentum makes the update, hence the residual, non-finite.
+  if not finite or not (isinstance(tx, optimizers.SGD) or _finite_state(state)):
+    return "the new global values or outer optimizer state are not finite (float32 overflow)"
+  return new, state, raw, encoded
+
+
+def _finite_state(state: Any) -> bool:
+  leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
+  return all(merging.all_finite(x) for x in leaves if np.issubdtype(x.dtype, np.floating))
