@@ -32,21 +32,24 @@ TPU_FLAGS = [
 ]
 
 
-def test_tpu_dry_run_prints_the_deployment():
-  out = subprocess.run(
-      [
-          sys.executable,
-          "scripts/tpu/commands.py",
-          "--config=configs/shakespeare.py:mode=decoupled",
-          *TPU_FLAGS,
-          "--config.deploy.ca_cert",
-          "certs/cert.pem",
-      ],
+def _tpu_commands(*args: str) -> subprocess.CompletedProcess:
+  """scripts/tpu/commands.py's dry run with these arguments."""
+  return subprocess.run(
+      [sys.executable, "scripts/tpu/commands.py", *args],
       cwd=REPO,
       capture_output=True,
       text=True,
       timeout=60,
       check=True,
+  )
+
+
+def test_tpu_dry_run_prints_the_deployment():
+  out = _tpu_commands(
+      "--config=configs/shakespeare.py:mode=decoupled",
+      *TPU_FLAGS,
+      "--config.deploy.ca_cert",
+      "certs/cert.pem",
   )
   lines = out.stdout.strip().splitlines()
   assert "dry run" in out.stderr
@@ -90,16 +93,7 @@ def test_tpu_sweep_dry_run_launches_every_point(tmp_path):
       "  return [{'mode': 'dp'}, {'mode': 'diloco', 'learners': 2, 'config.outer.lr': 0.5}]\n"
   )
   deploy_flags = [f for f in TPU_FLAGS if "outer.learners" not in f]
-  out = subprocess.run(
-      [sys.executable, "scripts/tpu/commands.py", f"--config={toy}:runlocal", "--sweep"]
-      + deploy_flags
-      + ["--workdir=/runs/s"],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=60,
-      check=True,
-  )
+  out = _tpu_commands(f"--config={toy}:runlocal", "--sweep", *deploy_flags, "--workdir=/runs/s")
   lines = out.stdout.strip().splitlines()
   # point 0 (dp): a header, create, copy, train on one slice; point 1: a header, the synchronizer,
   # then create/copy/start for each of its 2 learners.

@@ -38,6 +38,7 @@ class Checkpointer:
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._unsealed: list[int] = []  # saved (or being saved) without a manifest yet
+    self._verified: dict = {}  # manifest.intact_steps's verdicts, so a restore re-reads nothing
     self.failed_saves = 0
 
   def step_dir(self, step: int) -> str:
@@ -45,14 +46,7 @@ class Checkpointer:
 
   def intact_steps(self) -> list[int]:
     """Steps whose files match their manifest, newest first (the others are logged)."""
-    out = []
-    for step in sorted(self._manager.all_steps(), reverse=True):
-      why = manifest.problem(self.step_dir(step))
-      if why is None:
-        out.append(step)
-      else:
-        logging.warning("checkpoint step %d in %s is not used: %s", step, self.directory, why)
-    return out
+    return manifest.intact_steps(self.directory, self._manager.all_steps(), self._verified)
 
   def latest_step(self) -> int | None:
     self._seal()

@@ -9,6 +9,9 @@ saving and is skipped like a corrupt one.
 import hashlib
 import json
 import os
+from collections.abc import Iterable
+
+from absl import logging
 
 NAME = "diloco_manifest.json"
 _CHUNK = 1 << 20
@@ -70,3 +73,25 @@ def problem(step_dir: str) -> str | None:
     if _sha256(file) != digest:
       return f"{rel} does not match its sha256 (a changed byte)"
   return None
+
+
+def intact_steps(directory: str, steps: Iterable[int], memo: dict | None = None) -> list[int]:
+  """The steps (sub-directories of `directory`) whose files match their manifest, newest first;
+  the others are logged with the reason. `memo` (kept by the caller) remembers each verdict for
+  as long as the step's manifest file is unchanged, so asking again does not re-read the files."""
+  out = []
+  for step in sorted(steps, reverse=True):
+    step_dir = os.path.join(directory, str(step))
+    try:
+      st = os.stat(os.path.join(step_dir, NAME))
+      key = (step, st.st_mtime_ns, st.st_size)
+    except OSError:
+      key = None
+    why = memo[key] if memo is not None and key in memo else problem(step_dir)
+    if memo is not None and key is not None:
+      memo[key] = why
+    if why is None:
+      out.append(step)
+    else:
+      logging.warning("checkpoint %d (step %d) in %s is not used: %s", step, step, directory, why)
+  return out

@@ -50,6 +50,7 @@ class SyncCheckpointer:
 
   def __init__(self, directory: str, keep: int = 2):
     self.directory, self.keep = os.path.abspath(directory), keep
+    self._verified: dict = {}  # manifest.intact_steps's verdicts
     self._open()
 
   def _open(self) -> None:
@@ -60,16 +61,7 @@ class SyncCheckpointer:
 
   def intact_steps(self) -> list[int]:
     """Steps whose files match their checksum manifest, newest first (the others are logged)."""
-    out = []
-    for step in sorted(self._manager.all_steps(), reverse=True):
-      why = manifest.problem(os.path.join(self.directory, str(step)))
-      if why is None:
-        out.append(step)
-      else:
-        logging.warning(
-            "synchronizer checkpoint %d in %s is not used: %s", step, self.directory, why
-        )
-    return out
+    return manifest.intact_steps(self.directory, self._manager.all_steps(), self._verified)
 
   def latest_step(self) -> int | None:
     steps = self.intact_steps()

@@ -11,6 +11,7 @@ import tqdm
 
 from diloco import metrics
 from diloco.inner import checkpoint, evaluation, island as island_lib, step as step_lib
+from diloco.outer import fragments
 
 
 class StepLogger:
@@ -125,14 +126,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "first_loss": logger.first_loss,
       "wall_s": time.perf_counter() - logger.t_start,
       "tokens_per_s": logger.tokens_per_s(last),
-      "params_sha256": metrics.params_sha256(_flat(jax.device_get(state.params))),
+      "params_sha256": metrics.params_sha256(fragments.flatten(jax.device_get(state.params))),
       **eval_row,
-  }
-
-
-def _flat(tree) -> dict[str, Any]:
-  """'a/b/c' -> leaf of a nested parameter tree."""
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {
-      "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): v for path, v in leaves
   }

@@ -81,10 +81,11 @@ def point_name(values: dict[str, Any]) -> str:
   return name or "default"
 
 
-def points(spec: str) -> list[Point]:
-  """The points of `spec`'s get_sweep, each checked against the config it builds."""
+def points(spec: str, module: ModuleType | None = None) -> list[Point]:
+  """The points of `spec`'s get_sweep, each checked against the config it builds (`module`: the
+  file, if already loaded)."""
   path, arg = split_spec(spec)
-  module = load_module(path)
+  module = module or load_module(path)
   if not hasattr(module, "get_sweep"):
     raise SweepError(f"{path} defines no get_sweep(arg)")
   raw = module.get_sweep(arg or None)

@@ -78,10 +78,9 @@ def run(
   """
   if parallel < 0:
     raise sweep.SweepError(f"parallel must be >= 0, got {parallel}")
-  points = sweep.points(spec)  # every point checked before any runs
-  if not keys:
-    module = sweep.load_module(sweep.split_spec(spec)[0])
-    keys = getattr(module, "SWEEP_KEYS", DEFAULT_KEYS)
+  module = sweep.load_module(sweep.split_spec(spec)[0])
+  points = sweep.points(spec, module)  # every point checked before any runs
+  keys = keys or getattr(module, "SWEEP_KEYS", DEFAULT_KEYS)
   if dry_run:
     for p in points:
       print(p.command(workdir), flush=True)
