@@ -110,6 +110,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
           clip_factor=0.0,  # >0: scale outer gradients above clip_factor x that median down to it
           learner_checkpoint_every=0,  # learner checkpoints every N inner steps (0 = none)
           sync_checkpoint_every=0,  # synchronizer checkpoints every N merges (0 = none)
+          stack_learners=True,  # virtual runtime: learners' states stacked, stepped together
+          stack_step="auto",  # stacked: vmap | map (one after the other) | auto (map on CPU)
       )
   )
   c.sim = ml_collections.ConfigDict(

@@ -9,6 +9,7 @@ fault schedule with what recovers from it.
 """
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,9 +20,10 @@ import optax
 
 from diloco import data as data_lib
 from diloco.chaos import schedule as chaos
-from diloco.inner import island as island_lib
+from diloco.inner import island as island_lib, sharding, stacked
 from diloco.outer import fragments, integrity, optimizers, policies
 from diloco.outer.learner import Learner
+from diloco.outer.stacked_learner import StackedLearner
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import rejoin
 
@@ -127,22 +129,52 @@ class Parts:
   learner_cls: type[Learner] = Learner
   sync_cls: type[Synchronizer] = Synchronizer  # a test may record what its synchronizer does
   syncs: list[Synchronizer] = dataclasses.field(default_factory=list)  # made so far, in order
+  rows: dict[int, tuple[stacked.Stack, int]] = dataclasses.field(default_factory=dict)
 
   def make_learner(self, m: int) -> Learner:
-    """Learner m with a fresh state, holding no fragment (versions -1: its Join fetches all)."""
+    """Learner m with a fresh state, holding no fragment (versions -1: its Join fetches all);
+    on its row of a stack when the learners are stacked (`stack`)."""
     o = self.config.outer
-    learner = self.learner_cls(
-        m,
-        self.islands[m],
-        self.frag,
-        self.schedule,
-        o.codec,
-        o.alpha,
-        self.batches[m] * self.config.seq_len,
-    )
+    args = (m, self.islands[m], self.frag, self.schedule, o.codec, o.alpha)
+    tokens = self.batches[m] * self.config.seq_len
+    if m in self.rows:
+      stack, row = self.rows[m]
+      learner = StackedLearner(*args, tokens, stack=stack, row=row)
+    else:
+      learner = self.learner_cls(*args, tokens)
     learner.versions = [-1] * o.fragments
     learner.global_copy = [{} for _ in range(o.fragments)]
     return learner
+
+  def stack(self) -> None:
+    """Puts the learners on stacks, one per batch size (`stack_mesh`): the virtual runtime."""
+    groups: dict[int, list[int]] = {}
+    for m in sorted(self.islands):
+      groups.setdefault(self.batches[m], []).append(m)
+    opt_cfg = island_lib.optimizer_config(self.config)
+    for batch, members in groups.items():
+      mesh = stack_mesh(self.config, [self.islands[m].fns.mesh for m in members])
+      isl = self.islands[members[0]]
+      model_cfg, tokens = isl.model_cfg, batch * self.config.seq_len
+      rows = mesh.shape[sharding.LEARNERS]
+      kind = stack_step(self.config, isl.flops_per_token * tokens, rows)
+      fns = stacked.build_stacked_fns(model_cfg, opt_cfg, mesh, len(members), kind)
+      stack = stacked.Stack(fns)
+      self.rows.update({m: (stack, row) for row, m in enumerate(members)})
+
+  def stack_stats(self) -> dict[str, Any]:
+    """Waves run and how full they were, over every stack (empty when not stacked)."""
+    stacks = {id(s): s for s, _ in self.rows.values()}.values()
+    if not stacks:
+      return {}
+    waves, steps = sum(s.waves for s in stacks), sum(s.steps for s in stacks)
+    slots = sum(s.waves * s.fns.size for s in stacks)
+    return {
+        "stacks": len(stacks),
+        "step": ",".join(sorted({s.fns.kind for s in stacks})),
+        "waves": waves,
+        "occupancy": steps / slots if slots else 0.0,
+    }
 
   def make_sync(self, min_checkpoint_every: int = 0) -> Synchronizer:
     """A synchronizer at the initial parameters; it asks for a checkpoint every
@@ -175,6 +207,39 @@ class Parts:
     )
 
 
+# On CPUs a vmapped step beat stepping one learner after the other in one program for the tiny
+# model (25 MFLOP per learner step) and lost to it for `small` (2.7 GFLOP); BENCHMARKS.md.
+CPU_VMAP_MAX_FLOPS = 2.5e8
+
+
+def stack_step(
+    config: ml_collections.ConfigDict, flops_per_step: float = 0.0, rows: int = 1
+) -> str:
+  """`outer.stack_step`: 'vmap' or 'map' (inner/stacked.py). 'auto' is 'map' for a stack on one
+  CPU device whose learner steps take CPU_VMAP_MAX_FLOPS or more, else 'vmap' (a loop over a
+  learner axis split over devices would gather it)."""
+  kind = config.outer.stack_step
+  if kind == "auto":
+    big = flops_per_step >= CPU_VMAP_MAX_FLOPS
+    return "map" if jax.default_backend() == "cpu" and rows == 1 and big else "vmap"
+  if kind not in stacked.STEPS:
+    raise ValueError(f"outer.stack_step={kind!r}: expected 'auto' or one of {stacked.STEPS}")
+  return kind
+
+
+def stack_mesh(config: ml_collections.ConfigDict, meshes: Sequence) -> jax.sharding.Mesh:
+  """The mesh of learners stacked from these island meshes: one row per learner over its own
+  devices when the islands are disjoint and equal; otherwise (islands share devices) one row per
+  device over gcd(M, devices) of them."""
+  groups = [list(mesh.devices.flat) for mesh in meshes]
+  flat = [d for g in groups for d in g]
+  if len(set(flat)) == len(flat) and len({len(g) for g in groups}) == 1:
+    return sharding.make_stacked_mesh(flat, len(groups), config.mesh.data, config.mesh.fsdp)
+  unique = list(dict.fromkeys(flat))
+  rows = math.gcd(len(groups), len(unique))
+  return sharding.make_stacked_mesh(unique[:rows], rows, 1, 1)
+
+
 def _cut(config, params0, islands, **classes) -> Parts:
   """Parts around these islands; `classes`: learner_cls and sync_cls, when not the defaults."""
   o = config.outer
@@ -199,18 +264,24 @@ def _island(config, m: int, devices: Sequence, splits, init_params=None) -> isla
 
 
 def local_learners(
-    config: ml_collections.ConfigDict, sync_cls: type[Synchronizer] = Synchronizer
+    config: ml_collections.ConfigDict,
+    sync_cls: type[Synchronizer] = Synchronizer,
+    stacked_learners: bool = False,
 ) -> Parts:
   """Every learner on its share of this process's devices (`learner_devices`), with its own
-  batch and data shard: the virtual and threads runtimes. `sync_cls` may record what the
-  synchronizer does (tests)."""
+  batch and data shard: the virtual and threads runtimes; `stacked_learners` puts them on stacks
+  (the virtual runtime's `outer.stack_learners`). `sync_cls` may record what the synchronizer
+  does (tests)."""
   splits = data_lib.load_splits(config.data)
   islands: dict[int, island_lib.Island] = {}
   for m, devs in enumerate(learner_devices(config)):
     warm = islands[0].init_params if islands else None  # a warm start's checkpoint, read once
     islands[m] = _island(config, m, devs, splits, init_params=warm)
   params0 = fragments.flatten(jax.device_get(islands[0].init_state().params))
-  return _cut(config, params0, islands, sync_cls=sync_cls)
+  parts = _cut(config, params0, islands, sync_cls=sync_cls)
+  if stacked_learners:
+    parts.stack()
+  return parts
 
 
 def one_learner(

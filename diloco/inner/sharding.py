@@ -3,6 +3,7 @@
 An island is a 2-D mesh ('data', 'fsdp'). Batches are split over both axes; each weight matrix is
 split over 'fsdp' along the dimension named in the rules below (ZeRO-3 style), and replicated over
 'data'. Optimizer moments follow the parameters they belong to, because rules match path suffixes.
+Learners stacked on one mesh (inner/stacked.py) add a leading 'learners' axis to all of it.
 """
 
 import re
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-DATA, FSDP = "data", "fsdp"
+DATA, FSDP, LEARNERS = "data", "fsdp", "learners"
 BATCH_AXES = (DATA, FSDP)
 
 # (regex on the '/'-joined leaf path, spec). The first match wins; unmatched leaves are replicated.
@@ -26,9 +27,8 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
 )
 
 
-def make_island_mesh(devices: Sequence[jax.Device], data: int = -1, fsdp: int = 1) -> Mesh:
-  """A ('data', 'fsdp') mesh over exactly these devices; -1 takes what is left."""
-  n = len(devices)
+def _tile(n: int, data: int, fsdp: int) -> tuple[int, int]:
+  """(data, fsdp) sizes that tile n devices; -1 takes what is left."""
   if data == -1 and fsdp == -1:
     raise ValueError("at most one of mesh.data and mesh.fsdp may be -1")
   if data == -1:
@@ -37,8 +37,26 @@ def make_island_mesh(devices: Sequence[jax.Device], data: int = -1, fsdp: int = 
     fsdp = n // data if data > 0 else 0
   if data <= 0 or fsdp <= 0 or data * fsdp != n:
     raise ValueError(f"mesh data={data} x fsdp={fsdp} does not tile {n} devices")
+  return data, fsdp
+
+
+def make_island_mesh(devices: Sequence[jax.Device], data: int = -1, fsdp: int = 1) -> Mesh:
+  """A ('data', 'fsdp') mesh over exactly these devices; -1 takes what is left."""
+  shape = _tile(len(devices), data, fsdp)
   auto = (jax.sharding.AxisType.Auto,) * 2  # the compiler propagates shardings inside the step
-  return jax.make_mesh((data, fsdp), (DATA, FSDP), axis_types=auto, devices=list(devices))
+  return jax.make_mesh(shape, (DATA, FSDP), axis_types=auto, devices=list(devices))
+
+
+def make_stacked_mesh(
+    devices: Sequence[jax.Device], learners: int, data: int = -1, fsdp: int = 1
+) -> Mesh:
+  """A ('learners', 'data', 'fsdp') mesh: row i (len(devices) // learners devices, in order)
+  holds the i-th block of stacked learners, split like an island."""
+  if learners <= 0 or len(devices) % learners:
+    raise ValueError(f"{len(devices)} devices do not split into {learners} rows of learners")
+  shape = (learners, *_tile(len(devices) // learners, data, fsdp))
+  grid = np.asarray(list(devices), dtype=object).reshape(shape)
+  return Mesh(grid, (LEARNERS, DATA, FSDP), axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
 def path_str(path) -> str:
@@ -75,6 +93,16 @@ def tree_shardings(tree, mesh: Mesh):
   def one(path, leaf):
     shape = tuple(np.shape(leaf))
     return NamedSharding(mesh, spec_for(path_str(path), shape, mesh))
+
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def stacked_shardings(tree, mesh: Mesh):
+  """NamedShardings for a tree stacked on a leading learner axis: P('learners', *island spec)."""
+
+  def one(path, leaf):
+    shape = tuple(np.shape(leaf))[1:]
+    return NamedSharding(mesh, P(LEARNERS, *spec_for(path_str(path), shape, mesh)))
 
   return jax.tree_util.tree_map_with_path(one, tree)
 

@@ -98,23 +98,24 @@ def abstract_state(model_cfg: transformer.ModelConfig, tx) -> tuple[nnx.GraphDef
   return graphdef, jax.eval_shape(build)
 
 
-@functools.cache
-def build_step_fns(
-    model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh
-) -> StepFns:
-  """Jits init, train and eval steps with explicit shardings over `mesh` and donation.
+@dataclasses.dataclass(frozen=True)
+class PureFns:
+  """The step functions before jit: what single and stacked (vmapped) steps are built from."""
 
-  Cached: islands (and tests) with the same model, optimizer and mesh share one compilation.
-  """
+  graphdef: nnx.GraphDef
+  shapes: TrainState  # abstract
+  init: Any  # (rng) -> TrainState
+  train: Any  # (TrainState, batch) -> (TrainState, metrics)
+  loss: Any  # (params, batch) -> loss
+  lr: optax.Schedule
+
+
+@functools.cache
+def pure_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig) -> PureFns:
+  """init, train and loss as pure functions of one learner's state and batch."""
   tx = make_optimizer(opt_cfg)
   schedule = lr_schedule(opt_cfg)
   graphdef, shapes = abstract_state(model_cfg, tx)
-  state_sh = TrainState(*(sharding.tree_shardings(x, mesh) for x in shapes))
-  batch_sh = {
-      "inputs_BxL": sharding.batch_sharding(mesh),
-      "targets_BxL": sharding.batch_sharding(mesh),
-  }
-  rep = sharding.replicated(mesh)
 
   def init(rng: jax.Array) -> TrainState:
     model = transformer.Transformer(model_cfg, nnx.Rngs(params=rng))
@@ -132,16 +133,37 @@ def build_step_fns(
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
+  return PureFns(graphdef, shapes, init, train, loss_fn, schedule)
+
+
+@functools.cache
+def build_step_fns(
+    model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh
+) -> StepFns:
+  """Jits init, train and eval steps with explicit shardings over `mesh` and donation.
+
+  Cached: islands (and tests) with the same model, optimizer and mesh share one compilation.
+  """
+  fns = pure_fns(model_cfg, opt_cfg)
+  state_sh = TrainState(*(sharding.tree_shardings(x, mesh) for x in fns.shapes))
+  batch_sh = {
+      "inputs_BxL": sharding.batch_sharding(mesh),
+      "targets_BxL": sharding.batch_sharding(mesh),
+  }
+  rep = sharding.replicated(mesh)
   return StepFns(
-      graphdef=graphdef,
+      graphdef=fns.graphdef,
       mesh=mesh,
       state_shardings=state_sh,
-      init=jax.jit(init, in_shardings=rep, out_shardings=state_sh),
+      init=jax.jit(fns.init, in_shardings=rep, out_shardings=state_sh),
       train=jax.jit(
-          train, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep), donate_argnums=0
+          fns.train,
+          in_shardings=(state_sh, batch_sh),
+          out_shardings=(state_sh, rep),
+          donate_argnums=0,
       ),
-      eval=jax.jit(loss_fn, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
-      lr=schedule,
+      eval=jax.jit(fns.loss, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
+      lr=fns.lr,
   )
 
 

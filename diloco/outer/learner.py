@@ -70,14 +70,18 @@ class Learner:
 
   def step(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """One inner step (dispatched asynchronously); returns its metrics on device."""
-    self.state, metrics = self.island.fns.train(
-        self.state, step_lib.put_batch(batch, self.island.fns.mesh)
-    )
+    metrics = self._train(batch)
     self.steps += 1
     self.tokens += self.tokens_per_step
     for p in range(self.frag.num_fragments):
       self.c_steps[p] += 1
       self.c_tokens[p] += self.tokens_per_step
+    return metrics
+
+  def _train(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    self.state, metrics = self.island.fns.train(
+        self.state, step_lib.put_batch(batch, self.island.fns.mesh)
+    )
     return metrics
 
   def due(self) -> list[int]:

@@ -37,11 +37,11 @@ def run(
 ) -> dict[str, Any]:
   """Trains M learners to the token budget and evaluates the synchronizer's global model.
 
-  `parts` (from `build.local_learners(config)`, the default) may be given to watch the run.
+  `parts` (from `build.local_learners(config, ...)`, the default) may be given to watch the run.
   """
   o, t_wall = config.outer, time.perf_counter()
   clocks = _clocks(config)
-  parts = parts or build.local_learners(config)
+  parts = parts or build.local_learners(config, stacked_learners=o.stack_learners)
   learners = [parts.make_learner(m) for m in range(o.learners)]
   for learner in learners:
     learner.load_global(parts.params0, [0] * o.fragments)
@@ -237,13 +237,14 @@ def _summary(
       "faults": {},
       "rejoins": 0,
       "synchronizer_restarts": 0,
+      "stacked": parts.stack_stats(),
   }
 
 
 def _log_learner(writer, config, m, learner, step, device_metrics, now, force=False):
   if step % config.log_every and not force:
     return
-  mx = jax.device_get(device_metrics)
+  mx = jax.device_get(dict(device_metrics))  # a stacked learner's step runs now if queued
   loss = float(mx["loss"])
   if not math.isfinite(loss):
     raise FloatingPointError(f"learner {m}: loss is {loss} at step {step}; stopping")
