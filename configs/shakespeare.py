@@ -11,7 +11,11 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
   mode=decoupled   Decoupled DiLoCo: quorum K, adaptive grace, token weights, RDA; never waits.
   mode=compare     dp, diloco and decoupled on one token budget, the last learner 3x slower;
                    prints a table and draws compare.png (diloco/config/presets.py).
-  model=tiny|small|base   tiny ~29k params (tests), small ~0.89M (default), base ~27M.
+  model=tiny|small|base   tiny ~29k params (tests), small ~0.89M (default), base ~27M;
+  model=35m|90m|180m      the DiLoCo scaling-laws shapes (19M, 64M, 151M params with bytes).
+                   model.dtype (bfloat16: compute; weights and optimizer stay float32),
+                   model.attention (einsum | dot_product_attention | cudnn) and model.remat
+                   (none | block | dots) choose the step's numerics, kernel and memory.
   runlocal         shrink everything to a few seconds on a laptop (tiny model, 40 steps).
   steps=N          inner steps per learner; batch=N batch per learner (sequences); seq=N bytes.
   learners=N       M, the number of learners (islands).

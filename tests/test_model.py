@@ -81,3 +81,61 @@ def test_bad_model_config_is_rejected():
     tr.ModelConfig(d_model=30, num_heads=4)
   with pytest.raises(ValueError, match="mlp"):
     tr.ModelConfig(mlp="relu")
+  with pytest.raises(ValueError, match="model.remat 'layers'"):
+    tr.ModelConfig(remat="layers")
+  with pytest.raises(ValueError, match="model.attention 'flash'"):
+    tr.ModelConfig(attention="flash")
+  with pytest.raises(ValueError, match="model.dtype='int8'"):
+    tr.ModelConfig(dtype="int8")
+
+
+@pytest.mark.parametrize("remat", ["block", "dots"])
+def test_rematerialisation_changes_memory_not_the_gradient(remat):
+  """Recomputing in the backward pass runs the same float32 operations: same loss, gradients
+  equal to float32 rounding (1e-6)."""
+  tokens = jax.random.randint(jax.random.key(4), (2, 17), 0, 256)
+
+  def loss_and_grads(cfg):
+    graphdef, params = nnx.split(tr.Transformer(cfg, nnx.Rngs(0)))
+
+    def loss(p):
+      logits = nnx.merge(graphdef, p)(tokens[:, :-1])
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  loss0, grads0 = loss_and_grads(TINY)
+  loss1, grads1 = loss_and_grads(tr.ModelConfig(**{**vars(TINY), "remat": remat}))
+  assert float(loss0) == pytest.approx(float(loss1), abs=1e-6)
+  for a, b in zip(jax.tree.leaves(grads0), jax.tree.leaves(grads1), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_scaling_law_presets_have_the_papers_shapes():
+  """Charles et al. 2025, Table 3 (layers, heads, d, MLP); with a 32k vocabulary the counts are
+  the names': 6*(4*512^2 + 2*512*2048) + 32768*512 + norms = 35.66M, and so on."""
+  want = {"35m": (6, 8, 512, 2048, 35.66), "90m": (9, 12, 768, 3072, 88.88)}
+  want["180m"] = (12, 16, 1024, 4096, 184.57)
+  for name, (layers, heads, d, f, millions) in want.items():
+    cfg = tr.ModelConfig(**{**variants.model_config(name).to_dict(), "vocab_size": 32768})
+    assert (cfg.num_layers, cfg.num_heads, cfg.d_model, cfg.d_ff, cfg.mlp) == (
+        layers,
+        heads,
+        d,
+        f,
+        "gelu",
+    )
+    shapes = nnx.eval_shape(lambda cfg=cfg: tr.Transformer(cfg, nnx.Rngs(0)))
+    count = tr.param_count(nnx.to_pure_dict(nnx.state(shapes)))
+    assert count / 1e6 == pytest.approx(millions, abs=0.01)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN attention is allowed on a GPU")
+def test_cudnn_attention_off_a_gpu_fails_when_the_island_is_built():
+  from configs import shakespeare
+  from diloco.inner import island
+
+  c = shakespeare.get_config("runlocal")
+  c.model.attention = "cudnn"
+  with pytest.raises(ValueError, match="model.attention='cudnn' needs a GPU"):
+    island.model_config(c, 256)

@@ -80,14 +80,17 @@ def test_a_wave_steps_only_the_learners_with_a_queued_step(kind, devices):
 
 
 def test_rows_are_written_in_place_and_alone():
-  """Writing learner 2's embedding donates the stacked leaf (no copy of the stack) and changes
-  only row 2."""
+  """Writing learner 2's embedding (4 learners, one per device) reuses every device's buffer:
+  row 2's is donated and written in place, the others are not touched; only row 2 changes."""
   stack = _stack("vmap", 4)
   old = stack._params_by_path()["embed/embedding"]
+  pointers = [s.data.unsafe_buffer_pointer() for s in old.addressable_shards]
   others = {i: stack.read(i, ["embed/embedding"])["embed/embedding"] for i in (0, 1, 3)}
   value = np.full(others[0].shape, 0.5, np.float32)
   stack.write(2, {"embed/embedding": value})
-  assert old.is_deleted()
+  assert [s.data.is_deleted() for s in old.addressable_shards] == [False, False, True, False]
+  new = stack._params_by_path()["embed/embedding"]
+  assert [s.data.unsafe_buffer_pointer() for s in new.addressable_shards] == pointers
   np.testing.assert_array_equal(stack.read(2, ["embed/embedding"])["embed/embedding"], value)
   for i, v in others.items():
     np.testing.assert_array_equal(stack.read(i, ["embed/embedding"])["embed/embedding"], v)
@@ -117,6 +120,7 @@ def _run(mode: str, workdir: str, stack: bool, kind: str = "auto", codec: str = 
           "sim.speeds": "1,1,1,3",
           "outer.stack_learners": stack,
           "outer.stack_step": kind,
+          "deploy.devices_per_learner": 1,  # a row of the stack per device
       }
   )
   if codec:

@@ -11,6 +11,12 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     "small": dict(d_model=128, num_layers=4, num_heads=4, d_ff=384, max_len=512),
     # ~27M parameters: real runs on accelerators.
     "base": dict(d_model=512, num_layers=8, num_heads=8, d_ff=1536, max_len=2048),
+    # The DiLoCo scaling-laws shapes (Charles et al. 2025, Table 3: layers, heads, d, MLP), with a
+    # plain GELU MLP of that width; the names count a 32k vocabulary's embedding (35.7M, 88.9M,
+    # 184.6M); with bytes they have 19.0M, 63.9M and 151.3M parameters.
+    "35m": dict(d_model=512, num_layers=6, num_heads=8, d_ff=2048, mlp="gelu", max_len=2048),
+    "90m": dict(d_model=768, num_layers=9, num_heads=12, d_ff=3072, mlp="gelu", max_len=2048),
+    "180m": dict(d_model=1024, num_layers=12, num_heads=16, d_ff=4096, mlp="gelu", max_len=2048),
 }
 
 
@@ -60,5 +66,6 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       attention="dot_product_attention",
       rope_base=10_000.0,
       dtype="float32",
+      remat="none",
   )
   return ml_collections.ConfigDict({**base, **MODEL_SIZES[size]})

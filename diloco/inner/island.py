@@ -45,7 +45,13 @@ class Island:
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> transformer.ModelConfig:
   """The model's config, with the vocabulary the tokenizer actually has."""
-  return transformer.ModelConfig(**{**config.model.to_dict(), "vocab_size": vocab_size})
+  cfg = transformer.ModelConfig(**{**config.model.to_dict(), "vocab_size": vocab_size})
+  if cfg.attention == "cudnn" and jax.default_backend() != "gpu":
+    raise ValueError(
+        f"model.attention='cudnn' needs a GPU (this backend is {jax.default_backend()!r});"
+        " use 'dot_product_attention' or 'einsum'"
+    )
+  return cfg
 
 
 def optimizer_config(config: ml_collections.ConfigDict) -> step_lib.OptimizerConfig:

@@ -11,8 +11,8 @@ single step, up to the order of float reductions in a batched matmul.
 
 Masking rather than grouping keeps one compiled shape and no gather or scatter of states; a wave
 costs the same whether one learner or all M have a step in it (`occupancy` counts how full the
-waves were). Rows are read and written per leaf by index (donated, so in place), never by copying
-the stack.
+waves were). Rows are read and written per leaf on the devices that hold them (writes donated, so
+in place), with no collective and never by copying the stack.
 """
 
 import collections
@@ -118,17 +118,41 @@ def build_stacked_fns(
   )
 
 
-@jax.jit
-def _get_row(x_MxS: jax.Array, i: jax.Array) -> jax.Array:
-  return lax.dynamic_index_in_dim(x_MxS, i, 0, keepdims=False)
+def _rows(x_MxS: jax.Array, i: int):
+  """(shard, i's index in it) for each addressable shard of x that holds learner i's row."""
+  for shard in x_MxS.addressable_shards:
+    start, stop, _ = shard.index[0].indices(x_MxS.shape[0])
+    yield shard, (i - start if start <= i < stop else None)
 
 
-@functools.cache
-def _row_setter(sh: NamedSharding):
-  def put(x_MxS, i, v_S):
-    return lax.dynamic_update_index_in_dim(x_MxS, v_S.astype(x_MxS.dtype), i, 0)
+def _get_row(x_MxS: jax.Array, i: int) -> np.ndarray:
+  """Learner i's row of x on the host, from the devices that hold it (no collective: a
+  dynamic index into an axis split over devices would gather the whole stack everywhere)."""
+  out = np.empty(x_MxS.shape[1:], x_MxS.dtype)
+  for shard, j in _rows(x_MxS, i):
+    if j is not None:
+      out[shard.index[1:]] = np.asarray(shard.data[j])
+  return out
 
-  return jax.jit(put, out_shardings=sh, donate_argnums=0)
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _put_local(x_KxS: jax.Array, j: jax.Array, v_S: jax.Array) -> jax.Array:
+  return lax.dynamic_update_index_in_dim(x_KxS, v_S.astype(x_KxS.dtype), j, 0)
+
+
+def _set_row(x_MxS: jax.Array, i: int, value: Any) -> jax.Array:
+  """x with learner i's row replaced, written in place on the devices that hold it."""
+  value = np.asarray(jax.device_get(value))
+  if value.shape != x_MxS.shape[1:]:
+    raise ValueError(f"row of shape {value.shape} for a stack of rows {x_MxS.shape[1:]}")
+  buffers = []
+  for shard, j in _rows(x_MxS, i):
+    if j is None:
+      buffers.append(shard.data)
+    else:
+      part = jax.device_put(value[shard.index[1:]], shard.device)
+      buffers.append(_put_local(shard.data, np.int32(j), part))
+  return jax.make_array_from_single_device_arrays(x_MxS.shape, x_MxS.sharding, buffers)
 
 
 class Wave:
@@ -212,7 +236,7 @@ class Stack:
     """Learner i's values of these parameters ('/'-joined paths), on the host."""
     self.flush(i)
     leaves = self._params_by_path()
-    return dict(zip(paths, jax.device_get([_get_row(leaves[k], np.int32(i)) for k in paths])))
+    return {k: _get_row(leaves[k], i) for k in paths}
 
   def write(self, i: int, values: Mapping[str, Any]) -> None:
     """Replaces learner i's values of these parameters (in place: the old leaves are donated)."""
@@ -227,7 +251,7 @@ class Stack:
     """Learner i's whole train state, on the host."""
     self.flush(i)
     leaves, tree = jax.tree.flatten(self.state)
-    return jax.tree.unflatten(tree, jax.device_get([_get_row(x, np.int32(i)) for x in leaves]))
+    return jax.tree.unflatten(tree, [_get_row(x, i) for x in leaves])
 
   def set_state(self, i: int, state: step_lib.TrainState) -> None:
     """Replaces learner i's whole train state."""
@@ -240,7 +264,3 @@ class Stack:
     """The stacked parameters by '/'-joined path, in the tree's leaf order."""
     flat = jax.tree_util.tree_flatten_with_path(self.state.params)[0]
     return {sharding.path_str(path): x for path, x in flat}
-
-
-def _set_row(x_MxS: jax.Array, i: int, value: Any) -> jax.Array:
-  return _row_setter(x_MxS.sharding)(x_MxS, np.int32(i), np.asarray(jax.device_get(value)))

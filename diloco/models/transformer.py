@@ -19,6 +19,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+ATTENTION = ("einsum", "dot_product_attention", "cudnn")
+# What each block keeps for the backward pass: everything; only its input (recompute the block);
+# the outputs of matmuls without batch dimensions (recompute the rest: norms, activations).
+REMAT = {
+    "none": None,
+    "block": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -32,9 +41,11 @@ class ModelConfig:
   max_len: int = 1024
   mlp: Literal["swiglu", "gelu"] = "swiglu"
   tied_embeddings: bool = True
-  attention: Literal["einsum", "dot_product_attention"] = "einsum"
+  # einsum: ours; dot_product_attention: jax.nn's (XLA); cudnn: jax.nn's cuDNN fused kernel (GPU)
+  attention: Literal["einsum", "dot_product_attention", "cudnn"] = "einsum"
   rope_base: float = 10_000.0
-  dtype: str = "float32"  # compute dtype; parameters are always float32.
+  dtype: str = "float32"  # compute dtype; parameters (and optimizer state) are always float32.
+  remat: Literal["none", "block", "dots"] = "none"  # recompute in the backward pass: REMAT
 
   def __post_init__(self):
     if self.d_model % self.num_heads:
@@ -43,8 +54,12 @@ class ModelConfig:
       raise ValueError("head dimension must be even for rotary embeddings")
     if self.mlp not in ("swiglu", "gelu"):
       raise ValueError(f"unknown mlp {self.mlp!r}; expected 'swiglu' or 'gelu'")
-    if self.attention not in ("einsum", "dot_product_attention"):
-      raise ValueError(f"unknown attention {self.attention!r}")
+    if self.attention not in ATTENTION:
+      raise ValueError(f"unknown model.attention {self.attention!r}; expected one of {ATTENTION}")
+    if self.remat not in REMAT:
+      raise ValueError(f"unknown model.remat {self.remat!r}; expected one of {tuple(REMAT)}")
+    if jnp.dtype(self.dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
+      raise ValueError(f"model.dtype={self.dtype!r}: expected float32, bfloat16 or float16")
 
   @property
   def head_dim(self) -> int:
@@ -95,8 +110,11 @@ class Attention(nnx.Module):
     q_BxLxHxK = rotary(qkv_BxLx3xHxK[:, :, 0], cfg.rope_base)
     k_BxLxHxK = rotary(qkv_BxLx3xHxK[:, :, 1], cfg.rope_base)
     v_BxLxHxK = qkv_BxLx3xHxK[:, :, 2]
-    if cfg.attention == "dot_product_attention":
-      o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True)
+    if cfg.attention != "einsum":
+      impl = "cudnn" if cfg.attention == "cudnn" else None
+      o_BxLxHxK = jax.nn.dot_product_attention(
+          q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True, implementation=impl
+      )
     else:
       o_BxLxHxK = causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)
     return jnp.einsum("blhk,hkd->bld", o_BxLxHxK, self.out[...].astype(dtype))
@@ -163,7 +181,10 @@ class Transformer(nnx.Module):
       raise ValueError(f"sequence length {tokens_BxL.shape[1]} exceeds max_len={cfg.max_len}")
     x_BxLxD = self.embed(tokens_BxL).astype(cfg.dtype)
     for block in self.blocks:
-      x_BxLxD = block(x_BxLxD)
+      if cfg.remat == "none":
+        x_BxLxD = block(x_BxLxD)
+      else:
+        x_BxLxD = nnx.remat(lambda b, x: b(x), policy=REMAT[cfg.remat])(block, x_BxLxD)
     x_BxLxD = self.final_norm(x_BxLxD)
     if cfg.tied_embeddings:
       table_VxD = self.embed.embedding[...].astype(cfg.dtype)
