@@ -5,7 +5,8 @@ steps it has started but nobody has needed yet. A step is only queued; reading o
 learner's state first runs its queued steps in *waves*: one jitted `vmap` of the island's pure
 step over all M learners, where a learner without a queued step is masked (its state comes out
 unchanged). Other learners' queued steps ride along in the same wave, so learners whose steps fall
-between the same two reads are stepped together. Each learner's steps still run in the order they
+between the same two reads are stepped together; a wave in which every learner has a step is
+dispatched at once (asynchronously, so the device works while the host goes on). Each learner's steps still run in the order they
 were started and see exactly the writes made before them: the arithmetic per learner is that of the
 single step, up to the order of float reductions in a batched matmul.
 
@@ -118,41 +119,68 @@ def build_stacked_fns(
   )
 
 
-def _rows(x_MxS: jax.Array, i: int):
-  """(shard, i's index in it) for each addressable shard of x that holds learner i's row."""
-  for shard in x_MxS.addressable_shards:
-    start, stop, _ = shard.index[0].indices(x_MxS.shape[0])
-    yield shard, (i - start if start <= i < stop else None)
+def _holders(leaves_MxS: Sequence[jax.Array], i: int) -> list[tuple[Any, int, list]]:
+  """(device, i's index in its block, [(leaf number, shard)]) for each device holding a part of
+  learner i's row; every leaf splits the learner axis alike, so the index is per device."""
+  out: dict[Any, tuple[Any, int, list]] = {}
+  for n, x in enumerate(leaves_MxS):
+    for shard in x.addressable_shards:
+      start, stop, _ = shard.index[0].indices(x.shape[0])
+      if start <= i < stop:
+        out.setdefault(shard.device, (shard.device, i - start, []))[2].append((n, shard))
+  return list(out.values())
 
 
-def _get_row(x_MxS: jax.Array, i: int) -> np.ndarray:
-  """Learner i's row of x on the host, from the devices that hold it (no collective: a
-  dynamic index into an axis split over devices would gather the whole stack everywhere)."""
-  out = np.empty(x_MxS.shape[1:], x_MxS.dtype)
-  for shard, j in _rows(x_MxS, i):
-    if j is not None:
-      out[shard.index[1:]] = np.asarray(shard.data[j])
-  return out
+@jax.jit
+def _take_local(xs_KxS: tuple, j: jax.Array) -> tuple:
+  return tuple(lax.dynamic_index_in_dim(x, j, 0, keepdims=False) for x in xs_KxS)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def _put_local(x_KxS: jax.Array, j: jax.Array, v_S: jax.Array) -> jax.Array:
-  return lax.dynamic_update_index_in_dim(x_KxS, v_S.astype(x_KxS.dtype), j, 0)
+def _put_local(xs_KxS: tuple, j: jax.Array, vs_S: tuple) -> tuple:
+  return tuple(
+      lax.dynamic_update_index_in_dim(x, v.astype(x.dtype), j, 0) for x, v in zip(xs_KxS, vs_S)
+  )
 
 
-def _set_row(x_MxS: jax.Array, i: int, value: Any) -> jax.Array:
-  """x with learner i's row replaced, written in place on the devices that hold it."""
-  value = np.asarray(jax.device_get(value))
-  if value.shape != x_MxS.shape[1:]:
-    raise ValueError(f"row of shape {value.shape} for a stack of rows {x_MxS.shape[1:]}")
-  buffers = []
-  for shard, j in _rows(x_MxS, i):
-    if j is None:
-      buffers.append(shard.data)
+def get_rows(leaves_MxS: Sequence[jax.Array], i: int) -> list[np.ndarray]:
+  """Learner i's rows of these stacked leaves, on the host: one program per device that holds a
+  part (no collective: a dynamic index into an axis split over devices would gather the whole
+  stack everywhere, and XLA's CPU collectives can time out when the host is busy)."""
+  holders = _holders(leaves_MxS, i)
+  fetched = jax.device_get(
+      [_take_local(tuple(s.data for _, s in items), np.int32(j)) for _, j, items in holders]
+  )
+  out = [np.empty(x.shape[1:], x.dtype) for x in leaves_MxS]
+  for (_, _, items), values in zip(holders, fetched):
+    for (n, shard), value in zip(items, values):
+      out[n][shard.index[1:]] = value
+  return out
+
+
+def set_rows(leaves_MxS: Sequence[jax.Array], i: int, values: Sequence[Any]) -> list[jax.Array]:
+  """These stacked leaves with learner i's rows replaced, in place (each device's blocks that
+  hold the row are donated to one program; the other blocks are kept as they are)."""
+  values = [np.asarray(jax.device_get(v)) for v in values]
+  for x, v in zip(leaves_MxS, values, strict=True):
+    if v.shape != x.shape[1:]:
+      raise ValueError(f"row of shape {v.shape} for a stack of rows {x.shape[1:]}")
+  shapes, shardings = [x.shape for x in leaves_MxS], [x.sharding for x in leaves_MxS]
+  shards = [x.addressable_shards for x in leaves_MxS]  # before donation deletes the old arrays
+  replaced: dict[tuple[int, Any], jax.Array] = {}
+  for device, j, items in _holders(leaves_MxS, i):
+    blocks = tuple(s.data for _, s in items)
+    parts = tuple(values[n][s.index[1:]] for n, s in items)
+    for (n, s), new in zip(items, _put_local(blocks, np.int32(j), parts)):
+      replaced[(n, device)] = new
+  out = []
+  for n, (x_shape, sh) in enumerate(zip(shapes, shardings)):
+    buffers = [replaced.get((n, s.device), s.data) for s in shards[n]]
+    if len(buffers) == 1:
+      out.append(buffers[0])
     else:
-      part = jax.device_put(value[shard.index[1:]], shard.device)
-      buffers.append(_put_local(shard.data, np.int32(j), part))
-  return jax.make_array_from_single_device_arrays(x_MxS.shape, x_MxS.sharding, buffers)
+      out.append(jax.make_array_from_single_device_arrays(x_shape, sh, buffers))
+  return out
 
 
 class Wave:
@@ -208,6 +236,8 @@ class Stack:
     """Queues one step of learner i on this batch; returns its metrics, computed when asked."""
     pending = PendingMetrics(self, i)
     self._queues[i].append((batch, pending))
+    if all(self._queues):  # a full wave waits for nobody: dispatch it now, to overlap host work
+      self._wave()
     return pending
 
   def flush(self, i: int) -> None:
@@ -236,14 +266,14 @@ class Stack:
     """Learner i's values of these parameters ('/'-joined paths), on the host."""
     self.flush(i)
     leaves = self._params_by_path()
-    return {k: _get_row(leaves[k], i) for k in paths}
+    return dict(zip(paths, get_rows([leaves[k] for k in paths], i)))
 
   def write(self, i: int, values: Mapping[str, Any]) -> None:
-    """Replaces learner i's values of these parameters (in place: the old leaves are donated)."""
+    """Replaces learner i's values of these parameters (in place: the old blocks are donated)."""
     self.flush(i)
     leaves = self._params_by_path()
-    for k, v in values.items():
-      leaves[k] = _set_row(leaves[k], i, v)
+    keys = list(values)
+    leaves.update(zip(keys, set_rows([leaves[k] for k in keys], i, [values[k] for k in keys])))
     tree = jax.tree.structure(self.state.params)
     self.state = self.state._replace(params=jax.tree.unflatten(tree, list(leaves.values())))
 
@@ -251,14 +281,13 @@ class Stack:
     """Learner i's whole train state, on the host."""
     self.flush(i)
     leaves, tree = jax.tree.flatten(self.state)
-    return jax.tree.unflatten(tree, [_get_row(x, i) for x in leaves])
+    return jax.tree.unflatten(tree, get_rows(leaves, i))
 
   def set_state(self, i: int, state: step_lib.TrainState) -> None:
     """Replaces learner i's whole train state."""
     self.flush(i)
     leaves, tree = jax.tree.flatten(self.state)
-    new = [_set_row(x, i, v) for x, v in zip(leaves, jax.tree.leaves(state), strict=True)]
-    self.state = jax.tree.unflatten(tree, new)
+    self.state = jax.tree.unflatten(tree, set_rows(leaves, i, jax.tree.leaves(state)))
 
   def _params_by_path(self) -> dict[str, jax.Array]:
     """The stacked parameters by '/'-joined path, in the tree's leaf order."""
