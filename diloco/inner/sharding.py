@@ -87,22 +87,13 @@ def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
   return P()
 
 
-def tree_shardings(tree, mesh: Mesh):
-  """NamedShardings for a params-like tree (params, optimizer state, abstract state)."""
+def tree_shardings(tree, mesh: Mesh, lead: tuple[str, ...] = ()):
+  """NamedShardings for a params-like tree (params, optimizer state, abstract state); `lead`
+  names the mesh axes of leading dimensions the rules do not see (stacked learners: 'learners')."""
 
   def one(path, leaf):
-    shape = tuple(np.shape(leaf))
-    return NamedSharding(mesh, spec_for(path_str(path), shape, mesh))
-
-  return jax.tree_util.tree_map_with_path(one, tree)
-
-
-def stacked_shardings(tree, mesh: Mesh):
-  """NamedShardings for a tree stacked on a leading learner axis: P('learners', *island spec)."""
-
-  def one(path, leaf):
-    shape = tuple(np.shape(leaf))[1:]
-    return NamedSharding(mesh, P(LEARNERS, *spec_for(path_str(path), shape, mesh)))
+    shape = tuple(np.shape(leaf))[len(lead) :]
+    return NamedSharding(mesh, P(*lead, *spec_for(path_str(path), shape, mesh)))
 
   return jax.tree_util.tree_map_with_path(one, tree)
 

@@ -90,7 +90,7 @@ def build_stacked_fns(
     raise ValueError(f"unknown stacked step {kind!r}; expected one of {STEPS}")
   fns = step_lib.pure_fns(model_cfg, opt_cfg)
   shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct((size, *x.shape), x.dtype), fns.shapes)
-  state_sh = sharding.stacked_shardings(shapes, mesh)
+  state_sh = sharding.tree_shardings(shapes, mesh, lead=(sharding.LEARNERS,))
   batch_sh = NamedSharding(mesh, P(sharding.LEARNERS, sharding.BATCH_AXES, None))
   mask_sh = NamedSharding(mesh, P(sharding.LEARNERS))
   rep = sharding.replicated(mesh)
@@ -223,6 +223,8 @@ class Stack:
   def __init__(self, fns: StackedFns):
     self.fns = fns
     self.state = fns.zeros()
+    flat, self._params_tree = jax.tree_util.tree_flatten_with_path(self.state.params)
+    self.paths = [sharding.path_str(path) for path, _ in flat]  # '/'-joined, in leaf order
     self._queues: list[collections.deque] = [collections.deque() for _ in range(fns.size)]
     self.waves = 0
     self.steps = 0  # learner steps taken in waves
@@ -274,8 +276,8 @@ class Stack:
     leaves = self._params_by_path()
     keys = list(values)
     leaves.update(zip(keys, set_rows([leaves[k] for k in keys], i, [values[k] for k in keys])))
-    tree = jax.tree.structure(self.state.params)
-    self.state = self.state._replace(params=jax.tree.unflatten(tree, list(leaves.values())))
+    params = jax.tree.unflatten(self._params_tree, list(leaves.values()))
+    self.state = self.state._replace(params=params)
 
   def get_state(self, i: int) -> step_lib.TrainState:
     """Learner i's whole train state, on the host."""
@@ -291,5 +293,4 @@ class Stack:
 
   def _params_by_path(self) -> dict[str, jax.Array]:
     """The stacked parameters by '/'-joined path, in the tree's leaf order."""
-    flat = jax.tree_util.tree_flatten_with_path(self.state.params)[0]
-    return {sharding.path_str(path): x for path, x in flat}
+    return dict(zip(self.paths, jax.tree.leaves(self.state.params), strict=True))

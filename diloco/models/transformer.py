@@ -58,7 +58,7 @@ class ModelConfig:
       raise ValueError(f"unknown model.attention {self.attention!r}; expected one of {ATTENTION}")
     if self.remat not in REMAT:
       raise ValueError(f"unknown model.remat {self.remat!r}; expected one of {tuple(REMAT)}")
-    if jnp.dtype(self.dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
+    if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"model.dtype={self.dtype!r}: expected float32, bfloat16 or float16")
 
   @property

@@ -13,7 +13,6 @@ import jax
 import numpy as np
 
 from diloco.inner import stacked, step as step_lib
-from diloco.outer import fragments
 from diloco.outer.learner import Learner
 
 
@@ -40,7 +39,7 @@ class StackedLearner(Learner):
     self._held = value is not None
 
   def host_params(self) -> dict[str, np.ndarray]:
-    return dict(self.stack.read(self.row, fragments.leaf_paths(self.stack.state.params)))
+    return self.stack.read(self.row, self.stack.paths)
 
   def _train(self, batch: dict[str, np.ndarray]) -> Mapping[str, Any]:
     return self.stack.enqueue(self.row, batch)
