@@ -35,5 +35,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seed0 = 0  # chaos seeds seed0 .. seed0 + runs - 1
   c.step_jitter = 0.2  # learners' step times vary, so faults land at varied moments
   c.eval_every = 40
+  c.progress_bar = True  # on a terminal: a bar over the runs
   c.lock()
   return c

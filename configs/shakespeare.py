@@ -82,7 +82,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 10
   c.eval_every = 200
   c.checkpoint_every = 200
-  c.progress_bar = True
+  c.progress_bar = True  # on a terminal: a bar per run (tokens, simulated time, merges, learners)
+  c.timeline = True  # multi-learner virtual runs draw WORKDIR/timeline.png
 
   c.outer = ml_collections.ConfigDict(
       dict(

@@ -17,6 +17,7 @@ import ml_collections
 from diloco import metrics
 from diloco.config import build, presets
 from diloco.runners import islands
+from diloco.watch import progress
 
 
 def sub_config(
@@ -57,13 +58,18 @@ def run(
     train: Callable[[ml_collections.ConfigDict, str], dict[str, Any]],
 ) -> dict[str, Any]:
   """Trains every mode of `compare.modes` with `train` into WORKDIR/<mode>; table and plot."""
-  rows = {}
-  for mode in config.compare.modes.split(","):
+  rows, modes = {}, config.compare.modes.split(",")
+  bar = progress.bar(config.progress_bar, total=len(modes), desc="compare", unit="mode")
+  for mode in modes:
+    bar.set_postfix(progress.modes_postfix(modes, len(rows)))
     sub_dir = os.path.join(workdir, mode)
     summary = train(sub_config(config, mode, apply_mode), sub_dir)
     if summary["runtime"] != "virtual":
       on_the_islands_clock(summary, config, sub_dir)
     rows[mode] = summary
+    bar.update(1)
+  bar.set_postfix(progress.modes_postfix(modes, len(rows)))
+  bar.close()
   table = format_table(rows)
   print(table, flush=True)
   plot_path = plot(rows, os.path.join(workdir, "compare.png"))

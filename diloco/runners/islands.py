@@ -24,6 +24,7 @@ from diloco.outer import fragments, protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
 from diloco.runtime import virtual, virtual_chaos
+from diloco.watch import progress, timeline
 
 
 def dp_bytes_per_token(num_params: int, learners: int, tokens_per_round: int) -> float:
@@ -50,11 +51,12 @@ def run(
     sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
   faults = build.faults(config)
   recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
-  log = _Log(config, workdir, learners, parts.islands[0])
+  budget = config.steps * sum(parts.batches) * config.seq_len
+  log = _Log(config, workdir, learners, parts.islands[0], budget)
   args = (learners, sync, clocks, virtual.Network(config.sim.latency_s, config.sim.bandwidth_gbps))
   kwargs = dict(
       next_batch=lambda m: next(parts.islands[m].data.train_iter),
-      token_budget=config.steps * sum(parts.batches) * config.seq_len,
+      token_budget=budget,
       overlap=o.overlap,
       blocking=o.blocking,
       on_step=log.on_step,
@@ -84,7 +86,28 @@ def run(
   summary["params_sha256"] = metrics.params_sha256(runtime.sync.global_params())
   if faults:
     summary.update(chaos_summary(runtime, faults, sim_time))
+  if config.get("timeline", True):
+    summary["timeline"] = draw_timeline(config, runtime, log.merges, sim_time, workdir)
   return summary
+
+
+def draw_timeline(config, runtime, merges: list[dict], sim_time: float, workdir: str) -> str:
+  """WORKDIR/timeline.png of a finished run (diloco/watch/timeline.py), with its crashes and
+  synchronizer restarts when it had faults."""
+  o, stats = config.outer, getattr(runtime, "stats", None)
+  crashes = stats.crashes if stats is not None else []
+  restarts = stats.restarts if stats is not None else []
+  return timeline.draw(
+      os.path.join(workdir, "timeline.png"),
+      runtime.trace,
+      merges,
+      sim_time,
+      o.inner_steps * config.sim.step_s / o.fragments,
+      o.fragments,
+      down=[(c["learner"], c["time"], c["rejoined"] or sim_time) for c in crashes],
+      sync_down=[(r["time"], min(r["back"], sim_time)) for r in restarts],
+      title=f"mode={config.mode}, M={o.learners}, speeds {config.sim.speeds or 'all 1'}",
+  )
 
 
 def _clocks(config: ml_collections.ConfigDict) -> list[virtual.LearnerClock]:
@@ -115,6 +138,7 @@ class _Log:
       workdir: str,
       learners: list[Learner],
       isl: island_lib.Island,
+      token_budget: int,
   ):
     self.config, self.learners, self.island = config, learners, isl
     self.m_count = len(learners)
@@ -126,6 +150,10 @@ class _Log:
     self.pending: list[tuple | None] = [None] * self.m_count
     self.eval_every = config.eval_every * self.m_count
     self.runtime: virtual.VirtualRuntime | None = None
+    self.bar = progress.bar(
+        config.progress_bar, total=token_budget, desc=config.mode, unit="tok", unit_scale=True
+    )
+    self.show = progress.Throttle()
 
   def evaluate(self, sim_time: float) -> dict[str, float] | None:
     if self.runtime.sync is None:  # down: nothing to evaluate until it restarts
@@ -145,6 +173,10 @@ class _Log:
     if prev is not None:
       _log_learner(self.writer, self.config, m, learner, *prev)
     self.total_steps += 1
+    self.bar.update(learner.tokens_per_step)
+    if self.show():
+      steps = [l.steps for l in self.learners]
+      self.bar.set_postfix(progress.learners_postfix(now, len(self.merges), steps), refresh=False)
     if self.total_steps % self.eval_every == 0:
       self.evaluate(now)
 
@@ -165,6 +197,7 @@ class _Log:
         _log_learner(self.writer, self.config, m, self.learners[m], *prev, force=True)
     final = self.evaluate(sim_time)
     self.writer.close()
+    self.bar.close()
     return final
 
 
@@ -334,6 +367,5 @@ def uptime(merges: list[dict], sim_time: float, period_s: float) -> float:
   """
   if sim_time <= 0:
     return 0.0
-  times = [0.0] + sorted(r["time"] for r in merges) + [sim_time]
-  stalled = sum(max(0.0, b - a - period_s) for a, b in zip(times, times[1:]))
-  return max(0.0, 1.0 - stalled / sim_time)
+  stalls = timeline.stalled_spans([r["time"] for r in merges], sim_time, period_s)
+  return max(0.0, 1.0 - sum(b - a for a, b in stalls) / sim_time)

@@ -28,6 +28,7 @@ import numpy as np
 from diloco.outer import protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
+from diloco.watch import timeline
 
 # Same-time ordering of event kinds (lower first); faults happen before anything else.
 FAULT, AT_SYNC, TIMER, AT_LEARNER, STEP_DONE, START = range(-1, 5)
@@ -94,6 +95,7 @@ class VirtualRuntime:
     self._seq = itertools.count()
     self._epochs: dict[Any, int] = {SYNC: 0, **{m: 0 for m in range(len(learners))}}
     self._background = 0  # background events in the queue
+    self.trace = timeline.Trace(len(learners))  # what each learner did when (timeline.png)
 
   def _push(
       self,
@@ -139,9 +141,7 @@ class VirtualRuntime:
       if clock.waiting_since is None:
         clock.waiting_since = self.now
       return  # resumed by the arrival it waits for
-    if clock.waiting_since is not None:
-      clock.idle_s += self.now - clock.waiting_since
-      clock.waiting_since = None
+    self._stop_waiting(m)
     if self.tokens_started + learner.tokens_per_step > self.budget:
       clock.done = True
       return
@@ -149,7 +149,16 @@ class VirtualRuntime:
     metrics = learner.step(self.next_batch(m))
     duration = self._duration(m)
     clock.busy_s += duration
+    self.trace.span(m, timeline.TRAIN, self.now, self.now + duration)
     self._push(self.now + duration, STEP_DONE, "step_done", (m, metrics, duration), owner=m)
+
+  def _stop_waiting(self, m: int) -> None:
+    """Learner m waits no longer (if it did): its idle time and the timeline's wait span."""
+    clock = self.clocks[m]
+    if clock.waiting_since is not None:
+      clock.idle_s += self.now - clock.waiting_since
+      self.trace.span(m, timeline.WAIT, clock.waiting_since, self.now)
+      clock.waiting_since = None
 
   def _duration(self, m: int) -> float:
     """Simulated seconds of the step learner m starts now."""
@@ -225,9 +234,7 @@ class VirtualRuntime:
 
   def finish(self) -> None:
     """Counts the idle time of learners still waiting at the end; saves the synchronizer."""
-    for clock in self.clocks:
-      if clock.waiting_since is not None:
-        clock.idle_s += self.now - clock.waiting_since
-        clock.waiting_since = None
+    for m in range(len(self.clocks)):
+      self._stop_waiting(m)
     if self.recovery is not None and self.sync is not None:
       self.recovery.save_sync(self.sync, force=True)

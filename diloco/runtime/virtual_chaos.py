@@ -162,6 +162,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     clock, learner = self.clocks[m], self.learners[m]
     lost_steps, wasted = self._since_ckpt[m]
     if self._step[m] is not None:  # the step in progress never finishes
+      self.trace.cut(m, self.now)
       start, duration = self._step[m]
       clock.busy_s -= start + duration - self.now
       wasted += self.now - start
@@ -172,9 +173,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     # Their tokens were never trained into what survives: the restored learner reads them again
     # from its checkpoint's data position, so they come back to the budget.
     self.tokens_started -= self._since_ckpt[m][0] * learner.tokens_per_step
-    if clock.waiting_since is not None:
-      clock.idle_s += self.now - clock.waiting_since
-      clock.waiting_since = None
+    self._stop_waiting(m)
     clock.inflight.clear()
     self._owed[m].clear()
     self._step[m], self._since_ckpt[m] = None, [0, 0.0]

@@ -21,6 +21,7 @@ from configs import shakespeare
 from diloco import metrics, train
 from diloco.chaos import schedule as chaos
 from diloco.inner import evaluation, island as island_lib
+from diloco.watch import progress
 
 VERDICTS = ("params_ok", "all_rejoined", "advanced")
 
@@ -124,15 +125,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
   initial = initial_eval_loss(run_config(config, config.seed0))
   rows = []
+  bar = progress.bar(config.get("progress_bar", True), total=config.runs, desc="chaos suite",
+                     unit="run")  # fmt: skip
   for seed in range(config.seed0, config.seed0 + config.runs):
     t = time.perf_counter()
     s = train.train_and_evaluate(run_config(config, seed), os.path.join(workdir, f"run{seed}"))
     rows.append(row(seed, s, initial, time.perf_counter() - t))
-    print(
+    bar.write(
         f"run {seed}: {rows[-1]['faults_total']} faults, eval loss {s['eval_loss']:.3f}, "
-        f"{rows[-1]['wall_s']:.0f} s",
-        flush=True,
+        f"{rows[-1]['wall_s']:.0f} s"
     )
+    bar.update(1)
+    bar.set_postfix(failed=sum(not all(r[v] for v in VERDICTS) for r in rows))
+  bar.close()
   table = format_table(rows, initial)
   with open(os.path.join(workdir, "chaos_suite.md"), "w", encoding="utf-8") as f:
     f.write(table + "\n")

@@ -1,0 +1,1 @@
+"""Watching a run: progress bars, the timeline picture, the status page and its metrics."""
