@@ -8,6 +8,7 @@ become `link_lib.Refused` with the server's message.
 
 import threading
 import uuid
+from collections.abc import Callable
 
 import grpc
 
@@ -56,6 +57,8 @@ class GrpcLink:
     self.acked = 0
     self.generation = 0
     self.step_time, self.steps, self.tokens = 0.0, 0, 0
+    # The learner's totals and last loss for the status page ({total_steps, total_tokens, loss}).
+    self.report: Callable[[], dict] = dict
     self.last_settled = False
 
     def counted_out(data: bytes) -> bytes:
@@ -112,6 +115,7 @@ class GrpcLink:
         tokens=self.tokens,
         step_time=self.step_time,
         finished=finished,
+        **{k: v for k, v in self.report().items() if v is not None},
     )
     reply = pb.ProgressReply.FromString(
         self._call(

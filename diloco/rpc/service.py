@@ -50,11 +50,22 @@ class Service:
     self.bytes_sent = 0
     self.codec_bytes_up = 0  # the codec's own count of what was accepted and delivered
     self.codec_bytes_down = 0
+    self.learner_bytes: dict[int, list[int]] = {}  # learner -> [received, sent] on the wire
 
-  def _add(self, received: int = 0, sent: int = 0) -> None:
+  def _add(self, received: int = 0, sent: int = 0, learner: int | None = None) -> None:
     with self._lock:
       self.bytes_received += received
       self.bytes_sent += sent
+      known = learner in self.learner_bytes
+      if learner is not None and (known or len(self.learner_bytes) < self.limits.max_learners):
+        counts = self.learner_bytes.setdefault(learner, [0, 0])
+        counts[0] += received
+        counts[1] += sent
+
+  def bytes_of(self, learner: int) -> tuple[int, int]:
+    """(received from, sent to) learner on the wire, so far."""
+    with self._lock:
+      return tuple(self.learner_bytes.get(learner, (0, 0)))
 
   def _fail(self, context: grpc.ServicerContext, code: str, message: str):
     log.warning("refused (%s): %s", code, message)
@@ -66,16 +77,18 @@ class Service:
       self._fail(context, "unauthenticated", f"missing or wrong {security.TOKEN_KEY}")
 
   def _parse(self, cls, data: bytes, context: grpc.ServicerContext):
-    self._add(received=len(data))
     try:
-      return cls.FromString(data)
+      msg = cls.FromString(data)
     except pb_message.DecodeError as err:
+      self._add(received=len(data))
       self.host.count("malformed")
       self._fail(context, "malformed", f"malformed {cls.__name__} bytes: {err}")
+    self._add(received=len(data), learner=getattr(msg, "learner", None))
+    return msg
 
-  def _reply(self, msg) -> bytes:
+  def _reply(self, msg, learner: int | None = None) -> bytes:
     data = msg.SerializeToString()
-    self._add(sent=len(data))
+    self._add(sent=len(data), learner=learner)
     return data
 
   def join(self, data: bytes, context) -> bytes:
@@ -93,17 +106,25 @@ class Service:
             next_seq=seq,
             num_fragments=self.host.sync.frag.num_fragments,
             heartbeat_s=self.limits.absent_after_s / 4,
-        )
+        ),
+        req.learner,
     )
 
   def progress(self, data: bytes, context) -> bytes:
     self._auth(context)
     req = self._parse(pb.ProgressRequest, data, context)
     try:
-      settled = self.host.progress(req.learner, req.session, finished=req.finished)
+      report = dict(
+          step=req.total_steps,
+          tokens=req.total_tokens,
+          loss=req.loss if req.HasField("loss") else None,
+          finished=req.finished,
+      )
+      settled = self.host.progress(req.learner, req.session, finished=req.finished, report=report)
     except link_lib.Refused as err:
       self._fail(context, err.code, str(err))
-    return self._reply(pb.ProgressReply(generation=self.host.sync.generation, settled=settled))
+    reply = pb.ProgressReply(generation=self.host.sync.generation, settled=settled)
+    return self._reply(reply, req.learner)
 
   def upload(self, chunks: Iterator[bytes], context) -> bytes:
     self._auth(context)
@@ -138,7 +159,8 @@ class Service:
       self._fail(context, err.code, str(err))
     with self._lock:
       self.codec_bytes_up += up.nbytes
-    return self._reply(pb.UploadReply(generation=self.host.sync.generation, merges=merges))
+    reply = pb.UploadReply(generation=self.host.sync.generation, merges=merges)
+    return self._reply(reply, first.learner)
 
   def poll(self, data: bytes, context) -> Iterator[bytes]:
     self._auth(context)
@@ -152,7 +174,7 @@ class Service:
       with self._lock:
         self.codec_bytes_down += send.nbytes
       for chunk in chunks(send, self.limits.chunk_bytes, learner=req.learner, seq=seq):
-        yield self._reply(chunk)
+        yield self._reply(chunk, req.learner)
 
 
 def chunks(message, chunk_bytes: int, **header) -> Iterator[pb.Chunk]:

@@ -23,8 +23,9 @@ from diloco.config import build, deploy as deploy_lib
 from diloco.outer.sync_state import arrays_digest
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
-from diloco.rpc import limits as limits_lib, service
+from diloco.rpc import limits as limits_lib, service, status_board, status_server
 from diloco.runtime import sync_host
+from diloco.watch import progress
 
 
 def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
@@ -49,28 +50,34 @@ def _restore(sync: Synchronizer, ckpt: sync_checkpoint.SyncCheckpointer) -> dict
   }
 
 
-def _write_port(workdir: str, port: int) -> None:
-  """WORKDIR/port, written under a temporary name and renamed: a reader sees all of it or none."""
-  with open(os.path.join(workdir, "port.tmp"), "w") as f:
+def _write_port(workdir: str, port: int, name: str = "port") -> None:
+  """WORKDIR/<name>, written under a temporary name and renamed: a reader sees all or none."""
+  with open(os.path.join(workdir, name + ".tmp"), "w") as f:
     f.write(str(port))
-  os.replace(os.path.join(workdir, "port.tmp"), os.path.join(workdir, "port"))
+  os.replace(os.path.join(workdir, name + ".tmp"), os.path.join(workdir, name))
 
 
-def _serve_until_settled(host: sync_host.SyncHost, sync: Synchronizer, max_s: float) -> None:
+def _serve_until_settled(
+    host: sync_host.SyncHost, sync: Synchronizer, max_s: float, show: bool
+) -> None:
   """Returns once every learner finished and left and every merge went out, on SIGTERM, or after
-  `max_s` seconds."""
+  `max_s` seconds; a progress bar of merges meanwhile (on a terminal, when `show`)."""
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
   t0 = time.monotonic()
+  bar = progress.bar(show, desc=f"synchronizer gen {sync.generation}", unit="merge")
   while not stop.wait(0.2) and time.monotonic() - t0 < max_s:
     with host.cond:
+      bar.update(host.merges - bar.n)
+      bar.set_postfix(live=len(sync.live), finished=len(host.finished), refresh=False)
       if host.settled() and not sync.live:
-        return
+        break
+  bar.close()
 
 
 def _summary(
     sync: Synchronizer,
-    host: sync_host.SyncHost,
+    board: status_board.StatusBoard,
     svc,
     port: int,
     restored_from,
@@ -87,7 +94,7 @@ def _summary(
       "versions": list(sync.versions),
       "digest": sync.digest(),
       **restored,
-      "refusals": dict(host.counts),
+      "refusals": board.refusals(),
       "wall_s": wall_s,
       "wire_bytes_received": svc.bytes_received,
       "wire_bytes_sent": svc.bytes_sent,
@@ -95,6 +102,47 @@ def _summary(
       "codec_bytes_sent": svc.codec_bytes_down,
       "port": port,
   }
+
+
+def watched_host(
+    sync: Synchronizer, limits: limits_lib.Limits, on_log, on_checkpoint
+) -> tuple[sync_host.SyncHost, status_board.StatusBoard]:
+  """The synchronizer's host with the status board fed by its hooks (the board's `service` is
+  set once the gRPC service exists)."""
+  board = status_board.StatusBoard()
+
+  def log(record: dict) -> None:
+    on_log(record)
+    board.log(record)
+
+  host = sync_host.SyncHost(
+      sync,
+      absent_after_s=limits.absent_after_s,
+      max_learners=limits.max_learners,
+      progress_per_s=limits.progress_per_s,
+      on_log=log,
+      on_checkpoint=on_checkpoint,
+      on_progress=board.report,
+  )
+  board.host = host
+  return host, board
+
+
+def _start_status(deploy, board, token: str, workdir: str):
+  """The status service when `deploy.status_port` >= 0 (its port in WORKDIR/status_port)."""
+  if deploy.status_port < 0:
+    return None
+  server = status_server.StatusServer(
+      board,
+      token,
+      bind=deploy.bind,
+      port=deploy.status_port,
+      cert=deploy.cert,
+      key=deploy.key,
+      count=board.count,
+  )
+  _write_port(workdir, server.port, "status_port")
+  return server
 
 
 def run(
@@ -120,14 +168,7 @@ def run(
   def on_checkpoint(s: Synchronizer) -> None:
     ckpt.save(s.merges, s.state_dict())
 
-  host = sync_host.SyncHost(
-      sync,
-      absent_after_s=limits.absent_after_s,
-      max_learners=limits.max_learners,
-      progress_per_s=limits.progress_per_s,
-      on_log=on_log,
-      on_checkpoint=on_checkpoint,
-  )
+  host, board = watched_host(sync, limits, on_log, on_checkpoint)
   server, svc, bound = service.serve(
       host,
       token,
@@ -137,14 +178,18 @@ def run(
       cert=deploy.cert,
       key=deploy.key,
   )
+  board.service = svc
+  status = _start_status(deploy, board, token, workdir)
   _write_port(workdir, bound)
   t0 = time.monotonic()
-  _serve_until_settled(host, sync, max_s)
+  _serve_until_settled(host, sync, max_s, config.get("progress_bar", True))
+  if status is not None:
+    status.close()
   server.stop(1.0).wait()
   host.close()
   with host.cond:
     ckpt.save(sync.merges, sync.state_dict())
-    summary = _summary(sync, host, svc, bound, restored_from, restored, time.monotonic() - t0)
+    summary = _summary(sync, board, svc, bound, restored_from, restored, time.monotonic() - t0)
   ckpt.close()
   writer.close()
   metrics.write_summary(workdir, summary)

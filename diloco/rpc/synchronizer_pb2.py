@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64iloco/rpc/synchronizer.proto\x12\ndiloco.rpc\"V\n\x0bJoinRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x13\n\x0bgenerations\x18\x04 \x03(\x03\"]\n\tJoinReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x15\n\rnum_fragments\x18\x02 \x01(\x05\x12\x13\n\x0bheartbeat_s\x18\x03 \x01(\x01\x12\x10\n\x08next_seq\x18\x04 \x01(\x04\"w\n\x0fProgressRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12\x11\n\tstep_time\x18\x05 \x01(\x01\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\"4\n\rProgressReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0f\n\x07settled\x18\x02 \x01(\x08\"\x91\x01\n\x05\x43hunk\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08\x66ragment\x18\x03 \x01(\x05\x12\r\n\x05index\x18\x04 \x01(\r\x12\r\n\x05total\x18\x05 \x01(\r\x12\x0e\n\x06length\x18\x06 \x01(\x04\x12\x0b\n\x03\x63rc\x18\x07 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0b\n\x03seq\x18\t \x01(\x04\"1\n\x0bUploadReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0e\n\x06merges\x18\x02 \x01(\x05\"R\n\x0bPollRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x11\n\tafter_seq\x18\x03 \x01(\x04\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x32\xff\x01\n\x13SynchronizerService\x12\x36\n\x04Join\x12\x17.diloco.rpc.JoinRequest\x1a\x15.diloco.rpc.JoinReply\x12\x42\n\x08Progress\x12\x1b.diloco.rpc.ProgressRequest\x1a\x19.diloco.rpc.ProgressReply\x12\x36\n\x06Upload\x12\x11.diloco.rpc.Chunk\x1a\x17.diloco.rpc.UploadReply(\x01\x12\x34\n\x04Poll\x12\x17.diloco.rpc.PollRequest\x1a\x11.diloco.rpc.Chunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64iloco/rpc/synchronizer.proto\x12\ndiloco.rpc\"V\n\x0bJoinRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x13\n\x0bgenerations\x18\x04 \x03(\x03\"]\n\tJoinReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x15\n\rnum_fragments\x18\x02 \x01(\x05\x12\x13\n\x0bheartbeat_s\x18\x03 \x01(\x01\x12\x10\n\x08next_seq\x18\x04 \x01(\x04\"\xbe\x01\n\x0fProgressRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12\x11\n\tstep_time\x18\x05 \x01(\x01\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x08 \x01(\x03\x12\x11\n\x04loss\x18\t \x01(\x01H\x00\x88\x01\x01\x42\x07\n\x05_loss\"4\n\rProgressReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0f\n\x07settled\x18\x02 \x01(\x08\"\x91\x01\n\x05\x43hunk\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08\x66ragment\x18\x03 \x01(\x05\x12\r\n\x05index\x18\x04 \x01(\r\x12\r\n\x05total\x18\x05 \x01(\r\x12\x0e\n\x06length\x18\x06 \x01(\x04\x12\x0b\n\x03\x63rc\x18\x07 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0b\n\x03seq\x18\t \x01(\x04\"1\n\x0bUploadReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0e\n\x06merges\x18\x02 \x01(\x05\"R\n\x0bPollRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x11\n\tafter_seq\x18\x03 \x01(\x04\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x32\xff\x01\n\x13SynchronizerService\x12\x36\n\x04Join\x12\x17.diloco.rpc.JoinRequest\x1a\x15.diloco.rpc.JoinReply\x12\x42\n\x08Progress\x12\x1b.diloco.rpc.ProgressRequest\x1a\x19.diloco.rpc.ProgressReply\x12\x36\n\x06Upload\x12\x11.diloco.rpc.Chunk\x1a\x17.diloco.rpc.UploadReply(\x01\x12\x34\n\x04Poll\x12\x17.diloco.rpc.PollRequest\x1a\x11.diloco.rpc.Chunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,16 +35,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOINREQUEST']._serialized_end=131
   _globals['_JOINREPLY']._serialized_start=133
   _globals['_JOINREPLY']._serialized_end=226
-  _globals['_PROGRESSREQUEST']._serialized_start=228
-  _globals['_PROGRESSREQUEST']._serialized_end=347
-  _globals['_PROGRESSREPLY']._serialized_start=349
-  _globals['_PROGRESSREPLY']._serialized_end=401
-  _globals['_CHUNK']._serialized_start=404
-  _globals['_CHUNK']._serialized_end=549
-  _globals['_UPLOADREPLY']._serialized_start=551
-  _globals['_UPLOADREPLY']._serialized_end=600
-  _globals['_POLLREQUEST']._serialized_start=602
-  _globals['_POLLREQUEST']._serialized_end=684
-  _globals['_SYNCHRONIZERSERVICE']._serialized_start=687
-  _globals['_SYNCHRONIZERSERVICE']._serialized_end=942
+  _globals['_PROGRESSREQUEST']._serialized_start=229
+  _globals['_PROGRESSREQUEST']._serialized_end=419
+  _globals['_PROGRESSREPLY']._serialized_start=421
+  _globals['_PROGRESSREPLY']._serialized_end=473
+  _globals['_CHUNK']._serialized_start=476
+  _globals['_CHUNK']._serialized_end=621
+  _globals['_UPLOADREPLY']._serialized_start=623
+  _globals['_UPLOADREPLY']._serialized_end=672
+  _globals['_POLLREQUEST']._serialized_start=674
+  _globals['_POLLREQUEST']._serialized_end=756
+  _globals['_SYNCHRONIZERSERVICE']._serialized_start=759
+  _globals['_SYNCHRONIZERSERVICE']._serialized_end=1014
 # @@protoc_insertion_point(module_scope)

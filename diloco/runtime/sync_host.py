@@ -36,11 +36,13 @@ class SyncHost:
       progress_per_s: float = 50.0,
       on_log: Callable[[dict], None] = lambda r: None,
       on_checkpoint: Callable[[Synchronizer], None] = lambda s: None,
+      on_progress: Callable[[int, dict], None] = lambda m, report: None,
       clock: Callable[[], float] = time.monotonic,
   ):
     self.sync, self.absent_after_s, self.max_learners = sync, absent_after_s, max_learners
     self.progress_per_s = progress_per_s
     self.on_log, self.on_checkpoint, self.clock = on_log, on_checkpoint, clock
+    self.on_progress = on_progress  # what a heartbeat reports (the status page), under the lock
     self.t0 = clock()
     self.cond = threading.Condition()
     self.sessions: dict[int, str] = {}
@@ -109,8 +111,11 @@ class SyncHost:
       raise self._refuse("not_joined", f"learner {learner} has no live session here; join again")
     self.last_seen[learner] = self.now()
 
-  def progress(self, learner: int, session: str, finished: bool = False) -> bool:
-    """A heartbeat; returns whether the run is settled (see `settled`)."""
+  def progress(
+      self, learner: int, session: str, finished: bool = False, report: dict | None = None
+  ) -> bool:
+    """A heartbeat (with what the learner `report`s of itself, if anything); returns whether
+    the run is settled (see `settled`)."""
     with self.cond:
       self._check_session(learner, session)
       if not self._take_token(learner):
@@ -120,6 +125,8 @@ class SyncHost:
         )
       if finished:
         self.finished.add(learner)
+      if report is not None:
+        self.on_progress(learner, report)
       return self.settled()
 
   def _take_token(self, learner: int) -> bool:

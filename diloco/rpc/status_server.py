@@ -1,0 +1,94 @@
+"""The synchronizer's status service: /status (JSON), /metrics (Prometheus text), / (a page).
+
+It listens on `deploy.bind`:`deploy.status_port` (0: a free port, written to WORKDIR/status_port;
+-1, the default: off), over TLS with the gRPC service's certificate when `deploy.cert`/`key` are
+set. Every path needs the deployment's token as `Authorization: Bearer <token>`; a request without
+it gets 401 and is counted among the refusals (code `unauthenticated`), and changes nothing else.
+Requests are served on their own threads from a `StatusBoard` snapshot, which never takes the
+synchronizer host's lock (diloco/rpc/status_board.py).
+"""
+
+import hmac
+import http.server
+import json
+import ssl
+import threading
+
+from diloco.watch import status_page
+
+CONTENT = {
+    "/status": "application/json",
+    "/metrics": "text/plain; version=0.0.4; charset=utf-8",
+    "/": "text/html; charset=utf-8",
+}
+
+
+def bearer_ok(header: str | None, token: str) -> bool:
+  """Whether an Authorization header carries exactly `Bearer <token>` (compared in constant
+  time)."""
+  if not header or not header.startswith("Bearer "):
+    return False
+  return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
+
+
+def _body(path: str, board) -> bytes:
+  snapshot = board.snapshot()
+  if path == "/status":
+    return json.dumps(snapshot, sort_keys=True).encode()
+  if path == "/metrics":
+    return status_page.metrics_text(snapshot)
+  return status_page.html(snapshot).encode()
+
+
+def _handler(board, token: str, count):
+  class Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "diloco-status"
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+      path = self.path.split("?", 1)[0]
+      if not bearer_ok(self.headers.get("Authorization"), token):
+        count("unauthenticated")
+        return self._send(401, b"missing or wrong bearer token\n", "text/plain", bearer=True)
+      if path not in CONTENT:
+        return self._send(404, f"no such page: {path}\n".encode(), "text/plain")
+      self._send(200, _body(path, board), CONTENT[path])
+
+    def _send(self, code: int, body: bytes, content_type: str, bearer: bool = False) -> None:
+      self.send_response(code)
+      self.send_header("Content-Type", content_type)
+      self.send_header("Content-Length", str(len(body)))
+      self.send_header("Cache-Control", "no-store")
+      if bearer:
+        self.send_header("WWW-Authenticate", 'Bearer realm="diloco"')
+      self.end_headers()
+      self.wfile.write(body)
+
+    def log_message(self, *args):  # requests are not logged to stderr
+      pass
+
+  return Handler
+
+
+class StatusServer:
+  """The status service over one board, serving in daemon threads until `close()`."""
+
+  def __init__(self, board, token: str, *, bind: str, port: int, cert="", key="", count=None):
+    if not token:
+      raise ValueError("the status service needs the deployment's non-empty token")
+    handler = _handler(board, token, count or (lambda code: None))
+    self.httpd = http.server.ThreadingHTTPServer((bind, port), handler)
+    self.httpd.daemon_threads = True
+    if cert:
+      context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+      context.load_cert_chain(cert, key)
+      self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+    self.port = self.httpd.server_address[1]
+    self._thread = threading.Thread(
+        target=self.httpd.serve_forever, kwargs=dict(poll_interval=0.2), daemon=True
+    )
+    self._thread.start()
+
+  def close(self) -> None:
+    self.httpd.shutdown()
+    self.httpd.server_close()
+    self._thread.join(timeout=2.0)
