@@ -7,6 +7,9 @@ Any --config.KEY=VALUE flag (e.g. --config.deploy.absent_after_s=10) is checked 
 every process. Learners checkpoint every --learner_checkpoint_every steps into
 WORKDIR/learner<m>/checkpoints and a learner started again resumes from there. Logs go to
 WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>.
+A `chaos` schedule (--config.chaos.schedule='straggle learner 1 at t=0s for 1e6s x3; ...') acts
+inside the learner processes (diloco/rpc/learner_faults.py); a learner that a `crash` fault ends
+is started again here, waits out the crash and resumes from its checkpoint.
 Ctrl-C (or --timeout_s) stops every process: SIGTERM, then SIGKILL after a grace period.
 """
 
@@ -57,7 +60,7 @@ def main() -> None:
   try:
     c.start()
     print(f"synchronizer on 127.0.0.1:{c.port}; logs in {c.workdir}/logs", flush=True)
-    codes = c.wait(args.timeout_s)
+    codes = c.wait(args.timeout_s, restart_crashed=True)
     print("exit codes:", codes, flush=True)
   except KeyboardInterrupt:
     print("stopping", flush=True)

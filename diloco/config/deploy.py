@@ -15,11 +15,14 @@ def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDic
           runtime="virtual",  # virtual | threads | grpc
           bind="127.0.0.1",  # the synchronizer binds loopback unless told otherwise
           port=0,  # 0: a free port, written to WORKDIR/port
+          status_port=-1,  # the status page, /status, /metrics (0: a free port, in
+          # WORKDIR/status_port; -1: off); bound like the gRPC port, the same token
           cert="",
           key="",
           ca_cert="",  # TLS when set (scripts/make_certs.py makes a local pair)
           absent_after_s=5.0,  # a learner silent this long is left out of quorums until it rejoins
-          chaos_time_scale=1.0,  # threads runtime: wall seconds per second of the chaos schedule
+          chaos_time_scale=1.0,  # threads and gRPC: wall seconds per second of the chaos schedule
+          straggle_busy=False,  # gRPC learners: a straggling step spins on a core instead of sleeping
           devices_per_learner=0,  # threads runtime: local devices per learner; 0 = split evenly
           max_learners=64,
           chunk_bytes=1 << 20,
@@ -48,6 +51,13 @@ def check(deploy: ml_collections.ConfigDict) -> None:
     raise ValueError("deploy.cert and deploy.key go together")
   if not 0 <= deploy.port < 65536:
     raise ValueError(f"deploy.port out of range: {deploy.port}")
+  if not -1 <= deploy.status_port < 65536:
+    raise ValueError(
+        f"deploy.status_port must be -1 (off), 0 (a free port) or a port, got "
+        f"{deploy.status_port}"
+    )
+  if deploy.status_port > 0 and deploy.status_port == deploy.port:
+    raise ValueError(f"deploy.status_port and deploy.port are both {deploy.port}")
   if not deploy.bind:
     raise ValueError("deploy.bind is empty (127.0.0.1 for loopback, or an address to listen on)")
   if deploy.absent_after_s <= 0:

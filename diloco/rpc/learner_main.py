@@ -29,8 +29,9 @@ from diloco import metrics
 from diloco.config import build, deploy as deploy_lib
 from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
-from diloco.rpc import client as client_lib, limits as limits_lib, multihost
+from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost
 from diloco.runtime import async_link, learner_loop
+from diloco.watch import progress as progress_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +69,19 @@ def restore(learner: multihost.SpmdLearner, ckpt: LearnerCheckpointer) -> int | 
 
 class _Progress:
   """Appends {step, loss, time, versions} every `log_every` steps to WORKDIR/progress.jsonl,
-  and one {time, pid, restored_step, versions} line per process start to WORKDIR/starts.jsonl."""
+  and one {time, pid, restored_step, versions} line per process start to WORKDIR/starts.jsonl;
+  keeps the last loss for the heartbeats (the status page) and shows a bar on a terminal."""
 
-  def __init__(self, workdir: str, learner_id: int, log_every: int, start: dict):
-    self.learner_id, self.log_every = learner_id, log_every
+  def __init__(self, config, workdir: str, learner_id: int, start: dict, step0: int):
+    self.learner_id, self.log_every = learner_id, config.log_every
+    self.last_loss: float | None = None
+    self.bar = progress_lib.bar(
+        config.get("progress_bar", True),
+        total=config.steps,
+        initial=step0,
+        desc=f"learner {learner_id}",
+        unit="step",
+    )
     with open(os.path.join(workdir, "starts.jsonl"), "a", encoding="utf-8") as f:
       f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **start}) + "\n")
     self.f = open(os.path.join(workdir, "progress.jsonl"), "a", encoding="utf-8")
@@ -81,13 +91,17 @@ class _Progress:
     self.f.flush()
 
   def __call__(self, lrn, device_metrics) -> None:
+    self.bar.update(lrn.steps - self.bar.n)
     if lrn.steps % self.log_every == 0:
       loss = float(jax.device_get(device_metrics)["loss"])
       if not np.isfinite(loss):
         raise FloatingPointError(f"learner {self.learner_id}: loss {loss} at step {lrn.steps}")
+      self.last_loss = loss
       self.write({"step": lrn.steps, "loss": loss, "versions": lrn.versions})
+      self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
   def close(self) -> None:
+    self.bar.close()
     self.f.close()
 
 
@@ -108,6 +122,15 @@ def run(
       cluster.process_id,
   )
   os.makedirs(workdir, exist_ok=True)
+  faults = learner_faults.ProcessFaults(
+      build.faults(config),
+      learner_id,
+      workdir,
+      config.deploy.chaos_time_scale,
+      busy=config.deploy.straggle_busy,
+  )
+  if talks_to_sync():
+    faults.wait_if_down()  # a restart inside a crash's window: back at its end
   learner = make_learner(config, learner_id)
   ckpt = LearnerCheckpointer(
       os.path.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
@@ -132,14 +155,18 @@ def run(
       limits=limits_lib.Limits.from_deploy(config.deploy),
       ca_cert=config.deploy.ca_cert,
   )
-  progress = _Progress(workdir, learner_id, config.log_every, restored_state)
+  progress = _Progress(config, workdir, learner_id, restored_state, learner.steps)
+  link.report = lambda: dict(
+      total_steps=learner.steps, total_tokens=learner.tokens, loss=progress.last_loss
+  )
 
   def on_step(lrn, device_metrics) -> None:
     progress(lrn, device_metrics)
     after_step(lrn)
+    faults.after_step(lrn.steps, device_metrics)
 
   tokens0, t0 = learner.tokens, time.perf_counter()
-  result = _train(config, learner, link, next_batch, on_step)
+  result = _train(config, learner, faults.link(link), next_batch, on_step)
   wall = time.perf_counter() - t0
   progress.close()
   ckpt.close()
@@ -170,9 +197,7 @@ def _summary(
   }
 
 
-def _train(
-    config, learner: multihost.SpmdLearner, link: client_lib.GrpcLink, next_batch, on_step
-) -> dict[str, Any]:
+def _train(config, learner: multihost.SpmdLearner, link, next_batch, on_step) -> dict[str, Any]:
   """The learner loop over `link` until SIGTERM or `config.steps`; the followers are told the end.
 
   Non-blocking learners poll in a thread (`loop_link_for`); a multi-process learner's link keeps
@@ -192,7 +217,7 @@ def _train(
         config.steps,
         overlap=config.outer.overlap,
         blocking=config.outer.blocking,
-        heartbeat_s=link.limits.absent_after_s / 4,
+        heartbeat_s=config.deploy.absent_after_s / 4,
         stop=stop,
         on_step=on_step,
         seed=learner.index,

@@ -144,10 +144,21 @@ class LocalCluster:
   def alive(self, name: str) -> bool:
     return name in self.procs and self.procs[name].poll() is None
 
-  def wait(self, timeout_s: float) -> dict[str, int | None]:
-    """Waits for every process to exit by itself; returns their exit codes (None: running)."""
+  def wait(self, timeout_s: float, restart_crashed: bool = False) -> dict[str, int | None]:
+    """Waits for every process to exit by itself; returns their exit codes (None: running).
+
+    With `restart_crashed`, a single-process learner that exits with learner_faults.CRASH_EXIT
+    (a chaos `crash` fault) is started again at once, as a supervisor would."""
+    from diloco.rpc.learner_faults import CRASH_EXIT
+
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+    while time.monotonic() < deadline:
+      if restart_crashed and self.processes_per_learner == 1:
+        for m in range(self.learners):
+          if self.procs[f"learner{m}"].poll() == CRASH_EXIT:
+            self.start_learner(m)
+      if all(p.poll() is not None for p in self.procs.values()):
+        break
       time.sleep(0.2)
     return {n: p.poll() for n, p in self.procs.items()}
 

@@ -194,6 +194,10 @@ class FaultyLink:
     self._wait_until(self._arrival())
     link = self._link()
     link.join(versions, generations)
+    self._joined(link)
+
+  def _joined(self, link) -> None:
+    """After a join: the host's versions then (what the driver's rejoin check compares)."""
     with link.host.cond:
       self.joined_versions = list(link.host.sync.versions)
 
@@ -269,12 +273,16 @@ class FaultyLink:
         finally:
           self._cond.acquire()
 
+  def _gone(self, link) -> bool:
+    """Whether the host `link` was made for is gone (restarted or down)."""
+    host, _ = self.slot.get()
+    return host is not link.host
+
   def _hand_over(self, link, up: protocol.Upload) -> None:
     """The upload reaches the host (the one it was sent to, which may be gone by now)."""
     with self._cond:
       kind = self._tainted.pop(id(up), None)
-    host, _ = self.slot.get()
-    if host is not link.host:
+    if self._gone(link):
       self.shared.dropped("up")
       if kind is not None:
         self.shared.fate(kind, "lost")

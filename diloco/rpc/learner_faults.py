@@ -1,0 +1,159 @@
+"""The `chaos` schedule's faults of one learner, applied in its own gRPC learner process.
+
+They act as in the threads runtime (diloco/runtime/threads_chaos.py, faulty_link.py), on the
+schedule's clock: schedule time 0 is this learner's first step (after compilation), kept in
+WORKDIR/chaos_clock.json so that a restarted process keeps the same clock; a fault at t acts
+`deploy.chaos_time_scale · t` wall seconds after it.
+
+- straggle: the learner runs at 1/factor of its own speed: each step lasts `factor` times its
+  mean step time before the fault (an exponential average of the time between steps; the process
+  sleeps, or with `deploy.straggle_busy` spins on one core, to the end of that). A learner that
+  straggles from its first steps, before it has a mean, waits for each step's result (JAX runs
+  steps ahead of the host) and stretches that time instead. Sleeping is a slow accelerator seen
+  from outside; on a machine whose learners share too few CPU cores it also frees a core for the
+  others, which spinning does not;
+- delay, partition (drop or hold), corrupt and poison: on the learner's link to the synchronizer,
+  exactly as `faulty_link.FaultyLink` does them;
+- crash: at its time the process exits at once with code CRASH_EXIT (75): its memory and the step
+  in progress are lost, as with a killed process. A supervisor (scripts/launch_local.py, or
+  `local.LocalCluster.wait(restart_crashed=True)`) starts it again; a process that starts inside
+  a crash's window waits for its end, then resumes from its newest checkpoint and rejoins.
+
+sync_crash faults are not the learner's: they are refused here (the synchronizer process is
+killed and restarted from outside, see scripts/chaos_local.py). Every fault this process applies
+is appended to WORKDIR/chaos.jsonl.
+"""
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from diloco.chaos import schedule as chaos
+from diloco.runtime import link as link_lib
+from diloco.runtime.faulty_link import FaultClock, FaultyLink, Shared
+
+CRASH_EXIT = 75  # EX_TEMPFAIL: "try again", what a supervisor restarts
+CLOCK_FILE = "chaos_clock.json"
+LOG_FILE = "chaos.jsonl"
+WARMUP_STEPS = 3  # steps between which a learner's mean step time is not yet measured
+MEAN_WEIGHT = 0.05  # of the newest step in the mean step time (a memory of about 20 steps)
+
+
+class ProcessLink(FaultyLink):
+  """`FaultyLink` over one gRPC link (no in-process host to look at, none that restarts here)."""
+
+  def __init__(self, inner, learner: int, clock: FaultClock, shared: Shared):
+    super().__init__(None, learner, clock, shared, make_inner=None)
+    self.inner = inner
+
+  def _link(self):
+    return self.inner
+
+  def _joined(self, link) -> None:
+    pass
+
+  def _gone(self, link) -> bool:
+    return False
+
+  def close(self) -> None:
+    super().close()
+    self.inner.close()
+
+
+class ProcessFaults:
+  """Learner m's faults in this process (see the module doc)."""
+
+  def __init__(
+      self,
+      faults: list[chaos.Fault],
+      m: int,
+      workdir: str,
+      scale: float = 1.0,
+      busy: bool = False,
+  ):
+    bad = [f.describe() for f in faults if f.kind == "sync_crash"]
+    if bad:
+      raise ValueError(
+          f"a learner process cannot apply synchronizer faults ({'; '.join(bad)}): kill and "
+          "restart the synchronizer process instead (scripts/chaos_local.py)"
+      )
+    self.m, self.workdir, self.busy = m, workdir, busy
+    mine = [f for f in faults if f.learner == m]
+    self.clock = FaultClock(mine, scale, clock=time.time)
+    self.shared = Shared(1, seed=m)
+    path = os.path.join(workdir, CLOCK_FILE)
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        self.clock.t0 = float(json.load(f)["t0"])
+    self._born = self.clock.now()  # -inf before the first step of the first process
+    self._last: float | None = None  # when the previous step (and its stretch) ended
+    self._mean: float | None = None  # mean time between steps, not straggling
+    self._steps_seen = 0
+    self._straggling = False
+
+  @property
+  def active(self) -> bool:
+    return bool(self.clock.faults)
+
+  def _log(self, record: dict) -> None:
+    with open(os.path.join(self.workdir, LOG_FILE), "a", encoding="utf-8") as f:
+      f.write(json.dumps({"time": self.clock.now(), "pid": os.getpid(), **record}) + "\n")
+
+  def wait_if_down(self) -> float:
+    """At process start: sleeps to the end of a crash window it started in; returns the wait."""
+    ends = [f.end_s for f in self.clock.active(self.m, "crash")]
+    if not ends:
+      return 0.0
+    wait = self.clock.wall(max(ends)) - self.clock.clock()
+    self._log({"event": "down", "until": max(ends), "wait_s": wait})
+    time.sleep(max(wait, 0.0))
+    self._born = self.clock.now()
+    return wait
+
+  def link(self, inner) -> link_lib.Link:
+    """The learner's link with its delay, partition, corrupt and poison faults."""
+    return ProcessLink(inner, self.m, self.clock, self.shared) if self.active else inner
+
+  def after_step(self, step: int, device_metrics=None) -> None:
+    """Called after every step: starts the clock at the first, stretches straggling steps,
+    exits at a crash."""
+    now = time.monotonic()
+    if self.clock.t0 is None:
+      self.clock.start()
+      self._born = 0.0
+      tmp = os.path.join(self.workdir, CLOCK_FILE + ".tmp")
+      with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"t0": self.clock.t0}, f)
+      os.replace(tmp, os.path.join(self.workdir, CLOCK_FILE))
+    crash = [f for f in self.clock.active(self.m, "crash") if f.time_s >= self._born]
+    if crash:
+      self._log({"event": "crash", "step": step, "fault": crash[0].describe()})
+      os._exit(CRASH_EXIT)
+    factor = float(np.prod([f.factor for f in self.clock.active(self.m, "straggle")]))
+    if self._last is not None and factor > 1:
+      if not self._straggling:
+        self._log({"event": "straggle", "step": step, "factor": factor, "busy": self.busy})
+      if self._mean is None:  # no speed of its own yet: the step's real length, stretched
+        jax.block_until_ready(device_metrics)
+        self._until(self._last + factor * (time.monotonic() - self._last))
+      else:
+        self._until(self._last + factor * self._mean)
+    elif self._last is not None:
+      self._steps_seen += 1
+      if self._steps_seen > WARMUP_STEPS:  # compilation is not its speed
+        gap, n = now - self._last, self._steps_seen - WARMUP_STEPS
+        weight = max(MEAN_WEIGHT, 1.0 / n)  # the plain mean of the first 1/MEAN_WEIGHT steps
+        self._mean = gap if self._mean is None else self._mean + weight * (gap - self._mean)
+    self._straggling = factor > 1
+    self._last = time.monotonic()
+
+  def _until(self, end: float) -> None:
+    """Sleeps (or spins) to monotonic time `end`."""
+    if not self.busy:
+      time.sleep(max(end - time.monotonic(), 0.0))
+      return
+    while time.monotonic() < end:
+      pass

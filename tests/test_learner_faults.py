@@ -1,0 +1,87 @@
+"""Chaos in real learner processes: a straggle window slows a learner's steps by its factor, and a
+crash ends the process, which its supervisor starts again to resume from its checkpoint."""
+
+import json
+import os
+
+import pytest
+from proc_helpers import read_jsonl
+
+from diloco.chaos import schedule as chaos
+from diloco.rpc import learner_faults, local
+
+SPEC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2"
+
+
+def _cluster(tmp_path, steps, faults, *more):
+  overrides = (
+      f"--config.steps={steps}",
+      f"--config.chaos.schedule={faults}",
+      "--config.log_every=1",
+      "--config.progress_bar=False",
+      *more,
+  )
+  c = local.LocalCluster(SPEC, 2, str(tmp_path), overrides=overrides)
+  try:
+    c.start()
+    codes = c.wait(300, restart_crashed=True)
+  finally:
+    c.stop(grace_s=2.0)
+  assert codes == {"sync": 0, "learner0": 0, "learner1": 0}, codes
+
+
+def _speed(tmp_path, m, start, end):
+  """Learner m's steps per second between schedule times `start` and `end`."""
+  with open(tmp_path / f"learner{m}" / learner_faults.CLOCK_FILE) as f:
+    t0 = json.load(f)["t0"]
+  rows = read_jsonl(str(tmp_path / f"learner{m}" / "progress.jsonl"))
+  inside = [(r["time"] - t0, r["step"]) for r in rows if start <= r["time"] - t0 <= end]
+  assert len(inside) >= 10, (start, end, len(inside))
+  (ta, sa), (tb, sb) = inside[0], inside[-1]
+  return (sb - sa) / (tb - ta)
+
+
+def test_a_straggle_window_slows_the_learner_process_by_its_factor(tmp_path):
+  """Learner 1 runs at a third of its speed from 4 s to 8 s of its schedule, and at full speed
+  before and after (no checkpoints: nothing else stretches a step). Its speed varies by some 30%
+  from second to second here (uploads and merges share two cores with the other processes)."""
+  _cluster(tmp_path, 300, "straggle learner 1 at t=4s for 4s x3")
+  events = read_jsonl(str(tmp_path / "learner1" / learner_faults.LOG_FILE))
+  assert [e["event"] for e in events] == ["straggle"] and events[0]["factor"] == 3.0
+  before, during, after = (_speed(tmp_path, 1, a, b) for a, b in ((2.5, 4), (4.1, 8), (8.1, 11)))
+  assert 2.2 < before / during < 4.0, (before, during, after)
+  assert after / during > 2.2, (before, during, after)  # back to speed (learner 0 may be done)
+
+
+def test_a_crash_ends_the_process_and_it_resumes_from_its_checkpoint(tmp_path):
+  """A crash at 1 s for 8 s: the process exits (CRASH_EXIT), the supervisor starts it again, it
+  waits out the window, restores its newest checkpoint and trains to the end."""
+  _cluster(
+      tmp_path, 120, "crash learner 0 at t=1s for 8s", "--config.outer.learner_checkpoint_every=10"
+  )
+  events = read_jsonl(str(tmp_path / "learner0" / learner_faults.LOG_FILE))
+  assert [e["event"] for e in events] == ["crash", "down"]
+  assert events[0]["time"] >= 1.0 and events[1]["until"] == 9.0
+  starts = read_jsonl(str(tmp_path / "learner0" / "starts.jsonl"))
+  assert len(starts) == 2 and starts[1]["restored_step"] is not None
+  assert 10 <= starts[1]["restored_step"] <= events[0]["step"]
+  with open(tmp_path / "learner0" / "summary.json") as f:
+    assert json.load(f)["steps"] == 120
+
+
+def test_a_learner_process_refuses_synchronizer_faults(tmp_path):
+  faults = chaos.parse("sync_crash at t=5s for 2s")
+  with pytest.raises(ValueError, match="cannot apply synchronizer faults.*sync_crash at t=5s"):
+    learner_faults.ProcessFaults(faults, 0, str(tmp_path))
+
+
+def test_a_restarted_process_keeps_the_schedule_clock(tmp_path):
+  """The schedule's time 0 is the first process's first step; a later process reads it back."""
+  faults = chaos.parse("straggle learner 0 at t=100s for 1s x2")
+  first = learner_faults.ProcessFaults(faults, 0, str(tmp_path))
+  assert first.clock.t0 is None
+  first.after_step(1)
+  assert os.path.exists(tmp_path / learner_faults.CLOCK_FILE)
+  again = learner_faults.ProcessFaults(faults, 0, str(tmp_path))
+  assert again.clock.t0 == first.clock.t0
+  assert again.wait_if_down() == 0.0  # no crash window at its start
