@@ -1,10 +1,11 @@
 """One learner 3x slower, in real processes: do the others slow down with it?
 
-  python scripts/straggler_local.py [--steps=90] [--factor=3] [--modes=decoupled,diloco] \
+  python scripts/straggler_local.py [--steps=60] [--diloco_inner_steps=20] [--factor=3] [--modes=decoupled,diloco] \
       [--config=configs/shakespeare.py:model=small] --workdir=runs/straggler
 
 For each mode, a synchronizer and M=3 learner processes of the `small` model run twice on this
-machine (scripts/launch_local.py's cluster): once with every learner at speed 1, once with the last
+machine (synchronous DiLoCo with H=--diloco_inner_steps, as in torchft's comparison; Decoupled
+DiLoCo with its preset's P=H=24) (scripts/launch_local.py's cluster): once with every learner at speed 1, once with the last
 learner straggling by --factor for the whole run (a chaos `straggle` fault acting inside its process,
 diloco/rpc/learner_faults.py). A learner's speed is its steps per second between its first logged
 step past --warmup and its last; the script prints, per mode, the fast learners' (0..M-2) mean speed
@@ -45,6 +46,8 @@ def run_once(args, mode: str, straggle: bool) -> list[float]:
   m = args.learners
   spec = local.with_arg(local.with_arg(args.config, "mode", mode), "learners", m)
   overrides = [f"--config.steps={args.steps}", "--config.log_every=5"]
+  if mode == "diloco":  # torchft's comparison synced every 20 steps
+    overrides.append(f"--config.outer.inner_steps={args.diloco_inner_steps}")
   overrides += ["--config.outer.learner_checkpoint_every=0", "--config.progress_bar=False"]
   overrides.append(f"--config.deploy.straggle_busy={args.busy}")
   if straggle:
@@ -74,8 +77,9 @@ def main() -> None:
   ap.add_argument("--config", default="configs/shakespeare.py:model=small")
   ap.add_argument("--modes", default="decoupled,diloco")
   ap.add_argument("--learners", type=int, default=3)
-  ap.add_argument("--steps", type=int, default=90)
-  ap.add_argument("--warmup", type=int, default=20, help="steps left out of the speed")
+  ap.add_argument("--steps", type=int, default=60)
+  ap.add_argument("--diloco_inner_steps", type=int, default=20, help="H of mode=diloco")
+  ap.add_argument("--warmup", type=int, default=15, help="steps left out of the speed")
   ap.add_argument("--factor", type=float, default=3.0)
   ap.add_argument(
       "--busy",

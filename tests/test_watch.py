@@ -122,7 +122,7 @@ def test_a_virtual_run_draws_its_timeline_from_what_it_did(tmp_path, monkeypatch
     return draw(path, trace, merges, end, *a, **kw)
 
   monkeypatch.setattr(timeline, "draw", spy)
-  config = shakespeare.get_config("mode=streaming,runlocal")
+  config = shakespeare.get_config("mode=streaming,runlocal,steps=16")
   with config.unlocked():
     config.sim.speeds = "1,3"
     config.progress_bar = False

@@ -133,9 +133,9 @@ class ProcessFaults:
       self._log({"event": "crash", "step": step, "fault": crash[0].describe()})
       os._exit(CRASH_EXIT)
     factor = float(np.prod([f.factor for f in self.clock.active(self.m, "straggle")]))
+    if factor > 1 and not self._straggling:
+      self._log({"event": "straggle", "step": step, "factor": factor, "busy": self.busy})
     if self._last is not None and factor > 1:
-      if not self._straggling:
-        self._log({"event": "straggle", "step": step, "factor": factor, "busy": self.busy})
       if self._mean is None:  # no speed of its own yet: the step's real length, stretched
         jax.block_until_ready(device_metrics)
         self._until(self._last + factor * (time.monotonic() - self._last))

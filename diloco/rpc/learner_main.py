@@ -105,6 +105,20 @@ class _Progress:
     self.f.close()
 
 
+def _faults(config, learner_id: int, workdir: str) -> learner_faults.ProcessFaults:
+  """This learner's chaos faults; a process started inside a crash's window waits out its end."""
+  faults = learner_faults.ProcessFaults(
+      build.faults(config),
+      learner_id,
+      workdir,
+      config.deploy.chaos_time_scale,
+      busy=config.deploy.straggle_busy,
+  )
+  if talks_to_sync():
+    faults.wait_if_down()
+  return faults
+
+
 def run(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -122,15 +136,7 @@ def run(
       cluster.process_id,
   )
   os.makedirs(workdir, exist_ok=True)
-  faults = learner_faults.ProcessFaults(
-      build.faults(config),
-      learner_id,
-      workdir,
-      config.deploy.chaos_time_scale,
-      busy=config.deploy.straggle_busy,
-  )
-  if talks_to_sync():
-    faults.wait_if_down()  # a restart inside a crash's window: back at its end
+  faults = _faults(config, learner_id, workdir)
   learner = make_learner(config, learner_id)
   ckpt = LearnerCheckpointer(
       os.path.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every

@@ -105,6 +105,13 @@ def figure(
       frameon=False,
   )
   ax.set_title(title or "timeline", fontsize=10, pad=22)
+  _merges(fig, axm, merges, m_count, fragments, end)
+  fig.tight_layout()
+  return fig, ax, axm
+
+
+def _merges(fig, axm, merges: list[dict], m_count: int, fragments: int, end: float) -> None:
+  """The merges panel: one mark per merge at its fragment's height, coloured by its quorum."""
   points = axm.scatter(
       [r["time"] for r in merges],
       [r["fragment"] for r in merges],
@@ -117,12 +124,11 @@ def figure(
       vmax=m_count,
   )
   fig.colorbar(points, ax=axm, pad=0.01, fraction=0.03).set_label("quorum", fontsize=8)
+  axm.yaxis.get_major_locator().set_params(integer=True)
   axm.set_ylim(-0.5, max(fragments, 1) - 0.5)
   axm.set_ylabel("merges of\nfragment", fontsize=8)
   axm.set_xlabel("simulated time (s)")
   axm.set_xlim(0, end if end > 0 else 1.0)
-  fig.tight_layout()
-  return fig, ax, axm
 
 
 def draw(path: str, *args, **kwargs) -> str:
