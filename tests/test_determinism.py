@@ -19,7 +19,7 @@ COMMANDS = {
     + ["--config.sim.speeds=1,1,3"],
     "dp": ["--config=configs/shakespeare.py:runlocal"],
 }
-VARYING = ("wall_s", "tokens_per_s", "workdir")  # wall-clock figures and where it ran
+VARYING = ("wall_s", "tokens_per_s", "workdir", "timeline")  # wall-clock figures, where it ran
 
 
 def _run(args: list[str], workdir: str) -> dict:

@@ -81,8 +81,6 @@ def _rgb(hex_color):
 def test_timeline_picture_of_a_hand_built_log(tmp_path):
   """Two learners over 10 s: learner 0 trains, waits 4..6, trains; learner 1 trains until it
   crashes at 5 and is down until 8. Merges at 1, 2 and 9 with period 2: the model stalls 4..9."""
-  import matplotlib.pyplot as plt
-
   tr = timeline.Trace(2)
   tr.span(0, timeline.TRAIN, 0.0, 4.0)
   tr.span(0, timeline.WAIT, 4.0, 6.0)
@@ -105,7 +103,6 @@ def test_timeline_picture_of_a_hand_built_log(tmp_path):
   for (t, row), color in want.items():
     assert np.allclose(_pixel(fig, ax, t, row), _rgb(color), atol=0.02), (t, row)
   assert np.allclose(_pixel(fig, ax, 9.0, 1), 1.0, atol=0.02)  # back at 8, nothing drawn: done
-  plt.close(fig)
   path = timeline.draw(str(tmp_path / "t.png"), *args, down=[(1, 5.0, 8.0)])
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"

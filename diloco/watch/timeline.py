@@ -67,20 +67,16 @@ def figure(
 ):
   """The timeline as a matplotlib figure (see the module doc): returns (figure, rows axes, merges
   axes). In the rows axes learner m is drawn at height M − m and the global model at 0."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  # A Figure on its own Agg canvas, not pyplot: drawing here never changes the backend of a
+  # notebook or script that called the run.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
   from matplotlib.patches import Patch
 
   m_count = trace.learners
-  fig, (ax, axm) = plt.subplots(
-      2,
-      1,
-      sharex=True,
-      figsize=(9.0, 2.4 + 0.45 * m_count + 1.6),
-      gridspec_kw=dict(height_ratios=[m_count + 1.5, 2.2]),
-  )
+  fig = Figure(figsize=(9.0, 2.4 + 0.45 * m_count + 1.6))
+  FigureCanvasAgg(fig)
+  ax, axm = fig.subplots(2, 1, sharex=True, gridspec_kw=dict(height_ratios=[m_count + 1.5, 2.2]))
   bar = lambda spans, y, color: ax.broken_barh(
       [(s, e - s) for s, e in spans], (y - 0.35, 0.7), color=color, linewidth=0
   )
@@ -133,9 +129,6 @@ def _merges(fig, axm, merges: list[dict], m_count: int, fragments: int, end: flo
 
 def draw(path: str, *args, **kwargs) -> str:
   """Writes `figure(*args, **kwargs)` to `path` as a PNG; returns `path`."""
-  import matplotlib.pyplot as plt
-
   fig, _, _ = figure(*args, **kwargs)
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
