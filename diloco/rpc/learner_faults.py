@@ -6,12 +6,12 @@ WORKDIR/chaos_clock.json so that a restarted process keeps the same clock; a fau
 `deploy.chaos_time_scale · t` wall seconds after it.
 
 - straggle: the learner runs at 1/factor of its own speed: each step lasts `factor` times its
-  mean step time before the fault (an exponential average of the time between steps; the process
-  sleeps, or with `deploy.straggle_busy` spins on one core, to the end of that). A learner that
-  straggles from its first steps, before it has a mean, waits for each step's result (JAX runs
-  steps ahead of the host) and stretches that time instead. Sleeping is a slow accelerator seen
-  from outside; on a machine whose learners share too few CPU cores it also frees a core for the
-  others, which spinning does not;
+  mean step time before the fault (an exponential average of the time between steps, over about
+  the last 20; the process sleeps, or with `deploy.straggle_busy` spins on one core, to the end of
+  that). A learner that straggles from its first steps first measures that mean, unstretched,
+  over MEASURE_STEPS steps after WARMUP_STEPS. Sleeping is a slow accelerator seen from outside;
+  on a machine whose learners share too few CPU cores it also frees a core for the others, which
+  spinning does not;
 - delay, partition (drop or hold), corrupt and poison: on the learner's link to the synchronizer,
   exactly as `faulty_link.FaultyLink` does them;
 - crash: at its time the process exits at once with code CRASH_EXIT (75): its memory and the step
@@ -28,7 +28,6 @@ import json
 import os
 import time
 
-import jax
 import numpy as np
 
 from diloco.chaos import schedule as chaos
@@ -40,6 +39,7 @@ CLOCK_FILE = "chaos_clock.json"
 LOG_FILE = "chaos.jsonl"
 WARMUP_STEPS = 3  # steps between which a learner's mean step time is not yet measured
 MEAN_WEIGHT = 0.05  # of the newest step in the mean step time (a memory of about 20 steps)
+MEASURE_STEPS = 10  # steps in the mean before a straggle can stretch one
 
 
 class ProcessLink(FaultyLink):
@@ -92,6 +92,7 @@ class ProcessFaults:
     self._last: float | None = None  # when the previous step (and its stretch) ended
     self._mean: float | None = None  # mean time between steps, not straggling
     self._steps_seen = 0
+    self._measured = 0  # steps in the mean
     self._straggling = False
 
   @property
@@ -117,7 +118,7 @@ class ProcessFaults:
     """The learner's link with its delay, partition, corrupt and poison faults."""
     return ProcessLink(inner, self.m, self.clock, self.shared) if self.active else inner
 
-  def after_step(self, step: int, device_metrics=None) -> None:
+  def after_step(self, step: int) -> None:
     """Called after every step: starts the clock at the first, stretches straggling steps,
     exits at a crash."""
     now = time.monotonic()
@@ -135,17 +136,14 @@ class ProcessFaults:
     factor = float(np.prod([f.factor for f in self.clock.active(self.m, "straggle")]))
     if factor > 1 and not self._straggling:
       self._log({"event": "straggle", "step": step, "factor": factor, "busy": self.busy})
-    if self._last is not None and factor > 1:
-      if self._mean is None:  # no speed of its own yet: the step's real length, stretched
-        jax.block_until_ready(device_metrics)
-        self._until(self._last + factor * (time.monotonic() - self._last))
-      else:
-        self._until(self._last + factor * self._mean)
-    elif self._last is not None:
+    if self._last is not None and factor > 1 and self._measured >= MEASURE_STEPS:
+      self._until(self._last + factor * self._mean)
+    elif self._last is not None:  # not straggling, or its speed not measured yet
       self._steps_seen += 1
       if self._steps_seen > WARMUP_STEPS:  # compilation is not its speed
-        gap, n = now - self._last, self._steps_seen - WARMUP_STEPS
-        weight = max(MEAN_WEIGHT, 1.0 / n)  # the plain mean of the first 1/MEAN_WEIGHT steps
+        self._measured += 1
+        gap = now - self._last
+        weight = max(MEAN_WEIGHT, 1.0 / self._measured)  # the plain mean of the first steps
         self._mean = gap if self._mean is None else self._mean + weight * (gap - self._mean)
     self._straggling = factor > 1
     self._last = time.monotonic()

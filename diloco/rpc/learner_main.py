@@ -169,7 +169,7 @@ def run(
   def on_step(lrn, device_metrics) -> None:
     progress(lrn, device_metrics)
     after_step(lrn)
-    faults.after_step(lrn.steps, device_metrics)
+    faults.after_step(lrn.steps)
 
   tokens0, t0 = learner.tokens, time.perf_counter()
   result = _train(config, learner, faults.link(link), next_batch, on_step)
