@@ -35,7 +35,9 @@ def live():
   host, board = sync_main.watched_host(sync, limits, lambda r: None, lambda s: None)
   server, svc, port = service.serve(host, TOKEN, port=0, limits=limits)
   board.service = svc
-  status = status_server.StatusServer(board, TOKEN, bind="127.0.0.1", port=0, count=board.count)
+  status = status_server.StatusServer(
+      board, TOKEN, bind="127.0.0.1", port=0, count=board.count, max_age_s=0.0
+  )  # every read renders anew: the test compares each with the state of the moment
   links, results = [], {}
 
   def train(m):

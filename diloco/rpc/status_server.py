@@ -5,7 +5,9 @@ It listens on `deploy.bind`:`deploy.status_port` (0: a free port, written to WOR
 set. Every path needs the deployment's token as `Authorization: Bearer <token>`; a request without
 it gets 401 and is counted among the refusals (code `unauthenticated`), and changes nothing else.
 Requests are served on their own threads from a `StatusBoard` snapshot, which never takes the
-synchronizer host's lock (diloco/rpc/status_board.py).
+synchronizer host's lock (diloco/rpc/status_board.py), rendered at most once per MAX_AGE_S per
+page: readers that ask back to back share renderings instead of taking the interpreter from the
+gRPC handlers (scripts/bench_status.py measures it).
 """
 
 import hmac
@@ -13,9 +15,11 @@ import http.server
 import json
 import ssl
 import threading
+import time
 
 from diloco.watch import status_page
 
+MAX_AGE_S = 0.5  # a page is rendered again at most this often (the HTML page reloads every 2 s)
 CONTENT = {
     "/status": "application/json",
     "/metrics": "text/plain; version=0.0.4; charset=utf-8",
@@ -31,7 +35,7 @@ def bearer_ok(header: str | None, token: str) -> bool:
   return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
 
 
-def _body(path: str, board) -> bytes:
+def _render(path: str, board) -> bytes:
   snapshot = board.snapshot()
   if path == "/status":
     return json.dumps(snapshot, sort_keys=True).encode()
@@ -40,7 +44,25 @@ def _body(path: str, board) -> bytes:
   return status_page.html(snapshot).encode()
 
 
-def _handler(board, token: str, count):
+class _Cache:
+  """Each page rendered at most once per `max_age_s`: however fast readers ask, the snapshots
+  and their rendering (which share the interpreter with the gRPC handlers) stay bounded."""
+
+  def __init__(self, board, max_age_s: float):
+    self.board, self.max_age_s = board, max_age_s
+    self._lock = threading.Lock()
+    self._pages: dict[str, tuple[float, bytes]] = {}
+
+  def get(self, path: str) -> bytes:
+    with self._lock:
+      made, body = self._pages.get(path, (-float("inf"), b""))
+      if time.monotonic() - made >= self.max_age_s:
+        body = _render(path, self.board)
+        self._pages[path] = (time.monotonic(), body)
+      return body
+
+
+def _handler(cache: _Cache, token: str, count):
   class Handler(http.server.BaseHTTPRequestHandler):
     server_version = "diloco-status"
 
@@ -51,7 +73,7 @@ def _handler(board, token: str, count):
         return self._send(401, b"missing or wrong bearer token\n", "text/plain", bearer=True)
       if path not in CONTENT:
         return self._send(404, f"no such page: {path}\n".encode(), "text/plain")
-      self._send(200, _body(path, board), CONTENT[path])
+      self._send(200, cache.get(path), CONTENT[path])
 
     def _send(self, code: int, body: bytes, content_type: str, bearer: bool = False) -> None:
       self.send_response(code)
@@ -72,10 +94,21 @@ def _handler(board, token: str, count):
 class StatusServer:
   """The status service over one board, serving in daemon threads until `close()`."""
 
-  def __init__(self, board, token: str, *, bind: str, port: int, cert="", key="", count=None):
+  def __init__(
+      self,
+      board,
+      token: str,
+      *,
+      bind: str,
+      port: int,
+      cert: str = "",
+      key: str = "",
+      count=None,
+      max_age_s: float = MAX_AGE_S,
+  ):
     if not token:
       raise ValueError("the status service needs the deployment's non-empty token")
-    handler = _handler(board, token, count or (lambda code: None))
+    handler = _handler(_Cache(board, max_age_s), token, count or (lambda code: None))
     self.httpd = http.server.ThreadingHTTPServer((bind, port), handler)
     self.httpd.daemon_threads = True
     if cert:

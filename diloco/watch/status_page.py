@@ -122,7 +122,7 @@ def _svg(series: dict[str, list[tuple[float, float]]], title: str, width=460, he
       path = " ".join(f"{a:.1f},{b:.1f}" for a, b in (at(x, y) for x, y in pts))
       parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{path}"/>')
       parts.append(
-          f'<text x="{60 + 70 * i}" y="34" class="n" fill="{color}">{html_lib.escape(name)}</text>'
+          f'<text x="{60 + 70 * i}" y="34" class="n" style="fill:{color}">{html_lib.escape(name)}</text>'
       )
   else:
     parts.append(f'<text x="50" y="{height / 2}" class="n">nothing yet</text>')
