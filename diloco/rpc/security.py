@@ -1,4 +1,5 @@
-"""Shared-secret tokens and TLS credentials for the synchronizer's gRPC channel."""
+"""Shared-secret tokens (gRPC metadata, HTTP bearer headers) and TLS credentials of the
+synchronizer's services."""
 
 import hmac
 
@@ -7,10 +8,20 @@ import grpc
 TOKEN_KEY = "x-diloco-token"
 
 
-def token_ok(metadata, token: str) -> bool:
-  """Whether the call's metadata carries `token` (compared in constant time)."""
-  got = dict(metadata or ()).get(TOKEN_KEY, "")
+def _same(got, token: str) -> bool:
+  """Whether `got` is the string `token` (compared in constant time)."""
   return isinstance(got, str) and hmac.compare_digest(got.encode(), token.encode())
+
+
+def token_ok(metadata, token: str) -> bool:
+  """Whether the call's metadata carries `token`."""
+  return _same(dict(metadata or ()).get(TOKEN_KEY, ""), token)
+
+
+def bearer_ok(header: str | None, token: str) -> bool:
+  """Whether an HTTP Authorization header is exactly `Bearer <token>` (the status service)."""
+  prefix = "Bearer "
+  return bool(header) and header.startswith(prefix) and _same(header[len(prefix) :], token)
 
 
 def _read(path: str) -> bytes:

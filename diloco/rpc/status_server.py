@@ -10,13 +10,13 @@ page: readers that ask back to back share renderings instead of taking the inter
 gRPC handlers (scripts/bench_status.py measures it).
 """
 
-import hmac
 import http.server
 import json
 import ssl
 import threading
 import time
 
+from diloco.rpc import security
 from diloco.watch import status_page
 
 MAX_AGE_S = 0.5  # a page is rendered again at most this often (the HTML page reloads every 2 s)
@@ -25,14 +25,6 @@ CONTENT = {
     "/metrics": "text/plain; version=0.0.4; charset=utf-8",
     "/": "text/html; charset=utf-8",
 }
-
-
-def bearer_ok(header: str | None, token: str) -> bool:
-  """Whether an Authorization header carries exactly `Bearer <token>` (compared in constant
-  time)."""
-  if not header or not header.startswith("Bearer "):
-    return False
-  return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
 
 
 def _render(path: str, board) -> bytes:
@@ -68,7 +60,7 @@ def _handler(cache: _Cache, token: str, count):
 
     def do_GET(self):  # noqa: N802 (http.server's name)
       path = self.path.split("?", 1)[0]
-      if not bearer_ok(self.headers.get("Authorization"), token):
+      if not security.bearer_ok(self.headers.get("Authorization"), token):
         count("unauthenticated")
         return self._send(401, b"missing or wrong bearer token\n", "text/plain", bearer=True)
       if path not in CONTENT:

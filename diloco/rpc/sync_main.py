@@ -68,10 +68,12 @@ def _serve_until_settled(
   bar = progress.bar(show, desc=f"synchronizer gen {sync.generation}", unit="merge")
   while not stop.wait(0.2) and time.monotonic() - t0 < max_s:
     with host.cond:
-      bar.update(host.merges - bar.n)
-      bar.set_postfix(live=len(sync.live), finished=len(host.finished), refresh=False)
-      if host.settled() and not sync.live:
-        break
+      merges, live, finished = host.merges, len(sync.live), len(host.finished)
+      done = host.settled() and not sync.live
+    bar.update(merges - bar.n)  # the terminal is written outside the host's lock
+    bar.set_postfix(live=live, finished=finished, refresh=False)
+    if done:
+      break
   bar.close()
 
 

@@ -102,7 +102,7 @@ def draw_timeline(config, runtime, merges: list[dict], sim_time: float, workdir:
       runtime.trace,
       merges,
       sim_time,
-      o.inner_steps * config.sim.step_s / o.fragments,
+      merge_period_s(config),
       o.fragments,
       down=[(c["learner"], c["time"], c["rejoined"] or sim_time) for c in crashes],
       sync_down=[(r["time"], min(r["back"], sim_time)) for r in restarts],
@@ -256,7 +256,7 @@ def _summary(
       ),
       "sim_time_s": sim_time,
       "goodput": sum(c.busy_s - c.wasted_s for c in clocks) / allocated if allocated else 0.0,
-      "uptime": uptime(merges, sim_time, o.inner_steps * config.sim.step_s / o.fragments),
+      "uptime": uptime(merges, sim_time, merge_period_s(config)),
       "mean_quorum": float(np.mean([r["quorum"] for r in merges])) if merges else 0.0,
       "mean_staleness": (
           float(np.mean([s for r in merges for s in r["staleness"]])) if merges else 0.0
@@ -357,6 +357,11 @@ def chaos_summary(
           "per_learner_downtime_s": [float(down[m]) for m in range(len(runtime.learners))],
       },
   }
+
+
+def merge_period_s(config: ml_collections.ConfigDict) -> float:
+  """The nominal time between two merges, H·step_s/P: longer gaps are the model stalling."""
+  return config.outer.inner_steps * config.sim.step_s / config.outer.fragments
 
 
 def uptime(merges: list[dict], sim_time: float, period_s: float) -> float:
