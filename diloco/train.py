@@ -13,7 +13,7 @@ import jax
 import ml_collections
 
 from diloco import metrics
-from diloco.config import presets
+from diloco.config import deploy as deploy_lib, presets
 from diloco.runners import compare, dp, islands
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
@@ -64,6 +64,8 @@ def train_and_evaluate(
   run = mode_of(config.mode).run
   if config.get("distributed", False):
     jax.distributed.initialize()
+  if "deploy" in config:
+    deploy_lib.check_platform(config.deploy, jax.default_backend())
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     f.write(config.to_json(indent=2))

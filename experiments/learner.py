@@ -1,5 +1,5 @@
 """A learner process: python -m experiments.learner --config=configs/shakespeare.py:mode=decoupled
---learner_id=0 --synchronizer=127.0.0.1:PORT --workdir=DIR (token in $DILOCO_TOKEN).
+--learner_id=0 --synchronizer=127.0.0.1:PORT --workdir=DIR (token in $DILOCO_TOKEN, or --token_from).
 
 TLS trust (deploy.ca_cert) and limits come from the config's `deploy` section, overridden with
 --config.deploy.KEY=VALUE. A multi-host learner sets --config.distributed=True on every host (JAX
@@ -12,8 +12,14 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco.launch import tokens
 from diloco.rpc import learner_main
 
+_TOKEN = flags.DEFINE_string(
+    "token_from",
+    "env:DILOCO_TOKEN",
+    "Where the shared token is: env:NAME, file:PATH (mode 600) or k8s:NAMESPACE/SECRET/KEY.",
+)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
 _ID = flags.DEFINE_integer("learner_id", None, "This learner's index m in 0..outer.learners-1.")
 _SYNC = flags.DEFINE_string("synchronizer", None, "HOST:PORT of the synchronizer service.")
@@ -35,9 +41,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  token = os.environ.get("DILOCO_TOKEN", "")
-  if not token:
-    raise app.UsageError("set DILOCO_TOKEN to the synchronizer's shared secret")
+  try:
+    token = tokens.read(_TOKEN.value)
+  except ValueError as err:
+    raise app.UsageError(f"--token_from: {err}") from err
   cluster = learner_main.Cluster(_COORD.value, _NPROC.value, _PID.value)
   s = learner_main.run(
       _CONFIG.value,

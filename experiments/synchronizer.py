@@ -1,5 +1,5 @@
 """The synchronizer process: python -m experiments.synchronizer --config=configs/shakespeare.py:...
---workdir=DIR [--config.deploy.port=PORT] (token in $DILOCO_TOKEN).
+--workdir=DIR [--config.deploy.port=PORT] (token in $DILOCO_TOKEN, or --token_from).
 
 Where it listens, TLS and limits come from the config's `deploy` section (diloco/config/deploy.py),
 overridden as usual with --config.deploy.KEY=VALUE: it binds deploy.bind (127.0.0.1 unless told
@@ -11,8 +11,14 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco.launch import tokens
 from diloco.rpc import sync_main
 
+_TOKEN = flags.DEFINE_string(
+    "token_from",
+    "env:DILOCO_TOKEN",
+    "Where the shared token is: env:NAME, file:PATH (mode 600) or k8s:NAMESPACE/SECRET/KEY.",
+)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and summary.json.")
 _PORT = flags.DEFINE_integer("port", None, "Shorthand for --config.deploy.port.")
@@ -24,9 +30,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  token = os.environ.get("DILOCO_TOKEN", "")
-  if not token:
-    raise app.UsageError("set DILOCO_TOKEN to the shared secret learners must present")
+  try:
+    token = tokens.read(_TOKEN.value)
+  except ValueError as err:
+    raise app.UsageError(f"--token_from: {err}") from err
   config = _CONFIG.value
   if _PORT.value is not None:
     config.deploy.port = _PORT.value

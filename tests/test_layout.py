@@ -24,6 +24,7 @@ LAYERS = (
     ("diloco.runners",),  # dp, islands, compare
     ("diloco.train",),  # the mode table and train_and_evaluate
     ("diloco.studies",),  # many runs through train_and_evaluate: the chaos suite
+    ("diloco.launch",),  # past one machine: gcloud, xpk, Ray, the supervisor, token sources
 )
 
 

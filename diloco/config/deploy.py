@@ -6,6 +6,7 @@ Call `add_deploy_section(c)` in a config's get_config before `c.lock()`.
 import ml_collections
 
 RUNTIMES = ("virtual", "threads", "grpc")
+PLATFORMS = ("", "cpu", "gpu", "tpu")
 
 
 def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -24,18 +25,38 @@ def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDic
           chaos_time_scale=1.0,  # threads and gRPC: wall seconds per second of the chaos schedule
           straggle_busy=False,  # gRPC learners: a straggling step spins on a core instead of sleeping
           devices_per_learner=0,  # threads runtime: local devices per learner; 0 = split evenly
+          expect_platform="",  # learners refuse to train unless JAX's backend is this (tpu,
+          # gpu, cpu; empty: any); the TPU launchers set tpu, so a missing jax[tpu] fails loudly
+          max_restarts=20,  # launchers' supervisors: restarts of a process before giving up
+          restart_backoff_s=5.0,  # first delay before a restart; doubles, at most 300 s
           max_learners=64,
           chunk_bytes=1 << 20,
           max_message_bytes=4 << 20,
           tpu=ml_collections.ConfigDict(
-              dict(  # scripts/tpu/commands.py
+              dict(  # scripts/tpu/commands.py, experiments.launch_ray --tpu, scripts/tpu/xpk.py
                   project="",
                   zone="us-central2-b",
-                  accelerator_type="v4-8",
+                  accelerator_type="v4-8",  # one learner per slice of this type
+                  topology="",  # e.g. 2x2x1 (Ray's slice placement needs it; chips must agree)
+                  slices="",  # comma-separated slice names, one per learner (empty: PREFIX-learnerM)
                   runtime_version="tpu-ubuntu2204-base",
                   name_prefix="diloco",
-                  sync_host="",
+                  sync_host="",  # the synchronizer's internal address
+                  sync_vm="",  # a CPU VM for the synchronizer (created with sync_host as its
+                  # address); empty: the machine that runs the launcher
+                  sync_machine_type="n2-standard-8",
                   repo_dir="~/diloco",
+              )
+          ),
+          xpk=ml_collections.ConfigDict(
+              dict(  # scripts/tpu/xpk.py: one workload per learner slice, one for the synchronizer
+                  cluster="",
+                  base_image="python:3.11",  # xpk builds the image from it and the staged code
+                  namespace="default",
+                  token_secret="diloco-token",  # a Kubernetes secret holding the token as `token`
+                  sync_device_type="n2-standard-32-1",  # the synchronizer's CPU node type
+                  sync_address="",  # default: its pod's JobSet DNS name
+                  priority="medium",
               )
           ),
       )
@@ -66,6 +87,14 @@ def check(deploy: ml_collections.ConfigDict) -> None:
     raise ValueError(f"deploy.devices_per_learner must be >= 0, got {deploy.devices_per_learner}")
   if deploy.chaos_time_scale <= 0:
     raise ValueError(f"deploy.chaos_time_scale must be > 0, got {deploy.chaos_time_scale}")
+  if deploy.expect_platform not in PLATFORMS:
+    raise ValueError(
+        f"deploy.expect_platform must be one of {PLATFORMS}, got {deploy.expect_platform!r}"
+    )
+  if deploy.max_restarts < -1:
+    raise ValueError(f"deploy.max_restarts must be >= -1 (-1: no limit), got {deploy.max_restarts}")
+  if deploy.restart_backoff_s < 0:
+    raise ValueError(f"deploy.restart_backoff_s must be >= 0, got {deploy.restart_backoff_s}")
   for name in ("max_learners", "chunk_bytes", "max_message_bytes"):
     if deploy[name] < 1:
       raise ValueError(f"deploy.{name} must be >= 1, got {deploy[name]}")
@@ -74,3 +103,11 @@ def check(deploy: ml_collections.ConfigDict) -> None:
         f"deploy.chunk_bytes={deploy.chunk_bytes} leaves no room for the chunk header "
         f"under deploy.max_message_bytes={deploy.max_message_bytes}"
     )
+
+
+def check_platform(deploy: ml_collections.ConfigDict, backend: str) -> None:
+  """RuntimeError when deploy.expect_platform is set and JAX's backend is another one."""
+  want = deploy.expect_platform
+  if want and backend != want:
+    hint = " (install the tpu extra: pip install -e '.[tpu]')" if want == "tpu" else ""
+    raise RuntimeError(f"deploy.expect_platform={want} but JAX runs on {backend}{hint}")

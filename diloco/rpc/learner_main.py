@@ -135,6 +135,7 @@ def run(
       cluster.num_processes,
       cluster.process_id,
   )
+  deploy_lib.check_platform(config.deploy, jax.default_backend())
   os.makedirs(workdir, exist_ok=True)
   faults = _faults(config, learner_id, workdir)
   learner = make_learner(config, learner_id)

@@ -1,0 +1,201 @@
+"""The gcloud commands of a deployment on Cloud TPU VMs: one learner per slice, one synchronizer.
+
+Every command is an argument list; none holds the token (the launcher writes it to the stage's
+mode-600 file, which is copied beside the code). The code goes out as a pack of what a learner
+needs (diloco/launch/staging.py); TPU workers install the `tpu` extra and learners start with
+deploy.expect_platform=tpu, so a worker whose JAX cannot see its chips stops with an error
+instead of training on the host's CPU. Each process runs under experiments.supervise. The
+synchronizer runs on the launching machine, or on the CPU VM deploy.tpu.sync_vm (created with
+the internal address deploy.tpu.sync_host).
+"""
+
+import shlex
+
+from diloco.config import deploy as deploy_lib
+from diloco.launch import staging, tpu_types
+
+TPU = ["gcloud", "compute", "tpus", "tpu-vm"]
+VM = ["gcloud", "compute"]
+WORKDIR = "$HOME/runs/diloco"
+
+
+def slice_names(config) -> list[str]:
+  """One slice per learner: deploy.tpu.slices if given (checked against outer.learners)."""
+  t, learners = config.deploy.tpu, config.outer.learners
+  if not t.slices:
+    return [f"{t.name_prefix}-learner{m}" for m in range(learners)]
+  names = [n.strip() for n in t.slices.split(",")]
+  if len(names) != learners or not all(names):
+    raise ValueError(
+        f"deploy.tpu.slices names {len(names)} slices ({t.slices!r}) but outer.learners="
+        f"{learners}: one slice per learner"
+    )
+  return names
+
+
+def check(config, *, synchronizer: bool = True) -> list[str]:
+  """ValueError naming the first bad setting, before anything is created; the slice names."""
+  d, t = config.deploy, config.deploy.tpu
+  deploy_lib.check(d)
+  for key in ("project", "zone"):
+    if not t[key]:
+      raise ValueError(f"deploy.tpu.{key} is required")
+  tpu_types.parse(t.accelerator_type)
+  if config.outer.learners < 1:
+    raise ValueError(f"need at least one learner, got outer.learners={config.outer.learners}")
+  names = slice_names(config)
+  if synchronizer:
+    if not t.sync_host:
+      raise ValueError("deploy.tpu.sync_host is required: the synchronizer's internal address")
+    if not d.port:
+      raise ValueError("deploy.port must be set: learners on other hosts connect to it")
+  return names
+
+
+def _where(t) -> list[str]:
+  return [f"--zone={t.zone}", f"--project={t.project}"]
+
+
+def _flags(spec: str, overrides: tuple[str, ...]) -> str:
+  return " ".join(shlex.quote(a) for a in (f"--config={spec}", *overrides))
+
+
+def _slice(t, name: str, stage: staging.Stage) -> list[list[str]]:
+  """Creates the slice `name` if absent; copies the pack and the token file to its workers."""
+  exists = shlex.join(TPU + ["describe", name] + _where(t))
+  create = shlex.join(
+      TPU
+      + ["create", name, f"--accelerator-type={t.accelerator_type}"]
+      + [f"--version={t.runtime_version}"]
+      + _where(t)
+  )
+  return [
+      ["bash", "-c", f"{exists} >/dev/null 2>&1 || {create}"],
+      TPU + ["scp", stage.code, stage.token, f"{name}:~", "--worker=all"] + _where(t),
+  ]
+
+
+def _sync(config, flags_: str, workdir: str, stage: staging.Stage) -> list[list[str]]:
+  """The synchronizer under its supervisor, on deploy.tpu.sync_vm or on this machine."""
+  d, t = config.deploy, config.deploy.tpu
+  # Loopback is unreachable from the slices: bind the internal address unless told otherwise.
+  bind = f" --config.deploy.bind={shlex.quote(t.sync_host)}" if d.bind == "127.0.0.1" else ""
+  log = f"{workdir}/sync.supervisor.jsonl"
+  if not t.sync_vm:
+    command = f"experiments.synchronizer {flags_}{bind} --workdir={workdir}/sync"
+    return [
+        [
+            "bash",
+            "-c",
+            f"mkdir -p {workdir} && "
+            + staging.supervised(command, d, log, f"{workdir}/sync.log", python="python"),
+        ]
+    ]
+  exists = shlex.join(VM + ["instances", "describe", t.sync_vm] + _where(t))
+  create = shlex.join(
+      VM
+      + ["instances", "create", t.sync_vm, f"--machine-type={t.sync_machine_type}"]
+      + ["--image-family=debian-12", "--image-project=debian-cloud"]
+      + [f"--private-network-ip={t.sync_host}"]
+      + _where(t)
+  )
+  command = (
+      f"experiments.synchronizer {flags_}{bind} {staging.token_flag(t.repo_dir)} "
+      f"--workdir={workdir}/sync"
+  )
+  remote = f"{staging.unpack(t.repo_dir)}; mkdir -p {workdir}; " + staging.supervised(
+      command, d, log, f"{workdir}/sync.log"
+  )
+  return [
+      ["bash", "-c", f"{exists} >/dev/null 2>&1 || {create}"],
+      VM + ["scp", stage.code, stage.token, f"{t.sync_vm}:~"] + _where(t),
+      VM + ["ssh", t.sync_vm] + _where(t) + [f"--command={remote}"],
+  ]
+
+
+def _on_workers(t, name: str, command: str, workdir: str, deploy, log_name: str) -> list[str]:
+  """ssh to every worker of slice `name`: unpack, install with the tpu extra, start `command`."""
+  remote = f"{staging.unpack(t.repo_dir, 'tpu')}; mkdir -p {workdir}; " + staging.supervised(
+      command, deploy, f"{workdir}/supervisor.jsonl", f"{workdir}/{log_name}.log"
+  )
+  return TPU + ["ssh", name, "--worker=all", f"--command={remote}"] + _where(t)
+
+
+def commands(
+    spec: str,
+    config,
+    overrides: tuple[str, ...] = (),
+    workdir: str = WORKDIR,
+    stage: staging.Stage = staging.Stage(),
+    pack: bool = True,
+) -> list[list[str]]:
+  """Every command of a deployment, in order, as argument lists.
+
+  `spec` is the --config argument and `overrides` the --config.KEY=VALUE flags that made `config`;
+  every process gets both, so all of them see the same config.
+  """
+  names = check(config)
+  d, t = config.deploy, config.deploy.tpu
+  flags_ = _flags(spec, overrides)
+  cmds = [staging.pack(stage)] if pack else []
+  cmds += _sync(config, flags_, workdir, stage)
+  for m, name in enumerate(names):
+    learner = (
+        f"experiments.learner {flags_} --config.distributed=True "
+        f"--config.deploy.expect_platform=tpu --learner_id={m} "
+        f"--synchronizer={t.sync_host}:{d.port} {staging.token_flag(t.repo_dir)} "
+        f"--workdir={workdir}/learner{m}"
+    )
+    cmds += _slice(t, name, stage)
+    cmds.append(_on_workers(t, name, learner, f"{workdir}/learner{m}", d, "learner"))
+  return cmds
+
+
+def single_slice(
+    spec: str,
+    config,
+    overrides: tuple[str, ...],
+    workdir: str,
+    stage: staging.Stage = staging.Stage(),
+    pack: bool = True,
+) -> list[list[str]]:
+  """mode=dp on one slice: experiments.train as one multi-host JAX job (no synchronizer)."""
+  check(config, synchronizer=False)
+  t = config.deploy.tpu
+  name = f"{t.name_prefix}-dp"
+  train = (
+      f"experiments.train {_flags(spec, overrides)} --config.distributed=True "
+      f"--config.deploy.expect_platform=tpu --workdir={workdir}"
+  )
+  cmds = [staging.pack(stage)] if pack else []
+  return (
+      cmds + _slice(t, name, stage) + [_on_workers(t, name, train, workdir, config.deploy, "train")]
+  )
+
+
+def sweep_commands(
+    spec: str, overrides: tuple[str, ...], workdir: str, stage: staging.Stage = staging.Stage()
+) -> list[list[str]]:
+  """One launch per point of the sweep `spec` (diloco/studies/sweep.py), in DIR/<point name>.
+
+  `overrides` (the command line's --config.KEY=VALUE, e.g. the deploy section) apply to every
+  point after its own; each point gets its own slices (name prefix `<prefix>-p<index>`).
+  """
+  from diloco.studies import sweep  # pylint: disable=import-outside-toplevel
+
+  cmds = [staging.pack(stage)]
+  for p in sweep.points(spec):
+    config = p.config.copy_and_resolve_references()
+    for flag in overrides:
+      key, _, raw = flag[len("--config.") :].partition("=")
+      sweep.set_from_text(config, key, raw)
+    prefix = f"{config.deploy.tpu.name_prefix}-p{p.index}"
+    config.deploy.tpu.name_prefix = prefix
+    flags_ = (*p.flags(), *overrides, f"--config.deploy.tpu.name_prefix={prefix}")
+    where = f"{workdir}/{p.name}"
+    cmds.append(["echo", f"# point {p.index}: {p.name}"])
+    if config.mode == "dp":
+      cmds += single_slice(p.spec, config, flags_, where, stage, pack=False)
+    else:
+      cmds += commands(p.spec, config, flags_, where, stage, pack=False)
+  return cmds

@@ -1,0 +1,57 @@
+"""The xpk workloads of a deployment on GKE (one per learner slice, one CPU workload for the
+synchronizer), printed as a dry run or run with --run.
+
+  python scripts/tpu/xpk.py --config=configs/shakespeare.py:mode=decoupled \
+      --config.outer.learners=2 --config.deploy.port=50051 \
+      --config.deploy.tpu.project=my-proj --config.deploy.tpu.zone=us-east5-a \
+      --config.deploy.tpu.accelerator_type=v5p-16 --config.deploy.xpk.cluster=my-cluster \
+      --workdir=/data/diloco [--run]
+
+The cluster comes from `xpk cluster create`; WORKDIR must outlive a pod (attached storage) for a
+restarted learner to resume from its checkpoint. With --run the token is taken from $DILOCO_TOKEN,
+written to the stage's mode-600 file and put into the Kubernetes secret deploy.xpk.token_secret
+from that file; no command holds it (diloco/launch/xpk.py).
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from diloco.launch import cli, staging, xpk  # noqa: E402
+
+
+def _define_flags() -> None:
+  config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
+  flags.DEFINE_bool("run", False, "Run the commands instead of printing them.")
+  flags.DEFINE_string("workdir", "/data/diloco", "Outputs, on storage that outlives a pod.")
+  flags.DEFINE_string("stage_dir", staging.Stage().dir, "Local directory for the pack and token.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  stage = staging.Stage(flags.FLAGS.stage_dir)
+  spec, overrides = cli.config_spec(sys.argv[1:]), cli.config_overrides(sys.argv[1:])
+  cmds = xpk.commands(spec, flags.FLAGS.config, overrides, flags.FLAGS.workdir, stage)
+  if flags.FLAGS.run:
+    token = os.environ.get("DILOCO_TOKEN", "")
+    if not token:
+      raise app.UsageError("set DILOCO_TOKEN to the shared secret before --run")
+    print(f"# token written to {stage.write_token(token)} (mode 600)", flush=True)
+  for cmd in cmds:
+    print(shlex.join(cmd), flush=True)
+    if flags.FLAGS.run:
+      subprocess.run(cmd, check=True)
+  if not flags.FLAGS.run:
+    print("# dry run: nothing was executed (add --run)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)
