@@ -25,6 +25,10 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
+    # Cloud TPU VMs: JAX with libtpu (from PyPI); every TPU launch path installs it.
+    "tpu": ["jax[tpu]>=0.10.2"],
+    # experiments.launch_ray: the synchronizer and learners as Ray tasks, restarted when they fail.
+    "ray": ["ray>=2.60"],
     "dev": [
         "pytest>=9.0",
         "hypothesis>=6.170",  # the synchronizer's property-based state machine
@@ -34,6 +38,7 @@ EXTRAS_REQUIRE = {
         "ipykernel>=7.0",
         "grpcio-tools>=1.85.1",  # only to regenerate diloco/rpc/synchronizer_pb2*.py
         "selenium>=4.51",  # drives Debian's chromium + chromium-driver in the status page test
+        "ray>=2.60",  # tests/test_ray.py starts a real local Ray cluster
         "pyink==26.5.1",  # the formatter .ci/run checks with (pinned: its output is the style)
     ],
 }

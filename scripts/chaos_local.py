@@ -12,18 +12,20 @@ again after --down_s seconds. Learners run enough steps to outlast the chaos and
 came back, each learner restart's resumed step (its newest checkpoint, or None: it started over)
 against the last step it logged before the kill, the merges and steps reached, the synchronizer's
 generations, whether its last restart restored exactly the checkpointed arrays, the refusals it
-counted, and whether every logged loss is finite.
+counted, whether every logged loss is finite, and how long recovery took
+(diloco/chaos/recovery_times.py: per kill, seconds to the first merge after it; the survivors'
+longest pause between merges; `scripts/chaos_ray.py` reports the same under Ray).
 """
 
 import argparse
 import json
 import os
-import random
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from diloco.chaos import recovery_times  # noqa: E402
 from diloco.rpc import local  # noqa: E402
 
 
@@ -66,7 +68,6 @@ def main() -> None:
   ap.add_argument("--learner_checkpoint_every", type=int, default=50)
   ap.add_argument("--workdir", required=True)
   args, extra = ap.parse_known_args()
-  rng = random.Random(args.seed)
   config = local.with_arg(
       local.with_arg(args.config, "learners", args.learners), "steps", args.steps
   )
@@ -79,24 +80,23 @@ def main() -> None:
       overrides=overrides,
       absent_after_s=absent,
   )
-  plan = sorted(rng.uniform(0.05, 0.85) * args.duration_s for _ in range(args.kills))
-  victims = [
-      "sync" if rng.random() < args.sync_share else f"learner{rng.randrange(args.learners)}"
-      for _ in plan
-  ]
+  plan = recovery_times.kill_plan(
+      args.seed, args.duration_s, args.kills, args.learners, args.sync_share
+  )
   kills, report = [], {}
   t0 = time.monotonic()
   try:
     c.start()
-    for at, name in zip(plan, victims):
+    for at, name in plan:
       time.sleep(max(0.0, at - (time.monotonic() - t0)))
-      was_alive = c.alive(name)
+      was_alive, killed_at = c.alive(name), time.time()
       c.kill(name)
       time.sleep(args.down_s)
       (c.start_sync() if name == "sync" else c.start_learner(int(name[7:])))
       kills.append(
           {
               "t_s": round(time.monotonic() - t0, 1),
+              "time": killed_at,
               "process": name,
               "was_alive": was_alive,
               "back": c.alive(name),
@@ -123,6 +123,12 @@ def main() -> None:
   with open(os.path.join(c.workdir, "sync", "summary.json")) as f:
     sync = json.load(f)
   resumes = {m: _resumes(os.path.join(c.workdir, f"learner{m}")) for m in range(args.learners)}
+  starts = {
+      m: [r["time"] for r in _rows(os.path.join(c.workdir, f"learner{m}", "starts.jsonl"))]
+      for m in range(args.learners)
+  }
+  merge_times = [{"time": r["wall_time"], "learners": r["learners"]} for r in merges]
+  recovery = recovery_times.recovery(merge_times, kills, starts, args.learners)
   report = {
       "duration_s": round(time.monotonic() - t0, 1),
       "kills": kills,
@@ -145,6 +151,8 @@ def main() -> None:
       "all_losses_finite": all(l == l and abs(l) != float("inf") for l in losses),
       "loss_first_last": [losses[0], losses[-1]] if losses else None,
       "refusals": sync.get("refusals"),
+      "recovery": recovery,
+      "recovery_worst": recovery_times.worst(recovery),
   }
   with open(os.path.join(c.workdir, "chaos_report.json"), "w") as f:
     json.dump(report, f, indent=2)
