@@ -22,3 +22,24 @@ def config_overrides(argv: list[str]) -> tuple[str, ...]:
       out.append(a)
     i += 1
   return tuple(out)
+
+
+def run_or_print(cmds: list[list[str]], run: bool, stage) -> None:
+  """Prints every command; with `run`, first writes $DILOCO_TOKEN to the stage's mode-600 file
+  (the commands read it from there, none holds it) and runs each command after printing it."""
+  import os  # pylint: disable=import-outside-toplevel
+  import shlex  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  if run:
+    token = os.environ.get("DILOCO_TOKEN", "")
+    if not token:
+      raise ValueError("set DILOCO_TOKEN to the shared secret before --run")
+    print(f"# token written to {stage.write_token(token)} (mode 600)", flush=True)
+  for cmd in cmds:
+    print(shlex.join(cmd), flush=True)
+    if run:
+      subprocess.run(cmd, check=True)
+  if not run:
+    print("# dry run: nothing was executed (add --run)", file=sys.stderr)

@@ -25,11 +25,20 @@ def ray_bin() -> str:
   return os.path.join(os.path.dirname(sys.executable), "ray")
 
 
-def env(devices: int = 1) -> dict:
-  """The environment of the cluster's processes: JAX on this CPU, the repository importable."""
+def env(devices: int = 1, jax_cache: str = "") -> dict:
+  """The environment of the cluster's processes: JAX on this CPU, the repository importable; with
+  `jax_cache`, compiled programs persist there, so a restarted process does not compile again."""
+  cache = {}
+  if jax_cache:
+    cache = dict(
+        JAX_COMPILATION_CACHE_DIR=jax_cache,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
   return dict(
       os.environ,
       **AUTH,
+      **cache,
       JAX_PLATFORMS="cpu",
       XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
       PYTHONPATH=staging.REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -37,13 +46,14 @@ def env(devices: int = 1) -> dict:
 
 
 @contextlib.contextmanager
-def cluster(num_cpus: int = 4, temp_dir: str = ""):
-  """A head node started with `ray start` (stopped at the end); yields its address."""
+def cluster(num_cpus: int = 4, temp_dir: str = "", jax_cache: str = ""):
+  """A head node started with `ray start` (stopped at the end); yields its address. Its workers
+  inherit env(jax_cache=jax_cache)."""
   port = _free_port()
   args = [ray_bin(), "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}"]
   args += ["--include-dashboard=false", "--disable-usage-stats"]
   args += [f"--temp-dir={temp_dir}"] if temp_dir else []
-  subprocess.run(args, env=env(), check=True, capture_output=True, timeout=120)
+  subprocess.run(args, env=env(jax_cache=jax_cache), check=True, capture_output=True, timeout=120)
   try:
     yield f"127.0.0.1:{port}"
   finally:

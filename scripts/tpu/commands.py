@@ -22,8 +22,6 @@ own slices (`<name_prefix>-p<index>`); a mode=dp point runs experiments.train on
 """
 
 import os
-import shlex
-import subprocess
 import sys
 
 from absl import app, flags
@@ -52,17 +50,10 @@ def main(argv):
     cmds = gcloud.sweep_commands(spec, overrides, flags.FLAGS.workdir, stage)
   else:
     cmds = gcloud.commands(spec, flags.FLAGS.config, overrides, flags.FLAGS.workdir, stage)
-  if flags.FLAGS.run:
-    token = os.environ.get("DILOCO_TOKEN", "")
-    if not token:
-      raise app.UsageError("set DILOCO_TOKEN to the shared secret before --run")
-    print(f"# token written to {stage.write_token(token)} (mode 600)", flush=True)
-  for cmd in cmds:
-    print(shlex.join(cmd), flush=True)
-    if flags.FLAGS.run:
-      subprocess.run(cmd, check=True)
-  if not flags.FLAGS.run:
-    print("# dry run: nothing was executed (add --run)", file=sys.stderr)
+  try:
+    cli.run_or_print(cmds, flags.FLAGS.run, stage)
+  except ValueError as err:
+    raise app.UsageError(str(err)) from err
 
 
 if __name__ == "__main__":

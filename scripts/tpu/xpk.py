@@ -14,8 +14,6 @@ from that file; no command holds it (diloco/launch/xpk.py).
 """
 
 import os
-import shlex
-import subprocess
 import sys
 
 from absl import app, flags
@@ -39,17 +37,10 @@ def main(argv):
   stage = staging.Stage(flags.FLAGS.stage_dir)
   spec, overrides = cli.config_spec(sys.argv[1:]), cli.config_overrides(sys.argv[1:])
   cmds = xpk.commands(spec, flags.FLAGS.config, overrides, flags.FLAGS.workdir, stage)
-  if flags.FLAGS.run:
-    token = os.environ.get("DILOCO_TOKEN", "")
-    if not token:
-      raise app.UsageError("set DILOCO_TOKEN to the shared secret before --run")
-    print(f"# token written to {stage.write_token(token)} (mode 600)", flush=True)
-  for cmd in cmds:
-    print(shlex.join(cmd), flush=True)
-    if flags.FLAGS.run:
-      subprocess.run(cmd, check=True)
-  if not flags.FLAGS.run:
-    print("# dry run: nothing was executed (add --run)", file=sys.stderr)
+  try:
+    cli.run_or_print(cmds, flags.FLAGS.run, stage)
+  except ValueError as err:
+    raise app.UsageError(str(err)) from err
 
 
 if __name__ == "__main__":
