@@ -76,7 +76,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       )
   )
 
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: the remaining devices
+  # -1: the remaining devices; expert > 1 splits a mixture of experts' weights over an 'expert'
+  # axis of that size (expert parallelism; stacked learners keep experts whole)
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1))
   c.distributed = False  # call jax.distributed.initialize() (multi-host jobs)
 
   c.log_every = 10

@@ -85,6 +85,7 @@ def format_summary(summary: dict[str, Any]) -> str:
       "tokens_per_s",
       "eval_loss",
       "eval_bpb",
+      "eval_accuracy",
       "wall_s",
       "params",
       "plot",

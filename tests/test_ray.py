@@ -34,7 +34,7 @@ def _run_with_kills(wd: str, log: str, jax_cache: str) -> list[dict]:
   with ray_local.cluster(num_cpus=4, jax_cache=jax_cache) as address:
     proc = ray_local.launch(address, CONFIG, 2, wd, *FLAGS, log=log)
     try:
-      ray_local.wait_for(lambda: _progress(wd, 1) >= 30, 120, proc=proc)
+      ray_local.wait_for(lambda: _progress(wd, 1) >= 30, 300, proc=proc)
       kills.append(ray_local.kill(wd, "learner1"))
       starts = ray_local.wait_for(
           lambda: ray_local.rows(f"{wd}/learner1/starts.jsonl")[1:], 90, proc=proc

@@ -112,6 +112,8 @@ def initial_params(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   not depend on how a mesh shards them)."""
   one = config.copy_and_resolve_references()
   one.mesh.data, one.mesh.fsdp = 1, 1
+  if "expert" in one.mesh:
+    one.mesh.expert = 1
   isl = island_lib.build_island(one, jax.devices()[:1], splits=data_lib.load_splits(config.data))
   return fragments.flatten(jax.device_get(isl.init_state().params))
 

@@ -17,6 +17,22 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     "35m": dict(d_model=512, num_layers=6, num_heads=8, d_ff=2048, mlp="gelu", max_len=2048),
     "90m": dict(d_model=768, num_layers=9, num_heads=12, d_ff=3072, mlp="gelu", max_len=2048),
     "180m": dict(d_model=1024, num_layers=12, num_heads=16, d_ff=4096, mlp="gelu", max_len=2048),
+    # Mixtures of experts with the active parameters of tiny and small: top-2 of experts half as
+    # wide as the dense MLP. moe_tiny: both blocks sparse, 4 experts; moe_small: blocks 1 and 3
+    # sparse (moe_every=2), 8 experts.
+    "moe_tiny": dict(
+        d_model=32, num_layers=2, num_heads=2, d_ff=64, max_len=64, num_experts=4, expert_d_ff=32
+    ),
+    "moe_small": dict(
+        d_model=128,
+        num_layers=4,
+        num_heads=4,
+        d_ff=384,
+        max_len=512,
+        num_experts=8,
+        expert_d_ff=192,
+        moe_every=2,
+    ),
 }
 
 
@@ -67,5 +83,13 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       rope_base=10_000.0,
       dtype="float32",
       remat="none",
+      num_experts=0,
+      top_k=2,
+      capacity_factor=1.25,
+      expert_d_ff=0,
+      moe_every=1,
+      group_size=1024,
+      aux_loss_weight=0.01,
+      z_loss_weight=0.001,
   )
   return ml_collections.ConfigDict({**base, **MODEL_SIZES[size]})

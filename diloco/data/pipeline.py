@@ -21,10 +21,11 @@ import ml_collections
 import numpy as np
 from ml_collections import config_dict
 
-from diloco.data import archive as archive_lib, shakespeare, shards, sources, tokenizers
+from diloco.data import archive as archive_lib, images, shakespeare, shards, sources, tokenizers
 from diloco.data.batching import Batch, eval_batches, TrainBatchSource
 
-SOURCES = ("shakespeare", "text_glob", "array_record")
+SOURCES = ("shakespeare", "text_glob", "array_record", "digits", "npz_glob")
+IMAGE_SOURCES = ("digits", "npz_glob")  # data/images.py: images and labels, not tokens
 TOKENIZERS = ("byte", "sentencepiece")
 VAL_FRACTION = 10  # without a validation glob, the last 1/10 of the files (records) is held out
 
@@ -42,6 +43,8 @@ def default_data_config() -> ml_collections.ConfigDict:
           array_record_glob="",  # source='array_record': shards of int32 token ids, one doc a record
           val_text_glob="",  # empty: hold out the last 10% of the text_glob files
           val_array_record_glob="",  # empty: hold out the last 10% of the records
+          npz_glob="",  # source='npz_glob': .npz files of 'images' and 'labels' (data/images.py)
+          val_npz_glob="",  # empty: hold out the last 10% of the npz files
           tokenizer="byte",  # 'byte' (vocabulary 256) | 'sentencepiece' (trained on the train split)
           sp_vocab_size=1024,
           iid=False,  # num_shards > 1: True = all data per shard, own shuffle; False = own documents
@@ -57,11 +60,12 @@ class Datasets:
   # Endless {'inputs_BxL', 'targets_BxL'} int32 [b, L], b = global batch / process count.
   train_iter: grain.DatasetIterator
   eval_batches: Callable[[], list[Batch]]  # fresh list of the fixed validation batches
-  vocab_size: int
-  bytes_per_token: float  # of the validation text; bpb = loss / ln 2 / bytes_per_token
+  vocab_size: int  # classes, for images
+  bytes_per_token: float  # of the validation text; bpb = loss / ln 2 / bytes_per_token (0: images)
   train_tokens: int  # tokens in this shard's training data
   shard_plays: tuple[str, ...]  # documents of this shard (play names for Shakespeare)
   train_dataset: grain.IterDataset  # iter() it again for a fresh iterator at batch 0
+  image_shape: tuple[int, ...] = ()  # (H, W, C) of image data; () for text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +189,8 @@ _LOADERS = {
     "shakespeare": _shakespeare_splits,
     "text_glob": _text_glob_splits,
     "array_record": _array_record_splits,
+    "digits": lambda cfg, _: images.load_digits(cfg.cache_dir),
+    "npz_glob": lambda cfg, _: images.load_npz(cfg.npz_glob, cfg.val_npz_glob),
 }
 
 
@@ -209,7 +215,7 @@ def shard_corpus(
 
 def load_splits(
     data_cfg: ml_collections.ConfigDict, expected_sha256: str = archive_lib.SDIST_SHA256
-) -> Splits:
+) -> Splits | images.ImageSplits:
   """Reads (preparing if needed) and tokenizes the configured source's two splits."""
   _check_config(data_cfg)
   return _LOADERS[data_cfg.source](data_cfg, expected_sha256)
@@ -229,10 +235,21 @@ def make_datasets(
 ) -> Datasets:
   """Shards, packs and batches loaded splits (the second half of build_datasets)."""
   _check_config(data_cfg)
-  if seq_len < 1:
-    raise ValueError(f"seq_len must be >= 1, got {seq_len}")
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
+  if isinstance(splits, images.ImageSplits):
+    return _image_datasets(
+        splits,
+        data_cfg,
+        seed=seed,
+        global_batch_size=global_batch_size,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        process_index=process_index,
+        process_count=process_count,
+    )
+  if seq_len < 1:
+    raise ValueError(f"seq_len must be >= 1, got {seq_len}")
   train = shard_corpus(splits.train, shard_index, num_shards, data_cfg.iid)
   packed_train = sources.PackedTokenSource(train.tokens, seq_len)
   packed_val = sources.PackedTokenSource(splits.val.tokens, seq_len)
@@ -273,6 +290,49 @@ def make_datasets(
       train_tokens=len(train.tokens),
       shard_plays=train.names,
       train_dataset=dataset,
+  )
+
+
+def _image_datasets(
+    splits: images.ImageSplits,
+    data_cfg,
+    *,
+    seed,
+    global_batch_size,
+    shard_index,
+    num_shards,
+    process_index,
+    process_count,
+) -> Datasets:
+  """Datasets of images: batches of this shard's images (one 'token' is one image)."""
+  train = images.shard(splits.train, shard_index, num_shards, data_cfg.iid)
+  batches = TrainBatchSource(
+      train,
+      seed=seed,
+      global_batch_size=global_batch_size,
+      process_index=process_index,
+      process_count=process_count,
+      stream=shard_index,
+  )
+  dataset = grain.MapDataset.source(batches).to_iter_dataset(
+      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+  )
+  eval_kwargs = dict(
+      global_batch_size=global_batch_size,
+      num_batches=data_cfg.eval_batches,
+      process_index=process_index,
+      process_count=process_count,
+  )
+  eval_batches(splits.val, **eval_kwargs)  # fail now, not at the first evaluation
+  return Datasets(
+      train_iter=iter(dataset),
+      eval_batches=lambda: eval_batches(splits.val, **eval_kwargs),
+      vocab_size=splits.num_classes,
+      bytes_per_token=0.0,
+      train_tokens=len(train),
+      shard_plays=tuple(f"class {c}" for c in np.unique(train.labels_N)),
+      train_dataset=dataset,
+      image_shape=splits.image_shape,
   )
 
 

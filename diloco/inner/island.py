@@ -9,7 +9,7 @@ import ml_collections
 
 from diloco import data as data_lib
 from diloco.inner import checkpoint, sharding, step as step_lib, warm_start
-from diloco.models import transformer
+from diloco.models import transformer, vit
 
 
 @dataclasses.dataclass
@@ -43,9 +43,16 @@ class Island:
     return state, step
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> transformer.ModelConfig:
-  """The model's config, with the vocabulary the tokenizer actually has."""
-  cfg = transformer.ModelConfig(**{**config.model.to_dict(), "vocab_size": vocab_size})
+def model_config(config: ml_collections.ConfigDict, data) -> transformer.ModelConfig:
+  """The model's config: the decoder with the vocabulary the tokenizer actually has, or for image
+  data the ViT with the images' size, channels and classes."""
+  if data.image_shape:
+    h, w, c = data.image_shape
+    if h != w:
+      raise ValueError(f"images are {h}x{w}; the ViT takes square images")
+    fields = {**config.model.to_dict(), "image_size": h, "channels": c}
+    return vit.VitConfig(**{**fields, "num_classes": data.vocab_size})
+  cfg = transformer.ModelConfig(**{**config.model.to_dict(), "vocab_size": data.vocab_size})
   if cfg.attention == "cudnn" and jax.default_backend() != "gpu":
     raise ValueError(
         f"model.attention='cudnn' needs a GPU (this backend is {jax.default_backend()!r});"
@@ -71,7 +78,9 @@ def build_island(
   `splits` (from diloco.data.load_splits) and `init_params` (an island's already built) avoid
   reading the corpus and the warm start's checkpoint again for every island.
   """
-  mesh = sharding.make_island_mesh(devices, config.mesh.data, config.mesh.fsdp)
+  mesh = sharding.make_island_mesh(
+      devices, config.mesh.data, config.mesh.fsdp, config.mesh.get("expert", 1)
+  )
   splits = data_lib.load_splits(config.data) if splits is None else splits
   data = data_lib.make_datasets(
       splits,
@@ -82,7 +91,7 @@ def build_island(
       shard_index=shard_index,
       num_shards=num_shards,
   )
-  model_cfg = model_config(config, data.vocab_size)
+  model_cfg = model_config(config, data)
   if config.seq_len > model_cfg.max_len:
     raise ValueError(f"seq_len={config.seq_len} exceeds model.max_len={model_cfg.max_len}")
   fns = step_lib.build_step_fns(model_cfg, optimizer_config(config), mesh)
@@ -97,6 +106,10 @@ def build_island(
       model_cfg=model_cfg,
       seed=config.seed,
       param_count=transformer.param_count(shapes.params),
-      flops_per_token=transformer.flops_per_token(model_cfg, config.seq_len),
+      flops_per_token=(
+          vit.flops_per_image(model_cfg)
+          if isinstance(model_cfg, vit.VitConfig)
+          else transformer.flops_per_token(model_cfg, config.seq_len)
+      ),
       init_params=init_params,
   )

@@ -1,8 +1,10 @@
 """Island meshes and partition rules for parameters, optimizer state and batches.
 
-An island is a 2-D mesh ('data', 'fsdp'). Batches are split over both axes; each weight matrix is
-split over 'fsdp' along the dimension named in the rules below (ZeRO-3 style), and replicated over
-'data'. Optimizer moments follow the parameters they belong to, because rules match path suffixes.
+An island is a 2-D mesh ('data', 'fsdp'), or 3-D ('data', 'fsdp', 'expert') for expert
+parallelism. Batches are split over every axis; each weight matrix is split over 'fsdp' along the
+dimension named in the rules below (ZeRO-3 style), and replicated over 'data'; a mixture of
+experts' weights are split over 'expert' along their expert dimension (a rule's axis the mesh
+lacks is dropped, so the same rules serve every mesh). Optimizer moments follow the parameters they belong to, because rules match path suffixes.
 Learners stacked on one mesh (inner/stacked.py) add a leading 'learners' axis to all of it.
 """
 
@@ -13,8 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-DATA, FSDP, LEARNERS = "data", "fsdp", "learners"
-BATCH_AXES = (DATA, FSDP)
+DATA, FSDP, EXPERT, LEARNERS = "data", "fsdp", "expert", "learners"
+BATCH_AXES = (DATA, FSDP, EXPERT)
 
 # (regex on the '/'-joined leaf path, spec). The first match wins; unmatched leaves are replicated.
 PARAM_RULES: tuple[tuple[str, P], ...] = (
@@ -23,6 +25,8 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"attn/out$", P(None, None, FSDP)),  # [H, Dh, D]
     (r"mlp/wi$", P(FSDP)),  # [D, F] or [D, 2, F]
     (r"mlp/wo$", P(None, FSDP)),  # [F, D]
+    (r"moe/wi$", P(EXPERT)),  # [E, D, F] or [E, D, 2, F]
+    (r"moe/wo$", P(EXPERT)),  # [E, F, D]
     (r"unembed/kernel$", P(FSDP, None)),  # [D, V]
 )
 
@@ -40,11 +44,19 @@ def _tile(n: int, data: int, fsdp: int) -> tuple[int, int]:
   return data, fsdp
 
 
-def make_island_mesh(devices: Sequence[jax.Device], data: int = -1, fsdp: int = 1) -> Mesh:
-  """A ('data', 'fsdp') mesh over exactly these devices; -1 takes what is left."""
-  shape = _tile(len(devices), data, fsdp)
-  auto = (jax.sharding.AxisType.Auto,) * 2  # the compiler propagates shardings inside the step
-  return jax.make_mesh(shape, (DATA, FSDP), axis_types=auto, devices=list(devices))
+def make_island_mesh(
+    devices: Sequence[jax.Device], data: int = -1, fsdp: int = 1, expert: int = 1
+) -> Mesh:
+  """A ('data', 'fsdp') mesh over exactly these devices, with an 'expert' axis when expert > 1;
+  -1 takes what is left."""
+  n = len(devices)
+  if expert < 1 or n % expert:
+    raise ValueError(f"mesh.expert={expert} does not divide {n} devices")
+  shape, names = _tile(n // expert, data, fsdp), (DATA, FSDP)
+  if expert > 1:
+    shape, names = (*shape, expert), (*names, EXPERT)
+  auto = (jax.sharding.AxisType.Auto,) * len(names)  # the compiler propagates shardings
+  return jax.make_mesh(shape, names, axis_types=auto, devices=list(devices))
 
 
 def make_stacked_mesh(
@@ -76,12 +88,13 @@ def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
   """The partition spec of one leaf; a dimension that does not divide falls back to replicated."""
   for pattern, spec in PARAM_RULES:
     if re.search(pattern, path) and len(shape) >= len(spec):
+      spec = P(*(a if a in mesh.axis_names else None for a in spec))
       size = dict(mesh.shape)
       for dim, axis in zip(shape, spec):
         if axis is not None and dim % size[axis]:
           raise ValueError(
               f"{path} has shape {shape}: dimension {dim} is not divisible by mesh axis"
-              f" {axis!r} of size {size[axis]}; change the model or mesh.fsdp"
+              f" {axis!r} of size {size[axis]}; change the model or mesh.{axis}"
           )
       return spec
   return P()
@@ -98,9 +111,11 @@ def tree_shardings(tree, mesh: Mesh, lead: tuple[str, ...] = ()):
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Batches [B, L] are split along B over every device of the island."""
-  return NamedSharding(mesh, P(BATCH_AXES, None))
+def batch_sharding(mesh: Mesh, ndim: int = 2, lead: tuple[str, ...] = ()) -> NamedSharding:
+  """A batch array ([B, L] tokens, [B, H, W, C] images, [B] labels) split along B over every
+  device of the island; `lead` names leading mesh axes (stacked learners: 'learners')."""
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+  return NamedSharding(mesh, P(*lead, axes, *(None,) * (ndim - 1)))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -40,7 +40,7 @@ class StackedFns:
   kind: str  # 'vmap' | 'map'
   mesh: Mesh
   state_shardings: step_lib.TrainState
-  batch_sharding: NamedSharding
+  batch_sharding: dict[str, NamedSharding]  # per batch key
   zeros: Any  # () -> stacked TrainState of zeros
   train: Any  # (stacked state, batch [M, B, L], mask [M]) -> (stacked state, metrics [M])
 
@@ -91,14 +91,17 @@ def build_stacked_fns(
   fns = step_lib.pure_fns(model_cfg, opt_cfg)
   shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct((size, *x.shape), x.dtype), fns.shapes)
   state_sh = sharding.tree_shardings(shapes, mesh, lead=(sharding.LEARNERS,))
-  batch_sh = NamedSharding(mesh, P(sharding.LEARNERS, sharding.BATCH_AXES, None))
+  example = model_cfg.batch_example()
+  batch_sh = {
+      k: sharding.batch_sharding(mesh, x.ndim, lead=(sharding.LEARNERS,))
+      for k, x in example.items()
+  }
   mask_sh = NamedSharding(mesh, P(sharding.LEARNERS))
   rep = sharding.replicated(mesh)
   if kind == "vmap":
     train = _vmapped(fns.train, size)
   else:
-    batch = {k: jax.ShapeDtypeStruct((1, 1), jnp.int32) for k in ("inputs_BxL", "targets_BxL")}
-    train = _mapped(fns.train, jax.eval_shape(fns.train, fns.shapes, batch)[1])
+    train = _mapped(fns.train, jax.eval_shape(fns.train, fns.shapes, example)[1])
 
   def zeros():
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -112,7 +115,7 @@ def build_stacked_fns(
       zeros=jax.jit(zeros, out_shardings=state_sh),
       train=jax.jit(
           train,
-          in_shardings=(state_sh, {k: batch_sh for k in ("inputs_BxL", "targets_BxL")}, mask_sh),
+          in_shardings=(state_sh, batch_sh, mask_sh),
           out_shardings=(state_sh, rep),
           donate_argnums=0,
       ),

@@ -66,11 +66,7 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   return opt
 
 
-def cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
-  """Mean next-token cross entropy in nats."""
-  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
-  nll_BxL = -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
-  return jnp.mean(nll_BxL)
+cross_entropy = transformer.cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +79,7 @@ class StepFns:
   init: Any  # (rng) -> TrainState
   train: Any  # (TrainState, batch) -> (TrainState, metrics)
   eval: Any  # (params, batch) -> loss
+  measures: Any  # (params, batch) -> {loss, ...}
   lr: optax.Schedule
 
 
@@ -90,11 +87,11 @@ def abstract_state(model_cfg: transformer.ModelConfig, tx) -> tuple[nnx.GraphDef
   """Graphdef and shapes of the train state, without allocating it."""
 
   def build():
-    model = transformer.Transformer(model_cfg, nnx.Rngs(0))
+    model = model_cfg.build(nnx.Rngs(0))
     params = nnx.to_pure_dict(nnx.state(model))
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: transformer.Transformer(model_cfg, nnx.Rngs(0))))
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0))))
   return graphdef, jax.eval_shape(build)
 
 
@@ -107,6 +104,7 @@ class PureFns:
   init: Any  # (rng) -> TrainState
   train: Any  # (TrainState, batch) -> (TrainState, metrics)
   loss: Any  # (params, batch) -> loss
+  measures: Any  # (params, batch) -> {loss, ...}: what evaluation averages
   lr: optax.Schedule
 
 
@@ -118,22 +116,30 @@ def pure_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig) -> Pu
   graphdef, shapes = abstract_state(model_cfg, tx)
 
   def init(rng: jax.Array) -> TrainState:
-    model = transformer.Transformer(model_cfg, nnx.Rngs(params=rng))
+    model = model_cfg.build(nnx.Rngs(params=rng))
     params = nnx.to_pure_dict(nnx.state(model))
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
-  def loss_fn(params, batch):
-    model = nnx.merge(graphdef, params)
-    return cross_entropy(model(batch["inputs_BxL"]), batch["targets_BxL"])
+  def measures(params, batch) -> dict[str, jax.Array]:
+    """The held-out measures of the model's task (`loss`, and e.g. `accuracy`)."""
+    return nnx.merge(graphdef, params).evaluate(batch)
+
+  def loss_fn(params, batch) -> jax.Array:
+    return measures(params, batch)["loss"]
+
+  def objective(params, batch):
+    """What training minimises (the task's loss plus, for a mixture of experts, the weighted
+    auxiliary losses) and its parts as metrics."""
+    return nnx.merge(graphdef, params).objective(batch)
 
   def train(state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+    (_, parts), grads = jax.value_and_grad(objective, has_aux=True)(state.params, batch)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+    metrics = {**parts, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
-  return PureFns(graphdef, shapes, init, train, loss_fn, schedule)
+  return PureFns(graphdef, shapes, init, train, loss_fn, measures, schedule)
 
 
 @functools.cache
@@ -147,8 +153,7 @@ def build_step_fns(
   fns = pure_fns(model_cfg, opt_cfg)
   state_sh = TrainState(*(sharding.tree_shardings(x, mesh) for x in fns.shapes))
   batch_sh = {
-      "inputs_BxL": sharding.batch_sharding(mesh),
-      "targets_BxL": sharding.batch_sharding(mesh),
+      k: sharding.batch_sharding(mesh, x.ndim) for k, x in model_cfg.batch_example().items()
   }
   rep = sharding.replicated(mesh)
   return StepFns(
@@ -163,11 +168,14 @@ def build_step_fns(
           donate_argnums=0,
       ),
       eval=jax.jit(fns.loss, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
+      measures=jax.jit(fns.measures, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
       lr=fns.lr,
   )
 
 
 def put_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
   """This process's slice of a global batch -> a global array sharded over the island."""
-  sh = sharding.batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sh, v) for k, v in batch.items()}
+  return {
+      k: jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, v.ndim), v)
+      for k, v in batch.items()
+  }

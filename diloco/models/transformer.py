@@ -8,6 +8,9 @@ Parameter tree (as `nnx.split(model)[1].to_pure_dict()`), which fragments and pa
   blocks/{i}/mlp_norm/scale  [D]
   blocks/{i}/mlp/wi          [D, F] (gelu) or [D, 2, F] (swiglu)
   blocks/{i}/mlp/wo          [F, D]
+  blocks/{i}/moe/router      [D, E]        (instead of mlp/ in a mixture-of-experts block:
+  blocks/{i}/moe/wi          [E, D, 2, F]   models/moe.py; `num_experts` > 0, every
+  blocks/{i}/moe/wo          [E, F, D]      `moe_every`-th block)
   final_norm/scale           [D]
   unembed/kernel             [D, V]   (only when embeddings are untied)
 """
@@ -18,6 +21,8 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from diloco.models import moe
 
 ATTENTION = ("einsum", "dot_product_attention", "cudnn")
 # What each block keeps for the backward pass: everything; only its input (recompute the block);
@@ -46,6 +51,17 @@ class ModelConfig:
   rope_base: float = 10_000.0
   dtype: str = "float32"  # compute dtype; parameters (and optimizer state) are always float32.
   remat: Literal["none", "block", "dots"] = "none"  # recompute in the backward pass: REMAT
+  # Mixture of experts (models/moe.py): 0 experts is a dense model. Blocks moe_every-1,
+  # 2*moe_every-1, ... are sparse; each expert has width expert_d_ff (0: d_ff).
+  num_experts: int = 0
+  top_k: int = 2
+  capacity_factor: float = 1.25
+  expert_d_ff: int = 0
+  moe_every: int = 1
+  group_size: int = 1024  # tokens routed together (capacity per group; models/moe.py)
+  aux_loss_weight: float = 0.01  # the load-balancing loss's weight in the training objective
+  z_loss_weight: float = 0.001  # the router z-loss's
+  causal: bool = True  # attention masks later positions (a decoder); False for vision
 
   def __post_init__(self):
     if self.d_model % self.num_heads:
@@ -60,10 +76,37 @@ class ModelConfig:
       raise ValueError(f"unknown model.remat {self.remat!r}; expected one of {tuple(REMAT)}")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"model.dtype={self.dtype!r}: expected float32, bfloat16 or float16")
+    if self.num_experts < 0 or self.moe_every < 1 or self.expert_d_ff < 0 or self.group_size < 0:
+      raise ValueError(
+          f"model.num_experts={self.num_experts}, model.moe_every={self.moe_every}, "
+          f"model.expert_d_ff={self.expert_d_ff}, model.group_size={self.group_size}: need >= 0, "
+          ">= 1, >= 0 and >= 0"
+      )
+    if self.num_experts and not 1 <= self.top_k <= min(2, self.num_experts):
+      raise ValueError(
+          f"model.top_k={self.top_k}: 1 or 2, at most model.num_experts={self.num_experts}"
+      )
+    if self.num_experts and self.capacity_factor <= 0:
+      raise ValueError(f"model.capacity_factor must be > 0, got {self.capacity_factor}")
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
+
+  @property
+  def expert_width(self) -> int:
+    return self.expert_d_ff or self.d_ff
+
+  def is_moe(self, layer: int) -> bool:
+    return self.num_experts > 0 and layer % self.moe_every == self.moe_every - 1
+
+  def batch_example(self, batch: int = 1) -> dict[str, jax.ShapeDtypeStruct]:
+    """The batch this model trains on, as shapes: next-token prediction over sequences."""
+    seq = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
+    return {"inputs_BxL": seq, "targets_BxL": seq}
+
+  def build(self, rngs: nnx.Rngs) -> "Transformer":
+    return Transformer(self, rngs)
 
 
 def _init(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int) -> nnx.Param:
@@ -113,20 +156,23 @@ class Attention(nnx.Module):
     if cfg.attention != "einsum":
       impl = "cudnn" if cfg.attention == "cudnn" else None
       o_BxLxHxK = jax.nn.dot_product_attention(
-          q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True, implementation=impl
+          q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=cfg.causal, implementation=impl
       )
     else:
-      o_BxLxHxK = causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)
+      o_BxLxHxK = causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, cfg.causal)
     return jnp.einsum("blhk,hkd->bld", o_BxLxHxK, self.out[...].astype(dtype))
 
 
-def causal_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array) -> jax.Array:
-  """Softmax attention with a causal mask, logits in float32."""
+def causal_attention(
+    q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array, causal: bool = True
+) -> jax.Array:
+  """Softmax attention with a causal mask (unless `causal` is False), logits in float32."""
   seq_len, head_dim = q_BxLxHxK.shape[1], q_BxLxHxK.shape[3]
   logits_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
   logits_BxHxLxL = logits_BxHxLxL * head_dim**-0.5
-  mask_1x1xLxL = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None]
-  logits_BxHxLxL = jnp.where(mask_1x1xLxL, logits_BxHxLxL, jnp.finfo(jnp.float32).min)
+  if causal:
+    mask_1x1xLxL = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None]
+    logits_BxHxLxL = jnp.where(mask_1x1xLxL, logits_BxHxLxL, jnp.finfo(jnp.float32).min)
   att_BxHxLxL = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(v_BxLxHxK.dtype)
   return jnp.einsum("bhqs,bshk->bqhk", att_BxHxLxL, v_BxLxHxK)
 
@@ -151,17 +197,25 @@ class Mlp(nnx.Module):
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)) (or the experts')."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, sparse: bool = False):
     self.attn_norm = RMSNorm(cfg.d_model)
     self.attn = Attention(cfg, rngs)
     self.mlp_norm = RMSNorm(cfg.d_model)
-    self.mlp = Mlp(cfg, rngs)
+    if sparse:
+      self.moe = moe.MoeMlp(cfg, rngs)
+    else:
+      self.mlp = Mlp(cfg, rngs)
 
-  def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The block's output and its routing stats [load_balance, router_z, dropped] (zeros when
+    dense)."""
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD))
-    return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
+    if not hasattr(self, "moe"):
+      return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD)), jnp.zeros((3,), jnp.float32)
+    y_BxLxD, r = self.moe(self.mlp_norm(x_BxLxD))
+    return x_BxLxD + y_BxLxD, jnp.stack([r.load_balance, r.router_z, r.dropped])
 
 
 class Transformer(nnx.Module):
@@ -170,28 +224,71 @@ class Transformer(nnx.Module):
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
-    self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.blocks = nnx.List([Block(cfg, rngs, cfg.is_moe(i)) for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.d_model)
     if not cfg.tied_embeddings:
       self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
 
   def __call__(self, tokens_BxL: jax.Array) -> jax.Array:
+    return self.forward(tokens_BxL)[0]
+
+  def forward(self, tokens_BxL: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Logits and the routing stats of `run_blocks`."""
     cfg = self.cfg
     if tokens_BxL.shape[1] > cfg.max_len:
       raise ValueError(f"sequence length {tokens_BxL.shape[1]} exceeds max_len={cfg.max_len}")
-    x_BxLxD = self.embed(tokens_BxL).astype(cfg.dtype)
-    for block in self.blocks:
-      if cfg.remat == "none":
-        x_BxLxD = block(x_BxLxD)
-      else:
-        x_BxLxD = nnx.remat(lambda b, x: b(x), policy=REMAT[cfg.remat])(block, x_BxLxD)
+    x_BxLxD, aux = run_blocks(cfg, self.blocks, self.embed(tokens_BxL).astype(cfg.dtype))
     x_BxLxD = self.final_norm(x_BxLxD)
     if cfg.tied_embeddings:
       table_VxD = self.embed.embedding[...].astype(cfg.dtype)
       logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, table_VxD)
     else:
       logits_BxLxV = self.unembed(x_BxLxD)
-    return logits_BxLxV.astype(jnp.float32)
+    return logits_BxLxV.astype(jnp.float32), aux
+
+  def objective(self, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """What training minimises, and its parts as metrics (`loss`: the cross entropy)."""
+    logits_BxLxV, aux = self.forward(batch["inputs_BxL"])
+    loss = cross_entropy(logits_BxLxV, batch["targets_BxL"])
+    return with_aux_losses(self.cfg, loss, aux), {"loss": loss, **aux}
+
+  def evaluate(self, batch) -> dict[str, jax.Array]:
+    """The held-out measures of one batch: next-token cross entropy."""
+    return {"loss": cross_entropy(self(batch["inputs_BxL"]), batch["targets_BxL"])}
+
+
+def cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
+  """Mean cross entropy in nats of integer targets (any leading shape)."""
+  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
+  nll_BxL = -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
+  return jnp.mean(nll_BxL)
+
+
+def run_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array):
+  """x through the blocks (rematerialised as cfg.remat says), and for a mixture of experts the
+  routing stats averaged over its sparse blocks (`moe_load_balance`, `moe_router_z`,
+  `moe_dropped`; empty when dense)."""
+  stats_3 = jnp.zeros((3,), jnp.float32)
+  for block in blocks:
+    if cfg.remat == "none":
+      x_BxLxD, s_3 = block(x_BxLxD)
+    else:
+      x_BxLxD, s_3 = nnx.remat(lambda b, x: b(x), policy=REMAT[cfg.remat])(block, x_BxLxD)
+    stats_3 = stats_3 + s_3
+  sparse = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
+  if not sparse:
+    return x_BxLxD, {}
+  stats_3 = stats_3 / sparse
+  return x_BxLxD, dict(moe_load_balance=stats_3[0], moe_router_z=stats_3[1], moe_dropped=stats_3[2])
+
+
+def with_aux_losses(cfg: ModelConfig, loss: jax.Array, aux: dict) -> jax.Array:
+  """The loss plus the weighted load-balancing and router z losses of a mixture of experts."""
+  if not aux:
+    return loss
+  return (
+      loss + cfg.aux_loss_weight * aux["moe_load_balance"] + cfg.z_loss_weight * aux["moe_router_z"]
+  )
 
 
 def param_count(params) -> int:
@@ -204,11 +301,16 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
   Counts matmul weights (embedding lookup excluded, unembedding included) at 6 FLOPs each
   (2 forward, 4 backward), plus attention scores and values: 6 * 2 * L_layers * seq_len * D,
-  halved for the causal mask.
+  halved for the causal mask. A mixture-of-experts block counts its active weights: the router
+  and top_k experts.
   """
-  d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-  mlp_in = d * f * (2 if cfg.mlp == "swiglu" else 1)
-  per_layer = 3 * d * d + d * d + mlp_in + f * d
-  matmul_weights = cfg.num_layers * per_layer + d * v
+  d, v = cfg.d_model, cfg.vocab_size
+  matmul_weights = d * v
+  for i in range(cfg.num_layers):
+    # A sparse block's active weights: the router and top_k experts (capacity aside).
+    f, k = (cfg.expert_width, cfg.top_k) if cfg.is_moe(i) else (cfg.d_ff, 1)
+    mlp_in = d * f * (2 if cfg.mlp == "swiglu" else 1)
+    router = d * cfg.num_experts if cfg.is_moe(i) else 0
+    matmul_weights += 3 * d * d + d * d + k * (mlp_in + f * d) + router
   attention = 2 * cfg.num_layers * seq_len * d / 2
   return 6.0 * matmul_weights + 6.0 * attention

@@ -196,8 +196,8 @@ def strided(
     num_fragments: int,
     *,
     blocks_key: str = "blocks",
-    first: Sequence[str] = ("embed",),
-    last: Sequence[str] = ("final_norm", "unembed"),
+    first: Sequence[str] = ("embed", "patch", "cls"),  # the decoder's and the ViT's inputs
+    last: Sequence[str] = ("final_norm", "unembed", "head"),
 ) -> Fragmentation:
   """Block i -> fragment i mod P (Streaming DiLoCo); ``first`` keys -> 0, ``last`` keys -> P-1.
 

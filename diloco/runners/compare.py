@@ -93,11 +93,14 @@ def _eval_rows(workdir: str) -> list[dict]:
 
 
 def format_table(rows: dict[str, dict]) -> str:
-  header = f"{'mode':<10} {'eval bpb':>9} {'sim time s':>11} {'goodput':>8} {'bytes/token':>12}"
+  """One line per mode: bits per byte for text, held-out accuracy for images."""
+  key = "eval_bpb" if all("eval_bpb" in r for r in rows.values()) else "eval_accuracy"
+  name = "eval bpb" if key == "eval_bpb" else "accuracy"
+  header = f"{'mode':<10} {name:>9} {'sim time s':>11} {'goodput':>8} {'bytes/token':>12}"
   lines = [header, "-" * len(header)]
   for mode, r in rows.items():
     lines.append(
-        f"{mode:<10} {r['eval_bpb']:>9.3f} {r.get('sim_time_s', 0):>11.0f}"
+        f"{mode:<10} {r[key]:>9.3f} {r.get('sim_time_s', 0):>11.0f}"
         f" {r.get('goodput', 1.0):>8.3f} {r.get('bytes_per_token', 0):>12.2f}"
     )
   return "\n".join(lines)

@@ -242,8 +242,7 @@ def _summary(
       "tokens": tokens,
       "params": isl.param_count,
       "flops_per_token": isl.flops_per_token,
-      "eval_loss": final["eval_loss"],
-      "eval_bpb": final["eval_bpb"],
+      **final,  # eval_loss, and eval_bpb (text) or eval_accuracy (images)
       "wall_s": wall,
       "tokens_per_s": tokens / wall,
       "outer_steps": len(merges),
@@ -289,6 +288,7 @@ def _log_learner(writer, config, m, learner, step, device_metrics, now, force=Fa
           "lr": float(mx["lr"]),
           "sim_time_s": now,
           "tokens": learner.tokens,
+          **{k: float(v) for k, v in mx.items() if k.startswith("moe_")},
       },
       prefix=f"learner{m}/",
   )
