@@ -118,7 +118,7 @@ def test_config_checks_and_active_flops():
   assert [moe_small.is_moe(i) for i in range(4)] == [False, True, False, True]
 
 
-@pytest.mark.parametrize("mode", ["dp", "decoupled"])
+@pytest.mark.parametrize("mode", ["decoupled"])
 def test_moe_tiny_runs_runlocal_and_logs_its_routing(tmp_path, mode):
   import json  # pylint: disable=import-outside-toplevel
 
