@@ -57,6 +57,8 @@ def test_default_data_config_keys():
       "array_record_glob",
       "val_text_glob",
       "val_array_record_glob",
+      "npz_glob",
+      "val_npz_glob",
       "tokenizer",
       "sp_vocab_size",
       "iid",

@@ -1,8 +1,11 @@
 """The transformer: causality, shapes, parameter count and FLOPs."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 from flax import nnx
 
@@ -138,4 +141,4 @@ def test_cudnn_attention_off_a_gpu_fails_when_the_island_is_built():
   c = shakespeare.get_config("runlocal")
   c.model.attention = "cudnn"
   with pytest.raises(ValueError, match="model.attention='cudnn' needs a GPU"):
-    island.model_config(c, 256)
+    island.model_config(c, types.SimpleNamespace(image_shape=(), vocab_size=256))

@@ -238,23 +238,43 @@ def make_datasets(
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
   if isinstance(splits, images.ImageSplits):
+    where = dict(shard_index=shard_index, num_shards=num_shards)
+    where.update(process_index=process_index, process_count=process_count)
     return _image_datasets(
-        splits,
-        data_cfg,
-        seed=seed,
-        global_batch_size=global_batch_size,
-        shard_index=shard_index,
-        num_shards=num_shards,
-        process_index=process_index,
-        process_count=process_count,
+        splits, data_cfg, seed=seed, global_batch_size=global_batch_size, **where
     )
   if seq_len < 1:
     raise ValueError(f"seq_len must be >= 1, got {seq_len}")
   train = shard_corpus(splits.train, shard_index, num_shards, data_cfg.iid)
   packed_train = sources.PackedTokenSource(train.tokens, seq_len)
   packed_val = sources.PackedTokenSource(splits.val.tokens, seq_len)
+  where = dict(process_index=process_index, process_count=process_count)
+  dataset, evals = _batched(
+      packed_train, packed_val, data_cfg, seed, global_batch_size, shard_index, **where
+  )
+  _log.info(
+      "Data %s/%s shard %d of %d: %d training tokens in %d documents, %d validation tokens.",
+      *(data_cfg.source, data_cfg.tokenizer, shard_index, num_shards),
+      *(len(train.tokens), len(train.names), len(splits.val.tokens)),
+  )
+  return Datasets(
+      train_iter=iter(dataset),
+      eval_batches=evals,
+      vocab_size=splits.vocab_size,
+      bytes_per_token=splits.val.num_bytes / len(splits.val.tokens),
+      train_tokens=len(train.tokens),
+      shard_plays=train.names,
+      train_dataset=dataset,
+  )
+
+
+def _batched(
+    train, val, data_cfg, seed, global_batch_size, shard_index, *, process_index, process_count
+):
+  """The endless training batches of `train` (grain, checkpointable) and a function giving the
+  fixed validation batches of `val` (checked now, not at the first evaluation)."""
   batches = TrainBatchSource(
-      packed_train,
+      train,
       seed=seed,
       global_batch_size=global_batch_size,
       process_index=process_index,
@@ -265,32 +285,14 @@ def make_datasets(
   dataset = grain.MapDataset.source(batches).to_iter_dataset(
       grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   )
-  eval_kwargs = dict(
+  kwargs = dict(
       global_batch_size=global_batch_size,
       num_batches=data_cfg.eval_batches,
       process_index=process_index,
       process_count=process_count,
   )
-  eval_batches(packed_val, **eval_kwargs)  # fail now, not at the first evaluation
-  _log.info(
-      "Data %s/%s shard %d of %d: %d training tokens in %d documents, %d validation tokens.",
-      data_cfg.source,
-      data_cfg.tokenizer,
-      shard_index,
-      num_shards,
-      len(train.tokens),
-      len(train.names),
-      len(splits.val.tokens),
-  )
-  return Datasets(
-      train_iter=iter(dataset),
-      eval_batches=lambda: eval_batches(packed_val, **eval_kwargs),
-      vocab_size=splits.vocab_size,
-      bytes_per_token=splits.val.num_bytes / len(splits.val.tokens),
-      train_tokens=len(train.tokens),
-      shard_plays=train.names,
-      train_dataset=dataset,
-  )
+  eval_batches(val, **kwargs)
+  return dataset, lambda: eval_batches(val, **kwargs)
 
 
 def _image_datasets(
@@ -306,27 +308,13 @@ def _image_datasets(
 ) -> Datasets:
   """Datasets of images: batches of this shard's images (one 'token' is one image)."""
   train = images.shard(splits.train, shard_index, num_shards, data_cfg.iid)
-  batches = TrainBatchSource(
-      train,
-      seed=seed,
-      global_batch_size=global_batch_size,
-      process_index=process_index,
-      process_count=process_count,
-      stream=shard_index,
+  where = dict(process_index=process_index, process_count=process_count)
+  dataset, evals = _batched(
+      train, splits.val, data_cfg, seed, global_batch_size, shard_index, **where
   )
-  dataset = grain.MapDataset.source(batches).to_iter_dataset(
-      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-  )
-  eval_kwargs = dict(
-      global_batch_size=global_batch_size,
-      num_batches=data_cfg.eval_batches,
-      process_index=process_index,
-      process_count=process_count,
-  )
-  eval_batches(splits.val, **eval_kwargs)  # fail now, not at the first evaluation
   return Datasets(
       train_iter=iter(dataset),
-      eval_batches=lambda: eval_batches(splits.val, **eval_kwargs),
+      eval_batches=evals,
       vocab_size=splits.num_classes,
       bytes_per_token=0.0,
       train_tokens=len(train),

@@ -119,6 +119,18 @@ def _faults(config, learner_id: int, workdir: str) -> learner_faults.ProcessFaul
   return faults
 
 
+def _join_job(config: ml_collections.ConfigDict, cluster: Cluster) -> None:
+  """Checks the deploy section, joins this learner's JAX job, and checks JAX's platform."""
+  deploy_lib.check(config.deploy)
+  multihost.initialize(
+      config.get("distributed", False),
+      cluster.coordinator,
+      cluster.num_processes,
+      cluster.process_id,
+  )
+  deploy_lib.check_platform(config.deploy, jax.default_backend())
+
+
 def run(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -128,14 +140,7 @@ def run(
     token: str,
     cluster: Cluster = Cluster(),
 ) -> dict[str, Any]:
-  deploy_lib.check(config.deploy)
-  multihost.initialize(
-      config.get("distributed", False),
-      cluster.coordinator,
-      cluster.num_processes,
-      cluster.process_id,
-  )
-  deploy_lib.check_platform(config.deploy, jax.default_backend())
+  _join_job(config, cluster)
   os.makedirs(workdir, exist_ok=True)
   faults = _faults(config, learner_id, workdir)
   learner = make_learner(config, learner_id)
