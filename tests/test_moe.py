@@ -127,7 +127,7 @@ def test_moe_tiny_runs_runlocal_and_logs_its_routing(tmp_path, mode):
   from test_islands import MULTI_KEYS  # pylint: disable=import-outside-toplevel
   from test_train import SUMMARY_KEYS  # pylint: disable=import-outside-toplevel
 
-  c = shakespeare.get_config(f"mode={mode},runlocal,model=moe_tiny")
+  c = shakespeare.get_config(f"mode={mode},runlocal,model=moe_tiny,steps=16")
   with c.unlocked():
     c.progress_bar = False
     c.timeline = False
