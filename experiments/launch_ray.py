@@ -32,7 +32,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Outputs, on storage every node 
 _ADDRESS = flags.DEFINE_string("address", "", "An existing Ray cluster (empty: start one here).")
 _TPU = flags.DEFINE_bool("tpu", False, "Each learner on a TPU slice of its own.")
 _SHIP = flags.DEFINE_bool("ship_code", False, "Send this checkout to the workers (working_dir).")
-_TOKEN = flags.DEFINE_string("token_from", "env:DILOCO_TOKEN", "env:NAME, file:PATH or k8s:...")
+_TOKEN = cli.define_token_flag()
 _MAX_S = flags.DEFINE_float("max_s", 24 * 3600.0, "Give up (and cancel everything) after this.")
 flags.mark_flags_as_required(["config", "learners", "workdir"])
 
@@ -41,7 +41,7 @@ def _token() -> str:
   try:
     return tokens.read(_TOKEN.value)
   except ValueError:
-    if _TOKEN.value != "env:DILOCO_TOKEN":
+    if _TOKEN.value != cli.DEFAULT_TOKEN:
       raise
     return secrets.token_hex(16)  # nothing set: this run's own
 

@@ -7,19 +7,13 @@ finds its peers); to form one learner from several processes on one machine, giv
 --coordinator=HOST:PORT --num_processes=N --process_id=i instead.
 """
 
-import os
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from diloco.launch import tokens
+from diloco.launch import cli
 from diloco.rpc import learner_main
 
-_TOKEN = flags.DEFINE_string(
-    "token_from",
-    "env:DILOCO_TOKEN",
-    "Where the shared token is: env:NAME, file:PATH (mode 600) or k8s:NAMESPACE/SECRET/KEY.",
-)
+_TOKEN = cli.define_token_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
 _ID = flags.DEFINE_integer("learner_id", None, "This learner's index m in 0..outer.learners-1.")
 _SYNC = flags.DEFINE_string("synchronizer", None, "HOST:PORT of the synchronizer service.")
@@ -41,10 +35,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  try:
-    token = tokens.read(_TOKEN.value)
-  except ValueError as err:
-    raise app.UsageError(f"--token_from: {err}") from err
+  token = cli.read_token(_TOKEN)
   cluster = learner_main.Cluster(_COORD.value, _NPROC.value, _PID.value)
   s = learner_main.run(
       _CONFIG.value,

@@ -6,19 +6,13 @@ overridden as usual with --config.deploy.KEY=VALUE: it binds deploy.bind (127.0.
 otherwise) on deploy.port (0: a free one, written to WORKDIR/port).
 """
 
-import os
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from diloco.launch import tokens
+from diloco.launch import cli
 from diloco.rpc import sync_main
 
-_TOKEN = flags.DEFINE_string(
-    "token_from",
-    "env:DILOCO_TOKEN",
-    "Where the shared token is: env:NAME, file:PATH (mode 600) or k8s:NAMESPACE/SECRET/KEY.",
-)
+_TOKEN = cli.define_token_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and summary.json.")
 _PORT = flags.DEFINE_integer("port", None, "Shorthand for --config.deploy.port.")
@@ -30,10 +24,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  try:
-    token = tokens.read(_TOKEN.value)
-  except ValueError as err:
-    raise app.UsageError(f"--token_from: {err}") from err
+  token = cli.read_token(_TOKEN)
   config = _CONFIG.value
   if _PORT.value is not None:
     config.deploy.port = _PORT.value

@@ -8,6 +8,7 @@ it from the kill to the killed learner's first merge after rejoining, edges coun
 over the survivors). For each synchronizer kill: seconds until the next merge.
 """
 
+import random
 from typing import Any
 
 
@@ -84,8 +85,6 @@ def kill_plan(
 ) -> list[tuple[float, str]]:
   """Seeded SIGKILLs for a run of real processes: (time, "sync" | "learner<m>"), times uniform
   over 5-85% of the run; each picks the synchronizer with probability `sync_share`."""
-  import random  # pylint: disable=import-outside-toplevel
-
   rng = random.Random(seed)
   times = sorted(rng.uniform(0.05, 0.85) * duration_s for _ in range(kills))
   victims = [

@@ -128,13 +128,12 @@ def digits_file(cache_dir: str | None = None) -> pathlib.Path:
 
 
 def load_digits(cache_dir: str | None = None) -> ImageSplits:
+  path = digits_file(cache_dir)
   try:
-    text = gzip.decompress(digits_file(cache_dir).read_bytes()).decode("ascii")
+    text = gzip.decompress(path.read_bytes()).decode("ascii")
     table = np.loadtxt(io.StringIO(text), delimiter=",", dtype=np.float32)
   except (OSError, EOFError, UnicodeDecodeError, ValueError) as err:
-    if "sha256" in str(err):
-      raise
-    raise ValueError(f"the digits file cannot be read: {err}") from err
+    raise ValueError(f"the digits file {str(path)!r} cannot be read: {err}") from err
   if table.shape != (1797, 65):
     raise ValueError(f"the digits file has shape {table.shape}, expected (1797, 65)")
   images = (table[:, :64] / 16.0).reshape(-1, 8, 8, 1)

@@ -5,20 +5,14 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 from diloco.launch import staging
+from diloco.rpc import local
 
 AUTH = {"RAY_AUTH_MODE": "token"}  # `ray start` enables token auth; drivers must say so too
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def ray_bin() -> str:
@@ -49,7 +43,7 @@ def env(devices: int = 1, jax_cache: str = "") -> dict:
 def cluster(num_cpus: int = 4, temp_dir: str = "", jax_cache: str = ""):
   """A head node started with `ray start` (stopped at the end); yields its address. Its workers
   inherit env(jax_cache=jax_cache)."""
-  port = _free_port()
+  port = local.free_port()
   args = [ray_bin(), "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}"]
   args += ["--include-dashboard=false", "--disable-usage-stats"]
   args += [f"--temp-dir={temp_dir}"] if temp_dir else []

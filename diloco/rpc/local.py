@@ -115,7 +115,7 @@ class LocalCluster:
     n = self.processes_per_learner
     if n == 1:
       return self._spawn(f"learner{m}", args, self.devices_per_learner)
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     procs = [
         self._spawn(
             name,
@@ -206,7 +206,8 @@ def load_config(spec: str, overrides: tuple[str, ...] = ()):
   return config
 
 
-def _free_port() -> int:
+def free_port() -> int:
+  """A TCP port free on loopback now."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]

@@ -25,35 +25,24 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from diloco.launch import cli, gcloud, staging  # noqa: E402
+from diloco.launch import cli, gcloud  # noqa: E402
 
 
 def _define_flags() -> None:
-  """Flags of the command line (defined here, not at import, so that tests can import this)."""
-  config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
-  flags.DEFINE_bool("run", False, "Run the commands instead of printing them.")
+  cli.define_launcher_flags(gcloud.WORKDIR, "Outputs on each host.")
   flags.DEFINE_bool("sweep", False, "--config is a sweep (get_sweep): one launch per point.")
-  flags.DEFINE_string("workdir", gcloud.WORKDIR, "Outputs on each host.")
-  flags.DEFINE_string("stage_dir", staging.Stage().dir, "Local directory for the pack and token.")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  stage = staging.Stage(flags.FLAGS.stage_dir)
-  spec, overrides = cli.config_spec(sys.argv[1:]), cli.config_overrides(sys.argv[1:])
+  stage, spec, overrides = cli.launcher_args(argv)
   if flags.FLAGS.sweep:
     cmds = gcloud.sweep_commands(spec, overrides, flags.FLAGS.workdir, stage)
   else:
     cmds = gcloud.commands(spec, flags.FLAGS.config, overrides, flags.FLAGS.workdir, stage)
-  try:
-    cli.run_or_print(cmds, flags.FLAGS.run, stage)
-  except ValueError as err:
-    raise app.UsageError(str(err)) from err
+  cli.run_or_print(cmds, flags.FLAGS.run, stage)
 
 
 if __name__ == "__main__":
