@@ -95,7 +95,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
           fragment_kind="strided",  # strided: block i -> fragment i mod P; balanced: bin-packing
           overlap=0,  # tau: a fragment sent at step t is applied after step t+tau
           alpha=0.0,  # theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival
-          codec="fp32",  # outer gradients on the wire: fp32 | bf16 | int8 | fp4
+          codec="fp32",  # outer gradients on the wire: fp32 | bf16 | int8 | fp4 | 2bit | 1bit
+          fp4_rounding="log",  # fp4 uplink: log | linear (nearest) | stochastic (unbiased)
+          error_feedback=False,  # learners add what the codec dropped to their next upload
           downlink_codec="",  # merged updates sent back; '' = same as codec
           optimizer="nesterov",  # outer optimizer: nesterov | sgd | delayed_nesterov
           lr=0.4,
@@ -109,6 +111,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
           ema_decay=0.9,  # of the step, quorum and sync times behind the grace window
           max_staleness=1 << 20,  # contributions more versions behind are dropped
           staleness_damping=False,  # scale merges by the mean 1/(1+staleness) of their uploads
+          broadcast="all",  # a merge goes to all live learners | contributors (async Local-SGD)
+          dylu=False,  # DyLU: learner m syncs every floor(v_m/v_max * H) steps, speeds measured
           blocking=True,  # learners wait for a fragment tau steps after sending it (synchronous)
           elastic=False,  # quorum=0 only: crashed learners leave the quorum (else merges wait for them)
           outlier_factor=100.0,  # reject outer gradients with norm > factor x recent median; 0 = off

@@ -13,7 +13,7 @@ import jax
 import ml_collections
 
 from diloco import metrics
-from diloco.config import deploy as deploy_lib, presets
+from diloco.config import deploy as deploy_lib, outer_check, presets
 from diloco.runners import compare, dp, islands
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
@@ -64,6 +64,8 @@ def train_and_evaluate(
   run = mode_of(config.mode).run
   if config.get("distributed", False):
     jax.distributed.initialize()
+  if "outer" in config:
+    outer_check.check(config.outer)
   if "deploy" in config:
     deploy_lib.check_platform(config.deploy, jax.default_backend())
   os.makedirs(workdir, exist_ok=True)

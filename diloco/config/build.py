@@ -24,6 +24,7 @@ from diloco.inner import island as island_lib, sharding, stacked
 from diloco.outer import fragments, integrity, optimizers, policies
 from diloco.outer.learner import Learner
 from diloco.outer.stacked_learner import StackedLearner
+from diloco.outer.uplink import Uplink
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import rejoin
 
@@ -139,11 +140,12 @@ class Parts:
     o = self.config.outer
     args = (m, self.islands[m], self.frag, self.schedule, o.codec, o.alpha)
     tokens = self.batches[m] * self.config.seq_len
+    uplink = Uplink(o.codec, o.fp4_rounding, o.error_feedback, seed=(self.config.seed, m))
     if m in self.rows:
       stack, row = self.rows[m]
-      learner = StackedLearner(*args, tokens, stack=stack, row=row)
+      learner = StackedLearner(*args, tokens, stack=stack, row=row, uplink=uplink)
     else:
-      learner = self.learner_cls(*args, tokens)
+      learner = self.learner_cls(*args, tokens, uplink=uplink)
     learner.versions = [-1] * o.fragments
     learner.global_copy = [{} for _ in range(o.fragments)]
     return learner

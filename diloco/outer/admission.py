@@ -7,7 +7,7 @@ time (`Synchronizer._screen`).
 """
 
 from diloco.outer import compression
-from diloco.outer.protocol import Upload
+from diloco.outer.protocol import Log, Upload
 
 
 def known(sync, p: int, generation: int, version: int) -> bool:
@@ -55,3 +55,27 @@ def invalid(sync, up: Upload) -> tuple[str, str] | None:
   if up.steps <= 0 or up.tokens <= 0:
     return "no_progress", f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
   return None
+
+
+def reject_log(
+    learner: int,
+    fragment: int | None,
+    time: float,
+    reason: str,
+    code: str,
+    up: Upload | None = None,
+) -> Log:
+  """The 'reject' Log of an event the synchronizer refused."""
+  record = {
+      "event": "reject",
+      "learner": learner,
+      "fragment": fragment,
+      "time": time,
+      "reason": reason,
+      "code": code,
+  }
+  if up is not None:
+    record.update(
+        sent_time=up.sent_time, base_version=up.base_version, base_generation=up.base_generation
+    )
+  return Log(record)

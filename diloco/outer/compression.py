@@ -1,7 +1,8 @@
-"""Outer-gradient codecs: fp32, bf16, int8 and fp4 E3M0, with exact wire byte counts.
+"""Outer-gradient codecs: fp32, bf16, int8, fp4 E3M0, 2-bit and 1-bit, with exact wire byte counts.
 
 Everything here is host-side numpy, vectorised over values. A payload is the exact byte string that
-would go on the wire: little-endian, per-block float32 scales first (int8, fp4), then the values.
+would go on the wire: little-endian, per-block float32 scales first (all but fp32 and bf16), then
+the values.
 
 Codecs and their per-element error bounds (``error_bound`` computes them; x is the input after the
 cast to float32, s the scale of the value's block):
@@ -19,7 +20,10 @@ cast to float32, s the scale of the value's block):
   |x| < s·2^-6.5 becomes zero. So |x̂ - x| <= (√2 - 1)·|x| for values kept, and
   |x̂ - x| = |x| < s·2^-6.5 for values dropped. Two values per byte: value 2i in the low nibble,
   value 2i+1 in the high nibble, each nibble ``sign << 3 | code``; an odd count is padded with a
-  zero nibble.
+  zero nibble. That is ``rounding="log"``; ``linear`` and ``stochastic`` (low_bit.py) write the
+  same nibbles, so decoding does not depend on the rounding.
+- ``2bit`` (four symmetric levels ±s/3, ±s with s = max|x|) and ``1bit`` (sign times the block's
+  mean |x|): low_bit.py.
 
 The last block of an array whose size is not a multiple of ``block`` is simply shorter; its scale
 covers only the values it holds. For int8 and fp4, a block whose max|x| is below 2^-100 decodes as
@@ -31,13 +35,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Iterator, Mapping
 
 import ml_dtypes  # installed with jax
 import numpy as np
 
-CODECS = ("fp32", "bf16", "int8", "fp4")
+from diloco.outer import low_bit
+
+CODECS = ("fp32", "bf16", "int8", "fp4", "2bit", "1bit")
+ROUNDINGS = low_bit.ROUNDINGS  # of fp4 values
 DEFAULT_BLOCK = 256
 
 _SCALE_BYTES = 4
@@ -50,23 +56,6 @@ _U16 = np.dtype("<u2")
 _TINY = np.float32(2.0**-100)
 # The smallest |x| whose bfloat16 rounding is Inf: bf16 max (0x7F7F) plus half an ulp, a tie to odd.
 _BF16_OVERFLOW = np.uint32(0x7F7F8000).view(np.float32)
-# Nibble -> signed magnitude in units of the block scale (code 0 is zero whatever the sign bit).
-_FP4_MAGNITUDES = [0.0] + [2.0 ** (k - 7) for k in range(1, 8)]
-_FP4_LUT = np.array(_FP4_MAGNITUDES + [-m for m in _FP4_MAGNITUDES], dtype=np.float32)
-# Top 16 bits of the float32 √2·x/s -> nibble: sign << 3 | clip(biased exponent - 120, 0, 7), uint8
-# [65536]. A biased exponent of at most 120 means |x| < s·2^-6.5: code 0 (zero).
-_TOP16 = np.arange(1 << 16, dtype=np.uint32)
-_FP4_NIBBLE_OF_TOP16 = (
-    (np.clip((_TOP16 >> 7) & 0xFF, 120, 127) - 120) | ((_TOP16 >> 15) << 3)
-).astype(np.uint8)
-_FP4_HIGH_NIBBLE_OF_TOP16 = _FP4_NIBBLE_OF_TOP16 << 4
-del _TOP16
-# Byte -> its two values (low nibble first) as one 8-byte word, so a gather yields float32 pairs.
-_FP4_PAIRS = (
-    np.stack([_FP4_LUT[np.arange(256) & 15], _FP4_LUT[np.arange(256) >> 4]], axis=1)
-    .view(np.uint64)
-    .reshape(256)
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +106,10 @@ def encoded_nbytes(codec: str, num_values: int, block: int = DEFAULT_BLOCK) -> i
   scales = _SCALE_BYTES * _num_blocks(num_values, block)
   if codec == "int8":
     return scales + num_values
-  return scales + (num_values + 1) // 2
+  if codec == "fp4":
+    return scales + (num_values + 1) // 2
+  per = low_bit.values_per_byte(codec)
+  return scales + -(-num_values // per)
 
 
 def _as_f32(x: np.ndarray) -> np.ndarray:
@@ -209,31 +201,47 @@ def _int8_codes(
 def _fp4_pack(
     x_N: np.ndarray, amax: np.ndarray, block: int, y: np.ndarray, out: np.ndarray
 ) -> None:
-  """Writes the nibbles (sign << 3 | code), two per byte, into ``out`` uint8 [(n + 1) // 2]
-  (``y``: float32 [n] scratch).
-
-  Log-space rounding of r = |x|/s to 2^round(log2 r) is 2^floor(log2(√2·r)): the exponent field of
-  the float32 √2·r. So y = x·(√2/s) is computed once, and the top 16 bits of y (sign, exponent, 7
-  mantissa bits) index tables of low and high nibbles.
-  """
+  """Writes log-rounded nibbles, two per byte, into ``out`` uint8 [(n + 1) // 2] (``y``: float32
+  [n] scratch): y = x·(√2/s), then low_bit.fp4_log_nibbles."""
   inv = np.divide(np.float32(math.sqrt(2)), amax, out=np.zeros_like(amax), where=amax > 0)
   _blockwise(np.multiply, x_N, inv, block, y)  # |y| in [0, √2]
-  top16 = y.view(np.uint16)[1::2] if sys.byteorder == "little" else y.view(np.uint16)[0::2]
-  np.take(_FP4_NIBBLE_OF_TOP16, top16[0::2], out=out, mode="clip")  # indices are all in range
-  out[: x_N.size // 2] |= np.take(_FP4_HIGH_NIBBLE_OF_TOP16, top16[1::2], mode="clip")
+  low_bit.fp4_log_nibbles(y, out)
 
 
-def encode(x: np.ndarray, codec: str, block: int = DEFAULT_BLOCK) -> Encoded:
-  """Encodes an array (cast to float32) with ``codec``; ValueError on NaN/Inf."""
+def _check_rounding(rounding: str) -> None:
+  if rounding not in ROUNDINGS:
+    raise ValueError(f"unknown fp4 rounding {rounding!r}; expected one of {ROUNDINGS}")
+
+
+def encode(
+    x: np.ndarray,
+    codec: str,
+    block: int = DEFAULT_BLOCK,
+    rounding: str = "log",
+    rng: np.random.Generator | None = None,
+) -> Encoded:
+  """Encodes an array (cast to float32) with ``codec``; ValueError on NaN/Inf.
+
+  ``rounding`` (fp4 only): log | linear | stochastic, the last drawing from ``rng``.
+  """
   _check_codec(codec, block)
+  _check_rounding(rounding)
   shape = tuple(int(d) for d in np.shape(x))
   x_N = _as_f32(x)
   n = x_N.size
-  if codec in ("fp32", "bf16"):
+  if codec in ("fp32", "bf16", "2bit", "1bit") or (codec == "fp4" and rounding != "log"):
     amax = _amax(x_N)
     _check_finite(amax, x_N)
-    bits = x_N.astype(_F32, copy=False) if codec == "fp32" else _bf16_bits(x_N, amax)
-    return Encoded(codec, shape, bits.tobytes(), block)
+    if codec == "fp32":
+      return Encoded(codec, shape, x_N.astype(_F32, copy=False).tobytes(), block)
+    if codec == "bf16":
+      return Encoded(codec, shape, _bf16_bits(x_N, amax).tobytes(), block)
+    if codec != "fp4":
+      return Encoded(codec, shape, low_bit.encode(x_N, codec, block), block)
+    scale = _usable_scale(_block_amax(x_N, block))
+    nibbles = low_bit.fp4_magnitude_codes(x_N, scale, block, rounding, rng)
+    payload = scale.astype(_F32).tobytes() + low_bit.pack_nibbles(nibbles).tobytes()
+    return Encoded(codec, shape, payload, block)
   nb = _num_blocks(n, block)
   out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
   scales, body = out[: _SCALE_BYTES * nb].view(_F32), out[_SCALE_BYTES * nb :]
@@ -261,7 +269,7 @@ def _chunk(block: int) -> int:
 def decode(e: Encoded) -> np.ndarray:
   """Decodes to a new, writable float32 array of the original shape; ValueError on bad length."""
   n = e.num_values
-  if e.codec in ("fp32", "bf16"):
+  if e.codec not in ("int8", "fp4"):
     ((_, x_N),) = decode_chunks(e)
     return x_N.reshape(e.shape)
   x_N = np.empty(n + n % 2, np.float32)  # fp4 decodes whole bytes: room for the pad nibble
@@ -274,7 +282,7 @@ def decode_chunks(e: Encoded, out: np.ndarray | None = None) -> Iterator[tuple[i
   """Decodes chunk by chunk, yielding (index of the first value, float32 values of the chunk).
 
   int8 and fp4 decode into ``out`` (flat float32 with room for n + n % 2 values) when given, else
-  into one scratch chunk that the next chunk overwrites; fp32 and bf16 yield one new array.
+  into one scratch chunk that the next chunk overwrites; the other codecs yield one new array.
   ValueError on a payload of the wrong length.
   """
   n = e.num_values
@@ -296,6 +304,9 @@ def decode_chunks(e: Encoded, out: np.ndarray | None = None) -> Iterator[tuple[i
   nb = _num_blocks(n, e.block)
   scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
   body = buf[_SCALE_BYTES * nb :]
+  if e.codec in ("2bit", "1bit"):
+    yield 0, low_bit.decode(body, scale, e.codec, n, e.block)
+    return
   step = _chunk(e.block)
   scratch = np.empty(min(step, n + n % 2), np.float32) if out is None else None
   for c0 in range(0, n, step):
@@ -306,18 +317,22 @@ def decode_chunks(e: Encoded, out: np.ndarray | None = None) -> Iterator[tuple[i
       x_c[:] = body[c0 : c0 + size].view(np.int8)
     else:  # one gather of 8 bytes (two float32 values) per payload byte
       pairs = room.view(np.uint64)
-      np.take(_FP4_PAIRS, body[c0 // 2 : c0 // 2 + pairs.size], out=pairs)
+      np.take(low_bit.FP4_PAIRS, body[c0 // 2 : c0 // 2 + pairs.size], out=pairs)
     b0 = c0 // e.block
     _blockwise(np.multiply, x_c, scale[b0 : b0 + _num_blocks(size, e.block)], e.block, x_c)
     yield c0, x_c
 
 
-def error_bound(codec: str, x: np.ndarray, block: int = DEFAULT_BLOCK) -> np.ndarray:
+def error_bound(
+    codec: str, x: np.ndarray, block: int = DEFAULT_BLOCK, rounding: str = "log"
+) -> np.ndarray:
   """Per-element bound on |decode(encode(x)) - x| (float64, shape of x), float rounding included.
 
-  For int8 and fp4 a block whose max|x| is below 2^-100 is flushed to zero: its bound is 2^-100.
+  For the codecs with scales a block whose max|x| is below 2^-100 is flushed to zero: its bound is
+  2^-100.
   """
   _check_codec(codec, block)
+  _check_rounding(rounding)
   x_N = _as_f32(x)
   a = np.abs(x_N).astype(np.float64)
   if codec == "fp32":
@@ -330,8 +345,11 @@ def error_bound(codec: str, x: np.ndarray, block: int = DEFAULT_BLOCK) -> np.nda
     slack = s * 2.0**-21  # float32 rounding of the scale, the reciprocal and the products
     if codec == "int8":
       bound = s / 254 + slack
-    else:
+    elif codec == "fp4" and rounding == "log":
       bound = np.maximum((math.sqrt(2) - 1) * a, s * 2.0**-6.5) + slack
+    else:
+      stored = low_bit._scales(x_N, block, codec).astype(np.float64)  # mean|x| for 1bit
+      bound = low_bit.error_bound(codec, a, np.repeat(stored, block)[: a.size], rounding) + slack
     bound = np.where(s < _TINY, _TINY, bound)
   return bound.reshape(np.shape(x))
 

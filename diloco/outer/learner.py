@@ -3,7 +3,8 @@
 Per fragment p it keeps its copy of the last global version it received (Θ_p, on the host), that
 version number, and counters of inner steps and tokens since it received p. Uploads carry the
 encoded outer gradient Θ_p − θ_p; a received fragment is mixed in as θ_p ← α·θ_p + (1−α)·Θ_p and
-resets p's counters.
+resets p's counters. With DyLU (outer.dylu) a received fragment may carry this learner's own
+inner steps between syncs, H_m (see dylu.py): its schedule follows it from then on.
 
 It also keeps the synchronizer generation of each fragment version it holds (see protocol), and
 `accepts` decides whether a Send can be applied: intact, from a synchronizer generation not older
@@ -21,6 +22,7 @@ import numpy as np
 from diloco.inner import island as island_lib, step as step_lib
 from diloco.outer import fragments, protocol
 from diloco.outer.protocol import Send, Upload
+from diloco.outer.uplink import Uplink
 
 
 @dataclasses.dataclass
@@ -41,6 +43,7 @@ class Learner:
   c_tokens: list[int] = dataclasses.field(default_factory=list)
   steps: int = 0
   tokens: int = 0
+  uplink: Uplink | None = None  # None: `codec`, log rounding, no error feedback
 
   def __post_init__(self):
     if not 0.0 <= self.alpha <= 1.0:
@@ -50,6 +53,8 @@ class Learner:
     self.generations = [0] * n
     if self.state is None:
       self.state = self.island.init_state()
+    if self.uplink is None:
+      self.uplink = Uplink(self.codec)
 
   def host_params(self) -> dict[str, np.ndarray]:
     """All parameters as a path-keyed dict of host arrays."""
@@ -98,7 +103,7 @@ class Learner:
         learner=self.index,
         fragment=p,
         base_version=self.versions[p],
-        delta=protocol.outer_gradient(self.global_copy[p], local, self.codec),
+        delta=self.uplink.encode(p, self.global_copy[p], local),
         steps=self.c_steps[p],
         tokens=self.c_tokens[p],
         time=arrival_time,
@@ -140,6 +145,8 @@ class Learner:
     self.global_copy[p], self.versions[p] = new, send.version
     self.generations[p] = send.generation
     self.sync_generation = max(self.sync_generation, send.generation)
+    if send.inner_steps and send.inner_steps != self.schedule.inner_steps:
+      self.schedule = fragments.Schedule(self.frag.num_fragments, send.inner_steps)
     if self.alpha > 0 and not held_nothing:  # nothing local worth keeping otherwise
       local = self._read(p)
       new = {k: self.alpha * local[k] + (1 - self.alpha) * new[k] for k in new}
@@ -159,6 +166,10 @@ class Learner:
     for p in range(self.frag.num_fragments):
       for i, k in enumerate(self.frag.paths[p]):
         host[f"global.{p}.{i}"] = np.asarray(self.global_copy[p][k], np.float32)
+      if self.uplink.error_feedback:
+        shapes = {k: self.global_copy[p][k].shape for k in self.frag.paths[p]}
+        res = self.uplink.residual_of(p, shapes)
+        host.update({f"residual.{p}.{i}": res[k] for i, k in enumerate(self.frag.paths[p])})
     return {"train": self.state, "host": host}
 
   def checkpoint_like(self) -> dict[str, Any]:
@@ -169,6 +180,8 @@ class Learner:
     for p in range(n):
       for i, k in enumerate(self.frag.paths[p]):
         host[f"global.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
+        if self.uplink.error_feedback:
+          host[f"residual.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
     return {"train": self.island.abstract_state(), "host": host}
 
   def load_checkpoint_state(self, saved: Mapping[str, Any]) -> None:
@@ -184,6 +197,11 @@ class Learner:
         {k: np.array(host[f"global.{p}.{i}"], np.float32) for i, k in enumerate(self.frag.paths[p])}
         for p in range(n)
     ]
+    if self.uplink.error_feedback:
+      self.uplink.residuals = {
+          p: {k: np.array(host[f"residual.{p}.{i}"], np.float32) for i, k in enumerate(paths)}
+          for p, paths in enumerate(self.frag.paths)
+      }
 
   def _read(self, p: int) -> dict[str, np.ndarray]:
     flat = fragments.flatten(self.state.params)

@@ -174,8 +174,18 @@ class Policy:
   # Scale a merge by the weighted mean of 1/(1+staleness) of its uploads (staleness-aware
   # asynchronous SGD): uploads from one base that merge one by one are not simply summed.
   staleness_damping: bool = False
+  # Who is sent a merged fragment: "all" live learners (DiLoCo, Decoupled DiLoCo), or only the
+  # "contributors" to that merge (asynchronous Local-SGD: a worker pulls the global model after
+  # it pushes; the others keep training on what they hold and upload against it later).
+  broadcast: str = "all"
+  dylu_inner_steps: int = 0  # >0: DyLU on, with the fastest learner's H (dylu.py)
+
+  def __post_init__(self):
+    if self.broadcast not in BROADCASTS:
+      raise ValueError(f"unknown outer.broadcast {self.broadcast!r}; expected one of {BROADCASTS}")
 
 
+BROADCASTS = ("all", "contributors")
 SYNCHRONOUS = Policy(AllLive(), NoGrace(), EqualWeights(), Mean())
 
 
@@ -206,4 +216,6 @@ def from_config(config: ml_collections.ConfigDict) -> Policy:
       ema_decay=o.ema_decay,
       max_staleness=o.max_staleness,
       staleness_damping=o.staleness_damping,
+      broadcast=o.broadcast,
+      dylu_inner_steps=o.inner_steps if o.dylu else 0,
   )

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from diloco.outer import compression, integrity
+from diloco.outer import compression, integrity, uplink
 
 Flat = Mapping[str, np.ndarray]
 EncodedFlat = Mapping[str, compression.Encoded]
@@ -102,6 +102,7 @@ class Send:
   generation: int = 0  # the sender's synchronizer generation
   base_generation: int = 0  # an update applies to version - 1 of this generation
   checksum: int | None = None  # None: computed now; `send_checksum` reuses a payload's CRC
+  inner_steps: int = 0  # DyLU: the learner's inner steps between syncs from now on; 0 = as it was
 
   def __post_init__(self):
     if self.checksum is None:
@@ -113,7 +114,12 @@ class Send:
       payload = self.update if self.update is not None else self.values
       payload_crc = integrity.tree_crc(payload)
     return send_checksum(
-        self.fragment, self.version, self.generation, self.base_generation, payload_crc
+        self.fragment,
+        self.version,
+        self.generation,
+        self.base_generation,
+        payload_crc,
+        self.inner_steps,
     )
 
   def checksum_ok(self) -> bool:
@@ -147,11 +153,19 @@ Action = Send | SetTimer | Log | Checkpoint
 
 
 def send_checksum(
-    fragment: int, version: int, generation: int, base_generation: int, payload_crc: int
+    fragment: int,
+    version: int,
+    generation: int,
+    base_generation: int,
+    payload_crc: int,
+    inner_steps: int = 0,
 ) -> int:
   """A Send's checksum from its header numbers and the CRC of its payload (shared by a merge's
-  sends of one encoded update)."""
-  return integrity.with_header((fragment, version, generation, base_generation), payload_crc)
+  sends of one encoded update); a DyLU step count joins the header when set."""
+  header = (fragment, version, generation, base_generation) + (
+      (inner_steps,) if inner_steps else ()
+  )
+  return integrity.with_header(header, payload_crc)
 
 
 # ---- wire math both sides share ----
@@ -168,11 +182,5 @@ def apply_send(global_copy: Mapping[str, np.ndarray], send: Send) -> dict[str, n
 def outer_gradient(
     global_copy: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray], codec: str
 ) -> dict[str, compression.Encoded]:
-  """Δ = Θ_base − θ_local, encoded for the wire."""
-  return compression.encode_tree(
-      {
-          k: np.asarray(global_copy[k], np.float32) - np.asarray(local[k], np.float32)
-          for k in global_copy
-      },
-      codec,
-  )
+  """Δ = Θ_base − θ_local, encoded for the wire (log rounding, no error feedback)."""
+  return uplink.Uplink(codec).encode(0, global_copy, local)

@@ -7,7 +7,8 @@ Every runtime drives the same object, so a bug found in simulation is the bug in
 Merge of fragment p: once `policy.quorum` uploads of p from live learners are in, wait the grace
 window (cut short when every live learner has uploaded), then merge every pending upload of p with
 `policy.weights` and `policy.merge`, step the outer optimizer, and send version v+1 to every live
-learner. The update Θ_new − Θ_old is sent encoded with the downlink codec, and the synchronizer
+learner (or to its contributors only, `policy.broadcast`; with DyLU each Send carries the learner's
+inner steps, dylu.py). The update Θ_new − Θ_old is sent encoded with the downlink codec, and the synchronizer
 itself applies the decoded update, so learners and synchronizer hold bit-identical fragments; the
 quantisation error is fed back into the next update of that fragment (error feedback).
 
@@ -40,7 +41,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, fragments, integrity, merging, policies, protocol, sync_state
+from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, policies, protocol, sync_state
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 NON_FINITE = ("non_finite", "non-finite values")
@@ -93,6 +94,9 @@ class Synchronizer:
     self.ema_step = policies.Ema(policy.ema_decay)
     self.ema_quorum = policies.Ema(policy.ema_decay)
     self.ema_sync = policies.Ema(policy.ema_decay)
+    self.dylu = (
+        dylu.Dylu(policy.dylu_inner_steps, policy.ema_decay) if policy.dylu_inner_steps else None
+    )
 
   # ---- events ----
 
@@ -113,7 +117,7 @@ class Synchronizer:
     num = self.frag.num_fragments
     if len(event.versions) != num:
       return [
-          _reject(
+          admission.reject_log(
               event.learner,
               None,
               event.time,
@@ -124,7 +128,7 @@ class Synchronizer:
     gens = tuple(event.generations) or (self.generation,) * num
     if len(gens) != num:
       return [
-          _reject(
+          admission.reject_log(
               event.learner,
               None,
               event.time,
@@ -158,7 +162,7 @@ class Synchronizer:
   def _upload(self, up: Upload) -> list[Action]:
     invalid = admission.invalid(self, up)
     if invalid:
-      reject = _reject(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
+      reject = admission.reject_log(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
       if invalid[0] in ("unknown_fragment", "checksum"):
         return [reject]  # corrupted on the way: the learner is expected to send it again
       # Sending it again would not help: the round does not wait for that learner any more.
@@ -167,6 +171,8 @@ class Synchronizer:
     self.abstaining[up.fragment].discard(up.learner)
     p = up.fragment
     self.ema_step.update(up.step_time)
+    if self.dylu is not None:
+      self.dylu.observe(up.learner, up.step_time)
     self.ema_sync.update(2.0 * max(up.time - up.sent_time, 0.0))  # up and back down
     if not self.pending[p]:
       self.first_upload_s[p] = up.time
@@ -241,7 +247,7 @@ class Synchronizer:
   ) -> tuple[list[Upload], list[dict], list[Action]]:
     """Rejects uploads `rejected` (index -> (code, reason)); the others and the rejections."""
     rejects: list[Action] = [
-        _reject(ups[i].learner, p, now, rejected[i][1], rejected[i][0], ups[i])
+        admission.reject_log(ups[i].learner, p, now, rejected[i][1], rejected[i][0], ups[i])
         for i in sorted(rejected)
     ]
     for i in rejected:
@@ -294,15 +300,15 @@ class Synchronizer:
     self._reset_round(p)
     actions: list[Action] = rejects + [Log(record)]
     crc = integrity.tree_crc(encoded)
-    for m in sorted(self.live):
-      actions.append(self._send(m, p, encoded, crc))
+    to = self.live if self.policy.broadcast == "all" else self.live & {u.learner for u in ups}
+    actions += [self._send(m, p, encoded, crc) for m in sorted(to)]
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
     return actions
 
   def _reject_round(self, p: int, now: float, ups: list[Upload], why: str) -> list[Action]:
     """Rejects every upload of a round whose merge could not be committed."""
-    rejects = [_reject(u.learner, p, now, why, "non_finite_merge", u) for u in ups]
+    rejects = [admission.reject_log(u.learner, p, now, why, "non_finite_merge", u) for u in ups]
     self.rounds_skipped += 1
     self._reset_round(p)
     return rejects
@@ -317,20 +323,26 @@ class Synchronizer:
     held = self.held.setdefault(learner, [-1] * num)
     held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
     v, g = self.versions[p], self.generation
+    h = (
+        self.dylu.steps_for(learner, self.live)
+        if self.dylu is not None and update is not None
+        else 0
+    )
     if update is not None and held[p] == v - 1:
+      crc = protocol.send_checksum(p, v, g, held_gen[p], update_crc, h)
       send = Send(
           learner,
           p,
           v,
-          update=update,
+          update,
           generation=g,
           base_generation=held_gen[p],
-          checksum=protocol.send_checksum(p, v, g, held_gen[p], update_crc),
+          checksum=crc,
+          inner_steps=h,
       )
     else:
-      send = Send(
-          learner, p, v, values={k: x.copy() for k, x in self.globals[p].items()}, generation=g
-      )
+      values = {k: x.copy() for k, x in self.globals[p].items()}
+      send = Send(learner, p, v, values=values, generation=g, inner_steps=h)
     held[p], held_gen[p] = v, g
     return send
 
@@ -375,26 +387,3 @@ class Synchronizer:
   @property
   def merges(self) -> int:
     return int(sum(self.versions))
-
-
-def _reject(
-    learner: int,
-    fragment: int | None,
-    time: float,
-    reason: str,
-    code: str,
-    up: Upload | None = None,
-) -> Log:
-  record = {
-      "event": "reject",
-      "learner": learner,
-      "fragment": fragment,
-      "time": time,
-      "reason": reason,
-      "code": code,
-  }
-  if up is not None:
-    record.update(
-        sent_time=up.sent_time, base_version=up.base_version, base_generation=up.base_generation
-    )
-  return Log(record)

@@ -24,6 +24,8 @@ from typing import Any
 
 import ml_collections
 
+from diloco.config import outer_check
+
 CONFIG_PREFIX = "config."
 SEP = "+"  # between a point's key=value pairs in its directory name
 
@@ -127,6 +129,11 @@ def build_config(point: Point, module: ModuleType | None = None) -> ml_collectio
       raise SweepError(
           f"point {point.index} ({point.name}): cannot set config key {key!r}: {e}"
       ) from e
+  if "outer" in config:
+    try:
+      outer_check.check(config.outer)
+    except ValueError as e:
+      raise SweepError(f"point {point.index} ({point.name}): {e}") from e
   if "progress_bar" in config:  # the sweep draws one bar over its points
     config.progress_bar = False
   return config

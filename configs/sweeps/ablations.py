@@ -1,0 +1,141 @@
+r"""Decoupled DiLoCo's ablations (arXiv 2604.21428) at small scale, as a sweep.
+
+Commands (notebooks/decoupled_ablations.py reads the table; results are checked in under
+notebooks/results/ablations/):
+
+  python -m experiments.sweep --config=configs/sweeps/ablations.py:part=all \
+      --workdir=runs/ablations --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/ablations.py:part=all,seeds=2 \
+      --workdir=runs/ablations --parallel=2
+
+Every point is the project's Decoupled preset (quorum K=1, adaptive grace, token weights, RDA with
+the embeddings by mean, fp4 log-rounded outer gradients, P=24 balanced fragments each synced every
+H=24 steps, overlap 2, staleness damping) with one thing changed. `part` picks the ablations
+(slash-separated, or `all`):
+  merge          plain (token-weighted) mean vs RDA, at M=8 and M=16
+  precision      fp32, bf16, int8, fp4 with log / linear / stochastic rounding, each with and
+                 without uplink error feedback, 2-bit, 1-bit
+  fragmentation  balanced (P=24), by layer (strided, P=4: one block each), strided (P=2)
+  learners       M = 2, 4, 8, 16 (the notebook sets the goodput simulator's figure beside each)
+  quorum         K = 1, 2, M
+  grace          the adaptive grace window on (gamma 0.8) and off
+`seeds=2` adds a second seed of the cells that decide a published finding (see DECIDING); `tiny`
+shrinks everything (tiny model, M <= 4, 16 steps) for the test suite.
+
+The design, and why (2 CPU cores, about an hour for the whole table):
+  * the `small` decoder (0.89M parameters), bytes, sequences of 64;
+  * equal tokens: 300 inner steps of a global batch of 16 sequences, split over the M learners
+    (M=16: one sequence each), 307,200 bytes per run;
+  * inner AdamW lr 5e-3 (the README comparison's), 20 warmup steps, cosine to 0.1x; outer Nesterov
+    lr 0.4, momentum 0.9; i.i.d. data; equal learner speeds with a 10% log-normal step jitter, so
+    that uploads of one round do not arrive at one instant;
+  * evaluation on the first 1,024 validation sequences (the same bytes for every M).
+
+Point variants (set by get_sweep; usable alone with experiments.train): learners=M, merge=mean|rda,
+codec=..., rounding=log|linear|stochastic, ef=0|1, frag=balanced|layer|strided, quorum=K (0: M),
+grace=0|1, seed=S.
+"""
+
+import ml_collections
+
+from configs import shakespeare
+from diloco.config import variants
+
+SWEEP_KEYS = ("eval_loss", "eval_bpb", "merges", "mean_quorum", "mean_staleness", "bytes_sent")
+PARTS = ("merge", "precision", "fragmentation", "learners", "quorum", "grace")
+EVAL_SEQS = 1024
+# The defaults of every variant: the Decoupled preset at M=8.
+BASE = dict(learners=8, merge="rda", codec="fp4", rounding="log", ef=0, frag="balanced")
+BASE.update(quorum=1, grace=1)
+FRAGS = {"balanced": ("balanced", 24), "layer": ("strided", 4), "strided": ("strided", 2)}
+
+
+def _arg(arg: str | None) -> ml_collections.ConfigDict:
+  return variants.parse_arg(arg, tiny=False, part="all", seeds=1, seed=0, **BASE)
+
+
+def _budget(tiny: bool) -> dict:
+  if tiny:
+    return dict(model="tiny", batch=8, seq=32, steps=16, inner_steps=8, fragments=4, warmup=2)
+  return dict(model="small", batch=16, seq=64, steps=300, inner_steps=24, fragments=24, warmup=20)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  a = _arg(arg)
+  b = _budget(a.tiny)
+  if a.frag not in FRAGS:
+    raise ValueError(f"frag={a.frag!r}: expected one of {sorted(FRAGS)}")
+  if b["batch"] % a.learners:
+    raise ValueError(f"the global batch {b['batch']} does not split over {a.learners} learners")
+  per = b["batch"] // a.learners
+  c = shakespeare.get_config(f"mode=decoupled,model={b['model']},learners={a.learners}")
+  c.seed, c.seq_len, c.steps, c.batch_size = a.seed, b["seq"], b["steps"], per
+  c.model.max_len = b["seq"]
+  c.optimizer.update(dict(lr=5e-3, warmup_steps=b["warmup"], decay_steps=b["steps"] - b["warmup"]))
+  c.data.iid = True
+  c.data.eval_batches = max((EVAL_SEQS if not a.tiny else 32) // per, 1)
+  kind, p = FRAGS[a.frag]
+  if a.tiny:
+    p = min(p, b["fragments"], 2 if kind == "strided" else b["fragments"])
+  c.outer.update(dict(inner_steps=b["inner_steps"], fragments=p, fragment_kind=kind))
+  c.outer.update(dict(merge=a.merge, codec=a.codec, fp4_rounding=a.rounding))
+  c.outer.update(dict(error_feedback=bool(a.ef), quorum=a.quorum or a.learners))
+  c.outer.update(dict(lr=0.4, momentum=0.9, grace_gamma=0.8 if a.grace else 0.0))
+  c.sim.step_jitter = 0.1
+  c.log_every = max(b["steps"] // 30, 1)
+  c.eval_every = b["steps"]
+  c.checkpoint_every = b["steps"]
+  c.timeline = False
+  return c
+
+
+def point(seed: int = 0, **changes) -> dict:
+  """A point: the variants that differ from BASE (in BASE's order), then the seed."""
+  for k in changes:
+    if k not in BASE:
+      raise ValueError(f"unknown ablation variant {k!r}; known: {sorted(BASE)}")
+  out = {k: changes[k] for k in BASE if k in changes and changes[k] != BASE[k]}
+  return {**out, "seed": seed}
+
+
+def cells(part: str, tiny: bool) -> list[dict]:
+  """The changes (from BASE) of one ablation."""
+  big = (2, 4) if tiny else (8, 16)
+  if part == "merge":
+    return [dict(learners=m, merge=r) for m in big for r in ("mean", "rda")]
+  if part == "precision":
+    out = [dict(codec=c) for c in ("fp32", "bf16", "int8")]
+    out += [dict(rounding=r, ef=e) for r in ("log", "linear", "stochastic") for e in (0, 1)]
+    return out + [dict(codec="2bit"), dict(codec="1bit")]
+  if part == "fragmentation":
+    return [dict(frag=f) for f in FRAGS]
+  if part == "learners":
+    return [dict(learners=m) for m in ((1, 2, 4) if tiny else (2, 4, 8, 16))]
+  if part == "quorum":
+    return [dict(quorum=k) for k in ((1, 0) if tiny else (1, 2, 0))]
+  if part == "grace":
+    return [dict(grace=g) for g in (1, 0)]
+  raise ValueError(f"unknown part {part!r}; known: {PARTS} or all")
+
+
+def deciding(changes: dict) -> bool:
+  """Whether a cell decides a published finding (it gets the second seed): the merge rule, full
+  precision against fp4 (every rounding: they decide the default), 2- and 1-bit, fragmentation."""
+  keys = set(changes) - {"learners"}
+  if not keys or keys == {"merge"}:
+    return True
+  if keys & {"rounding", "ef", "frag"}:
+    return True
+  return changes.get("codec") in ("fp32", "2bit", "1bit")
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+  a = _arg(arg)
+  parts = PARTS if a.part == "all" else tuple(a.part.split("/"))
+  out = []
+  for part in parts:
+    for ch in cells(part, a.tiny):
+      out.append(point(0, **ch))
+      if a.seeds > 1 and deciding(ch):
+        out += [point(s, **ch) for s in range(1, a.seeds)]
+  return list({repr(p): p for p in out}.values())  # the baseline is in every part: it runs once

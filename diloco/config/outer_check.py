@@ -1,0 +1,32 @@
+"""Checks of the `outer` section that must fail before a run starts, naming the key."""
+
+import ml_collections
+
+from diloco.outer import compression, policies
+
+
+def check(outer: ml_collections.ConfigDict) -> None:
+  """ValueError naming the first bad key of `outer` (codecs, rounding, broadcast, DyLU)."""
+  for key in ("codec", "downlink_codec"):
+    value = outer.get(key, "")
+    if (value or key == "codec") and value not in compression.CODECS:
+      raise ValueError(
+          f"outer.{key}={value!r}: unknown codec; expected one of {compression.CODECS}"
+      )
+  rounding = outer.get("fp4_rounding", "log")
+  if rounding not in compression.ROUNDINGS:
+    raise ValueError(
+        f"outer.fp4_rounding={rounding!r}: unknown rounding; expected one of {compression.ROUNDINGS}"
+    )
+  broadcast = outer.get("broadcast", "all")
+  if broadcast not in policies.BROADCASTS:
+    raise ValueError(f"outer.broadcast={broadcast!r}: expected one of {policies.BROADCASTS}")
+  if outer.get("dylu", False):
+    if outer.inner_steps < 1:
+      raise ValueError(f"outer.dylu needs outer.inner_steps >= 1, got {outer.inner_steps}")
+    if outer.quorum == 0 and outer.blocking:
+      raise ValueError(
+          "outer.dylu with outer.quorum=0 and blocking learners: every merge waits for every "
+          "learner, so the fast ones would idle through the slow ones' shorter rounds; DyLU is "
+          "for asynchronous runs (outer.quorum >= 1)"
+      )
