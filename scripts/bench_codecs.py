@@ -44,13 +44,18 @@ def main(argv):
       f"{t_bytes * 1e3:.2f} ms = {t_bytes / memcpy:.2f}x memcpy"
   )
 
-  for codec in compression.CODECS:
-    enc = compression.encode(x_N, codec)
+  variants = [(c, "log") for c in compression.CODECS]
+  variants += [("fp4", r) for r in compression.ROUNDINGS if r != "log"]
+  for codec, rounding in variants:
+    gen = np.random.default_rng(1)
+    enc = compression.encode(x_N, codec, rounding=rounding, rng=gen)
+    encode = lambda: compression.encode(x_N, codec, rounding=rounding, rng=gen)  # noqa: E731
     memcpy, t_enc, t_dec = timing.best_seconds(
-        [copy, lambda: compression.encode(x_N, codec), lambda: compression.decode(enc)], reps
+        [copy, encode, lambda: compression.decode(enc)], reps
     )
+    name = codec if rounding == "log" else f"{codec} {rounding}"
     print(
-        f"{codec:5s} wire {enc.nbytes / x_N.nbytes:.4f} of fp32  "
+        f"{name:15s} wire {enc.nbytes / x_N.nbytes:.4f} of fp32  "
         f"memcpy {memcpy * 1e3:5.2f} ms  "
         f"encode {t_enc * 1e3:6.2f} ms = {t_enc / memcpy:5.2f}x  "
         f"decode {t_dec * 1e3:6.2f} ms = {t_dec / memcpy:5.2f}x memcpy"

@@ -138,3 +138,29 @@ def test_residuals_are_per_fragment_and_zero_before_the_first_upload():
   np.testing.assert_allclose(up.residual_of(1, {"a": (2,)})["a"], [0.0, 0.2], atol=1e-7)
   assert up.residual_of(0, {"b": (3,)})["b"].tolist() == [0.0, 0.0, 0.0]
   assert low_bit.values_per_byte("2bit") == 4
+
+
+def _reference_nibbles(x, s, rounding, rng):
+  """fp4 linear/stochastic rounding written from its definition, in float64, one value at a time
+  in spirit: bracket r = |x|/s between levels lo < hi of {0, 2^-6, ..., 1}, then choose."""
+  r = np.divide(np.abs(x), s, out=np.zeros_like(x), where=s > 0).astype(np.float64)
+  levels = np.array([0.0] + [2.0 ** (k - 7) for k in range(1, 8)])
+  lo_code = np.searchsorted(levels, r, side="right") - 1
+  hi_code = np.minimum(lo_code + 1, 7)
+  lo, hi = levels[lo_code], levels[hi_code]
+  span = np.where(hi > lo, hi - lo, 1.0)
+  up = (r - lo >= hi - r) if rounding == "linear" else rng.random(r.size) < (r - lo) / span
+  code = np.where(up & (hi > lo), hi_code, lo_code).astype(np.uint8)
+  return code | ((np.signbit(x) & (code > 0)).astype(np.uint8) << 3)
+
+
+@pytest.mark.parametrize("rounding", ["linear", "stochastic"])
+def test_fp4_bit_tricks_equal_the_plain_definition(rounding):
+  rng = np.random.default_rng(4)
+  x = (rng.standard_normal(4096) * np.exp(3 * rng.standard_normal(4096))).astype(F32)
+  x[:8] = [0.0, -0.0, 1.0, 0.75, 2.0**-7, -(2.0**-6), 1.5 * 2.0**-6, 3.0]
+  s = np.repeat(compression._block_amax(x, 256), 256)[: x.size]
+  fast = low_bit.fp4_magnitude_codes(
+      x, compression._block_amax(x, 256), 256, rounding, np.random.default_rng(5)
+  )
+  np.testing.assert_array_equal(fast, _reference_nibbles(x, s, rounding, np.random.default_rng(5)))

@@ -16,6 +16,8 @@ NOTEBOOKS = {
     "goodput": (2, "largest |model - published|"),
     "bandwidth": (2, "largest |ratio - 1| over the 50-95% columns"),
     "scaling_laws": (2, "same order as the paper:"),
+    "decoupled_ablations": (2, "RDA beats the plain average at M=8 and M=16"),
+    "async_local_sgd": (1, "Delayed Nesterov + DyLU closes the gap"),
 }
 
 

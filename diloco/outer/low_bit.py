@@ -101,23 +101,27 @@ def decode(body: np.ndarray, scale: np.ndarray, codec: str, n: int, block: int) 
 def fp4_magnitude_codes(
     x_N: np.ndarray, amax: np.ndarray, block: int, rounding: str, rng: np.random.Generator | None
 ) -> np.ndarray:
-  """fp4 nibbles (sign << 3 | code, uint8 [n]) by ``linear`` or ``stochastic`` rounding."""
+  """fp4 nibbles (sign << 3 | code, uint8 [n]) by ``linear`` or ``stochastic`` rounding.
+
+  From the float32 r = |x|/s (<= 1): for r >= 2^-6 its biased exponent b gives the lower level
+  lo = 2^(b-127), code b - 120, and its mantissa the fraction f = r/lo - 1 of the way to 2·lo; so
+  linear-nearest goes up when f >= 1/2 (the mantissa's top bit) and stochastic when a uniform
+  draw is below f. Below 2^-6 the levels are 0 and 2^-6 and the fraction is 64·r.
+  """
   if rounding == "stochastic" and rng is None:
     raise ValueError("stochastic rounding needs a random generator (rng)")
   s = _per_value(amax, x_N.size, block)
-  r = np.divide(np.abs(x_N), s, out=np.zeros_like(x_N), where=s > 0).astype(np.float64)
-  _, e = np.frexp(r)  # r = f·2^e, f in [0.5, 1): lo = 2^(e-1) when r >= 2^-6
-  # code k is 2^(k-7); below 2^-6 the lower level is 0 (code 0)
-  lo_code = np.where(r < 2.0**-6, 0, np.clip(e + 6, 1, 7))
-  lo = np.where(lo_code > 0, np.ldexp(1.0, lo_code - 7), 0.0)
-  hi_code = np.minimum(lo_code + 1, 7)
-  hi = np.ldexp(1.0, hi_code - 7)
-  span = np.where(hi > lo, hi - lo, 1.0)
+  r = np.divide(np.abs(x_N), s, out=np.zeros_like(x_N), where=s > 0)
+  bits = r.view(np.uint32)
+  biased = bits >> 23
+  small = biased < 121  # r < 2^-6
+  code = np.where(small, 0, np.minimum(biased, 127) - 120).astype(np.uint8)
   if rounding == "linear":
-    up = r - lo >= hi - r
+    up = np.where(small, r >= np.float32(2.0**-7), (bits & (1 << 22)) != 0)
   else:
-    up = rng.random(r.size) < (r - lo) / span
-  code = np.where(up & (hi > lo), hi_code, lo_code).astype(np.uint8)
+    frac = np.where(small, r.astype(np.float64) * 64.0, (bits & 0x7FFFFF) * 2.0**-23)
+    up = rng.random(r.size) < frac
+  code += (up & (code < 7)).astype(np.uint8)
   sign = (np.signbit(x_N) & (code > 0)).astype(np.uint8)
   return code | (sign << 3)
 
