@@ -2,7 +2,7 @@
 
 The config file defines get_sweep(arg) (diloco/studies/sweep.py). Each point runs in DIR/<name>; a
 point with a summary.json is skipped, so running the same command again resumes. The table goes to
-DIR/results.jsonl and DIR/results.csv.
+DIR/results.jsonl and DIR/results.csv; --export=DEST copies the summaries to check in.
 """
 
 from absl import app, flags, logging
@@ -16,6 +16,9 @@ _KEYS = flags.DEFINE_list("keys", [], "Summary keys of the table (default: the f
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each point's command; run nothing.")
 _PROGRESS = flags.DEFINE_bool("progress_bar", True, "A progress bar over the points.")
 _TABLE = flags.DEFINE_string("table", "results", "The table's name: DIR/<table>.jsonl and .csv.")
+_EXPORT = flags.DEFINE_string(
+    "export", "", "Also copy every finished point's summary.json (without its workdir) here."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -43,6 +46,8 @@ def main(argv):
   )
   for r in failed:
     print(f"  {r['status']}: {r['name']}: {r['error']}")
+  if _EXPORT.value:
+    print(f"{sweep_run.export(_WORKDIR.value, _EXPORT.value)} summaries copied to {_EXPORT.value}")
   if failed:
     raise SystemExit(1)
 

@@ -188,3 +188,14 @@ def test_sweeps_sharing_a_workdir_keep_their_tables_apart(sweep_file, tmp_path, 
     sweep_run.run(_spec(sweep_file, "typo"), workdir, parallel=0, progress=False, table="second")
   assert sorted(os.listdir(workdir))[:2] == ["first.csv", "first.jsonl"] and not calls
   assert not os.path.exists(os.path.join(workdir, "results.csv"))
+
+
+def test_export_copies_finished_summaries_without_their_workdir(tmp_path):
+  src, dest = tmp_path / "runs", tmp_path / "results"
+  for name, summary in (("a=1", {"eval_loss": 2.5, "workdir": "/machine/path"}), ("a=2", None)):
+    (src / name).mkdir(parents=True)
+    if summary is not None:
+      (src / name / "summary.json").write_text(json.dumps(summary))
+  assert sweep_run.export(str(src), str(dest)) == 1  # a=2 has not finished
+  assert json.loads((dest / "a=1" / "summary.json").read_text()) == {"eval_loss": 2.5}
+  assert not (dest / "a=2").exists()

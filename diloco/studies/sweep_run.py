@@ -166,3 +166,22 @@ def _atomic(path: str, write) -> None:
   with open(tmp, "w", encoding="utf-8", newline="") as f:
     write(f)
   os.replace(tmp, path)
+
+
+def export(workdir: str, dest: str) -> int:
+  """Copies every finished point's summary.json from workdir to dest/<name>/ (checked-in results:
+  without its `workdir`, the path on the machine that ran it); returns how many."""
+  count = 0
+  for name in sorted(os.listdir(workdir)):
+    src = os.path.join(workdir, name, SUMMARY)
+    if not os.path.isfile(src):
+      continue
+    with open(src, encoding="utf-8") as f:
+      summary = json.load(f)
+    summary.pop("workdir", None)
+    os.makedirs(os.path.join(dest, name), exist_ok=True)
+    with open(os.path.join(dest, name, SUMMARY), "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=2, sort_keys=True)
+      f.write("\n")
+    count += 1
+  return count
