@@ -66,19 +66,20 @@ print(
     f"{len(rows)} runs in {len(table)} cells; seeds per cell: {sorted({len(v) for v in table.values()})}"
 )
 print(f"largest seed-to-seed spread of a cell: {100 * at.spread(table):.2f}% of its loss")
+print("changes 'vs base' are paired: each seed against the baseline's run of the same seed")
 
 
 def show(title: str, labels: dict, base, paper: dict | None = None, paper_base=None) -> None:
-  """Prints one table: our loss (mean of seeds, each seed) and its change against `base`, beside
-  the paper's figure and its change against `paper_base`."""
+  """Prints one table: our loss (mean of seeds, each seed) and its change against `base` seed by
+  seed (`at.paired`), beside the paper's figure and its change against `paper_base`."""
   ours = at.rows_of(table, labels)
-  b = at.mean(ours.get(base, []))
+  b = ours.get(base, [])
   print(
       f"\n{title}\n{'':>22}{'eval loss':>10}{'vs base':>9}  {'seeds':<18}{'paper':>7}{'vs base':>9}"
   )
   for label, losses in ours.items():
     name = f"{label[0]}, M={label[1]}" if isinstance(label, tuple) else str(label)
-    line = f"{name:>22}{at.mean(losses):>10.4f}{100 * at.rel(at.mean(losses), b):>+8.2f}%  "
+    line = f"{name:>22}{at.mean(losses):>10.4f}{100 * at.paired(losses, b):>+8.2f}%  "
     line += f"{' '.join(f'{x:.4f}' for x in losses):<18}"
     if paper and label in paper:
       line += f"{paper[label]:>7.1f}{100 * (paper[label] / paper[paper_base] - 1):>+8.2f}%"
@@ -112,20 +113,25 @@ print(
     "\npaper's validation loss vs bf16: "
     + ", ".join(f"{k} {100 * v:+.2f}%" for k, v in at.PAPER_PRECISION_LOSS.items())
 )
-fp4 = {
-    k: at.mean(v) for k, v in at.rows_of(table, at.PRECISION_ROWS).items() if k.startswith("fp4")
-}
-print(f"best fp4 variant here: {min(fp4, key=fp4.get)}")
-
 prec = at.rows_of(table, at.PRECISION_ROWS)
+print("fp4 variants against log rounding, seed by seed:")
+for k in [k for k in prec if k.startswith("fp4") and k != "fp4 log"]:
+  pairs = " ".join(f"{100 * at.rel(a, b):+.2f}%" for a, b in zip(prec[k], prec["fp4 log"]))
+  print(f"  {k:>20}: {pairs}  (mean {100 * at.paired(prec[k], prec['fp4 log']):+.2f}%)")
+
 fig, ax = plt.subplots(figsize=(8, 3.5))
 names = list(prec)
-base = at.mean(prec.get("fp32", [math.nan]))
-ax.bar(range(len(names)), [100 * at.rel(at.mean(prec[n]), base) for n in names])
+full = prec.get("fp32", [math.nan])
+ax.bar(range(len(names)), [100 * at.paired(prec[n], full) for n in names])
 for i, n in enumerate(names):
-  ax.plot([i] * len(prec[n]), [100 * at.rel(x, base) for x in prec[n]], "k.", ms=4)
+  ax.plot(
+      [i] * min(len(prec[n]), len(full)),
+      [100 * at.rel(a, b) for a, b in zip(prec[n], full)],
+      "k.",
+      ms=4,
+  )
 ax.set_xticks(range(len(names)), names, rotation=40, ha="right")
-ax.set(ylabel="eval loss vs fp32 (%)", title="outer-gradient precision (bars: mean, dots: seeds)")
+ax.set(ylabel="eval loss vs fp32 (%)", title="outer-gradient precision, seed by seed (bars: mean)")
 ax.axhline(0, color="gray", lw=0.5)
 plt.tight_layout()
 plt.show()
@@ -161,14 +167,12 @@ sims = goodput.simulate_many(
 )
 good = {m: r.goodput for m, r in zip(ms, sims)}
 ours = at.rows_of(table, at.LEARNER_ROWS)
-b = at.mean(ours.get(8, [math.nan]))
 print(f"{'M':>4}{'goodput':>9}{'paper':>7}{'eval loss':>11}{'vs M=8':>8}{'paper text avg':>16}")
 for m in ms:
   pg, pt = at.PAPER_LEARNERS.get(m, (math.nan, math.nan))
-  loss = at.mean(ours[m])
-  print(
-      f"{m:>4}{100 * good[m]:>8.1f}%{100 * pg:>6.0f}%{loss:>11.4f}{100 * at.rel(loss, b):>+7.2f}%{pt:>16.1f}"
-  )
+  loss, vs8 = at.mean(ours[m]), at.paired(ours[m], ours[8])
+  line = f"{m:>4}{100 * good[m]:>8.1f}%{100 * pg:>6.0f}%{loss:>11.4f}{100 * vs8:>+7.2f}%"
+  print(f"{line}{pt:>16.1f}")
 
 fig, ax1 = plt.subplots(figsize=(5.5, 3.5))
 ax1.plot(ms, [100 * good[m] for m in ms], "o-", label="goodput (simulator)")

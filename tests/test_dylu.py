@@ -174,10 +174,10 @@ def test_a_sweep_with_a_bad_codec_fails_before_any_point_runs(tmp_path):
 
 def test_the_study_sweeps_list_their_cells():
   names = [sweep.point_name(p) for p in ablations.get_sweep("part=all")]
-  assert len(names) == len(set(names)) == 21  # the baseline once, though every part has it
+  assert len(names) == len(set(names)) == 24  # the baseline once, though every part has it
   assert not any("seed=1" in n for n in names)
   two = ablations.get_sweep("part=all,seeds=2")
-  assert len(two) == 37  # 16 deciding cells get seed 1
+  assert len(two) == 43  # 16 deciding cells and the 3 outer-lr checks get seed 1
   async_sweep = sweep.load_module(os.path.join(ROOT, "configs", "sweeps", "async.py"))
   assert len(async_sweep.get_sweep(None)) == 20
   assert len(async_sweep.get_sweep("seeds=2")) == 32  # sync, async, dn_dylu x 4 levels

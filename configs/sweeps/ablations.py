@@ -19,6 +19,9 @@ H=24 steps, overlap 2, staleness damping) with one thing changed. `part` picks t
   learners       M = 2, 4, 8, 16 (the notebook sets the goodput simulator's figure beside each)
   quorum         K = 1, 2, M
   grace          the adaptive grace window on (gamma 0.8) and off
+  outer_lr       a check added once the first table was in (1-bit and the plain mean, which both
+                 shorten the merged update, beat RDA and fp32): outer lr 0.25 (= 0.4 x 2/pi, the
+                 factor 1-bit shortens a Gaussian by) with RDA, the mean, and fp32
 `seeds=2` adds a second seed of the cells that decide a published finding (see `deciding`); `tiny`
 shrinks the runs (tiny model, 12 steps of 16 sequences of 32 bytes, P <= 4) for the test suite.
 
@@ -33,7 +36,7 @@ The design, and why (2 CPU cores, about an hour for the whole table):
 
 Point variants (set by get_sweep; usable alone with experiments.train): learners=M, merge=mean|rda,
 codec=..., rounding=log|linear|stochastic, ef=0|1, frag=balanced|layer|strided, quorum=K (0: M),
-grace=0|1, seed=S.
+grace=0|1, outer_lr=X, seed=S.
 """
 
 import ml_collections
@@ -42,11 +45,11 @@ from configs import shakespeare
 from diloco.config import variants
 
 SWEEP_KEYS = ("eval_loss", "eval_bpb", "merges", "mean_quorum", "mean_staleness", "bytes_sent")
-PARTS = ("merge", "precision", "fragmentation", "learners", "quorum", "grace")
+PARTS = ("merge", "precision", "fragmentation", "learners", "quorum", "grace", "outer_lr")
 EVAL_SEQS = 1024
 # The defaults of every variant: the Decoupled preset at M=8.
 BASE = dict(learners=8, merge="rda", codec="fp4", rounding="log", ef=0, frag="balanced")
-BASE.update(quorum=1, grace=1)
+BASE.update(quorum=1, grace=1, outer_lr=0.4)
 FRAGS = {"balanced": ("balanced", 24), "layer": ("strided", 4), "strided": ("strided", 2)}
 
 
@@ -80,7 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.outer.update(dict(inner_steps=b["inner_steps"], fragments=p, fragment_kind=kind))
   c.outer.update(dict(merge=a.merge, codec=a.codec, fp4_rounding=a.rounding))
   c.outer.update(dict(error_feedback=bool(a.ef), quorum=a.quorum or a.learners))
-  c.outer.update(dict(lr=0.4, momentum=0.9, grace_gamma=0.8 if a.grace else 0.0))
+  c.outer.update(dict(lr=a.outer_lr, momentum=0.9, grace_gamma=0.8 if a.grace else 0.0))
   c.sim.step_jitter = 0.1
   c.log_every = max(b["steps"] // 30, 1)
   c.eval_every = b["steps"]
@@ -114,13 +117,17 @@ def cells(part: str) -> list[dict]:
     return [dict(quorum=k) for k in (1, 2, 0)]
   if part == "grace":
     return [dict(grace=g) for g in (1, 0)]
+  if part == "outer_lr":  # a check, added after the first table: 0.4 x 2/pi (1-bit's shrink)
+    return [dict(outer_lr=0.25, merge=r) for r in ("rda", "mean")] + [
+        dict(outer_lr=0.25, codec="fp32")
+    ]
   raise ValueError(f"unknown part {part!r}; known: {PARTS} or all")
 
 
 def deciding(changes: dict) -> bool:
   """Whether a cell decides a published finding (it gets the second seed): the merge rule, full
   precision against fp4 (every rounding: they decide the default), 2- and 1-bit, fragmentation."""
-  keys = set(changes) - {"learners"}
+  keys = set(changes) - {"learners", "outer_lr"}
   if not keys or keys == {"merge"}:
     return True
   if keys & {"rounding", "ef", "frag"}:
