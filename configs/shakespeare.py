@@ -96,7 +96,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
           overlap=0,  # tau: a fragment sent at step t is applied after step t+tau
           alpha=0.0,  # theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival
           codec="fp32",  # outer gradients on the wire: fp32 | bf16 | int8 | fp4 | 2bit | 1bit
-          fp4_rounding="log",  # fp4 uplink: log | linear (nearest) | stochastic (unbiased)
+          # fp4 uplink: linear (nearest) | log (nearest in log2) | stochastic (unbiased); linear won
+          # the precision ablation (notebooks/decoupled_ablations.py)
+          fp4_rounding="linear",
           error_feedback=False,  # learners add what the codec dropped to their next upload
           downlink_codec="",  # merged updates sent back; '' = same as codec
           optimizer="nesterov",  # outer optimizer: nesterov | sgd | delayed_nesterov
