@@ -151,6 +151,18 @@ show("minimum quorum K", at.QUORUM_ROWS, "K=1")
 show("adaptive grace window", at.GRACE_ROWS, "grace on")
 
 # %% [markdown]
+# ## A check: the outer learning rate
+#
+# Added once the first table was in. The plain mean and 1-bit both shorten the merged update (the
+# mean of nearly orthogonal outer gradients by about 1/√quorum, 1-bit a Gaussian by 2/π), and
+# both did better than RDA and fp32 at outer lr 0.4; if 0.4 is too large here, a smaller outer lr
+# should help RDA and fp32 as much. 0.25 is 0.4 × 2/π. This is a check of our explanation, not a
+# retuned table: every other row keeps 0.4.
+
+# %%
+show("outer learning rate (Nesterov, momentum 0.9)", at.OUTER_LR_ROWS, "RDA, lr 0.4")
+
+# %% [markdown]
 # ## Learners M: loss at equal tokens beside the simulator's goodput at 1.2M chips
 #
 # The goodput column is the calibrated cluster simulator's (notebooks/goodput.py) for M learners of

@@ -87,6 +87,14 @@ FRAGMENTATION_ROWS = {
 LEARNER_ROWS = {2: "learners=2", 4: "learners=4", 8: "", 16: "learners=16"}
 QUORUM_ROWS = {"K=1": "", "K=2": "quorum=2", "K=M=8": "quorum=0"}
 GRACE_ROWS = {"grace on": "", "grace off": "grace=0"}
+OUTER_LR_ROWS = {  # the check added after the first table
+    "RDA, lr 0.4": "",
+    "RDA, lr 0.25": "outer_lr=0.25",
+    "mean, lr 0.4": "merge=mean",
+    "mean, lr 0.25": "merge=mean+outer_lr=0.25",
+    "fp32, lr 0.4": "codec=fp32",
+    "fp32, lr 0.25": "codec=fp32+outer_lr=0.25",
+}
 
 
 def rows_of(table: dict[str, list[float]], labels: dict[Any, str]) -> dict[Any, list[float]]:

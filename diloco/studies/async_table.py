@@ -30,11 +30,13 @@ GAP_SHARE = 0.25  # "closes the gap": DN+DyLU's gap to sync at most a quarter of
 Cell = tuple[str, str]  # (method, level)
 
 
-def cells(rows: Iterable[dict[str, Any]]) -> dict[Cell, list[float]]:
-  """(method, level) -> eval losses over seeds (finished rows), seeds in order."""
+def cells(rows: Iterable[dict[str, Any]], outer_lr: float | None = None) -> dict[Cell, list[float]]:
+  """(method, level) -> eval losses over seeds (finished rows), seeds in order: the table's rows
+  (outer lr 0.4), or those of the check at `outer_lr`."""
   out: dict[Cell, list[float]] = {}
   for r in sorted(rows, key=lambda r: int(r.get("seed", 0))):
-    if r.get("status") == "done":
+    lr = r.get("outer_lr")
+    if r.get("status") == "done" and (lr if lr not in (None, "") else None) == outer_lr:
       out.setdefault((r["method"], r["hetero"]), []).append(float(r["eval_loss"]))
   return out
 
