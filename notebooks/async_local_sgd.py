@@ -73,8 +73,7 @@ print(f"{len(rows)} runs; seeds per cell: {sorted({len(v) for v in table.values(
 
 # %%
 def pct(x: float) -> str:
-  """A relative change as a percentage, or as a factor once it passes 10x (a diverged run)."""
-  return f"{100 * x:+6.2f}%" if abs(x) < 9 else f"x{1 + x:.1e}"
+  return f"{at.pct(x):>8}"
 
 
 head = "".join(f"{lv:>20}" for lv in levels)

@@ -25,7 +25,9 @@ LABELS = {
     "dn_dylu": "async + DN + DyLU",
     "decoupled": "Decoupled preset",
 }
-GAP_SHARE = 0.25  # "closes the gap": DN+DyLU's gap to sync at most a quarter of naive async's
+# "Closes the gap": DN+DyLU's perplexity at most 1% above synchronous DiLoCo's (the paper's is
+# 0.2-0.6% below it). A share of naive async's gap would not do: ours diverges.
+CLOSE = 0.01
 
 Cell = tuple[str, str]  # (method, level)
 
@@ -50,6 +52,11 @@ def ppl_change(loss: float, base: float) -> float:
   return math.exp(loss - base) - 1.0
 
 
+def pct(x: float) -> str:
+  """A relative change as a percentage, or as a factor once it passes 10x (a diverged run)."""
+  return f"{100 * x:+.2f}%" if abs(x) < 9 else f"x{1 + x:.1e}"
+
+
 def paper_change(method: str, level: int) -> float:
   return PAPER_TABLE1[method][level] / PAPER_TABLE1["sync"][level] - 1.0
 
@@ -64,16 +71,16 @@ def findings(table: dict[Cell, list[float]]) -> list[tuple[str, bool, str]]:
   levels = [lv for lv in LEVELS if ("sync", lv) in mu]  # the tiny sweep has two
   naive = {lv: gap("async", lv) for lv in levels}
   fixed = {lv: gap("dn_dylu", lv) for lv in levels}
-  closes = {lv: fixed[lv] <= GAP_SHARE * max(naive[lv], 0.0) for lv in levels}
+  closes = {lv: fixed[lv] <= CLOSE for lv in levels}
   return [
       (
           "naive asynchronous DiLoCo is worse than synchronous DiLoCo at every heterogeneity",
           all(g > 0 for g in naive.values()),
-          ", ".join(f"{lv} {100 * g:+.2f}%" for lv, g in naive.items()),
+          ", ".join(f"{lv} {pct(g)}" for lv, g in naive.items()),
       ),
       (
-          f"Delayed Nesterov + DyLU closes the gap (at most {GAP_SHARE:g} of naive async's)",
+          f"Delayed Nesterov + DyLU closes the gap (within {100 * CLOSE:g}% of synchronous)",
           all(closes.values()),
-          ", ".join(f"{lv} {100 * g:+.2f}%" for lv, g in fixed.items()),
+          ", ".join(f"{lv} {pct(g)}" for lv, g in fixed.items()),
       ),
   ]
