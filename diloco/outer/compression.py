@@ -50,10 +50,8 @@ _SCALE_BYTES = 4
 # int8 and fp4 work through an array in chunks of this many values (a multiple of any block up to
 # it), so that their temporaries stay in cache.
 CHUNK = 1 << 17
-_F32 = np.dtype("<f4")
+_F32, _TINY = low_bit.F32, low_bit.TINY  # wire float; blocks below TINY decode as zeros
 _U16 = np.dtype("<u2")
-# Blocks whose max|x| is below this decode as zeros (int8, fp4): scales and codes stay normal.
-_TINY = np.float32(2.0**-100)
 # The smallest |x| whose bfloat16 rounding is Inf: bf16 max (0x7F7F) plus half an ulp, a tie to odd.
 _BF16_OVERFLOW = np.uint32(0x7F7F8000).view(np.float32)
 
@@ -229,16 +227,18 @@ def encode(
   shape = tuple(int(d) for d in np.shape(x))
   x_N = _as_f32(x)
   n = x_N.size
-  if codec in ("fp32", "bf16", "2bit", "1bit") or (codec == "fp4" and rounding != "log"):
+  if codec in ("fp32", "bf16", "2bit", "1bit"):
     amax = _amax(x_N)
     _check_finite(amax, x_N)
     if codec == "fp32":
       return Encoded(codec, shape, x_N.astype(_F32, copy=False).tobytes(), block)
     if codec == "bf16":
       return Encoded(codec, shape, _bf16_bits(x_N, amax).tobytes(), block)
-    if codec != "fp4":
-      return Encoded(codec, shape, low_bit.encode(x_N, codec, block), block)
-    scale = _usable_scale(_block_amax(x_N, block))
+    return Encoded(codec, shape, low_bit.encode(x_N, codec, block), block)
+  if codec == "fp4" and rounding != "log":
+    amax = _block_amax(x_N, block)  # NaN propagates: one pass checks and scales
+    _check_finite(amax, x_N)
+    scale = _usable_scale(amax)
     nibbles = low_bit.fp4_magnitude_codes(x_N, scale, block, rounding, rng)
     payload = scale.astype(_F32).tobytes() + low_bit.pack_nibbles(nibbles).tobytes()
     return Encoded(codec, shape, payload, block)
@@ -348,17 +348,21 @@ def error_bound(
     elif codec == "fp4" and rounding == "log":
       bound = np.maximum((math.sqrt(2) - 1) * a, s * 2.0**-6.5) + slack
     else:
-      stored = low_bit._scales(x_N, block, codec).astype(np.float64)  # mean|x| for 1bit
+      stored = low_bit.block_scales(x_N, block, codec).astype(np.float64)  # mean|x| for 1bit
       bound = low_bit.error_bound(codec, a, np.repeat(stored, block)[: a.size], rounding) + slack
     bound = np.where(s < _TINY, _TINY, bound)
   return bound.reshape(np.shape(x))
 
 
 def encode_tree(
-    arrays: Mapping[str, np.ndarray], codec: str, block: int = DEFAULT_BLOCK
+    arrays: Mapping[str, np.ndarray],
+    codec: str,
+    block: int = DEFAULT_BLOCK,
+    rounding: str = "log",
+    rng: np.random.Generator | None = None,
 ) -> dict[str, Encoded]:
-  """Encodes every array of a path-keyed flat dict."""
-  return {path: encode(x, codec, block) for path, x in arrays.items()}
+  """Encodes every array of a path-keyed flat dict (``rounding``, ``rng``: as ``encode``)."""
+  return {path: encode(x, codec, block, rounding, rng) for path, x in arrays.items()}
 
 
 def decode_tree(encoded: Mapping[str, Encoded]) -> dict[str, np.ndarray]:

@@ -20,8 +20,10 @@ import sys
 import numpy as np
 
 ROUNDINGS = ("log", "linear", "stochastic")
-_TINY = np.float32(2.0**-100)
-_F32 = np.dtype("<f4")
+TINY = np.float32(
+    2.0**-100
+)  # blocks whose max|x| is below this decode as zeros (compression.py too)
+F32 = np.dtype("<f4")
 # 2-bit code -> value in units of s.
 _LEVELS2 = np.array([1 / 3, 1.0, -1 / 3, -1.0], np.float32)
 _SHIFTS2 = np.array([0, 2, 4, 6], np.uint8)
@@ -54,7 +56,7 @@ def _blocked(x_N: np.ndarray, block: int) -> tuple[np.ndarray, int]:
   return np.concatenate([x_N, np.zeros(pad, np.float32)]).reshape(-1, block), pad
 
 
-def _scales(x_N: np.ndarray, block: int, codec: str) -> np.ndarray:
+def block_scales(x_N: np.ndarray, block: int, codec: str) -> np.ndarray:
   """The scale of every block: max|x| (2bit, fp4) or mean|x| over the block's own values (1bit);
   0 where max|x| < 2^-100."""
   a_BxK, pad = _blocked(np.abs(x_N), block)
@@ -67,7 +69,7 @@ def _scales(x_N: np.ndarray, block: int, codec: str) -> np.ndarray:
     s = (a_BxK.sum(axis=1, dtype=np.float64) / counts).astype(np.float32)
   else:
     s = amax
-  return np.where(amax >= _TINY, s, np.float32(0)).astype(np.float32)
+  return np.where(amax >= TINY, s, np.float32(0)).astype(np.float32)
 
 
 def _per_value(scale: np.ndarray, n: int, block: int) -> np.ndarray:
@@ -76,16 +78,16 @@ def _per_value(scale: np.ndarray, n: int, block: int) -> np.ndarray:
 
 def encode(x_N: np.ndarray, codec: str, block: int) -> bytes:
   """Payload of ``2bit`` or ``1bit``: float32 scales, then the packed codes."""
-  scale = _scales(x_N, block, codec)
+  scale = block_scales(x_N, block, codec)
   if codec == "1bit":
     bits = np.packbits(np.signbit(x_N) & (x_N != 0), bitorder="little")
-    return scale.astype(_F32).tobytes() + bits.tobytes()
+    return scale.astype(F32).tobytes() + bits.tobytes()
   s = _per_value(scale, x_N.size, block)
   big = np.abs(x_N) * np.float32(3) >= np.float32(2) * s
   code = ((np.signbit(x_N) & (x_N != 0)).astype(np.uint8) << 1) | big.astype(np.uint8)
   code = np.concatenate([code, np.zeros((-code.size) % 4, np.uint8)]).reshape(-1, 4)
   packed = np.bitwise_or.reduce(code << _SHIFTS2, axis=1).astype(np.uint8)
-  return scale.astype(_F32).tobytes() + packed.tobytes()
+  return scale.astype(F32).tobytes() + packed.tobytes()
 
 
 def decode(body: np.ndarray, scale: np.ndarray, codec: str, n: int, block: int) -> np.ndarray:

@@ -45,12 +45,10 @@ class Uplink:
     }
     if self.error_feedback and p in self.residuals:
       delta = {k: v + self.residuals[p][k] for k, v in delta.items()}
-    sent = {
-        k: compression.encode(v, self.codec, rounding=self.rounding, rng=self.rng)
-        for k, v in delta.items()
-    }
+    sent = compression.encode_tree(delta, self.codec, rounding=self.rounding, rng=self.rng)
     if self.error_feedback:
-      self.residuals[p] = {k: v - compression.decode(sent[k]) for k, v in delta.items()}
+      decoded = compression.decode_tree(sent)
+      self.residuals[p] = {k: v - decoded[k] for k, v in delta.items()}
     return sent
 
   def residual_of(self, p: int, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
