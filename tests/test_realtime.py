@@ -104,3 +104,39 @@ def test_a_non_blocking_learner_waits_for_the_answer_before_sending_a_fragment_a
   loop.inflight.clear()  # the merged fragment arrived
   loop.train(lambda: None, steps=6, overlap=0, blocking=False, on_step=None)
   assert link.sent == [("upload", 0, 1), ("upload", 0, 5)]
+
+
+class _BeatLink(_RecordingLink):
+  """Records what each heartbeat says; the synchronizer never settles."""
+
+  def __init__(self):
+    super().__init__()
+    self.beats = []
+
+  def progress(self, finished):
+    self.beats.append(finished)
+    return False
+
+
+def test_heartbeats_after_the_last_step_say_finished():
+  """The heartbeat thread's beat (finished=False) came after the settling loop's finished=True
+  and the status page showed a finished learner as training; once trained, every beat says so."""
+  link = _BeatLink()
+  loop = learner_loop._LearnerLoop(
+      _Trainer(), link, threading.Event(), heartbeat_s=1.0, max_backoff_s=1.0, rng=random.Random(0)
+  )
+  loop.learner.generations = [0]
+  loop.joined = True
+  loop.beat()  # a beat while training
+  loop.train(lambda: None, steps=2, overlap=0, blocking=False, on_step=None)
+  loop.beat()  # the heartbeat thread's beat after the last step
+  loop.beat(finished=True)  # the settling loop's
+  loop.beat()
+  assert link.beats == [False, True, True, True]
+  stopped = learner_loop._LearnerLoop(
+      _Trainer(), _BeatLink(), threading.Event(), 1.0, 1.0, random.Random(0)
+  )
+  stopped.stop.set()  # stopped before its last step: not finished
+  stopped.train(lambda: None, steps=2, overlap=0, blocking=False, on_step=None)
+  stopped.beat()
+  assert stopped.link.beats == [False]

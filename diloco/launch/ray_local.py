@@ -4,27 +4,31 @@ read what the run wrote (processes, merges, learner starts) and kill processes b
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from diloco.launch import staging
 from diloco.rpc import local
 
 AUTH = {"RAY_AUTH_MODE": "token"}  # `ray start` enables token auth; drivers must say so too
+_TOKEN_PATHS: dict[str, str] = {}  # address -> the token file of a cluster started here
 
 
 def ray_bin() -> str:
   return os.path.join(os.path.dirname(sys.executable), "ray")
 
 
-def env(devices: int = 1, jax_cache: str = "") -> dict:
+def env(devices: int = 1, jax_cache: str = "", token_path: str = "") -> dict:
   """The environment of the cluster's processes: JAX on this CPU, the repository importable; with
-  `jax_cache`, compiled programs persist there, so a restarted process does not compile again."""
-  cache = {}
+  `jax_cache`, compiled programs persist there, so a restarted process does not compile again;
+  with `token_path`, Ray's token is read from that file."""
+  cache = {"RAY_AUTH_TOKEN_PATH": token_path} if token_path else {}
   if jax_cache:
-    cache = dict(
+    cache.update(
         JAX_COMPILATION_CACHE_DIR=jax_cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
@@ -42,16 +46,30 @@ def env(devices: int = 1, jax_cache: str = "") -> dict:
 @contextlib.contextmanager
 def cluster(num_cpus: int = 4, temp_dir: str = "", jax_cache: str = ""):
   """A head node started with `ray start` (stopped at the end); yields its address. Its workers
-  inherit env(jax_cache=jax_cache)."""
+  inherit env(jax_cache=jax_cache). Ray's token authentication needs a token: a fresh one is
+  written (mode 600) for this cluster alone, whatever ~/.ray holds, and `launch` hands it on."""
   port = local.free_port()
+  address = f"127.0.0.1:{port}"
   args = [ray_bin(), "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}"]
   args += ["--include-dashboard=false", "--disable-usage-stats"]
   args += [f"--temp-dir={temp_dir}"] if temp_dir else []
-  subprocess.run(args, env=env(jax_cache=jax_cache), check=True, capture_output=True, timeout=120)
-  try:
-    yield f"127.0.0.1:{port}"
-  finally:
-    subprocess.run([ray_bin(), "stop", "--force"], env=env(), capture_output=True, timeout=120)
+  with tempfile.TemporaryDirectory(prefix="diloco-ray-") as secret_dir:
+    token_path = os.path.join(secret_dir, "auth_token")
+    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+      f.write(secrets.token_hex(32))
+    _TOKEN_PATHS[address] = token_path
+    cluster_env = env(jax_cache=jax_cache, token_path=token_path)
+    try:
+      result = subprocess.run(args, env=cluster_env, capture_output=True, text=True, timeout=120)
+      if result.returncode:
+        raise RuntimeError(f"`ray start` failed ({result.returncode}): {result.stderr[-2000:]}")
+      yield address
+    finally:
+      subprocess.run(
+          [ray_bin(), "stop", "--force"], env=cluster_env, capture_output=True, timeout=120
+      )
+      _TOKEN_PATHS.pop(address, None)
 
 
 def launch(address: str, config: str, learners: int, workdir: str, *flags: str, log: str = ""):
@@ -59,7 +77,8 @@ def launch(address: str, config: str, learners: int, workdir: str, *flags: str, 
   out = open(log or os.devnull, "ab")
   cmd = [sys.executable, "-m", "experiments.launch_ray", f"--config={config}"]
   cmd += [f"--learners={learners}", f"--workdir={workdir}", f"--address={address}", *flags]
-  proc = subprocess.Popen(cmd, cwd=staging.REPO, env=env(), stdout=out, stderr=subprocess.STDOUT)
+  proc_env = env(token_path=_TOKEN_PATHS.get(address, ""))
+  proc = subprocess.Popen(cmd, cwd=staging.REPO, env=proc_env, stdout=out, stderr=subprocess.STDOUT)
   out.close()
   return proc
 

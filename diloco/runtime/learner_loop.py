@@ -82,6 +82,9 @@ class _LearnerLoop:
     self.joined, self.retry_at, self.backoff, self.last_beat = False, 0.0, 0.1, 0.0
     self.joins = self.unreachable_steps = self.applied = self.dropped = 0
     self.inflight: dict[int, int] = {}  # fragment -> step it was sent at
+    # Once trained, every heartbeat says finished: the beat thread's report must not follow the
+    # settling loop's and say "not finished" of a learner that is. Beats go one at a time.
+    self.trained, self._beat_lock = False, threading.Lock()
 
   def fail(self) -> None:
     """The link failed: join again after an exponential, jittered backoff."""
@@ -126,7 +129,8 @@ class _LearnerLoop:
 
   def beat(self, finished: bool = False) -> bool:
     try:
-      settled = self.link.progress(finished)
+      with self._beat_lock:
+        settled = self.link.progress(finished or self.trained)
     except (Unreachable, Refused):
       self.fail()
       return False
@@ -173,6 +177,7 @@ class _LearnerLoop:
       if blocking:
         self._send(outbox)
     self._send(outbox)
+    self.trained = learner.steps >= steps
 
   def _send(self, outbox: list) -> None:
     """Uploads and empties `outbox`; a refused upload is forgotten (the next one carries on)."""
