@@ -33,6 +33,11 @@ def test_top1_routing_by_hand_drops_the_token_past_capacity():
   assert float(r.load_balance) == pytest.approx(1.125, rel=1e-6)
   # logsumexp(ln 3, 0) = ln 4 for every token.
   assert float(r.router_z) == pytest.approx(math.log(4.0) ** 2, rel=1e-6)
+  # Kept: 2 tokens on expert 0, 1 on expert 1, against an even share of 1 * 4 / 2 = 2.
+  np.testing.assert_allclose(np.asarray(r.load_E), [1.0, 0.5])
+  # All four prefer expert 0 and it has room (capacity 4): expert 1 takes nothing.
+  r = moe.route(jnp.array([[LN3, 0.0]] * 4), k=1, cap=4)
+  np.testing.assert_allclose(np.asarray(r.load_E), [2.0, 0.0])
 
 
 def test_top2_gates_renormalise_and_earlier_tokens_keep_their_slots():
@@ -76,6 +81,9 @@ def test_a_changed_token_never_changes_the_outputs_before_it():
   a, aux = model.forward(tokens)
   b, _ = model.forward(changed)
   assert float(aux["moe_dropped"]) > 0
+  # Both blocks sparse: the least-loaded expert of either block, at most the mean load (1 - dropped).
+  assert 0.0 <= float(aux["moe_idle_experts"]) < 1.0
+  assert 0.0 <= float(aux["moe_min_load"]) <= 1.0 - float(aux["moe_dropped"]) + 1e-6
   np.testing.assert_array_equal(np.asarray(a[:, :8]), np.asarray(b[:, :8]))
   assert not np.array_equal(np.asarray(a[0, 8:]), np.asarray(b[0, 8:]))
 
@@ -96,7 +104,8 @@ def test_expert_sharded_and_unsharded_give_the_same_loss_and_step():
     _, metrics = fns.train(state, step_lib.put_batch(batch, fns.mesh))
     out.append((loss, {k: float(v) for k, v in metrics.items()}))
   assert out[0][0] == pytest.approx(out[1][0], rel=1e-5)
-  for key in ("loss", "moe_load_balance", "moe_router_z", "moe_dropped", "grad_norm"):
+  keys = ("loss", "moe_load_balance", "moe_router_z", "moe_dropped", "moe_idle_experts")
+  for key in keys + ("moe_min_load", "grad_norm"):
     assert out[0][1][key] == pytest.approx(out[1][1][key], rel=1e-4), key
   assert out[0][1]["loss"] == pytest.approx(out[0][0], rel=1e-6)  # metrics' loss: CE alone
 
@@ -140,8 +149,11 @@ def test_moe_tiny_runs_runlocal_and_logs_its_routing(tmp_path, mode):
   for r in routed:
     lb = next(v for k, v in r.items() if k.endswith("moe_load_balance"))
     dropped = next(v for k, v in r.items() if k.endswith("moe_dropped"))
+    idle = next(v for k, v in r.items() if k.endswith("moe_idle_experts"))
+    least = next(v for k, v in r.items() if k.endswith("moe_min_load"))
     # E sum_e f_e P_e <= E max_e P_e <= E = 4 experts; positive since every token has a top one.
     assert 0.0 < lb <= 4.0 and 0.0 <= dropped < 1.0
+    assert 0.0 <= idle < 1.0 and 0.0 <= least <= 1.0 - dropped + 1e-6
 
 
 def test_groups_are_routed_on_their_own():
@@ -155,3 +167,30 @@ def test_groups_are_routed_on_their_own():
     np.testing.assert_allclose(
         np.asarray(y_BxLxD[:, half]), np.asarray(layer(x_BxLxD[:, half])[0]), rtol=1e-5, atol=1e-6
     )
+
+
+def test_expert_usage_reads_each_learners_routing(tmp_path):
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import json  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+
+  script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "expert_usage.py"
+  spec = importlib.util.spec_from_file_location("expert_usage", script)
+  usage_lib = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(usage_lib)
+  rows = [
+      {"step": 1, "learner": 0, "moe_min_load": 0.5, "moe_idle_experts": 0.0},
+      {"step": 1, "learner": 1, "moe_min_load": 0.0, "moe_idle_experts": 0.25},
+      {"step": 2, "learner": 0, "moe_min_load": 0.75, "moe_idle_experts": 0.0, "loss": 2.0},
+      {"step": 2, "event": "merge", "learners": [0, 1]},
+  ]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  stats = usage_lib.usage(str(tmp_path / "metrics.jsonl"))
+  assert stats["learner0"]["min_load"] == [0.5, 0.75] and stats["learner1"]["idle_experts"] == [
+      0.25
+  ]
+  lines = usage_lib.table("run", stats)
+  # learner0: 2 steps, least 0.500, mean 0.625, never idle; learner1: 1 step with an idle expert.
+  assert lines[2].split() == ["learner0", "2", "0.500", "0.625", "0.000", "0", "0"]
+  assert lines[3].split() == ["learner1", "1", "0.000", "0.000", "0.250", "1", "1"]
+  assert usage_lib.longest_streak(np.array([1, 1, 0, 1, 1, 1, 0], bool)) == 3

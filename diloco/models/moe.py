@@ -16,6 +16,8 @@ assignment past its expert's C is dropped (the block's residual carries that tok
                  1 when both are uniform; Fedus et al. 2021)
   router_z = mean_t (logsumexp_e z_te)^2  (Zoph et al. 2022)
   dropped = dropped assignments / (k T)
+  load_E = assignments expert e kept / (k T / E)  (1 for every expert when routing is even; 0 for
+           an expert that took no token: its weights get no gradient from this step)
 
 Parameters: router [D, E] (replicated), wi [E, D, 2, F] (swiglu) or [E, D, F], wo [E, F, D], the
 expert dimension sharded over the island mesh's 'expert' axis when it has one.
@@ -35,6 +37,7 @@ class Routing(NamedTuple):
   load_balance: jax.Array
   router_z: jax.Array
   dropped: jax.Array  # fraction of the k*T assignments past capacity
+  load_E: jax.Array  # kept assignments per expert over an even share k*T/E
 
 
 def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
@@ -58,7 +61,9 @@ def route(logits_TxE: jax.Array, k: int, cap: int) -> Routing:
   load_balance = e * jnp.sum(jnp.mean(first_TxE, 0) * jnp.mean(probs_TxE, 0))
   router_z = jnp.mean(jax.nn.logsumexp(logits_TxE, axis=-1) ** 2)
   dropped = 1.0 - jnp.mean(kept_N.astype(jnp.float32))
-  return Routing(jnp.sum(dispatch_TxKxExC, 1), combine_TxExC, load_balance, router_z, dropped)
+  load_E = jnp.sum(choice_NxE * kept_N[:, None], axis=0).astype(jnp.float32) * e / (k * t)
+  dispatch_TxExC = jnp.sum(dispatch_TxKxExC, 1)
+  return Routing(dispatch_TxExC, combine_TxExC, load_balance, router_z, dropped, load_E)
 
 
 class MoeMlp(nnx.Module):
@@ -98,5 +103,6 @@ class MoeMlp(nnx.Module):
         r.dispatch_TxExC,
         r.combine_TxExC,
         *(jnp.mean(x) for x in (r.load_balance, r.router_z, r.dropped)),
+        jnp.mean(r.load_E, axis=0),  # groups are equal: the step's load is their mean
     )
     return jnp.swapaxes(y_NxGxD.reshape(l, b, d), 0, 1), stats

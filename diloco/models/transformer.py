@@ -209,13 +209,15 @@ class Block(nnx.Module):
       self.mlp = Mlp(cfg, rngs)
 
   def __call__(self, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The block's output and its routing stats [load_balance, router_z, dropped] (zeros when
-    dense)."""
+    """The block's output and its routing stats [load_balance, router_z, dropped, idle experts'
+    share, least load] (zeros when dense)."""
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD))
     if not hasattr(self, "moe"):
-      return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD)), jnp.zeros((3,), jnp.float32)
+      return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD)), jnp.zeros((5,), jnp.float32)
     y_BxLxD, r = self.moe(self.mlp_norm(x_BxLxD))
-    return x_BxLxD + y_BxLxD, jnp.stack([r.load_balance, r.router_z, r.dropped])
+    idle = jnp.mean((r.load_E == 0).astype(jnp.float32))
+    stats_5 = jnp.stack([r.load_balance, r.router_z, r.dropped, idle, jnp.min(r.load_E)])
+    return x_BxLxD + y_BxLxD, stats_5
 
 
 class Transformer(nnx.Module):
@@ -265,21 +267,29 @@ def cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
 
 
 def run_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array):
-  """x through the blocks (rematerialised as cfg.remat says), and for a mixture of experts the
-  routing stats averaged over its sparse blocks (`moe_load_balance`, `moe_router_z`,
-  `moe_dropped`; empty when dense)."""
-  stats_3 = jnp.zeros((3,), jnp.float32)
-  for block in blocks:
+  """x through the blocks (rematerialised as cfg.remat says), and for a mixture of experts its
+  routing stats (empty when dense): `moe_load_balance`, `moe_router_z`, `moe_dropped` and
+  `moe_idle_experts` (the share of experts that took no token) averaged over the sparse blocks;
+  `moe_min_load`, the least-loaded expert of any sparse block over an even share."""
+  sparse_5 = []
+  for i, block in enumerate(blocks):
     if cfg.remat == "none":
-      x_BxLxD, s_3 = block(x_BxLxD)
+      x_BxLxD, s_5 = block(x_BxLxD)
     else:
-      x_BxLxD, s_3 = nnx.remat(lambda b, x: b(x), policy=REMAT[cfg.remat])(block, x_BxLxD)
-    stats_3 = stats_3 + s_3
-  sparse = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
-  if not sparse:
+      x_BxLxD, s_5 = nnx.remat(lambda b, x: b(x), policy=REMAT[cfg.remat])(block, x_BxLxD)
+    if cfg.is_moe(i):
+      sparse_5.append(s_5)
+  if not sparse_5:
     return x_BxLxD, {}
-  stats_3 = stats_3 / sparse
-  return x_BxLxD, dict(moe_load_balance=stats_3[0], moe_router_z=stats_3[1], moe_dropped=stats_3[2])
+  s_Sx5 = jnp.stack(sparse_5)
+  mean_5 = jnp.mean(s_Sx5, axis=0)
+  return x_BxLxD, dict(
+      moe_load_balance=mean_5[0],
+      moe_router_z=mean_5[1],
+      moe_dropped=mean_5[2],
+      moe_idle_experts=mean_5[3],
+      moe_min_load=jnp.min(s_Sx5[:, 4]),
+  )
 
 
 def with_aux_losses(cfg: ModelConfig, loss: jax.Array, aux: dict) -> jax.Array:
