@@ -186,9 +186,8 @@ def test_expert_usage_reads_each_learners_routing(tmp_path):
   ]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   stats = usage_lib.usage(str(tmp_path / "metrics.jsonl"))
-  assert stats["learner0"]["min_load"] == [0.5, 0.75] and stats["learner1"]["idle_experts"] == [
-      0.25
-  ]
+  assert stats["learner0"]["min_load"] == [0.5, 0.75]
+  assert stats["learner1"]["idle_experts"] == [0.25]
   lines = usage_lib.table("run", stats)
   # learner0: 2 steps, least 0.500, mean 0.625, never idle; learner1: 1 step with an idle expert.
   assert lines[2].split() == ["learner0", "2", "0.500", "0.625", "0.000", "0", "0"]

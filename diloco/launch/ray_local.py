@@ -26,9 +26,9 @@ def env(devices: int = 1, jax_cache: str = "", token_path: str = "") -> dict:
   """The environment of the cluster's processes: JAX on this CPU, the repository importable; with
   `jax_cache`, compiled programs persist there, so a restarted process does not compile again;
   with `token_path`, Ray's token is read from that file."""
-  cache = {"RAY_AUTH_TOKEN_PATH": token_path} if token_path else {}
+  extra = {"RAY_AUTH_TOKEN_PATH": token_path} if token_path else {}
   if jax_cache:
-    cache.update(
+    extra.update(
         JAX_COMPILATION_CACHE_DIR=jax_cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
@@ -36,7 +36,7 @@ def env(devices: int = 1, jax_cache: str = "", token_path: str = "") -> dict:
   return dict(
       os.environ,
       **AUTH,
-      **cache,
+      **extra,
       JAX_PLATFORMS="cpu",
       XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
       PYTHONPATH=staging.REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),

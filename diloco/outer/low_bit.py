@@ -20,9 +20,8 @@ import sys
 import numpy as np
 
 ROUNDINGS = ("log", "linear", "stochastic")
-TINY = np.float32(
-    2.0**-100
-)  # blocks whose max|x| is below this decode as zeros (compression.py too)
+# Blocks whose max|x| is below this decode as zeros (compression.py's int8 and fp4 too).
+TINY = np.float32(2.0**-100)
 F32 = np.dtype("<f4")
 # 2-bit code -> value in units of s.
 _LEVELS2 = np.array([1 / 3, 1.0, -1 / 3, -1.0], np.float32)
