@@ -1,7 +1,8 @@
 """Checkpoints carry a checksum manifest: a corrupt newest step (truncated, a flipped byte, a file
 or the manifest missing) is detected on restore, logged with the reason, and the step before it is
-used; a save that fails midway (an OSError such as a full disk) leaves the previous one intact and
-later saves work."""
+used, and the corrupt one is renamed aside so that the run can save that step again; a save that
+fails midway (an OSError such as a full disk) leaves the previous one intact and later saves work.
+"""
 
 import errno
 import os
@@ -13,7 +14,10 @@ import orbax.checkpoint as ocp
 import pytest
 from absl import logging as absl_logging
 
-from diloco.inner import checkpoint, manifest
+from configs import shakespeare
+from diloco import metrics, train
+from diloco.inner import checkpoint, island as island_lib, manifest
+from diloco.outer import fragments
 from diloco.recovery import sync_checkpoint
 
 
@@ -114,3 +118,98 @@ def test_corrupt_newest_synchronizer_checkpoint_falls_back(tmp_path, kind, warni
   got = reopened.restore(state(0))
   assert got["meta"] == {"versions": [1]} and float(got["arrays"]["g"][0]) == 1.0
   assert any("checkpoint 2" in w and reason in w for w in warnings), warnings
+
+
+def _set_aside(tmp_path, step: int) -> list[str]:
+  return sorted(n for n in os.listdir(tmp_path) if n.startswith(f"{step}.corrupt-"))
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_a_corrupt_step_is_set_aside_and_the_run_saves_that_step_again(
+    tmp_path, kind, async_save, warnings
+):
+  ckpt = checkpoint.Checkpointer(str(tmp_path), 1, keep=3, async_save=async_save)
+  for step in (1, 2):
+    assert ckpt.save(step, {"w": jnp.arange(1000.0) * step}, force=True)
+  ckpt.close()
+  corrupt, reason = CORRUPTIONS[kind]
+  corrupt(os.path.join(tmp_path, "2"))
+  reopened = checkpoint.Checkpointer(str(tmp_path), 1, keep=3, async_save=async_save)
+  assert reopened.restore(_like())[0] == 1
+  assert _set_aside(tmp_path, 2) == ["2.corrupt-1"] and not os.path.exists(tmp_path / "2")
+  assert manifest.problem(str(tmp_path / "2.corrupt-1"))  # kept as it was, for inspection
+  assert any("step 2" in w and reason in w and "2.corrupt-1" in w for w in warnings), warnings
+  # Retrained, step 2 is saved again: due (before: orbax skipped it, as not newer than its corrupt
+  # step 2) and forced (before: StepAlreadyExistsError).
+  assert reopened.save(2, {"w": jnp.arange(1000.0) * 20})
+  assert reopened.save(3, {"w": jnp.arange(1000.0) * 30}, force=True)
+  reopened.wait()
+  assert reopened.intact_steps() == [3, 2, 1]
+  step, state = reopened.restore(_like(), step=2)
+  assert float(state["w"][1]) == 20.0
+  reopened.close()
+
+
+def test_a_step_corrupt_twice_is_set_aside_under_the_next_free_name(tmp_path):
+  ckpt = checkpoint.Checkpointer(str(tmp_path), 1, keep=3, async_save=False)
+  ckpt.save(1, {"w": jnp.arange(1000.0)}, force=True)
+  for _ in range(2):
+    ckpt.save(2, {"w": jnp.arange(1000.0) * 2}, force=True)
+    _flip(_largest_file(os.path.join(tmp_path, "2")))
+    assert ckpt.latest_step() == 1
+  ckpt.close()
+  assert _set_aside(tmp_path, 2) == ["2.corrupt-1", "2.corrupt-2"]
+  reopened = checkpoint.Checkpointer(str(tmp_path), 1, keep=3, async_save=False)
+  assert reopened.intact_steps() == [1]  # orbax lists no `<step>.corrupt-<n>` as a step
+  reopened.close()
+
+
+def test_a_reader_of_another_runs_checkpoints_leaves_a_corrupt_step_in_place(tmp_path):
+  ckpt = checkpoint.Checkpointer(str(tmp_path), 1, keep=3, async_save=False)
+  for step in (1, 2):
+    ckpt.save(step, {"w": jnp.arange(1000.0) * step}, force=True)
+  ckpt.close()
+  _flip(_largest_file(os.path.join(tmp_path, "2")))
+  reader = checkpoint.Checkpointer(str(tmp_path), 1, async_save=False, set_aside=False)
+  assert reader.restore(_like())[0] == 1
+  reader.close()
+  assert sorted(os.listdir(tmp_path)) == ["1", "2"]
+
+
+def test_a_corrupt_synchronizer_step_is_set_aside_and_saved_again(tmp_path, warnings):
+  state = lambda v: {"arrays": {"g": np.full(512, v, np.float32)}, "meta": {"versions": [int(v)]}}
+  ckpt = sync_checkpoint.SyncCheckpointer(str(tmp_path), keep=3)
+  assert ckpt.save(1, state(1)) and ckpt.save(2, state(2))
+  ckpt.close()
+  _flip(_largest_file(os.path.join(tmp_path, "2")))
+  reopened = sync_checkpoint.SyncCheckpointer(str(tmp_path), keep=3)
+  assert reopened.restore(state(0))["meta"] == {"versions": [1]}
+  assert _set_aside(tmp_path, 2) == ["2.corrupt-1"]
+  assert reopened.save(2, state(20))  # before: skipped as existing, so merge 2 had no checkpoint
+  assert reopened.intact_steps() == [2, 1]
+  assert reopened.restore(state(0))["meta"] == {"versions": [20]}
+  reopened.close()
+
+
+def test_a_dp_run_whose_final_checkpoint_is_corrupt_retrains_it_and_finishes(tmp_path):
+  config = shakespeare.get_config("runlocal")  # 40 steps
+  config.checkpoint_every = 10
+  workdir = str(tmp_path / "run")
+  first = train.train_and_evaluate(config, workdir)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  assert sorted(os.listdir(checkpoints)) == ["30", "40"]
+  _flip(_largest_file(os.path.join(checkpoints, "40")))
+
+  # Before: restored 30, retrained, and died saving 40 again (orbax's StepAlreadyExistsError).
+  rest = train.train_and_evaluate(config, workdir)
+  assert rest["resumed_from_step"] == 30 and rest["finished"]
+  assert sorted(os.listdir(checkpoints)) == ["30", "40", "40.corrupt-1"]
+  assert manifest.problem(os.path.join(checkpoints, "40.corrupt-1"))  # kept as it was
+  ckpt = checkpoint.Checkpointer(checkpoints, config.checkpoint_every)
+  assert ckpt.intact_steps() == [40, 30]
+  step, state = ckpt.restore(island_lib.build_island(config, jax.devices()).abstract_state())
+  ckpt.close()
+  assert step == 40
+  saved = metrics.params_sha256(fragments.flatten(jax.device_get(state.params)))
+  assert saved == rest["params_sha256"] == first["params_sha256"]  # as if never corrupted

@@ -2,9 +2,11 @@
 
 Each complete save gets a checksum manifest (diloco/inner/manifest.py). Restores take the newest
 step whose files match it: a truncated or altered newest step is logged with the reason and the one
-before it is used. A save that fails (an OSError such as a full disk, now or in the background) is
-logged and training goes on; orbax writes into a temporary directory, so the previous checkpoint
-stays as it was.
+before it is used. The failed step is renamed aside (`<step>.corrupt-<n>`, kept for inspection) so
+that training can save that step again; a reader of another run's directory (`set_aside=False`, as
+warm starts) leaves it in place. A save that fails (an OSError such as a full disk, now or in the
+background) is logged and training goes on; orbax writes into a temporary directory, so the
+previous checkpoint stays as it was.
 """
 
 import os
@@ -28,8 +30,16 @@ def abstract_like(tree, shardings) -> Any:
 class Checkpointer:
   """Saves every `every` steps (asynchronously) and restores the newest intact step."""
 
-  def __init__(self, directory: str, every: int, keep: int = 2, async_save: bool = True):
+  def __init__(
+      self,
+      directory: str,
+      every: int,
+      keep: int = 2,
+      async_save: bool = True,
+      set_aside: bool = True,
+  ):
     self.every, self.directory, self.async_save = every, os.path.abspath(directory), async_save
+    self.set_aside = set_aside
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         save_interval_steps=max(every, 1),
@@ -45,11 +55,18 @@ class Checkpointer:
     return os.path.join(self.directory, str(step))
 
   def intact_steps(self) -> list[int]:
-    """Steps whose files match their manifest, newest first (the others are logged)."""
-    return manifest.intact_steps(self.directory, self._manager.all_steps(), self._verified)
+    """Steps whose files match their manifest, newest first (the others are logged and set aside).
+
+    Waits for queued saves first: a step still being saved has no manifest yet.
+    """
+    self._seal()
+    steps = self._manager.all_steps()
+    intact = manifest.intact_steps(self.directory, steps, self._verified, move=self.set_aside)
+    if self.set_aside and len(intact) < len(steps):
+      self._manager.reload()  # orbax caches its step list: forget the steps set aside
+    return intact
 
   def latest_step(self) -> int | None:
-    self._seal()
     steps = self.intact_steps()
     return steps[0] if steps else None
 

@@ -3,7 +3,8 @@ is complete; a step whose files do not match it (truncated, a flipped byte, miss
 
 The manifest is `<step dir>/diloco_manifest.json`, written under a temporary name and renamed, so a
 crash before it is complete leaves the step without one: a step without a manifest did not finish
-saving and is skipped like a corrupt one.
+saving and is skipped like a corrupt one. The owner of a checkpoint directory sets such a step
+aside (`<step>.corrupt-<n>`, kept for inspection) so that the run can save that step again.
 """
 
 import hashlib
@@ -75,10 +76,28 @@ def problem(step_dir: str) -> str | None:
   return None
 
 
-def intact_steps(directory: str, steps: Iterable[int], memo: dict | None = None) -> list[int]:
+def set_aside(directory: str, step: int) -> str:
+  """Renames step `step`'s directory to the first free `<step>.corrupt-<n>` beside it; its path.
+
+  Orbax's step listing takes only names that are a whole number (`<prefix>_<number>` with a step
+  prefix), so the renamed directory is no step to it: never restored, never counted against
+  `max_to_keep`, never deleted; the step can be saved again. Nothing is deleted.
+  """
+  n = 1
+  while os.path.exists(os.path.join(directory, f"{step}.corrupt-{n}")):
+    n += 1
+  target = os.path.join(directory, f"{step}.corrupt-{n}")
+  os.rename(os.path.join(directory, str(step)), target)
+  return target
+
+
+def intact_steps(
+    directory: str, steps: Iterable[int], memo: dict | None = None, move: bool = False
+) -> list[int]:
   """The steps (sub-directories of `directory`) whose files match their manifest, newest first;
-  the others are logged with the reason. `memo` (kept by the caller) remembers each verdict for
-  as long as the step's manifest file is unchanged, so asking again does not re-read the files."""
+  the others are logged with the reason, and with `move` set aside (`set_aside`) so that the run
+  can save those steps again. `memo` (kept by the caller) remembers each verdict for as long as
+  the step's manifest file is unchanged, so asking again does not re-read the files."""
   out = []
   for step in sorted(steps, reverse=True):
     step_dir = os.path.join(directory, str(step))
@@ -92,6 +111,10 @@ def intact_steps(directory: str, steps: Iterable[int], memo: dict | None = None)
       memo[key] = why
     if why is None:
       out.append(step)
-    else:
-      logging.warning("checkpoint %d (step %d) in %s is not used: %s", step, step, directory, why)
+      continue
+    if move and os.path.isdir(step_dir):
+      why += f"; moved to {set_aside(directory, step)} (kept for inspection)"
+      if memo is not None:
+        memo.pop(key, None)
+    logging.warning("checkpoint %d (step %d) in %s is not used: %s", step, step, directory, why)
   return out

@@ -31,7 +31,7 @@ def load_params(path: str, abstract_state: Any) -> dict[str, Any]:
   with orbax's description of the first difference.
   """
   directory = checkpoint_dir(path)
-  ckpt = checkpoint.Checkpointer(directory, every=1, async_save=False)
+  ckpt = checkpoint.Checkpointer(directory, every=1, async_save=False, set_aside=False)
   try:
     step = ckpt.latest_step()
     if step is None:

@@ -6,7 +6,7 @@ crash in the middle of a save leaves the previous checkpoint as the newest (orba
 unfinished directory, and replaces it if that step is saved again). `save(..., interrupt=True)` is
 that crash, injected on purpose: it writes part of the save, then raises `SimulatedCrash`.
 Each complete save gets a checksum manifest (diloco/inner/manifest.py): restores use the newest
-step whose files match theirs and log why a newer one was passed over.
+step whose files match theirs, log why a newer one was passed over and rename that one aside.
 """
 
 import dataclasses
@@ -60,8 +60,13 @@ class SyncCheckpointer:
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def intact_steps(self) -> list[int]:
-    """Steps whose files match their checksum manifest, newest first (the others are logged)."""
-    return manifest.intact_steps(self.directory, self._manager.all_steps(), self._verified)
+    """Steps whose files match their checksum manifest, newest first (the others are logged and
+    set aside as `<merges>.corrupt-<n>`, so that those merges can be saved again)."""
+    steps = self._manager.all_steps()
+    intact = manifest.intact_steps(self.directory, steps, self._verified, move=True)
+    if len(intact) < len(steps):
+      self._manager.reload()  # orbax caches its step list: forget the steps set aside
+    return intact
 
   def latest_step(self) -> int | None:
     steps = self.intact_steps()
