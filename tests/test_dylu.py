@@ -9,7 +9,7 @@ import pytest
 from configs import shakespeare
 from configs.sweeps import ablations
 from diloco import train
-from diloco.config import build, outer_check
+from diloco.config import build, checks
 from diloco.outer import compression, dylu, fragments, optimizers, policies
 from diloco.outer.protocol import Join, Send, Upload
 from diloco.outer.synchronizer import Synchronizer
@@ -146,7 +146,7 @@ def test_a_learner_follows_the_step_count_it_is_sent_and_keeps_residuals_in_chec
 def test_bad_outer_values_fail_before_a_run_naming_the_key(tmp_path, key, value, message):
   config = _config("mode=decoupled,runlocal", **{key: value})
   with pytest.raises(ValueError, match=message):
-    outer_check.check(config.outer)
+    checks.prepare(config)
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(config, str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run")  # nothing was started
@@ -155,8 +155,8 @@ def test_bad_outer_values_fail_before_a_run_naming_the_key(tmp_path, key, value,
 def test_dylu_needs_an_asynchronous_quorum():
   config = _config("mode=diloco,runlocal", dylu=True)
   with pytest.raises(ValueError, match="outer.dylu with outer.quorum=0 and blocking learners"):
-    outer_check.check(config.outer)
-  outer_check.check(_config("mode=diloco,runlocal", dylu=True, quorum=1).outer)
+    checks.prepare(config)
+  checks.prepare(_config("mode=diloco,runlocal", dylu=True, quorum=1))
 
 
 def test_a_sweep_with_a_bad_codec_fails_before_any_point_runs(tmp_path):

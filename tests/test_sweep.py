@@ -14,7 +14,7 @@ from diloco.studies import sweep, sweep_run
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A sweep over the scaling study's tiny mode; `bad` adds a point whose run raises at data setup
-# (eval_batches < 0 is checked when the pipeline is built, not when the config is).
+# (a glob that matches no file passes the config's checks: the files are looked for at run time).
 SWEEP_FILE = """
 from configs.sweeps import scaling
 
@@ -30,7 +30,8 @@ def get_sweep(arg=None):
       {"size": "d8l1", "method": "diloco", "learners": 2, "config.outer.lr": 0.5, "seed": 0},
   ]
   if arg and "bad" in arg:
-    points.insert(1, {"size": "d8l1", "method": "dp", "config.data.eval_batches": -1, "seed": 0})
+    missing = {"config.data.source": "text_glob", "config.data.text_glob": "/nonexistent/*.txt"}
+    points.insert(1, {"size": "d8l1", "method": "dp", **missing, "seed": 0})
   if arg and "typo" in arg:
     points.append({"size": "d8l1", "config.outer.lrr": 0.5})
   if arg and "variant" in arg:
@@ -118,7 +119,7 @@ def test_a_failing_point_is_reported_and_the_others_go_on(sweep_file, tmp_path):
   workdir = str(tmp_path / "w")
   table = sweep_run.run(_spec(sweep_file, "bad"), workdir, parallel=0, progress=False)
   assert [r["status"] for r in table] == ["done", "failed", "done"]
-  assert "eval_batches" in table[1]["error"] and table[1]["eval_loss"] is None
+  assert "/nonexistent/*.txt" in table[1]["error"] and table[1]["eval_loss"] is None
   with open(os.path.join(workdir, table[1]["name"], "error.txt"), encoding="utf-8") as f:
     assert "Traceback" in f.read()
   assert _read_csv(os.path.join(workdir, "results.csv"))[1]["status"] == "failed"

@@ -12,12 +12,14 @@ from flax import nnx
 
 from configs import digits
 from diloco import train
+from diloco.config import checks
 from diloco.data import images
 from diloco.models import vit
 
 
 def _vit(**kw) -> vit.VitConfig:
-  return vit.VitConfig(**{**digits.model_config("vit_tiny", 2, "cls").to_dict(), **kw})
+  fields = digits.get_config("model=vit_tiny").model.to_dict()
+  return vit.VitConfig(**{k: v for k, v in {**fields, **kw}.items() if k != "size"})
 
 
 def test_patches_are_taken_row_by_row():
@@ -48,9 +50,9 @@ def test_a_patch_that_does_not_divide_the_image_fails_at_config_time():
   with pytest.raises(
       ValueError, match=r"model.image_size=8 is not divisible by model.patch_size=3"
   ):
-    digits.get_config("patch=3")
-  with pytest.raises(ValueError, match="unknown ViT size"):
-    digits.get_config("model=vit_huge")
+    checks.prepare(digits.get_config("patch=3"))
+  with pytest.raises(ValueError, match="model.size='vit_huge': unknown model size"):
+    checks.prepare(digits.get_config("model=vit_huge"))
 
 
 def test_digits_split_and_shards_by_class(tmp_path):

@@ -5,69 +5,79 @@ Call `add_deploy_section(c)` in a config's get_config before `c.lock()`.
 
 import ml_collections
 
-RUNTIMES = ("virtual", "threads", "grpc")
+from diloco.config import keys
+
 PLATFORMS = ("", "cpu", "gpu", "tpu")
 
 
 def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds c.deploy with the defaults below (loopback, no TLS, token from $DILOCO_TOKEN)."""
-  c.deploy = ml_collections.ConfigDict(
-      dict(
-          runtime="virtual",  # virtual | threads | grpc
-          bind="127.0.0.1",  # the synchronizer binds loopback unless told otherwise
-          port=0,  # 0: a free port, written to WORKDIR/port
-          status_port=-1,  # the status page, /status, /metrics (0: a free port, in
-          # WORKDIR/status_port; -1: off); bound like the gRPC port, the same token
-          cert="",
-          key="",
-          ca_cert="",  # TLS when set (scripts/make_certs.py makes a local pair)
-          absent_after_s=5.0,  # a learner silent this long is left out of quorums until it rejoins
-          chaos_time_scale=1.0,  # threads and gRPC: wall seconds per second of the chaos schedule
-          straggle_busy=False,  # gRPC learners: a straggling step spins on a core instead of sleeping
-          devices_per_learner=0,  # threads runtime: local devices per learner; 0 = split evenly
-          expect_platform="",  # learners refuse to train unless JAX's backend is this (tpu,
-          # gpu, cpu; empty: any); the TPU launchers set tpu, so a missing jax[tpu] fails loudly
-          max_restarts=20,  # launchers' supervisors: restarts of a process before giving up
-          restart_backoff_s=5.0,  # first delay before a restart; doubles, at most 300 s
-          max_learners=64,
-          chunk_bytes=1 << 20,
-          max_message_bytes=4 << 20,
-          tpu=ml_collections.ConfigDict(
-              dict(  # scripts/tpu/commands.py, experiments.launch_ray --tpu, scripts/tpu/xpk.py
-                  project="",
-                  zone="us-central2-b",
-                  accelerator_type="v4-8",  # one learner per slice of this type
-                  topology="",  # e.g. 2x2x1 (Ray's slice placement needs it; chips must agree)
-                  slices="",  # comma-separated slice names, one per learner (empty: PREFIX-learnerM)
-                  runtime_version="tpu-ubuntu2204-base",
-                  name_prefix="diloco",
-                  sync_host="",  # the synchronizer's internal address
-                  sync_vm="",  # a CPU VM for the synchronizer (created with sync_host as its
-                  # address); empty: the machine that runs the launcher
-                  sync_machine_type="n2-standard-8",
-                  repo_dir="~/diloco",
-              )
-          ),
-          xpk=ml_collections.ConfigDict(
-              dict(  # scripts/tpu/xpk.py: one workload per learner slice, one for the synchronizer
-                  cluster="",
-                  base_image="python:3.11",  # xpk builds the image from it and the staged code
-                  namespace="default",
-                  token_secret="diloco-token",  # a Kubernetes secret holding the token as `token`
-                  sync_device_type="n2-standard-32-1",  # the synchronizer's CPU node type
-                  sync_address="",  # default: its pod's JobSet DNS name
-                  priority="medium",
-              )
-          ),
-      )
+  c.deploy = keys.section(
+      "deploy",
+      bind=("127.0.0.1", "the synchronizer binds loopback unless told otherwise"),
+      port=(0, "the synchronizer's gRPC port (0: a free port, written to WORKDIR/port)"),
+      status_port=(
+          -1,
+          "the status page, /status, /metrics (0: a free port, in "
+          "WORKDIR/status_port; -1: off); bound like the gRPC port, the same token",
+      ),
+      cert=("", "TLS certificate (PEM) of the synchronizer; TLS when set"),
+      key=("", "TLS private key (PEM), with cert"),
+      ca_cert=(
+          "",
+          "CA certificate the learners verify the synchronizer with "
+          "(scripts/make_certs.py makes a local pair)",
+      ),
+      absent_after_s=(5.0, "a learner silent this long is left out of quorums until it rejoins"),
+      chaos_time_scale=(1.0, "threads and gRPC: wall seconds per second of the chaos schedule"),
+      straggle_busy=(False, "gRPC learners: a straggling step spins on a core instead of sleeping"),
+      devices_per_learner=(0, "threads runtime: local devices per learner; 0 = split evenly"),
+      expect_platform=(
+          "",
+          "learners refuse to train unless JAX's backend is this (tpu, gpu, "
+          "cpu; empty: any); the TPU launchers set tpu",
+      ),
+      max_restarts=(20, "launchers' supervisors: restarts of a process before giving up"),
+      restart_backoff_s=(5.0, "first delay before a restart; doubles, at most 300 s"),
+      max_learners=(64, "the synchronizer refuses learner ids at or above this"),
+      chunk_bytes=(1 << 20, "gRPC: bytes per chunk of a streamed message"),
+      max_message_bytes=(4 << 20, "gRPC: the largest message either side accepts"),
+  )
+  # scripts/tpu/commands.py, experiments.launch_ray --tpu, scripts/tpu/xpk.py
+  c.deploy.tpu = keys.section(
+      "deploy.tpu",
+      project=("", "Google Cloud project"),
+      zone=("us-central2-b", "zone of the TPU slices"),
+      accelerator_type=("v4-8", "one learner per slice of this type"),
+      topology=("", "e.g. 2x2x1 (Ray's slice placement needs it; chips must agree)"),
+      slices=("", "comma-separated slice names, one per learner (empty: PREFIX-learnerM)"),
+      runtime_version=("tpu-ubuntu2204-base", "TPU VM software version"),
+      name_prefix=("diloco", "prefix of the names of created slices and VMs"),
+      sync_host=("", "the synchronizer's internal address"),
+      sync_vm=(
+          "",
+          "a CPU VM for the synchronizer (created with sync_host as its address); "
+          "empty: the machine that runs the launcher",
+      ),
+      sync_machine_type=("n2-standard-8", "machine type of sync_vm"),
+      repo_dir=("~/diloco", "where the code is staged on every host"),
+  )
+  # scripts/tpu/xpk.py: one workload per learner slice, one for the synchronizer
+  c.deploy.xpk = keys.section(
+      "deploy.xpk",
+      cluster=("", "the GKE cluster xpk creates workloads on"),
+      base_image=("python:3.11", "xpk builds the image from it and the staged code"),
+      namespace=("default", "Kubernetes namespace"),
+      token_secret=("diloco-token", "a Kubernetes secret holding the token as `token`"),
+      sync_device_type=("n2-standard-32-1", "the synchronizer's CPU node type"),
+      sync_address=("", "the synchronizer's address; default: its pod's JobSet DNS name"),
+      priority=("medium", "workload priority"),
   )
   return c
 
 
 def check(deploy: ml_collections.ConfigDict) -> None:
   """ValueError naming the first bad setting."""
-  if deploy.runtime not in RUNTIMES:
-    raise ValueError(f"deploy.runtime must be one of {RUNTIMES}, got {deploy.runtime!r}")
   if bool(deploy.cert) != bool(deploy.key):
     raise ValueError("deploy.cert and deploy.key go together")
   if not 0 <= deploy.port < 65536:

@@ -4,6 +4,8 @@ from typing import Any
 
 import ml_collections
 
+from diloco.config import keys
+
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     # ~29k parameters: unit tests.
     "tiny": dict(d_model=32, num_layers=2, num_heads=2, d_ff=64, max_len=64),
@@ -34,6 +36,62 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
         moe_every=2,
     ),
 }
+
+
+# ViT shapes of configs/digits.py (d, blocks, heads, MLP; vit_moe: 4 experts, top-2).
+VIT_SIZES: dict[str, dict[str, Any]] = {
+    "vit_tiny": dict(d_model=32, num_layers=2, num_heads=2, d_ff=64),
+    "vit_small": dict(d_model=64, num_layers=2, num_heads=4, d_ff=128),
+    "vit_moe": dict(d_model=64, num_layers=2, num_heads=4, d_ff=128, num_experts=4, expert_d_ff=64),
+}
+# The model keys a size sets (the others keep their defaults whatever the size).
+SIZE_KEYS = (
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "d_ff",
+    "max_len",
+    "mlp",
+    "num_experts",
+    "expert_d_ff",
+    "moe_every",
+)
+
+
+def size_fields(size: str) -> dict[str, Any]:
+  """The model keys that `size` sets (empty for an unknown size: the checks name it); a ViT size
+  leaves max_len alone."""
+  if size not in MODEL_SIZES and size not in VIT_SIZES:
+    return {}
+  base = {k: v for k, v in MODEL_BASE.items() if k in SIZE_KEYS}
+  return {**base, **MODEL_SIZES.get(size, {}), **VIT_SIZES.get(size, {})}
+
+
+def apply(c: ml_collections.ConfigDict, arg: str | None, aliases: dict[str, str]) -> None:
+  """Sets the keys named by 'a=1,b=x,flag' through `aliases` (variant -> dotted config key),
+  typed like the key's value, as explicitly as a --config flag would; bare words set True.
+
+  Unknown variants fail naming the known ones, so a typo is caught like a typo in an override.
+  """
+  for token in (arg or "").split(","):
+    token = token.strip()
+    if not token:
+      continue
+    name, eq, raw = token.partition("=")
+    if name not in aliases:
+      raise ValueError(f"unknown config variant {name!r}; known: {sorted(aliases)}")
+    path = aliases[name]
+    *parents, leaf = path.split(".")
+    node = c
+    for p in parents:
+      node = node[p]
+    old = node[leaf]
+    if not eq:
+      if not isinstance(old, bool):
+        raise ValueError(f"variant {name!r} needs a value ({name}=...)")
+      node[leaf] = True
+      continue
+    node[leaf] = _convert(name, raw, old)
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -72,24 +130,75 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     raise ValueError(f"variant {key}={raw!r} is not a {type(default).__name__}") from e
 
 
+MODEL_MEANINGS = {
+    "vocab_size": "vocabulary (the tokenizer's size replaces it at build time; classes for images)",
+    "d_model": "width of the residual stream",
+    "num_layers": "transformer blocks",
+    "num_heads": "attention heads (d_model / num_heads must be even: rotary embeddings)",
+    "d_ff": "width of the MLP",
+    "max_len": "longest sequence the model takes (seq_len must not exceed it)",
+    "mlp": "swiglu | gelu",
+    "tied_embeddings": "the output layer reuses the token embedding",
+    "attention": "einsum (ours) | dot_product_attention (XLA's) | cudnn (GPU fused kernel)",
+    "rope_base": "base of the rotary position embedding's frequencies",
+    "dtype": "compute dtype (float32 | bfloat16 | float16); weights and optimizer stay float32",
+    "remat": "recompute in the backward pass: none | block | dots",
+    "num_experts": "mixture of experts: experts per sparse block (0: a dense model)",
+    "top_k": "experts each token is routed to",
+    "capacity_factor": "tokens an expert takes per group, as a multiple of an even share",
+    "expert_d_ff": "width of each expert's MLP (0: d_ff)",
+    "moe_every": "blocks moe_every-1, 2*moe_every-1, ... are sparse",
+    "group_size": "tokens routed together (the capacity is per group)",
+    "aux_loss_weight": "weight of the load-balancing loss in the training objective",
+    "z_loss_weight": "weight of the router z-loss",
+}
+
+
+def model_section(
+    size: str, runlocal_size: str, **extra: tuple[Any, str]
+) -> ml_collections.ConfigDict:
+  """The `model` section: `size` picks the shape keys (SIZE_KEYS) unless they are given; under
+  `runlocal` the size is `runlocal_size` unless `model.size` is given. `extra`: more keys."""
+  fields = {**MODEL_BASE, **size_fields(size)}
+  spec: dict[str, tuple[Any, str]] = {
+      "size": (keys.Auto(size, runlocal=runlocal_size), _size_meaning())
+  }
+  for name, value in fields.items():
+    spec[name] = (keys.Auto(value) if name in SIZE_KEYS else value, MODEL_MEANINGS[name])
+  return keys.section("model", **spec, **extra)
+
+
+def _size_meaning() -> str:
+  return (
+      "a shape preset: "
+      + " | ".join([*MODEL_SIZES, *VIT_SIZES])
+      + " (sets "
+      + ", ".join(SIZE_KEYS)
+      + " unless given)"
+  )
+
+
 def model_config(size: str) -> ml_collections.ConfigDict:
+  """The plain keys of a decoder of `size` (tests and benchmarks build models from it)."""
   if size not in MODEL_SIZES:
     raise ValueError(f"unknown model size {size!r}; known: {sorted(MODEL_SIZES)}")
-  base = dict(
-      vocab_size=256,
-      mlp="swiglu",
-      tied_embeddings=True,
-      attention="dot_product_attention",
-      rope_base=10_000.0,
-      dtype="float32",
-      remat="none",
-      num_experts=0,
-      top_k=2,
-      capacity_factor=1.25,
-      expert_d_ff=0,
-      moe_every=1,
-      group_size=1024,
-      aux_loss_weight=0.01,
-      z_loss_weight=0.001,
-  )
-  return ml_collections.ConfigDict({**base, **MODEL_SIZES[size]})
+  return ml_collections.ConfigDict({**MODEL_BASE, **MODEL_SIZES[size]})
+
+
+MODEL_BASE: dict[str, Any] = dict(
+    vocab_size=256,
+    mlp="swiglu",
+    tied_embeddings=True,
+    attention="dot_product_attention",
+    rope_base=10_000.0,
+    dtype="float32",
+    remat="none",
+    num_experts=0,
+    top_k=2,
+    capacity_factor=1.25,
+    expert_d_ff=0,
+    moe_every=1,
+    group_size=1024,
+    aux_loss_weight=0.01,
+    z_loss_weight=0.001,
+)

@@ -3,7 +3,6 @@
 from diloco.data.pipeline import (
     Datasets,
     build_datasets,
-    default_data_config,
     load_splits,
     make_datasets,
 )
@@ -15,7 +14,6 @@ __all__ = [
     "PackedTokenSource",
     "PreparedCorpus",
     "build_datasets",
-    "default_data_config",
     "load_splits",
     "make_datasets",
     "ensure_prepared",

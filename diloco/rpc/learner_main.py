@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 
 from diloco import metrics
-from diloco.config import build, deploy as deploy_lib, outer_check
+from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost
@@ -140,7 +140,7 @@ def run(
     token: str,
     cluster: Cluster = Cluster(),
 ) -> dict[str, Any]:
-  outer_check.check(config.outer)
+  config = checks.prepare(config)
   _join_job(config, cluster)
   os.makedirs(workdir, exist_ok=True)
   faults = _faults(config, learner_id, workdir)

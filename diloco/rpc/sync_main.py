@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from diloco import metrics
-from diloco.config import build, deploy as deploy_lib, outer_check
+from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer.sync_state import arrays_digest
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
@@ -151,9 +151,8 @@ def run(
     config: ml_collections.ConfigDict, workdir: str, *, token: str, max_s: float = 3600.0
 ) -> dict[str, Any]:
   """Serves on config.deploy's bind:port (TLS when deploy.cert/key are set) until settled."""
+  config = checks.prepare(config)
   deploy = config.deploy
-  deploy_lib.check(deploy)
-  outer_check.check(config.outer)
   limits = limits_lib.Limits.from_deploy(deploy)
   os.makedirs(workdir, exist_ok=True)
   sync = make_synchronizer(config)

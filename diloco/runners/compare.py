@@ -15,20 +15,9 @@ from typing import Any
 import ml_collections
 
 from diloco import metrics
-from diloco.config import build, presets
+from diloco.config import build, resolve
 from diloco.runners import islands
 from diloco.watch import progress
-
-
-def sub_config(
-    config: ml_collections.ConfigDict, mode: str, apply_mode: Callable[..., None]
-) -> ml_collections.ConfigDict:
-  """The config of one compared run: its mode's preset, then `presets.compare_overrides`."""
-  c = config.copy_and_resolve_references()
-  with c.unlocked():
-    apply_mode(c, mode, runlocal=False, learners=config.outer.learners)
-    c.update_from_flattened_dict(presets.compare_overrides(config, mode))
-  return c
 
 
 def on_the_islands_clock(
@@ -54,7 +43,6 @@ def run(
     config: ml_collections.ConfigDict,
     workdir: str,
     *,
-    apply_mode: Callable[..., None],
     train: Callable[[ml_collections.ConfigDict, str], dict[str, Any]],
 ) -> dict[str, Any]:
   """Trains every mode of `compare.modes` with `train` into WORKDIR/<mode>; table and plot."""
@@ -63,7 +51,7 @@ def run(
   for mode in modes:
     bar.set_postfix(progress.modes_postfix(modes, len(rows)))
     sub_dir = os.path.join(workdir, mode)
-    summary = train(sub_config(config, mode, apply_mode), sub_dir)
+    summary = train(resolve.compare_runs(config)[mode], sub_dir)
     if summary["runtime"] != "virtual":
       on_the_islands_clock(summary, config, sub_dir)
     rows[mode] = summary

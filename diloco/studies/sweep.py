@@ -9,8 +9,10 @@ presets that set several keys at once (a mode, a model size) are swept like anyt
             for m in (2, 4) for lr in (0.4, 0.8)]
 
 `get_sweep` takes the variants after the colon of `--config=FILE[:variants]`; so does
-`get_config`, together with each point's own variants (the point's win). Every point is checked
-before anything runs: an unknown variant or config key fails, naming the point and the key.
+`get_config`, together with each point's own variants (the point's win). Every point is resolved
+and checked before anything runs (diloco/config/checks.py): an unknown variant or config key, a bad
+value, or a variant the file's get_config does not use (the config is the same whatever its value)
+fails, naming the point and the key.
 """
 
 import dataclasses
@@ -24,7 +26,7 @@ from typing import Any
 
 import ml_collections
 
-from diloco.config import outer_check
+from diloco.config import checks, keys, resolve
 
 CONFIG_PREFIX = "config."
 SEP = "+"  # between a point's key=value pairs in its directory name
@@ -101,42 +103,89 @@ def points(spec: str, module: ModuleType | None = None) -> list[Point]:
     if name in seen:
       raise SweepError(f"points {seen[name]} and {i} are the same run ({name})")
     seen[name] = i
-    variants = [f"{k}={_text(v)}" for k, v in values.items() if not k.startswith(CONFIG_PREFIX)]
-    overrides = {
-        k[len(CONFIG_PREFIX) :]: v for k, v in values.items() if k.startswith(CONFIG_PREFIX)
-    }
-    point_arg = ",".join([a for a in (arg,) if a] + variants)
-    point = Point(i, name, dict(values), f"{path}:{point_arg}" if point_arg else path, overrides)
+    point = _point(i, name, path, arg, values)
     # Built now: a bad point fails before any runs, and editing the file mid-sweep changes nothing.
-    out.append(dataclasses.replace(point, config=build_config(point, module)))
+    config = build_config(point, module)
+    for key in unused_variants(point, module):
+      raise SweepError(
+          f"point {i} ({name}): variant {key!r} changes nothing in the config it produces "
+          f"({path}'s get_config does not use it); drop it or set a config key (config.KEY)"
+      )
+    out.append(dataclasses.replace(point, config=config))
   return out
+
+
+def _point(i: int, name: str, path: str, arg: str | None, values: dict[str, Any]) -> Point:
+  variants = [f"{k}={_text(v)}" for k, v in values.items() if not k.startswith(CONFIG_PREFIX)]
+  overrides = {k[len(CONFIG_PREFIX) :]: v for k, v in values.items() if k.startswith(CONFIG_PREFIX)}
+  point_arg = ",".join([a for a in (arg,) if a] + variants)
+  return Point(i, name, dict(values), f"{path}:{point_arg}" if point_arg else path, overrides)
+
+
+def unused_variants(point: Point, module: ModuleType) -> list[str]:
+  """The point's variants whose value the config does not depend on: with the value changed
+  (a probe), get_config gives the same resolved config (a probe it refuses counts as used)."""
+  path, arg = split_spec(point.spec)
+  base = _build(point, module).to_json()
+  out = []
+  for key, value in point.values.items():
+    if key.startswith(CONFIG_PREFIX):
+      continue
+    if all(_same(base, point, path, arg, module, key, v) for v in _probes(value)):
+      out.append(key)
+  return out
+
+
+def _same(base: str, point: Point, path: str, arg: str, module, key: str, value: Any) -> bool:
+  """Whether the point with `key` set to `value` builds the config `base` (JSON)."""
+  probe = _point(point.index, point.name, path, arg, {**point.values, key: value})
+  try:
+    return _build(probe, module).to_json() == base
+  except Exception:  # pylint: disable=broad-except  (the file read the value and refused it)
+    return False
+
+
+def _probes(value: Any) -> list[Any]:
+  """Other values of the same type (an int may stand for a flag: both neighbours)."""
+  if isinstance(value, bool):
+    return [not value]
+  if isinstance(value, int):
+    return [value + 1, value - 1]
+  if isinstance(value, float):
+    return [value * 2 + 1, value / 2 - 1]
+  return [f"{value}_probe"]
 
 
 def build_config(point: Point, module: ModuleType | None = None) -> ml_collections.ConfigDict:
   """The config of one point: get_config(its variants), then its config overrides."""
   if point.config is not None:
     return point.config
-  path, arg = split_spec(point.spec)
-  module = module or load_module(path)
+  module = module or load_module(split_spec(point.spec)[0])
   try:
-    config = module.get_config(arg or None)
+    config = _build(point, module)
   except (ValueError, KeyError) as e:
     raise SweepError(f"point {point.index} ({point.name}): {e}") from e
-  for key, value in point.overrides.items():
+  if "mode" in config:
     try:
-      _set(config, key, value)
-    except (KeyError, AttributeError, TypeError) as e:
-      raise SweepError(
-          f"point {point.index} ({point.name}): cannot set config key {key!r}: {e}"
-      ) from e
-  if "outer" in config:
-    try:
-      outer_check.check(config.outer)
-    except ValueError as e:
+      checks.check(config)
+    except checks.ConfigError as e:
       raise SweepError(f"point {point.index} ({point.name}): {e}") from e
   if "progress_bar" in config:  # the sweep draws one bar over its points
     config.progress_bar = False
   return config
+
+
+def _build(point: Point, module: ModuleType) -> ml_collections.ConfigDict:
+  """get_config(the point's variants), its config overrides, resolved (not checked)."""
+  config = module.get_config(split_spec(point.spec)[1] or None)
+  for key, value in point.overrides.items():
+    if not keys.has(config, key):
+      raise ValueError(keys.unknown_key(config, key))
+    try:
+      _set(config, key, value)
+    except (KeyError, AttributeError, TypeError) as e:
+      raise ValueError(f"cannot set config key {key!r} to {value!r}: {e}") from e
+  return resolve.resolve(config) if "mode" in config else config
 
 
 def _set(config: ml_collections.ConfigDict, key: str, value: Any) -> None:

@@ -58,7 +58,8 @@ def finished(workdir: str, point: sweep.Point) -> dict[str, Any] | None:
   if not os.path.isfile(path):
     return None
   with open(path, encoding="utf-8") as f:
-    return json.load(f)
+    summary = json.load(f)
+  return summary if summary.get("finished", True) else None  # stopped early: resume it
 
 
 def run(

@@ -1,0 +1,341 @@
+"""Every check of a resolved config, before anything runs: one error naming every bad key.
+
+`check(config)` returns the config or raises `ConfigError` listing each problem as
+`key=value: why`. It checks value domains, keys that only matter with another key set, options a
+mode does not support, and what the model's shapes imply (seq_len against max_len, fragments
+against the parameter tensors, from `jax.eval_shape`: nothing is allocated or trained). Every
+entry point calls it: experiments.train (through train_and_evaluate), each sweep point before any
+runs, the learner and synchronizer processes and the launchers.
+"""
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+
+from diloco.config import deploy as deploy_lib, keys, outer_check, presets, resolve
+
+Problems = list[tuple[str, str]]  # (key, why)
+
+
+class ConfigError(ValueError):
+  """A config that cannot run as written; the message lists every bad key."""
+
+  def __init__(self, problems: Problems, config: ml_collections.ConfigDict | None = None):
+    self.problems = problems
+    lines = [
+        f"  {why}" if why.startswith(key) else f"  {key}{_value(config, key)}: {why}"
+        for key, why in problems
+    ]
+    n = len(problems)
+    super().__init__(f"{n} problem{'s' if n > 1 else ''} in the config:\n" + "\n".join(lines))
+
+
+def _value(config, key: str) -> str:
+  try:
+    value = _get(config, key)
+  except (KeyError, AttributeError, TypeError):
+    return ""
+  return f"={value!r}"
+
+
+def _get(c, path: str) -> Any:
+  for part in path.split("."):
+    c = c[part]
+  return c
+
+
+def check(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` (resolved) if it can run; otherwise ConfigError naming every bad key."""
+  problems = problems_of(config)
+  if problems:
+    raise ConfigError(problems, config)
+  return config
+
+
+def prepare(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config a run runs: every preset and derived key resolved (diloco/config/resolve.py),
+  then every check. Nothing is written."""
+  return check(resolve.resolve(config))
+
+
+def problems_of(c: ml_collections.ConfigDict) -> Problems:
+  """Every problem of `c`, and of each run of mode=compare (prefixed with the run's mode)."""
+  out: Problems = []
+  if c.get("mode") not in presets.MODES:
+    return [("mode", f"unknown mode; expected one of {sorted(presets.MODES)}")]
+  for rule in RULES:
+    out += rule(c)
+  if c.mode == "compare":
+    out += _compare(c)
+  elif not out:
+    out += _shapes(c)
+  return out
+
+
+def _domains(c) -> Problems:
+  """Numbers in range, names among those the code knows."""
+  from diloco.data import pipeline
+  from diloco.inner import stacked
+  from diloco.outer import fragments, optimizers, policies
+
+  o = c.outer
+  tests: list[tuple[str, Callable[[Any], bool], str]] = [
+      ("steps", _pos, "must be >= 1"),
+      ("batch_size", _pos, "must be >= 1"),
+      ("seq_len", _pos, "must be >= 1"),
+      ("stop_after_steps", _nonneg, "must be >= 0 (0: run to the end)"),
+      ("log_every", _pos, "must be >= 1"),
+      ("eval_every", _pos, "must be >= 1"),
+      ("checkpoint_every", _pos, "must be >= 1"),
+      ("optimizer.name", _among(("adamw", "sgd")), "expected adamw or sgd"),
+      ("optimizer.lr", _positive, "must be a positive number (a negative rate ascends the loss)"),
+      ("optimizer.warmup_steps", _nonneg, "must be >= 0"),
+      ("optimizer.decay_steps", _pos, "must be >= 1"),
+      ("optimizer.min_lr_ratio", _unit, "must be in [0, 1]"),
+      ("optimizer.b1", _unit_open, "must be in [0, 1)"),
+      ("optimizer.b2", _unit_open, "must be in [0, 1)"),
+      ("optimizer.weight_decay", _nonneg, "must be >= 0"),
+      ("optimizer.clip_norm", _nonneg, "must be >= 0 (0: no clipping)"),
+      ("mesh.data", lambda v: v == -1 or v >= 1, "must be -1 (the remaining devices) or >= 1"),
+      ("mesh.fsdp", _pos, "must be >= 1"),
+      ("data.source", _among(pipeline.SOURCES), f"expected one of {pipeline.SOURCES}"),
+      ("data.tokenizer", _among(pipeline.TOKENIZERS), f"expected one of {pipeline.TOKENIZERS}"),
+      ("data.eval_batches", _nonneg, "must be >= 0 (0: the whole validation set)"),
+      ("outer.learners", _pos, "must be >= 1"),
+      ("outer.inner_steps", _pos, "must be >= 1"),
+      ("outer.fragments", _pos, "must be >= 1"),
+      ("outer.fragment_kind", _among(fragments.KINDS), f"expected one of {fragments.KINDS}"),
+      ("outer.overlap", _nonneg, "must be >= 0"),
+      ("outer.alpha", _unit, "must be in [0, 1]"),
+      ("outer.optimizer", _among(optimizers.NAMES), f"expected one of {optimizers.NAMES}"),
+      ("outer.lr", _positive, "must be a positive number"),
+      ("outer.momentum", _unit_open, "must be in [0, 1)"),
+      ("outer.delayed_period", _pos, "must be >= 1"),
+      ("outer.delayed_c", _unit, "must be in [0, 1]"),
+      ("outer.quorum", lambda v: 0 <= v <= o.learners, "must be in 0..outer.learners"),
+      ("outer.grace_gamma", _nonneg, "must be >= 0"),
+      (
+          "outer.weighting",
+          _among(tuple(policies.WEIGHTINGS)),
+          f"one of {tuple(policies.WEIGHTINGS)}",
+      ),
+      ("outer.merge", _among(tuple(policies.MERGES)), f"expected one of {tuple(policies.MERGES)}"),
+      ("outer.ema_decay", _unit_open, "must be in [0, 1)"),
+      ("outer.max_staleness", _nonneg, "must be >= 0"),
+      ("outer.outlier_factor", _nonneg, "must be >= 0 (0: off)"),
+      ("outer.outlier_history", _pos, "must be >= 1"),
+      ("outer.outlier_window", _nonneg, "must be >= 0"),
+      ("outer.clip_factor", _nonneg, "must be >= 0 (0: off)"),
+      ("outer.learner_checkpoint_every", _nonneg, "must be >= 0 (0: none)"),
+      ("outer.sync_checkpoint_every", _nonneg, "must be >= 0 (0: none)"),
+      ("outer.stack_step", _among(("auto",) + stacked.STEPS), "expected auto, vmap or map"),
+      ("sim.step_s", _positive, "must be > 0"),
+      ("sim.step_jitter", _nonneg, "must be >= 0"),
+      ("sim.latency_s", _nonneg, "must be >= 0"),
+      ("sim.bandwidth_gbps", _positive, "must be > 0"),
+  ]
+  if "expert" in c.mesh:
+    tests.append(("mesh.expert", _pos, "must be >= 1"))
+  return [(key, why) for key, ok, why in tests if _has(c, key) and not _safe(ok, _get(c, key))]
+
+
+def _has(c, key: str) -> bool:
+  try:
+    _get(c, key)
+    return True
+  except (KeyError, AttributeError):
+    return False
+
+
+def _safe(ok: Callable[[Any], bool], value: Any) -> bool:
+  try:
+    return bool(ok(value))
+  except TypeError:
+    return False
+
+
+def _pos(v) -> bool:
+  return isinstance(v, int) and v >= 1
+
+
+def _nonneg(v) -> bool:
+  return v >= 0 and math.isfinite(v)
+
+
+def _positive(v) -> bool:
+  return v > 0 and math.isfinite(v)
+
+
+def _unit(v) -> bool:
+  return 0 <= v <= 1
+
+
+def _unit_open(v) -> bool:
+  return 0 <= v < 1
+
+
+def _among(names: tuple) -> Callable[[Any], bool]:
+  return lambda v: v in names
+
+
+def _model_size(c) -> Problems:
+  from diloco.config import variants
+
+  if "size" in c.model and not variants.size_fields(c.model.size):
+    known = sorted([*variants.MODEL_SIZES, *variants.VIT_SIZES])
+    return [("model.size", f"unknown model size; known: {known}")]
+  return []
+
+
+# Keys that change nothing unless another key has a value: (key, its default, needs, the value).
+DEPENDENT = (
+    ("data.text_glob", "", "data.source", "text_glob"),
+    ("data.val_text_glob", "", "data.source", "text_glob"),
+    ("data.array_record_glob", "", "data.source", "array_record"),
+    ("data.val_array_record_glob", "", "data.source", "array_record"),
+    ("data.npz_glob", "", "data.source", "npz_glob"),
+    ("data.val_npz_glob", "", "data.source", "npz_glob"),
+    ("data.sp_vocab_size", 1024, "data.tokenizer", "sentencepiece"),
+    ("outer.delayed_period", 4, "outer.optimizer", "delayed_nesterov"),
+    ("outer.delayed_c", 0.0, "outer.optimizer", "delayed_nesterov"),
+)
+# Sources that need their glob.
+NEEDS = (
+    ("data.source", "text_glob", "data.text_glob"),
+    ("data.source", "array_record", "data.array_record_glob"),
+    ("data.source", "npz_glob", "data.npz_glob"),
+)
+
+
+def _dependent(c) -> Problems:
+  out = []
+  for key, default, needs, value in DEPENDENT:
+    if _has(c, key) and _get(c, key) != default and _get(c, needs) != value:
+      out.append((key, f"only used with {needs}={value!r} (it is {_get(c, needs)!r}): set both"))
+  for key, value, needs in NEEDS:
+    if _get(c, key) == value and not _get(c, needs):
+      out.append((needs, f"{key}={value!r} needs it (the files to train on)"))
+  if c.data.get("val_text_glob") and c.data.val_text_glob == c.data.text_glob:
+    out.append(("data.val_text_glob", "is data.text_glob: validation would score training text"))
+  return out
+
+
+def _outer(c) -> Problems:
+  """The outer section's own checks (codecs, rounding, broadcast, DyLU) and the learner lists."""
+  from diloco.config import build
+
+  out = []
+  try:
+    outer_check.check(c.outer)
+  except ValueError as e:
+    out.append((str(e).split("=", 1)[0].split(" ", 1)[0], str(e)))
+  if c.mode not in ("dp",) and isinstance(c.outer.learners, int) and c.outer.learners >= 1:
+    m = c.outer.learners
+    for key, kind in (("speeds", float), ("batch_sizes", int), ("start_times", float)):
+      try:
+        values = build.parse_list(c.sim[key], m, kind, 1, f"sim.{key}")
+      except ValueError as e:
+        out.append((f"sim.{key}", str(e)))
+        continue
+      if key != "start_times" and any(v <= 0 for v in values):
+        out.append((f"sim.{key}", "every entry must be positive"))
+  return out
+
+
+def _chaos(c) -> Problems:
+  from diloco.chaos import schedule
+
+  if c.chaos.schedule in ("", "none"):
+    return []
+  if c.mode == "dp":
+    return [("chaos.schedule", "faults need learners and a synchronizer: mode=dp has neither")]
+  try:
+    faults = schedule.from_config(c.chaos, c.outer.learners, c.steps * c.sim.step_s)
+  except (ValueError, OSError) as e:
+    return [("chaos.schedule", str(e))]
+  if any(f.kind == "sync_crash" for f in faults) and not c.outer.sync_checkpoint_every:
+    return [("outer.sync_checkpoint_every", "sync_crash faults need synchronizer checkpoints")]
+  return []
+
+
+def _deploy(c) -> Problems:
+  if "deploy" not in c:
+    return []
+  try:
+    deploy_lib.check(c.deploy)
+  except ValueError as e:
+    return [("deploy", str(e))]
+  return []
+
+
+def _compare(c) -> Problems:
+  """mode=compare: each compared mode runs at its own preset, so policy keys given explicitly
+  would be overwritten; and every compared run is checked as it will run."""
+  out = []
+  modes = c.compare.modes.split(",")
+  bad = [m for m in modes if m not in presets.MODES or m == "compare"]
+  if bad or not modes:
+    return [
+        ("compare.modes", f"unknown modes {bad}; expected some of dp,diloco,streaming,decoupled")
+    ]
+  for path, field in keys.leaves(c):
+    if path in presets.POLICY_KEYS and resolve.source(field) == "explicit":
+      out.append((path, "mode=compare runs each mode at its own preset; run the mode alone"))
+  for mode, sub in resolve.compare_runs(c).items():
+    out += [(k, f"in the compared {mode} run: {why}") for k, why in problems_of_run(sub)]
+  return out
+
+
+def problems_of_run(c: ml_collections.ConfigDict) -> Problems:
+  """The problems of one run's config (no compare recursion)."""
+  out = []
+  for rule in RULES:
+    out += rule(c)
+  return out or _shapes(c)
+
+
+def _shapes(c) -> Problems:
+  """What the model's shapes imply: seq_len within max_len, fragments within the tensors."""
+  out = []
+  image = c.data.source in ("digits", "npz_glob")
+  if not image and c.seq_len > c.model.max_len:
+    out.append(("seq_len", f"exceeds model.max_len={c.model.max_len}: raise it or shorten seq_len"))
+  try:
+    shapes = _param_shapes(_model_key(c))
+  except (ValueError, TypeError) as e:
+    return out + [("model", str(e))]
+  if c.mode != "dp":
+    from diloco.outer import fragments
+
+    try:
+      fragments.make(c.outer.fragment_kind, shapes, c.outer.fragments)
+    except ValueError as e:
+      n = len(fragments.flatten(shapes))
+      out.append(("outer.fragments", f"the model has {n} parameter tensors ({e}); lower it"))
+  return out
+
+
+def _model_key(c) -> tuple:
+  fields = {k: v for k, v in c.model.to_dict().items() if k != "size"}
+  return tuple(sorted(fields.items())), c.data.source in ("digits", "npz_glob")
+
+
+@functools.lru_cache(maxsize=32)
+def _param_shapes(key: tuple) -> dict:
+  """The parameter shapes of a model (jax.eval_shape: nothing allocated), by config."""
+  import jax
+  from flax import nnx
+
+  from diloco.models import transformer, vit
+  from diloco.outer import fragments
+
+  fields, image = dict(key[0]), key[1]
+  cfg = vit.VitConfig(**fields) if image else transformer.ModelConfig(**fields)
+  model = nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0)))
+  return fragments.flatten(jax.tree.map(lambda x: x, nnx.to_pure_dict(nnx.state(model))))
+
+
+RULES = (_domains, _model_size, _dependent, _outer, _chaos, _deploy)

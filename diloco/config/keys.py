@@ -1,0 +1,143 @@
+"""Config keys that say what they mean, and keys whose value a preset fills until it is given.
+
+A config file defines each key once, with its value and a one-line meaning:
+
+  c.optimizer = keys.section("optimizer", lr=(keys.Auto(1e-2, compare=5e-3), "peak inner lr"), ...)
+
+`MEANINGS` collects the meanings by dotted path as sections are defined (`experiments.config`
+prints them). An `Auto` key holds a value that `diloco/config/resolve.py` fills from the run's
+layers (its `runlocal` value, the mode's preset, a derivation from other keys, else its default)
+until the key is given explicitly: by a variant after the colon, a `--config.` flag, a sweep point
+or code setting it. From then on the resolver leaves it alone, whichever way it was given.
+"""
+
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+MEANINGS: dict[str, str] = {}  # dotted path -> one-line meaning, as sections are defined
+_UNSET = object()
+
+
+class Auto(config_dict.FieldReference):
+  """A key filled by the resolver (`fill`) until set explicitly (`set`, any way a value comes)."""
+
+  def __init__(self, default: Any, runlocal: Any = _UNSET, field_type: type | None = None, **modes):
+    super().__init__(default, field_type=field_type or type(default))
+    self.default, self.runlocal, self.modes = default, runlocal, modes
+    self.explicit = False
+
+  def set(self, value: Any, type_safe: bool = True) -> None:
+    super().set(value, type_safe)
+    self.explicit = True
+
+  def fill(self, value: Any) -> None:
+    """Sets the value as the resolver's, not the user's (a later `set` still wins)."""
+    super().set(value)
+    self.explicit = False
+
+  def layer(self, runlocal: bool, mode: str) -> Any:
+    """This key's own value for `runlocal` or `mode`, or _UNSET."""
+    if runlocal and self.runlocal is not _UNSET:
+      return self.runlocal
+    return self.modes.get(mode, _UNSET)
+
+  def redefine(self, default: Any = _UNSET, runlocal: Any = _UNSET, **modes) -> None:
+    """A config file built on another changes this key's default and layers (not explicit)."""
+    if default is not _UNSET:
+      self.default = default
+      self.fill(default)
+    if runlocal is not _UNSET:
+      self.runlocal = runlocal
+    self.modes.update(modes)
+
+  def __deepcopy__(self, memo):
+    out = Auto(self.default, self.runlocal, self._field_type, **dict(self.modes))
+    config_dict.FieldReference.set(out, self.get())
+    out.explicit = self.explicit
+    return out
+
+  def __reduce__(self):
+    return (
+        _rebuild,
+        (self.default, self.runlocal, self._field_type, self.modes, self.get(), self.explicit),
+    )
+
+
+def _rebuild(default, runlocal, field_type, modes, value, explicit) -> Auto:
+  out = Auto(default, runlocal, field_type, **modes)
+  config_dict.FieldReference.set(out, value)
+  out.explicit = explicit
+  return out
+
+
+def unset() -> Any:
+  """The marker for 'no value in this layer'."""
+  return _UNSET
+
+
+def section(path: str, **fields: tuple[Any, str]) -> ml_collections.ConfigDict:
+  """A ConfigDict of `name=(value, meaning)`; records each meaning under `path.name`."""
+  out = ml_collections.ConfigDict()
+  for name, spec in fields.items():
+    if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str) and spec[1]):
+      raise TypeError(f"{_join(path, name)}: define a key as (value, 'its meaning'), got {spec!r}")
+    value, meaning = spec
+    MEANINGS[_join(path, name)] = meaning
+    out[name] = value
+  return out
+
+
+def define(c: ml_collections.ConfigDict, path: str, **fields: tuple[Any, str]) -> None:
+  """Adds `name=(value, meaning)` keys to an existing section `c` found at `path`."""
+  for name, field in section(path, **fields).items(preserve_field_references=True):
+    c[name] = field
+
+
+def auto_of(c: ml_collections.ConfigDict, path: str) -> Auto:
+  """The Auto object behind dotted `path` of `c` (TypeError if that key is not one)."""
+  *parents, leaf = path.split(".")
+  node = c
+  for p in parents:
+    node = node[p]
+  ref = node._fields.get(leaf)  # pylint: disable=protected-access
+  if not isinstance(ref, Auto):
+    raise TypeError(f"config key {path!r} is not filled by presets (not an Auto key)")
+  return ref
+
+
+def leaves(c: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:
+  """(dotted path, field) for every leaf, in definition order; fields keep their Auto objects."""
+  out = []
+  for name, field in c.items(preserve_field_references=True):
+    path = _join(prefix, name)
+    if isinstance(field, ml_collections.ConfigDict):
+      out += leaves(field, path)
+    else:
+      out.append((path, field))
+  return out
+
+
+def unknown_key(c: ml_collections.ConfigDict, path: str) -> str:
+  """The one-line message for a key `c` does not have, with the nearest known key."""
+  import difflib  # pylint: disable=import-outside-toplevel
+
+  known = [p for p, _ in leaves(c)]
+  near = difflib.get_close_matches(path, known, n=1, cutoff=0.6)
+  hint = f"; did you mean {near[0]!r}?" if near else ""
+  return f"unknown config key {path!r}{hint} (python -m experiments.config lists every key)"
+
+
+def has(c: ml_collections.ConfigDict, path: str) -> bool:
+  """Whether dotted `path` is a key (leaf or section) of `c`."""
+  node = c
+  for part in path.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def _join(path: str, name: str) -> str:
+  return f"{path}.{name}" if path else name

