@@ -1,1 +1,2 @@
-"""Checkpoints of learners and the synchronizer, and how a run restores them."""
+"""Checkpoints of learners and the synchronizer, how a run restores them, and whose run a workdir
+holds."""

@@ -1,0 +1,161 @@
+"""A workdir holding another run is refused with the differing keys, or moved aside whole with
+--restart; claiming writes nothing else (diloco/recovery/workdir.py)."""
+
+import json
+import os
+
+import pytest
+
+from diloco.recovery import workdir as workdir_lib
+
+OLD = {"seed": 0, "steps": 40, "optimizer": {"name": "adamw", "lr": 0.01}, "mesh": {"fsdp": 1}}
+
+
+def _run(path, config=OLD, outputs=("metrics.jsonl",)):
+  """A workdir as a run leaves it: config.json (unless None) and some outputs."""
+  if config is not None:
+    workdir_lib.write_config(str(path), json.dumps(config, indent=2))
+  os.makedirs(path, exist_ok=True)
+  for name in outputs:
+    if name == "checkpoints":
+      os.makedirs(path / name / "20")
+      (path / name / "20" / "state").write_bytes(b"weights")
+    else:
+      (path / name).write_text(f"{name} of the old run\n")
+  return path
+
+
+def _snapshot(root):
+  """Every path under `root` with its mtime and contents: what a refusal must leave unchanged."""
+  out = {}
+  for dirpath, dirs, files in os.walk(root):
+    for name in dirs + files:
+      p = os.path.join(dirpath, name)
+      out[os.path.relpath(p, root)] = (
+          os.stat(p).st_mtime_ns,
+          None if os.path.isdir(p) else open(p, "rb").read(),
+      )
+  return out
+
+
+def test_a_missing_or_empty_workdir_is_new_and_nothing_is_created(tmp_path):
+  assert workdir_lib.claim(str(tmp_path / "missing"), OLD) == "new"
+  assert not (tmp_path / "missing").exists()
+  (tmp_path / "empty").mkdir()
+  assert workdir_lib.claim(str(tmp_path / "empty"), OLD, restart=True) == "new"
+  assert sorted(os.listdir(tmp_path)) == ["empty"]
+
+
+def test_the_same_config_resumes_tuples_and_lists_alike(tmp_path):
+  path = _run(tmp_path / "run", {**OLD, "sim": {"speeds": [1, 3]}})
+  before = _snapshot(tmp_path)
+  assert workdir_lib.claim(str(path), {**OLD, "sim": {"speeds": (1, 3)}}) == "resume"
+  assert _snapshot(tmp_path) == before
+
+
+def test_a_differing_config_is_refused_with_each_differing_key_old_and_new(tmp_path):
+  path = _run(tmp_path / "run")
+  new = {"steps": 40, "optimizer": {"name": "adamw", "lr": 0.001}, "mesh": {"fsdp": 1.0}}
+  new["model"] = {"dtype": "bfloat16"}
+  with pytest.raises(workdir_lib.WorkdirError) as e:
+    workdir_lib.claim(str(path), new)
+  lines = str(e.value).splitlines()
+  assert lines[0] == (
+      f"workdir {path} holds a run whose config.json differs from this run's config"
+      " (workdir's -> this run's):"
+  )
+  assert lines[1:5] == [
+      "  mesh.fsdp: 1 -> 1.0",  # as JSON writes them: 1 and 1.0 differ
+      '  model.dtype: (absent) -> "bfloat16"',
+      "  optimizer.lr: 0.01 -> 0.001",
+      "  seed: 0 -> (absent)",
+  ]
+  assert lines[5:] == [
+      f"To start over, pass --restart: it moves the old run to {path}.old-1 (nothing is"
+      " deleted). Or pick another --workdir."
+  ]
+
+
+def test_a_long_difference_lists_twenty_keys_and_counts_the_rest(tmp_path):
+  path = _run(tmp_path / "run", {f"k{i:02d}": i for i in range(30)})
+  with pytest.raises(workdir_lib.WorkdirError) as e:
+    workdir_lib.claim(str(path), {f"k{i:02d}": -i for i in range(1, 31)})
+  lines = str(e.value).splitlines()[1:-1]
+  assert len(lines) == 21 and lines[0] == "  k00: 0 -> (absent)" and lines[19] == "  k19: 19 -> -19"
+  assert lines[20] == "  and 11 more"
+
+
+def test_a_bool_is_no_int(tmp_path):
+  path = _run(tmp_path / "run", {"remat": 1})
+  with pytest.raises(workdir_lib.WorkdirError, match="  remat: 1 -> true"):
+    workdir_lib.claim(str(path), {"remat": True})
+
+
+@pytest.mark.parametrize("outputs", [("summary.json",), ("metrics.jsonl",), ("checkpoints",)])
+def test_a_run_without_config_json_is_refused_and_nothing_is_written(tmp_path, outputs):
+  path = _run(tmp_path / "run", None, outputs)
+  before = _snapshot(tmp_path)
+  with pytest.raises(workdir_lib.WorkdirError) as e:
+    workdir_lib.claim(str(path), OLD)
+  assert str(e.value).splitlines() == [
+      f"workdir {path} holds a run without config.json ({outputs[0]} found).",
+      f"To start over, pass --restart: it moves the old run to {path}.old-1 (nothing is"
+      " deleted). Or pick another --workdir.",
+  ]
+  assert _snapshot(tmp_path) == before
+
+
+def test_a_refused_claim_writes_nothing(tmp_path):
+  path = _run(tmp_path / "run", outputs=("summary.json", "metrics.jsonl", "checkpoints"))
+  before = _snapshot(tmp_path)
+  with pytest.raises(workdir_lib.WorkdirError):
+    workdir_lib.claim(str(path), {**OLD, "seed": 1})
+  assert _snapshot(tmp_path) == before
+
+
+def test_an_unreadable_config_json_is_refused(tmp_path):
+  path = tmp_path / "run"
+  workdir_lib.write_config(str(path), '{"seed": 0,')  # cut short
+  with pytest.raises(workdir_lib.WorkdirError, match="config.json is not a readable JSON object"):
+    workdir_lib.claim(str(path), OLD)
+
+
+def test_a_file_is_no_workdir(tmp_path):
+  (tmp_path / "run").write_text("x")
+  with pytest.raises(workdir_lib.WorkdirError, match="is not a directory"):
+    workdir_lib.claim(str(tmp_path / "run"), OLD)
+
+
+def test_restart_moves_the_old_run_aside_whole_then_to_the_next_free_name(tmp_path):
+  path = _run(tmp_path / "run", outputs=("metrics.jsonl", "checkpoints"))
+  first = _snapshot(path)
+  assert workdir_lib.claim(str(path), {**OLD, "seed": 1}, restart=True) == "restarted"
+  assert not path.exists() and _snapshot(tmp_path / "run.old-1") == first
+
+  _run(path, {**OLD, "seed": 1}, outputs=("summary.json",))
+  second = _snapshot(path)
+  assert workdir_lib.claim(str(path), {**OLD, "seed": 1}, restart=True) == "restarted"  # same
+  assert sorted(os.listdir(tmp_path)) == ["run.old-1", "run.old-2"]
+  assert _snapshot(tmp_path / "run.old-1") == first and _snapshot(tmp_path / "run.old-2") == second
+
+
+def test_restart_moves_a_run_without_config_json_aside(tmp_path):
+  path = _run(tmp_path / "run", None, ("checkpoints",))
+  assert workdir_lib.claim(str(path) + "/", OLD, restart=True) == "restarted"
+  assert sorted(os.listdir(tmp_path)) == ["run.old-1"]
+  assert (tmp_path / "run.old-1" / "checkpoints" / "20" / "state").read_bytes() == b"weights"
+
+
+def test_write_config_creates_the_directory_and_replaces_the_file_whole(tmp_path, monkeypatch):
+  path = tmp_path / "a" / "run"
+  workdir_lib.write_config(str(path), '{"seed": 0}')
+  assert os.listdir(path) == ["config.json"] and json.loads((path / "config.json").read_text())
+
+  def crash(src, dst):
+    raise OSError("disk full")
+
+  monkeypatch.setattr(os, "replace", crash)
+  with pytest.raises(OSError, match="disk full"):
+    workdir_lib.write_config(str(path), '{"seed": 1}')
+  assert os.listdir(path) == ["config.json"]  # no temporary file left behind
+  assert (path / "config.json").read_text() == '{"seed": 0}'
