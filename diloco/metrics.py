@@ -29,10 +29,15 @@ def _plain(value: Any) -> Any:
 class MetricsWriter:
   """Appends one JSON object per event to metrics.jsonl and mirrors scalars to TensorBoard."""
 
-  def __init__(self, workdir: str, resume_step: int | None = None):
+  def __init__(self, workdir: str, resume_step: int | None = None, resume_bytes: int | None = None):
+    """`resume_step`: keep the rows up to that step; `resume_bytes`: keep the file's first
+    bytes, as `position()` gave them (a snapshot's); neither: start a new file."""
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, METRICS_FILE)
-    if resume_step is not None:
+    if resume_bytes is not None:
+      with open(self.path, "r+b") as f:
+        f.truncate(resume_bytes)
+    elif resume_step is not None:
       self._truncate_after(resume_step)
     elif os.path.exists(self.path):
       os.remove(self.path)
@@ -59,6 +64,10 @@ class MetricsWriter:
     for key, value in row.items():
       if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
         self._tb.add_scalar(f"{prefix}{key}", value, global_step=step)
+
+  def position(self) -> int:
+    """Bytes written to metrics.jsonl so far (every row is flushed as it is written)."""
+    return self._file.tell()
 
   def close(self) -> None:
     self._file.close()

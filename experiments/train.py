@@ -1,9 +1,18 @@
-"""Trains a model: python -m experiments.train --config=configs/shakespeare.py --workdir=DIR."""
+"""Trains a model: python -m experiments.train --config=configs/shakespeare.py --workdir=DIR.
+
+Exit codes: 0 when the run finished or stopped at `stop_after_steps`; 75 (EX_TEMPFAIL,
+diloco.runtime.preemption.EXIT_PREEMPTED) when SIGTERM or SIGINT stopped it at a step boundary
+with a checkpoint (summary.json says `finished: false`): run the same command again to resume;
+anything else is an error.
+"""
+
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from diloco import train
+from diloco.runtime import preemption
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (get_config(arg)).", lock_config=True
@@ -17,8 +26,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:  # the libraries' INFO logs drown the progress bar
     logging.set_verbosity(logging.WARNING)
-  summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  with preemption.stop_on_signals():  # a signal while it sets up stops it after its first step
+    summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   print(train.format_summary(summary), flush=True)
+  sys.exit(preemption.exit_code(summary))  # 75: stopped on a signal, restart me
 
 
 if __name__ == "__main__":

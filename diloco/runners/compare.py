@@ -8,6 +8,7 @@ steps takes as long as the slowest island's (sim.step_s · max(speeds)), with no
 counted; its bytes per token are those of a ring all-reduce.
 """
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ import ml_collections
 from diloco import metrics
 from diloco.config import build, resolve
 from diloco.runners import islands
+from diloco.runtime import preemption
 from diloco.watch import progress
 
 
@@ -45,16 +47,30 @@ def run(
     *,
     train: Callable[[ml_collections.ConfigDict, str], dict[str, Any]],
 ) -> dict[str, Any]:
-  """Trains every mode of `compare.modes` with `train` into WORKDIR/<mode>; table and plot."""
+  """Trains every mode of `compare.modes` with `train` into WORKDIR/<mode>; table and plot.
+
+  A mode that stops early (a signal, `stop_after_steps`) stops the comparison there: the next
+  mode does not start. The same command resumes: a mode whose directory holds a finished
+  summary of the same config is not run again.
+  """
+  with preemption.stop_on_signals():
+    return _run(config, workdir, train)
+
+
+def _run(config, workdir, train) -> dict[str, Any]:
   rows, modes = {}, config.compare.modes.split(",")
   bar = progress.bar(config.progress_bar, total=len(modes), desc="compare", unit="mode")
   for mode in modes:
+    if preemption.requested():
+      return _stopped(rows, preemption.SIGNAL, mode, bar)
     bar.set_postfix(progress.modes_postfix(modes, len(rows)))
-    sub_dir = os.path.join(workdir, mode)
-    summary = train(resolve.compare_runs(config)[mode], sub_dir)
+    sub_dir, sub = os.path.join(workdir, mode), resolve.compare_runs(config)[mode]
+    summary = _finished_summary(sub, sub_dir) or train(sub, sub_dir)
+    rows[mode] = summary
+    if not summary.get("finished", True):
+      return _stopped(rows, summary.get("stopped_by"), mode, bar)
     if summary["runtime"] != "virtual":
       on_the_islands_clock(summary, config, sub_dir)
-    rows[mode] = summary
     bar.update(1)
   bar.set_postfix(progress.modes_postfix(modes, len(rows)))
   bar.close()
@@ -64,12 +80,40 @@ def run(
   first = next(iter(rows.values()))
   return {
       "mode": "compare",
+      "finished": True,
       "runs": rows,
       "table": table,
       "plot": plot_path,
       "tokens": first["tokens"],
       "params": first["params"],
       "flops_per_token": first["flops_per_token"],
+      "wall_s": sum(r["wall_s"] for r in rows.values()),
+  }
+
+
+def _finished_summary(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
+  """The summary of a finished run of this config in `workdir` (an earlier invocation's)."""
+  paths = [os.path.join(workdir, f) for f in (metrics.SUMMARY_FILE, "config.json")]
+  if not all(os.path.exists(p) for p in paths):
+    return None
+  with open(paths[0], encoding="utf-8") as f:
+    summary = json.load(f)
+  with open(paths[1], encoding="utf-8") as f:
+    done = preemption.json_digest(json.load(f))
+  if summary.get("finished") and done == preemption.config_digest(config):
+    return summary
+  return None
+
+
+def _stopped(rows: dict[str, dict], stopped_by: str | None, mode: str, bar) -> dict[str, Any]:
+  """The summary of a comparison stopped in (or before) `mode`."""
+  bar.close()
+  return {
+      "mode": "compare",
+      "finished": False,
+      "stopped_by": stopped_by,
+      "stopped_in": mode,
+      "runs": rows,
       "wall_s": sum(r["wall_s"] for r in rows.values()),
   }
 

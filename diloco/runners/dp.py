@@ -12,6 +12,7 @@ import tqdm
 from diloco import metrics
 from diloco.inner import checkpoint, evaluation, island as island_lib, step as step_lib
 from diloco.outer import fragments
+from diloco.runtime import preemption
 
 
 class StepLogger:
@@ -87,39 +88,52 @@ class StepLogger:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains config.steps inner steps, resuming from `workdir` when it holds a checkpoint."""
+  """Trains config.steps inner steps, resuming from `workdir` when it holds a checkpoint; stops
+  early with a checkpoint on SIGTERM/SIGINT or after `stop_after_steps` (runtime/preemption.py)."""
+  with preemption.stop_on_signals():
+    return _run(config, workdir)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   island = island_lib.build_island(config, jax.devices())
   fns, data = island.fns, island.data
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint_every)
   state, start = island.restore_or_init(ckpt)
   writer = metrics.MetricsWriter(workdir, resume_step=start if start else None)
   logger = StepLogger(config, writer, ckpt, start)
-  last = config.steps
-  if config.get("stop_after_steps", 0):  # a preemption, on purpose
-    last = min(config.steps, start + config.stop_after_steps)
+  stop_at = start + config.stop_after_steps if config.get("stop_after_steps", 0) else None
+  last, stopped_by = start, None
   eval_row: dict[str, Any] = {}
-  for step in range(start + 1, last + 1):
+  for step in range(start + 1, config.steps + 1):
     state, device_metrics = fns.train(state, step_lib.put_batch(next(data.train_iter), fns.mesh))
     logger.push(step, device_metrics)
+    last, stopped_by = step, preemption.stop_reason(step, stop_at)
+    stopping = stopped_by is not None and step < config.steps
     due_eval = step % config.eval_every == 0 or step == config.steps
-    due_ckpt = step % config.checkpoint_every == 0 or step == last
+    due_ckpt = step % config.checkpoint_every == 0 or step == config.steps or stopping
     if due_eval or due_ckpt:
       logger.flush()  # never save or evaluate a state that went non-finite
     if due_eval:
       eval_row = evaluation.evaluate(fns, state.params, data)
       writer.write({"step": step, "tokens": step * logger.tokens_per_step, **eval_row})
     if due_ckpt:
-      ckpt.save(step, state, data.train_iter, force=step == last)
+      ckpt.save(step, state, data.train_iter, force=step == config.steps or stopping)
+    if stopping:
+      break
+  stopped_by = stopped_by if last < config.steps else None
   logger.close()
-  ckpt.close()
+  ckpt.close()  # waits for the saves in flight
   writer.close()
-  if not eval_row:  # resumed at the final step: evaluate what was restored
-    eval_row = evaluation.evaluate(fns, state.params, data)
+  if stopped_by is not None:
+    preemption.remove_orbax_tmp(workdir)
+  if not eval_row and stopped_by != preemption.SIGNAL:  # resumed at the final step: evaluate
+    eval_row = evaluation.evaluate(fns, state.params, data)  # what was restored
   return {
       "mode": config.mode,
       "runtime": "spmd",
       "steps": last,
       "finished": last == config.steps,
+      **({"stopped_by": stopped_by} if stopped_by else {}),
       "tokens": last * logger.tokens_per_step,
       "resumed_from_step": start,
       "params": island.param_count,

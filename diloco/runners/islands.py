@@ -23,7 +23,7 @@ from diloco.inner import evaluation, island as island_lib
 from diloco.outer import fragments, protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
-from diloco.runtime import virtual, virtual_chaos
+from diloco.runtime import preemption, virtual, virtual_chaos, virtual_snapshot
 from diloco.watch import progress, timeline
 
 
@@ -39,7 +39,16 @@ def run(
   """Trains M learners to the token budget and evaluates the synchronizer's global model.
 
   `parts` (from `build.local_learners(config, ...)`, the default) may be given to watch the run.
+  SIGTERM/SIGINT or `stop_after_steps` stop it at an event boundary with a whole-run snapshot
+  (runtime/virtual_snapshot.py), which the same command resumes from.
   """
+  with preemption.stop_on_signals():
+    return _run(config, workdir, parts)
+
+
+def _run(
+    config: ml_collections.ConfigDict, workdir: str, parts: build.Parts | None
+) -> dict[str, Any]:
   o, t_wall = config.outer, time.perf_counter()
   clocks = _clocks(config)
   parts = parts or build.local_learners(config, stacked_learners=o.stack_learners)
@@ -50,9 +59,13 @@ def run(
   for m in range(o.learners):
     sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
   faults = build.faults(config)
+  snap = None if faults else virtual_snapshot.load(workdir, config)
   recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
   budget = config.steps * sum(parts.batches) * config.seq_len
-  log = _Log(config, workdir, learners, parts.islands[0], budget)
+  log = _Log(config, workdir, learners, parts.islands[0], budget, snap["extra"] if snap else None)
+  stop_at = None
+  if config.get("stop_after_steps", 0):  # per learner, like `step` in the logs
+    stop_at = log.total_steps // o.learners + config.stop_after_steps
   args = (learners, sync, clocks, virtual.Network(config.sim.latency_s, config.sim.bandwidth_gbps))
   kwargs = dict(
       next_batch=lambda m: next(parts.islands[m].data.train_iter),
@@ -62,6 +75,7 @@ def run(
       on_step=log.on_step,
       on_log=log.on_log,
       recovery=recover,
+      stop=lambda: preemption.stop_reason(log.total_steps // o.learners, stop_at),
   )
   if faults:
     with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
@@ -77,7 +91,14 @@ def run(
     )
   else:
     runtime = log.runtime = virtual.VirtualRuntime(*args, **kwargs)
+  iters = [parts.islands[m].data.train_iter for m in range(o.learners)]
+  if snap is not None:
+    virtual_snapshot.restore(runtime, iters, snap)
   sim_time = runtime.run()
+  if runtime.stopped_by is not None:
+    return _stopped(
+        config, parts, runtime, log, iters, workdir, recover, time.perf_counter() - t_wall
+    )
   runtime.finish()
   if recover is not None:
     recover.close()
@@ -88,7 +109,43 @@ def run(
     summary.update(chaos_summary(runtime, faults, sim_time))
   if config.get("timeline", True):
     summary["timeline"] = draw_timeline(config, runtime, log.merges, sim_time, workdir)
+  virtual_snapshot.remove(workdir)
   return summary
+
+
+def _stopped(config, parts, runtime, log, iters, workdir, recover, wall) -> dict[str, Any]:
+  """Saves the snapshot of a run stopped early (not with faults: resumable False) and returns
+  its summary: finished False, why, and where it stands."""
+  resumable = not isinstance(runtime, virtual_chaos.ChaosRuntime)
+  snapshot = ""
+  if resumable:
+    snap = virtual_snapshot.take(config, runtime, iters, log.state())
+    snapshot = virtual_snapshot.save(workdir, snap)
+  log.close()
+  if recover is not None:
+    recover.close()
+  preemption.remove_orbax_tmp(workdir)
+  m_count, learners = config.outer.learners, log.learners
+  tokens = sum(l.tokens for l in learners)
+  return {
+      "mode": config.mode,
+      "runtime": "virtual",
+      "learners": m_count,
+      "finished": False,
+      "stopped_by": runtime.stopped_by,
+      "resumable": resumable,
+      "snapshot": snapshot,
+      "step": log.total_steps // m_count,
+      "steps": max(l.steps for l in learners),
+      "tokens": tokens,
+      "params": parts.islands[0].param_count,
+      "flops_per_token": parts.islands[0].flops_per_token,
+      "merges": len(log.merges),
+      "sim_time_s": runtime.now,
+      "wall_s": wall,
+      "tokens_per_s": tokens / wall,
+      "params_sha256": metrics.params_sha256(runtime.sync.global_params()),
+  }
 
 
 def draw_timeline(config, runtime, merges: list[dict], sim_time: float, workdir: str) -> str:
@@ -139,21 +196,49 @@ class _Log:
       learners: list[Learner],
       isl: island_lib.Island,
       token_budget: int,
+      resume: dict[str, Any] | None = None,
   ):
+    """`resume`: a `state()` of a stopped run, to go on from."""
     self.config, self.learners, self.island = config, learners, isl
     self.m_count = len(learners)
-    self.writer = metrics.MetricsWriter(workdir)
+    self.writer = metrics.MetricsWriter(workdir, resume_bytes=resume and resume["position"])
     self.merges: list[dict] = []
     self.evals: list[dict] = []
     self.rejected: collections.Counter = collections.Counter()
     self.total_steps = 0
     self.pending: list[tuple | None] = [None] * self.m_count
+    if resume is not None:
+      for k in ("merges", "evals", "rejected", "total_steps", "pending"):
+        setattr(self, k, resume[k])
     self.eval_every = config.eval_every * self.m_count
     self.runtime: virtual.VirtualRuntime | None = None
     self.bar = progress.bar(
         config.progress_bar, total=token_budget, desc=config.mode, unit="tok", unit_scale=True
     )
     self.show = progress.Throttle()
+    if resume is not None:
+      self.bar.update(resume["tokens"])
+
+  def state(self) -> dict[str, Any]:
+    """What a resumed run's log starts from: its records, counters and the metrics file's
+    length (the learner rows still pending with their metrics on the host)."""
+    pending = [
+        None if p is None else (p[0], virtual_snapshot.host_metrics(p[1]), p[2])
+        for p in self.pending
+    ]
+    return {
+        "position": self.writer.position(),
+        "merges": self.merges,
+        "evals": self.evals,
+        "rejected": self.rejected,
+        "total_steps": self.total_steps,
+        "pending": pending,
+        "tokens": sum(l.tokens for l in self.learners),
+    }
+
+  def close(self) -> None:
+    self.writer.close()
+    self.bar.close()
 
   def evaluate(self, sim_time: float) -> dict[str, float] | None:
     if self.runtime.sync is None:  # down: nothing to evaluate until it restarts
@@ -196,8 +281,7 @@ class _Log:
       if prev is not None:
         _log_learner(self.writer, self.config, m, self.learners[m], *prev, force=True)
     final = self.evaluate(sim_time)
-    self.writer.close()
-    self.bar.close()
+    self.close()
     return final
 
 
@@ -238,6 +322,7 @@ def _summary(
       "mode": config.mode,
       "runtime": "virtual",
       "learners": o.learners,
+      "finished": True,
       "steps": max(l.steps for l in learners),
       "tokens": tokens,
       "params": isl.param_count,

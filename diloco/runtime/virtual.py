@@ -81,12 +81,16 @@ class VirtualRuntime:
       on_step: Callable,
       on_log: Callable,
       recovery: Any = None,
+      stop: Callable[[], str | None] | None = None,
   ):
     self.learners, self.sync, self.clocks, self.net = learners, sync, clocks, network
     self.next_batch, self.budget = next_batch, token_budget
     self.overlap, self.blocking = overlap, blocking
     self.on_step, self.on_log = on_step, on_log
     self.recovery = recovery  # a recovery.Recovery, or None: no checkpoints
+    self.stop = stop  # polled after every event: why to stop there (runtime/preemption.py)
+    self.stopped_by: str | None = None
+    self.started = False  # the learners' first steps are scheduled (a resumed run's are)
     self.now = 0.0
     self.tokens_started = 0
     self.bytes_up = [0] * len(learners)
@@ -117,11 +121,15 @@ class VirtualRuntime:
     return len(self._queue) > self._background
 
   def run(self) -> float:
-    """Runs to the end of the token budget; returns the simulated time."""
-    if self.recovery is not None:
-      self.recovery.save_sync(self.sync, force=True)  # a restart always finds a checkpoint
-    for m, clock in enumerate(self.clocks):
-      self._push(clock.start_s, START, "start", m, owner=m)
+    """Runs to the end of the token budget, or until `stop` says why to stop at an event
+    boundary (`stopped_by`; the queue then holds what is still to happen); returns the
+    simulated time."""
+    if not self.started:
+      self.started = True
+      if self.recovery is not None:
+        self.recovery.save_sync(self.sync, force=True)  # a restart always finds a checkpoint
+      for m, clock in enumerate(self.clocks):
+        self._push(clock.start_s, START, "start", m, owner=m)
     while self._more():
       time, _, _, kind, payload, owner, epoch, background = heapq.heappop(self._queue)
       self._background -= background
@@ -129,6 +137,10 @@ class VirtualRuntime:
         continue  # addressed to a process that crashed since
       self.now = time
       getattr(self, "_on_" + kind)(payload)
+      reason = self.stop() if self.stop is not None else None
+      if reason is not None and self._more():  # (nothing left to do: finished, not stopped)
+        self.stopped_by = reason
+        break
     return self.now
 
   # ---- learner side ----

@@ -1,0 +1,106 @@
+"""Stopping a run early and cleanly: SIGTERM (a Cloud TPU preemption notice), SIGINT, or
+`config.stop_after_steps`.
+
+`stop_on_signals()` installs SIGTERM and SIGINT handlers for the duration of a run and restores
+the previous ones after (nested uses share one request; only the outermost clears it). A first
+signal only records the request: runners poll `requested()` at their step (or event) boundaries,
+save a checkpoint there and return a summary with `finished: False` and `stopped_by` ('signal'
+or 'stop_after_steps'). A second signal while stopping raises KeyboardInterrupt, as Python does.
+
+A main whose run stopped on a signal exits with EXIT_PREEMPTED (`exit_code`): 75, EX_TEMPFAIL of
+sysexits.h, "stopped early, run the same command again" (the code the chaos crash fault of a
+learner process uses too); `experiments.supervise` restarts it, and the same command resumes.
+"""
+
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import ml_collections
+from absl import logging
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped early with a checkpoint; restart me
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNAL, STOP_AFTER_STEPS = "signal", "stop_after_steps"  # summary["stopped_by"]
+ORBAX_TMP = "*.orbax-checkpoint-tmp*"
+# Settings of an invocation, not of the run: they may differ between a stop and its resume.
+INVOCATION_KEYS = ("stop_after_steps", "progress_bar")
+
+_received: list[int] = []  # signals received since the outermost stop_on_signals began
+_depth = [0]
+
+
+def requested() -> bool:
+  """Whether a stop signal arrived during the current run."""
+  return bool(_received)
+
+
+def _handle(signum: int, frame: Any) -> None:
+  del frame
+  if _received:
+    raise KeyboardInterrupt(f"signal {signum} again while stopping")
+  _received.append(signum)
+  logging.warning(
+      "got %s: stopping at the next step boundary with a checkpoint (again: abort now)",
+      signal.Signals(signum).name,
+  )
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+  """SIGTERM and SIGINT request a stop while inside (outside the main thread: nothing installed)."""
+  if _depth[0] == 0:
+    _received.clear()
+  main = threading.current_thread() is threading.main_thread()
+  previous = {s: signal.signal(s, _handle) for s in SIGNALS} if main else {}
+  _depth[0] += 1
+  try:
+    yield
+  finally:
+    _depth[0] -= 1
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def stop_reason(step: int, stop_at: int | None) -> str | None:
+  """Why a runner stops after `step` ('signal', 'stop_after_steps'), or None to go on."""
+  if requested():
+    return SIGNAL
+  if stop_at is not None and step >= stop_at:
+    return STOP_AFTER_STEPS
+  return None
+
+
+def remove_orbax_tmp(workdir: str) -> list[str]:
+  """Deletes orbax's unfinished saves (`*.orbax-checkpoint-tmp*`) under WORKDIR/checkpoints."""
+  pattern = os.path.join(workdir, "checkpoints", "**", ORBAX_TMP)
+  found = sorted(glob.glob(pattern, recursive=True))
+  for path in found:
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
+  return found
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+  """EXIT_PREEMPTED when the run stopped on a signal (restart me), else 0."""
+  return EXIT_PREEMPTED if summary.get("stopped_by") == SIGNAL else 0
+
+
+def json_digest(values: dict[str, Any]) -> str:
+  """sha256 of a config's values (config.json) less the INVOCATION_KEYS."""
+  values = {k: v for k, v in values.items() if k not in INVOCATION_KEYS}
+  return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
+
+def config_digest(config: ml_collections.ConfigDict) -> str:
+  """`json_digest` of a config: equal for the stopped and the resuming invocation of a run."""
+  return json_digest(json.loads(config.to_json()))

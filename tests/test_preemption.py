@@ -1,0 +1,172 @@
+"""A run stopped by SIGTERM (a preemption notice) or `stop_after_steps` saves a checkpoint at the
+next step boundary, exits with EXIT_PREEMPTED on a signal, and the same command resumes to the
+bits of an uninterrupted run."""
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs import shakespeare
+from diloco import metrics, train
+from diloco.runtime import preemption, virtual_snapshot
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 120  # long enough that a signal sent after the first rows lands mid-run
+RUNS = {
+    "dp": ("runlocal", {"steps": STEPS, "log_every": 1}),
+    "decoupled": ("runlocal,mode=decoupled", {"steps": STEPS, "log_every": 1}),
+}
+
+
+def _config(mode: str, **overrides):
+  variants, values = RUNS[mode]
+  config = shakespeare.get_config(variants)
+  with config.unlocked():
+    config.update_from_flattened_dict({**values, **overrides})
+  return config
+
+
+def _command(mode: str, workdir) -> list[str]:
+  variants, values = RUNS[mode]
+  flags = [f"--config.{k}={v}" for k, v in values.items()]
+  config = f"--config=configs/shakespeare.py:{variants}"
+  return [sys.executable, "-m", "experiments.train", config, f"--workdir={workdir}", *flags]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """One uninterrupted run per mode (in this process), made when a test first asks for it."""
+  done: dict[str, tuple[dict, str]] = {}
+
+  def get(mode: str) -> tuple[dict, str]:
+    if mode not in done:
+      workdir = str(tmp_path_factory.mktemp(f"full_{mode}"))
+      done[mode] = (train.train_and_evaluate(_config(mode), workdir), workdir)
+    return done[mode]
+
+  return get
+
+
+def _merges(workdir) -> list[dict]:
+  rows = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
+  return [r for r in rows if r.get("event") == "merge"]
+
+
+def _orbax_tmp(workdir) -> list[str]:
+  return [d for d, _, _ in os.walk(workdir) if "orbax-checkpoint-tmp" in d]
+
+
+def _sigterm_mid_run(mode: str, workdir, log_path) -> tuple[int, dict]:
+  """Starts the main, sends SIGTERM once it has logged a training row; (exit code, summary)."""
+  with open(log_path, "w") as log:
+    proc = subprocess.Popen(_command(mode, workdir), cwd=REPO, stdout=log, stderr=log)
+    rows, deadline = workdir / metrics.METRICS_FILE, time.monotonic() + 300
+    while not (rows.exists() and '"loss"' in rows.read_text()):
+      assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+      time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(300)
+  return rc, json.loads((workdir / metrics.SUMMARY_FILE).read_text())
+
+
+def _finish(mode: str, workdir) -> dict:
+  proc = subprocess.run(_command(mode, workdir), cwd=REPO, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads((workdir / metrics.SUMMARY_FILE).read_text())
+
+
+def test_a_signal_requests_a_stop_and_a_second_one_interrupts():
+  before = signal.getsignal(signal.SIGTERM)
+  with preemption.stop_on_signals():
+    assert not preemption.requested()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert preemption.requested()
+    assert preemption.stop_reason(3, stop_at=None) == preemption.SIGNAL
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGTERM) is before
+  with preemption.stop_on_signals():  # a new run starts with no request
+    assert preemption.stop_reason(3, stop_at=4) is None
+    assert preemption.stop_reason(4, stop_at=4) == preemption.STOP_AFTER_STEPS
+  assert preemption.exit_code({"stopped_by": "signal"}) == preemption.EXIT_PREEMPTED == 75
+  assert preemption.exit_code({"stopped_by": "stop_after_steps", "finished": False}) == 0
+
+
+def test_orbax_temporaries_are_removed_and_a_failed_snapshot_keeps_the_last(tmp_path):
+  tmp = tmp_path / "checkpoints" / "learner0" / "7.orbax-checkpoint-tmp-1234"
+  tmp.mkdir(parents=True)
+  (tmp.parent / "5").mkdir()
+  assert preemption.remove_orbax_tmp(str(tmp_path)) == [str(tmp)]
+  assert sorted(os.listdir(tmp.parent)) == ["5"]
+  target = virtual_snapshot.save(str(tmp_path), {"step": 1})
+  with pytest.raises((pickle.PicklingError, AttributeError)):
+    virtual_snapshot.save(str(tmp_path), {"step": 2, "unpicklable": lambda: 0})
+  with open(target, "rb") as f:
+    assert pickle.load(f) == {"step": 1}
+  assert sorted(os.listdir(os.path.dirname(target))) == ["learner0", virtual_snapshot.FILE]
+
+
+def test_sigterm_stops_dp_with_a_checkpoint_and_the_rerun_has_the_same_bits(
+    tmp_path, uninterrupted
+):
+  rc, part = _sigterm_mid_run("dp", tmp_path / "run", tmp_path / "child.log")
+  assert rc == preemption.EXIT_PREEMPTED, (tmp_path / "child.log").read_text()[-3000:]
+  assert part["finished"] is False and part["stopped_by"] == "signal"
+  assert 0 < part["steps"] < STEPS
+  assert str(part["steps"]) in os.listdir(tmp_path / "run" / "checkpoints")
+  assert not _orbax_tmp(tmp_path / "run")
+  rest = _finish("dp", tmp_path / "run")
+  full, _ = uninterrupted("dp")
+  assert rest["finished"] and rest["resumed_from_step"] == part["steps"]
+  assert rest["params_sha256"] == full["params_sha256"]
+
+
+def test_sigterm_stops_decoupled_with_a_snapshot_and_the_rerun_has_the_same_merges(
+    tmp_path, uninterrupted
+):
+  workdir = tmp_path / "run"
+  rc, part = _sigterm_mid_run("decoupled", workdir, tmp_path / "child.log")
+  assert rc == preemption.EXIT_PREEMPTED, (tmp_path / "child.log").read_text()[-3000:]
+  assert part["finished"] is False and part["stopped_by"] == "signal" and part["resumable"]
+  assert 0 < part["step"] < STEPS and part["merges"] == len(_merges(workdir))
+  assert os.path.exists(virtual_snapshot.path(str(workdir)))
+  assert not _orbax_tmp(workdir)
+  rest = _finish("decoupled", workdir)
+  full, full_dir = uninterrupted("decoupled")
+  assert rest["finished"] and rest["merges"] == full["merges"] > part["merges"]
+  assert _merges(workdir) == _merges(full_dir)
+  assert rest["params_sha256"] == full["params_sha256"]
+  assert not os.path.exists(virtual_snapshot.path(str(workdir)))  # finished: nothing to resume
+
+
+def test_stop_after_steps_in_decoupled_stops_early_and_resumes_to_the_same_result(
+    tmp_path, uninterrupted
+):
+  config = _config("decoupled", stop_after_steps=17)
+  part = train.train_and_evaluate(config, str(tmp_path))
+  assert part["finished"] is False and part["stopped_by"] == "stop_after_steps"
+  assert part["step"] == 17 and "eval_loss" not in part
+  with config.unlocked():
+    config.stop_after_steps = 0
+  rest = train.train_and_evaluate(config, str(tmp_path))
+  full, full_dir = uninterrupted("decoupled")
+  assert rest["finished"] and rest["params_sha256"] == full["params_sha256"]
+  assert rest["eval_loss"] == full["eval_loss"] and rest["steps"] == full["steps"]
+  assert _merges(tmp_path) == _merges(full_dir)
+  assert rest["per_learner"] == full["per_learner"]  # clocks, bytes and idle time too
+
+
+def test_a_stopped_mode_stops_compare_before_the_next_mode(tmp_path):
+  config = shakespeare.get_config("runlocal,mode=compare")
+  with config.unlocked():
+    config.stop_after_steps = 5
+  summary = train.train_and_evaluate(config, str(tmp_path))
+  assert summary["finished"] is False and summary["stopped_in"] == "dp"
+  assert list(summary["runs"]) == ["dp"] and summary["runs"]["dp"]["steps"] == 5
+  assert sorted(os.listdir(tmp_path)) == ["config.json", "dp", "summary.json"]
