@@ -15,6 +15,7 @@ import ml_collections
 
 from diloco import metrics
 from diloco.config import checks, deploy as deploy_lib
+from diloco.recovery import workdir as workdir_lib
 from diloco.runners import compare, dp, islands
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
@@ -36,23 +37,29 @@ MODES: dict[str, Runner] = {
 prepare = checks.prepare  # resolve, then check every key (checks.ConfigError names them all)
 
 
+# Keys that change how a run is watched or where this invocation stops, not what it computes: a
+# run resumes under other values of them.
+WATCH_KEYS = ("progress_bar", "timeline", "stop_after_steps")
+
+
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, **runner_options: Any
+    config: ml_collections.ConfigDict, workdir: str, restart: bool = False, **runner_options: Any
 ) -> dict[str, Any]:
   """Runs the configured mode in `workdir`, writes summary.json and returns the summary.
 
+  The config is resolved and checked first (`prepare`); a workdir that holds a run of another
+  config is refused (`restart`: moved aside to WORKDIR.old-N) before anything is written.
   `runner_options` go to the mode's runner: `parts=` (from `config.build.local_learners`) lets
   a test or notebook watch a multi-learner run's synchronizer.
   """
   config = prepare(config)
   run = MODES[config.mode]
-  if config.get("distributed", False):
-    jax.distributed.initialize()
   if "deploy" in config:
     deploy_lib.check_platform(config.deploy, jax.default_backend())
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json(indent=2))
+  workdir_lib.claim(workdir, json.loads(config.to_json()), restart, ignore=WATCH_KEYS)
+  if config.get("distributed", False):
+    jax.distributed.initialize()
+  workdir_lib.write_config(workdir, config.to_json(indent=2))
   summary = run(config, workdir, **runner_options)
   summary["workdir"] = os.path.abspath(workdir)
   if jax.process_index() == 0:

@@ -23,10 +23,11 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from diloco.config import cli as config_cli
 from diloco.launch import cli, ray_launch, staging, tokens
 from diloco.rpc import local
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
+_CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP)
 _LEARNERS = flags.DEFINE_integer("learners", None, "Learners M (must equal outer.learners).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Outputs, on storage every node shares.")
 _ADDRESS = flags.DEFINE_string("address", "", "An existing Ray cluster (empty: start one here).")
@@ -72,4 +73,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)

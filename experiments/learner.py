@@ -10,11 +10,12 @@ finds its peers); to form one learner from several processes on one machine, giv
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco.config import cli as config_cli
 from diloco.launch import cli
 from diloco.rpc import learner_main
 
 _TOKEN = cli.define_token_flag()
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
+_CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP)
 _ID = flags.DEFINE_integer("learner_id", None, "This learner's index m in 0..outer.learners-1.")
 _SYNC = flags.DEFINE_string("synchronizer", None, "HOST:PORT of the synchronizer service.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "This learner's outputs and checkpoints.")
@@ -56,4 +57,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)

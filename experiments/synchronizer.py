@@ -9,11 +9,12 @@ otherwise) on deploy.port (0: a free one, written to WORKDIR/port).
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco.config import cli as config_cli
 from diloco.launch import cli
 from diloco.rpc import sync_main
 
 _TOKEN = cli.define_token_flag()
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
+_CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and summary.json.")
 _PORT = flags.DEFINE_integer("port", None, "Shorthand for --config.deploy.port.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -33,4 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)

@@ -63,8 +63,11 @@ def test_unknown_override_key_fails_clearly(tmp_path):
       f"--workdir={tmp_path}",
       "--config.optimizer.lrr=0.1",
   )
-  assert proc.returncode != 0
-  assert 'Did you mean "lr" instead of "lrr"' in proc.stderr.replace("\\", "")
+  assert proc.returncode == 2  # config_cli.USAGE_ERROR: one line, no traceback
+  assert proc.stderr.strip().splitlines() == [
+      "error: --config.optimizer.lrr: unknown config key 'optimizer.lrr'; did you mean "
+      "'optimizer.lr'? (python -m experiments.config lists every key)"
+  ]
   assert not (tmp_path / "summary.json").exists()
 
 

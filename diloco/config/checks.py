@@ -70,7 +70,7 @@ def problems_of(c: ml_collections.ConfigDict) -> Problems:
     out += rule(c)
   if c.mode == "compare":
     out += _compare(c)
-  elif not out:
+  else:
     out += _shapes(c)
   return out
 
@@ -294,11 +294,18 @@ def problems_of_run(c: ml_collections.ConfigDict) -> Problems:
   out = []
   for rule in RULES:
     out += rule(c)
-  return out or _shapes(c)
+  return out + _shapes(c)
 
 
 def _shapes(c) -> Problems:
   """What the model's shapes imply: seq_len within max_len, fragments within the tensors."""
+  try:
+    return _shape_problems(c)
+  except (TypeError, ValueError, KeyError) as e:  # keys already named as bad above
+    return [("model", f"cannot derive the model's shapes: {e}")]
+
+
+def _shape_problems(c) -> Problems:
   out = []
   image = c.data.source in ("digits", "npz_glob")
   if not image and c.seq_len > c.model.max_len:

@@ -11,7 +11,7 @@ the internal address deploy.tpu.sync_host).
 
 import shlex
 
-from diloco.config import deploy as deploy_lib
+from diloco.config import checks
 from diloco.launch import staging, tpu_types
 
 TPU = ["gcloud", "compute", "tpus", "tpu-vm"]
@@ -35,8 +35,8 @@ def slice_names(config) -> list[str]:
 
 def check(config, *, synchronizer: bool = True) -> list[str]:
   """ValueError naming the first bad setting, before anything is created; the slice names."""
+  checks.prepare(config)  # the whole config, before any VM or slice exists
   d, t = config.deploy, config.deploy.tpu
-  deploy_lib.check(d)
   for key in ("project", "zone"):
     if not t[key]:
       raise ValueError(f"deploy.tpu.{key} is required")

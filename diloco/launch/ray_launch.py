@@ -17,6 +17,7 @@ import json
 import os
 import time
 
+from diloco.config import checks
 from diloco.launch import ray_tasks, supervisor, tpu_types
 
 NODE_RESOURCE = "diloco_sync"  # `ray start --resources='{"diloco_sync": 1}'` marks the sync's node
@@ -35,6 +36,7 @@ class Plan:
 
 def plan(config, learners: int, tpu: bool) -> Plan:
   """The Plan for `learners` learners of `config`; ValueError naming a bad setting."""
+  checks.prepare(config)  # the whole config, before any task starts
   d = config.deploy
   if learners < 1:
     raise ValueError(f"--learners must be >= 1, got {learners}")

@@ -13,7 +13,7 @@ gs:// bucket mounted by GCS FUSE). Learners reach the synchronizer at its pod's 
 
 import shlex
 
-from diloco.config import deploy as deploy_lib
+from diloco.config import checks
 from diloco.launch import gcloud, staging, tpu_types
 
 XPK = ["xpk", "workload", "create"]
@@ -22,8 +22,8 @@ READER = "diloco-token-reader"
 
 def check(config) -> list[str]:
   """ValueError naming the first bad setting; the learners' workload names."""
+  checks.prepare(config)  # the whole config, before any workload exists
   d, x = config.deploy, config.deploy.xpk
-  deploy_lib.check(d)
   for key in ("project", "zone"):
     if not d.tpu[key]:
       raise ValueError(f"deploy.tpu.{key} is required")

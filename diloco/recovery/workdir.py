@@ -83,7 +83,9 @@ def _read_config(path: str) -> dict | None:
   return saved if isinstance(saved, dict) else None
 
 
-def _held_run(workdir: str, config: dict) -> tuple[str, list[str]] | None:
+def _held_run(
+    workdir: str, config: dict, ignore: tuple[str, ...] = ()
+) -> tuple[str, list[str]] | None:
   """None when `workdir` holds no run; else why this run may not resume it ("" when it may) and
   the differing keys."""
   if os.path.lexists(workdir) and not os.path.isdir(workdir):
@@ -94,7 +96,7 @@ def _held_run(workdir: str, config: dict) -> tuple[str, list[str]] | None:
     saved = _read_config(os.path.join(workdir, CONFIG))
     if saved is None:
       return f"holds a run whose {CONFIG} is not a readable JSON object", []
-    lines = _differences(saved, config)
+    lines = [d for d in _differences(saved, config) if d.split(":", 1)[0] not in ignore]
     why = f"holds a run whose {CONFIG} differs from this run's config (workdir's -> this run's)"
     return (why if lines else ""), lines
   if outputs:
@@ -102,13 +104,14 @@ def _held_run(workdir: str, config: dict) -> tuple[str, list[str]] | None:
   return None
 
 
-def claim(workdir: str, config: dict, restart: bool = False) -> str:
+def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, ...] = ()) -> str:
   """Returns "new", "resume" or "restarted" (see the module doc); WorkdirError when refused.
 
   Writes nothing, except the rename of the whole workdir when `restart` moves an old run aside.
+  `ignore`: dotted keys that may differ on a resume (how a run is watched, where it stops).
   """
   workdir = os.path.abspath(workdir)
-  held = _held_run(workdir, config)
+  held = _held_run(workdir, config, ignore)
   if held is None:
     return "new"
   why, lines = held

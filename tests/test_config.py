@@ -1,0 +1,216 @@
+"""A run is what its command says: one resolved config whichever way a value comes in, every check
+before anything runs, keys that say what they mean, workdirs that keep finished runs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from configs import digits, shakespeare
+from diloco import train
+from diloco.config import checks, keys, resolve
+from diloco.recovery import workdir as workdir_lib
+from diloco.studies import sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("dp", "diloco", "streaming", "decoupled", "compare")
+
+
+def _from_flags(*argv: str):
+  """The config experiments.train would get from this command line (absl + config_flags)."""
+  fv, argv0 = flags.FlagValues(), sys.argv
+  sys.argv = ["prog", *argv]  # config_flags reads the override flags off sys.argv
+  try:
+    config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
+    fv(["prog", *argv])
+  finally:
+    sys.argv = argv0
+  return resolve.resolve(fv.config)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_mode_given_by_flag_is_the_mode_given_by_variant(mode):
+  by_variant = shakespeare.get_config(f"mode={mode}")
+  by_flag = _from_flags("--config=configs/shakespeare.py", f"--config.mode={mode}")
+  assert by_flag.to_json() == by_variant.to_json()
+  if mode == "decoupled":  # the preset's 12 outer keys, not the synchronous defaults
+    o = by_flag.outer
+    assert (o.quorum, o.fragments, o.codec, o.merge, o.weighting) == (1, 24, "fp4", "rda", "tokens")
+    assert (o.grace_gamma, o.overlap, o.blocking) == (0.8, 2, False)
+
+
+def test_steps_by_flag_moves_the_schedule_as_steps_by_variant_does():
+  from diloco.inner import island, step
+
+  by_variant = shakespeare.get_config("steps=1000")
+  by_flag = _from_flags("--config=configs/shakespeare.py", "--config.steps=1000")
+  assert by_flag.optimizer.decay_steps == by_variant.optimizer.decay_steps == 980  # 1000 - 20
+  lr_v = step.lr_schedule(island.optimizer_config(by_variant))
+  lr_f = step.lr_schedule(island.optimizer_config(by_flag))
+  # warmup 20 to 1e-2, cosine to 0.1 x at step 1000: half way (step 510) at 0.55 x
+  for s in (0, 10, 20, 510, 999, 1000):
+    assert float(lr_f(s)) == float(lr_v(s))
+  assert float(lr_f(510)) == pytest.approx(0.55e-2, rel=1e-6)
+
+
+def test_derived_keys_follow_their_sources_and_an_explicit_value_wins():
+  c = shakespeare.get_config("mode=decoupled,chaos=light")
+  assert (c.outer.learner_checkpoint_every, c.outer.sync_checkpoint_every) == (24, 24)  # H, P
+  assert c.outer.max_staleness == 16  # 4 M
+  c.outer.inner_steps, c.outer.learners = 12, 8
+  resolve.resolve(c)
+  assert (c.outer.learner_checkpoint_every, c.outer.max_staleness) == (12, 32)
+  c.outer.max_staleness = 5  # given: kept whatever else changes
+  c.outer.learners = 2
+  assert resolve.resolve(c).outer.max_staleness == 5
+  with c.unlocked():
+    c.runlocal = True
+  resolve.resolve(c)  # runlocal after the fact shrinks what was not given
+  assert (c.steps, c.model.size, c.model.d_model, c.outer.inner_steps) == (40, "tiny", 32, 12)
+
+
+def test_runlocal_keeps_a_model_given_explicitly():
+  c = shakespeare.get_config("runlocal,model=small")
+  assert (c.model.size, c.model.d_model, c.steps) == ("small", 128, 40)
+  assert shakespeare.get_config("model=small,runlocal").to_json() == c.to_json()
+  assert shakespeare.get_config("runlocal").model.d_model == 32
+  (point,) = sweep.points("configs/sweeps/toy_never_written.py", _module({"runlocal": True}))
+  assert (point.config.model.size, point.config.model.d_model) == ("small", 128)
+
+
+def _module(point: dict):
+  """A sweep file of one point over shakespeare's variants."""
+  import types
+
+  m = types.ModuleType("toy_sweep")
+  m.get_config = shakespeare.get_config
+  m.get_sweep = lambda arg=None: [{**point, "model": "small"}]
+  return m
+
+
+def test_a_sweep_variant_that_changes_nothing_is_refused_before_any_point_runs():
+  import types
+
+  m = types.ModuleType("toy_sweep")
+  m.get_config = lambda arg=None: shakespeare.get_config(  # reads `lr` and ignores `wd`
+      ",".join(t for t in (arg or "").split(",") if not t.startswith(("lr=", "wd=")))
+  )
+  m.get_sweep = lambda arg=None: [{"mode": "dp", "wd": 0.1}]
+  with pytest.raises(sweep.SweepError, match=r"point 0 \(mode=dp\+wd=0.1\): variant 'wd' changes"):
+    sweep.points("toy.py", m)
+
+
+def test_every_bad_key_is_named_at_once_before_anything_runs(tmp_path):
+  c = shakespeare.get_config("mode=decoupled,model=tiny")
+  c.optimizer.lr = -1e-3
+  c.data.text_glob = "/data/*.txt"  # without data.source=text_glob it would train on Shakespeare
+  with pytest.raises(checks.ConfigError) as e:
+    train.train_and_evaluate(c, str(tmp_path / "run"))
+  assert str(e.value).splitlines() == [
+      "4 problems in the config:",
+      "  optimizer.lr=-0.001: must be a positive number (a negative rate ascends the loss)",
+      "  data.text_glob='/data/*.txt': only used with data.source='text_glob' (it is "
+      "'shakespeare'): set both",
+      "  seq_len=128: exceeds model.max_len=64: raise it or shorten seq_len",
+      "  outer.fragments=24: the model has 14 parameter tensors (balanced: 24 fragments but only "
+      "14 leaves); lower it",
+  ]
+  assert not (tmp_path / "run").exists()
+  c.optimizer.lr, c.data.text_glob = 1e-3, ""
+  with pytest.raises(checks.ConfigError) as e:
+    checks.prepare(c)
+  assert str(e.value).splitlines()[1:] == [
+      "  seq_len=128: exceeds model.max_len=64: raise it or shorten seq_len",
+      "  outer.fragments=24: the model has 14 parameter tensors (balanced: 24 fragments but only "
+      "14 leaves); lower it",
+  ]
+
+
+def test_a_sweep_of_a_tiny_decoupled_model_fails_its_check_not_its_run(tmp_path):
+  import types
+
+  m = types.ModuleType("toy_sweep")
+  m.get_config = shakespeare.get_config
+  m.get_sweep = lambda arg=None: [
+      {"mode": "decoupled", "model": "tiny", "config.seed": s} for s in (0, 1)
+  ]
+  with pytest.raises(sweep.SweepError, match=r"point 0 .*\n  seq_len=128: exceeds model.max_len"):
+    sweep.points("toy.py", m)
+
+
+def test_compare_refuses_a_policy_key_its_runs_would_overwrite():
+  c = shakespeare.get_config("mode=compare")
+  c.outer.merge = "rda"
+  with pytest.raises(checks.ConfigError, match="outer.merge='rda': mode=compare runs each mode"):
+    checks.prepare(c)
+
+
+def test_every_key_has_a_meaning_and_the_listing_prints_it():
+  from experiments import config as config_main
+
+  for c in (shakespeare.get_config("mode=decoupled"), digits.get_config("runlocal")):
+    paths = [p for p, _ in keys.leaves(c)]
+    assert len(paths) > 140
+    assert [p for p in paths if not keys.MEANINGS.get(p)] == []
+    lines = config_main.listing(c)
+    assert len(lines) == len(paths)
+  line = next(
+      l
+      for l in config_main.listing(shakespeare.get_config("mode=decoupled"))
+      if l.startswith("outer.quorum ")
+  )
+  assert "= 1" in line and "[preset]" in line and "# K: merge once K learners uploaded" in line
+
+
+def test_loading_a_config_file_imports_no_training_stack():
+  code = (
+      "import sys; from configs import shakespeare, digits; shakespeare.get_config('mode=decoupled');"
+      "digits.get_config(); heavy = ('jax', 'flax', 'orbax', 'grain', 'optax', 'diloco.train');"
+      "print([m for m in sys.modules if m in heavy or m.split('.')[0] in heavy[:5]])"
+  )
+  out = subprocess.run(
+      [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+  ).stdout
+  assert out.strip() == "[]"
+
+
+def _finished_run(workdir, config) -> None:
+  """What a finished run leaves (its resolved config.json and a summary), without training."""
+  workdir_lib.write_config(str(workdir), config.to_json(indent=2))
+  (workdir / "summary.json").write_text(json.dumps({"finished": True, "eval_loss": 1.5}))
+
+
+def test_a_workdir_holding_another_run_is_refused_before_anything_is_written(tmp_path):
+  run = tmp_path / "run"
+  _finished_run(run, shakespeare.get_config("runlocal"))
+  before = {p: (run / p).read_bytes() for p in os.listdir(run)}
+  other = shakespeare.get_config("runlocal,mode=decoupled")
+  other.optimizer.lr = 3e-3
+  with pytest.raises(workdir_lib.WorkdirError) as e:
+    train.train_and_evaluate(other, str(run))
+  lines = str(e.value).splitlines()
+  assert 'mode: "dp" -> "decoupled"' in [l.strip() for l in lines]
+  assert "optimizer.lr: 0.01 -> 0.003" in [l.strip() for l in lines]
+  assert "--restart" in lines[-1]
+  assert {p: (run / p).read_bytes() for p in os.listdir(run)} == before
+  c = shakespeare.get_config("runlocal")
+  c.data.tokenizer = "sentencepiece"  # failed inside orbax, after config.json was overwritten
+  with pytest.raises(workdir_lib.WorkdirError, match='data.tokenizer: "byte" -> "sentencepiece"'):
+    train.train_and_evaluate(c, str(run))
+  assert {p: (run / p).read_bytes() for p in os.listdir(run)} == before
+
+
+def test_restart_moves_the_finished_run_aside(tmp_path):
+  run = tmp_path / "run"
+  _finished_run(run, shakespeare.get_config("runlocal"))
+  c = shakespeare.get_config("runlocal")
+  c.steps = 2
+  summary = train.train_and_evaluate(c, str(run), restart=True)
+  assert summary["finished"] and summary["steps"] == 2
+  old = tmp_path / "run.old-1"
+  assert json.loads((old / "summary.json").read_text()) == {"finished": True, "eval_loss": 1.5}
+  assert json.loads((run / "config.json").read_text())["steps"] == 2
