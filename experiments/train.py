@@ -3,7 +3,8 @@
 Exit codes: 0 when the run finished or stopped at `stop_after_steps`; 75 (EX_TEMPFAIL,
 diloco.runtime.preemption.EXIT_PREEMPTED) when SIGTERM or SIGINT stopped it at a step boundary
 with a checkpoint (summary.json says `finished: false`): run the same command again to resume;
-anything else is an error.
+2: the command cannot run as written (an unknown key, a bad config, a workdir that holds another
+run), with one message and nothing written; anything else is an error.
 """
 
 import sys
@@ -12,12 +13,17 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from diloco import train
+from diloco.config import cli as config_cli
 from diloco.runtime import preemption
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file (get_config(arg)).", lock_config=True
-)
+_CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP, lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where outputs and checkpoints go.")
+_RESTART = flags.DEFINE_bool(
+    "restart",
+    False,
+    "Start over in a workdir that holds a run: the old run is moved to WORKDIR.old-N, never "
+    "deleted (without it, a workdir with another config is refused, listing the keys that differ).",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -27,10 +33,10 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # the libraries' INFO logs drown the progress bar
     logging.set_verbosity(logging.WARNING)
   with preemption.stop_on_signals():  # a signal while it sets up stops it after its first step
-    summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, restart=_RESTART.value)
   print(train.format_summary(summary), flush=True)
   sys.exit(preemption.exit_code(summary))  # 75: stopped on a signal, restart me
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)
