@@ -252,6 +252,9 @@ def _chaos(c) -> Problems:
     return []
   if c.mode == "dp":
     return [("chaos.schedule", "faults need learners and a synchronizer: mode=dp has neither")]
+  if c.stop_after_steps:
+    return [("stop_after_steps", "a run with faults cannot be stopped and resumed (its faults' "
+             "state is not snapshotted): run it whole")]
   try:
     faults = schedule.from_config(c.chaos, c.outer.learners, c.steps * c.sim.step_s)
   except (ValueError, OSError) as e:
