@@ -17,7 +17,7 @@ from diloco import metrics, train
 from diloco.runtime import preemption, virtual_snapshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 120  # long enough that a signal sent after the first rows lands mid-run
+STEPS = 200  # a signal sent at the first rows lands mid-run (about 5 s before the end here)
 RUNS = {
     "dp": ("runlocal", {"steps": STEPS, "log_every": 1}),
     "decoupled": ("runlocal,mode=decoupled", {"steps": STEPS, "log_every": 1}),
@@ -170,3 +170,14 @@ def test_a_stopped_mode_stops_compare_before_the_next_mode(tmp_path):
   assert summary["finished"] is False and summary["stopped_in"] == "dp"
   assert list(summary["runs"]) == ["dp"] and summary["runs"]["dp"]["steps"] == 5
   assert sorted(os.listdir(tmp_path)) == ["config.json", "dp", "summary.json"]
+
+
+def test_a_run_with_faults_stops_on_a_signal_without_a_snapshot(tmp_path):
+  config = shakespeare.get_config("runlocal,mode=decoupled,chaos=light")
+  with preemption.stop_on_signals():  # the signal came while the run was setting up
+    os.kill(os.getpid(), signal.SIGTERM)
+    summary = train.train_and_evaluate(config, str(tmp_path))
+  assert summary["finished"] is False and summary["stopped_by"] == "signal"
+  assert summary["resumable"] is False and summary["steps"] == 1  # after its first event
+  assert not os.path.exists(virtual_snapshot.path(str(tmp_path)))
+  assert not _orbax_tmp(tmp_path)

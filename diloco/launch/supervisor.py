@@ -1,11 +1,19 @@
 """A restart loop with backoff: runs a command again when it exits abnormally.
 
-A run that exits 0 is finished and ends the loop; any other exit (an error, a signal, the chaos
-crash fault's 75) is restarted after a delay that starts at `backoff_s`, doubles with every
-consecutive failure up to `max_backoff_s`, and starts over after a run that lasted `reset_after_s`.
-After `max_restarts` restarts (-1: no limit) the loop gives up with the last exit code. SIGTERM or
-SIGINT to the supervisor goes to the child and ends the loop once the child exits. Every start and
-exit is appended to a JSON-lines log.
+A run that exits 0 is finished and ends the loop; any other exit (an error, a signal) is restarted
+after a delay that starts at `backoff_s`, doubles with every consecutive failure up to
+`max_backoff_s`, and starts over after a run that lasted `reset_after_s`. After `max_restarts`
+restarts (-1: no limit) the loop gives up with the last exit code. SIGTERM or SIGINT to the
+supervisor goes to the child and ends the loop once the child exits, with the child's code.
+Every start and exit is appended to a JSON-lines log.
+
+Exit code 75 (EX_TEMPFAIL, EXIT_PREEMPTED of diloco/runtime/preemption.py) means "stopped early,
+restart me": experiments.train exits with it when SIGTERM or SIGINT stopped the run at a step
+boundary with a checkpoint, and the chaos crash fault of a learner process exits with it too. It
+is restarted like any other exit and counts toward `max_restarts` (a crash fault shares the code,
+and the limit is what keeps a loop from going on for ever). A preemption notice that reaches the
+supervisor itself ends the loop with 75 once the child has saved, for whoever restarts the
+supervisor (a recreated VM, Ray, XPK) to run the same command again: it resumes.
 """
 
 import dataclasses

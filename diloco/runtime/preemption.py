@@ -31,7 +31,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SIGNAL, STOP_AFTER_STEPS = "signal", "stop_after_steps"  # summary["stopped_by"]
 ORBAX_TMP = "*.orbax-checkpoint-tmp*"
 # Settings of an invocation, not of the run: they may differ between a stop and its resume.
-INVOCATION_KEYS = ("stop_after_steps", "progress_bar")
+INVOCATION_KEYS = ("stop_after_steps", "progress_bar", "timeline")
 
 _received: list[int] = []  # signals received since the outermost stop_on_signals began
 _depth = [0]
