@@ -125,7 +125,7 @@ def _stopped(config, parts, runtime, log, iters, workdir, recover, wall) -> dict
   if recover is not None:
     recover.close()
   preemption.remove_orbax_tmp(workdir)
-  m_count, learners = config.outer.learners, log.learners
+  m_count, learners, sync = config.outer.learners, log.learners, runtime.sync
   tokens = sum(l.tokens for l in learners)
   return {
       "mode": config.mode,
@@ -144,7 +144,9 @@ def _stopped(config, parts, runtime, log, iters, workdir, recover, wall) -> dict
       "sim_time_s": runtime.now,
       "wall_s": wall,
       "tokens_per_s": tokens / wall,
-      "params_sha256": metrics.params_sha256(runtime.sync.global_params()),
+      "params_sha256": (  # None: with faults, the synchronizer was down at the stop
+          metrics.params_sha256(sync.global_params()) if sync is not None else None
+      ),
   }
 
 
