@@ -14,7 +14,7 @@ import jax
 import ml_collections
 
 from diloco import metrics
-from diloco.config import checks, deploy as deploy_lib
+from diloco.config import checks, deploy as deploy_lib, keys
 from diloco.recovery import workdir as workdir_lib
 from diloco.runners import compare, dp, islands
 
@@ -37,11 +37,6 @@ MODES: dict[str, Runner] = {
 prepare = checks.prepare  # resolve, then check every key (checks.ConfigError names them all)
 
 
-# Keys that change how a run is watched or where this invocation stops, not what it computes: a
-# run resumes under other values of them.
-WATCH_KEYS = ("progress_bar", "timeline", "stop_after_steps")
-
-
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, restart: bool = False, **runner_options: Any
 ) -> dict[str, Any]:
@@ -56,7 +51,7 @@ def train_and_evaluate(
   run = MODES[config.mode]
   if "deploy" in config:
     deploy_lib.check_platform(config.deploy, jax.default_backend())
-  workdir_lib.claim(workdir, json.loads(config.to_json()), restart, ignore=WATCH_KEYS)
+  workdir_lib.claim(workdir, json.loads(config.to_json()), restart, ignore=keys.INVOCATION)
   if config.get("distributed", False):
     jax.distributed.initialize()
   workdir_lib.write_config(workdir, config.to_json(indent=2))

@@ -93,7 +93,7 @@ def _domains(c) -> Problems:
       ("optimizer.name", _among(("adamw", "sgd")), "expected adamw or sgd"),
       ("optimizer.lr", _positive, "must be a positive number (a negative rate ascends the loss)"),
       ("optimizer.warmup_steps", _nonneg, "must be >= 0"),
-      ("optimizer.decay_steps", _pos, "must be >= 1"),
+      ("optimizer.decay_steps", _nonneg, "must be >= 0 (0 with warmup_steps=0: a constant rate)"),
       ("optimizer.min_lr_ratio", _unit, "must be in [0, 1]"),
       ("optimizer.b1", _unit_open, "must be in [0, 1)"),
       ("optimizer.b2", _unit_open, "must be in [0, 1)"),
@@ -135,7 +135,7 @@ def _domains(c) -> Problems:
       ("sim.step_s", _positive, "must be > 0"),
       ("sim.step_jitter", _nonneg, "must be >= 0"),
       ("sim.latency_s", _nonneg, "must be >= 0"),
-      ("sim.bandwidth_gbps", _positive, "must be > 0"),
+      ("sim.bandwidth_gbps", lambda v: v > 0, "must be > 0 (inf: no transfer time)"),
   ]
   if "expert" in c.mesh:
     tests.append(("mesh.expert", _pos, "must be >= 1"))
@@ -253,8 +253,13 @@ def _chaos(c) -> Problems:
   if c.mode == "dp":
     return [("chaos.schedule", "faults need learners and a synchronizer: mode=dp has neither")]
   if c.stop_after_steps:
-    return [("stop_after_steps", "a run with faults cannot be stopped and resumed (its faults' "
-             "state is not snapshotted): run it whole")]
+    return [
+        (
+            "stop_after_steps",
+            "a run with faults cannot be stopped and resumed (its faults' "
+            "state is not snapshotted): run it whole",
+        )
+    ]
   try:
     faults = schedule.from_config(c.chaos, c.outer.learners, c.steps * c.sim.step_s)
   except (ValueError, OSError) as e:

@@ -17,6 +17,9 @@ import ml_collections
 from ml_collections import config_dict
 
 MEANINGS: dict[str, str] = {}  # dotted path -> one-line meaning, as sections are defined
+# Keys of an invocation, not of the run: how it is watched and where this invocation stops. A run
+# resumes under other values of them (the workdir's claim and the virtual snapshot ignore them).
+INVOCATION = ("stop_after_steps", "progress_bar", "timeline")
 _UNSET = object()
 
 

@@ -26,12 +26,12 @@ from typing import Any
 import ml_collections
 from absl import logging
 
+from diloco.config import keys
+
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped early with a checkpoint; restart me
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SIGNAL, STOP_AFTER_STEPS = "signal", "stop_after_steps"  # summary["stopped_by"]
 ORBAX_TMP = "*.orbax-checkpoint-tmp*"
-# Settings of an invocation, not of the run: they may differ between a stop and its resume.
-INVOCATION_KEYS = ("stop_after_steps", "progress_bar", "timeline")
 
 _received: list[int] = []  # signals received since the outermost stop_on_signals began
 _depth = [0]
@@ -96,8 +96,8 @@ def exit_code(summary: dict[str, Any]) -> int:
 
 
 def json_digest(values: dict[str, Any]) -> str:
-  """sha256 of a config's values (config.json) less the INVOCATION_KEYS."""
-  values = {k: v for k, v in values.items() if k not in INVOCATION_KEYS}
+  """sha256 of a config's values (config.json) less the keys of an invocation (keys.INVOCATION)."""
+  values = {k: v for k, v in values.items() if k not in keys.INVOCATION}
   return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
 
 
