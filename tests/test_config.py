@@ -214,3 +214,14 @@ def test_restart_moves_the_finished_run_aside(tmp_path):
   old = tmp_path / "run.old-1"
   assert json.loads((old / "summary.json").read_text()) == {"finished": True, "eval_loss": 1.5}
   assert json.loads((run / "config.json").read_text())["steps"] == 2
+
+
+def test_a_config_keeps_its_presets_and_explicit_keys_through_pickling():
+  import pickle
+
+  c = shakespeare.get_config("mode=decoupled,steps=100")
+  d = pickle.loads(pickle.dumps(c))  # how a sweep's worker process receives a point's config
+  with d.unlocked():
+    d.runlocal = True
+  resolve.resolve(d)
+  assert (d.steps, d.optimizer.decay_steps, d.outer.fragments, d.model.d_model) == (100, 95, 4, 32)

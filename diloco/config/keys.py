@@ -20,7 +20,19 @@ MEANINGS: dict[str, str] = {}  # dotted path -> one-line meaning, as sections ar
 # Keys of an invocation, not of the run: how it is watched and where this invocation stops. A run
 # resumes under other values of them (the workdir's claim and the virtual snapshot ignore them).
 INVOCATION = ("stop_after_steps", "progress_bar", "timeline")
-_UNSET = object()
+
+
+class _Unset:
+  """'No value in this layer'; one object, also after pickling (sweeps' worker processes)."""
+
+  def __reduce__(self):
+    return "_UNSET"
+
+  def __repr__(self):
+    return "unset"
+
+
+_UNSET = _Unset()
 
 
 class Auto(config_dict.FieldReference):
@@ -40,12 +52,6 @@ class Auto(config_dict.FieldReference):
     super().set(value)
     self.explicit = False
 
-  def layer(self, runlocal: bool, mode: str) -> Any:
-    """This key's own value for `runlocal` or `mode`, or _UNSET."""
-    if runlocal and self.runlocal is not _UNSET:
-      return self.runlocal
-    return self.modes.get(mode, _UNSET)
-
   def redefine(self, default: Any = _UNSET, runlocal: Any = _UNSET, **modes) -> None:
     """A config file built on another changes this key's default and layers (not explicit)."""
     if default is not _UNSET:
@@ -55,17 +61,21 @@ class Auto(config_dict.FieldReference):
       self.runlocal = runlocal
     self.modes.update(modes)
 
+  def _state(self) -> tuple:
+    return (
+        self.default,
+        self.runlocal,
+        self._field_type,
+        dict(self.modes),
+        self.get(),
+        self.explicit,
+    )
+
   def __deepcopy__(self, memo):
-    out = Auto(self.default, self.runlocal, self._field_type, **dict(self.modes))
-    config_dict.FieldReference.set(out, self.get())
-    out.explicit = self.explicit
-    return out
+    return _rebuild(*self._state())
 
   def __reduce__(self):
-    return (
-        _rebuild,
-        (self.default, self.runlocal, self._field_type, self.modes, self.get(), self.explicit),
-    )
+    return _rebuild, self._state()
 
 
 def _rebuild(default, runlocal, field_type, modes, value, explicit) -> Auto:
@@ -90,12 +100,6 @@ def section(path: str, **fields: tuple[Any, str]) -> ml_collections.ConfigDict:
     MEANINGS[_join(path, name)] = meaning
     out[name] = value
   return out
-
-
-def define(c: ml_collections.ConfigDict, path: str, **fields: tuple[Any, str]) -> None:
-  """Adds `name=(value, meaning)` keys to an existing section `c` found at `path`."""
-  for name, field in section(path, **fields).items(preserve_field_references=True):
-    c[name] = field
 
 
 def auto_of(c: ml_collections.ConfigDict, path: str) -> Auto:

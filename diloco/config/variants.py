@@ -73,25 +73,12 @@ def apply(c: ml_collections.ConfigDict, arg: str | None, aliases: dict[str, str]
 
   Unknown variants fail naming the known ones, so a typo is caught like a typo in an override.
   """
-  for token in (arg or "").split(","):
-    token = token.strip()
-    if not token:
-      continue
-    name, eq, raw = token.partition("=")
-    if name not in aliases:
-      raise ValueError(f"unknown config variant {name!r}; known: {sorted(aliases)}")
-    path = aliases[name]
-    *parents, leaf = path.split(".")
+  for name, raw in _tokens(arg, aliases):
+    *parents, leaf = aliases[name].split(".")
     node = c
     for p in parents:
       node = node[p]
-    old = node[leaf]
-    if not eq:
-      if not isinstance(old, bool):
-        raise ValueError(f"variant {name!r} needs a value ({name}=...)")
-      node[leaf] = True
-      continue
-    node[leaf] = _convert(name, raw, old)
+    node[leaf] = _convert(name, raw, node[leaf])
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -100,26 +87,30 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   Unknown keys fail, so a typo in a variant is caught as early as a typo in an override.
   """
   out = ml_collections.ConfigDict(dict(defaults))
-  if not arg:
-    return out
-  for token in arg.split(","):
-    token = token.strip()
-    if not token:
-      continue
-    key, _, raw = token.partition("=")
-    if key not in defaults:
-      raise ValueError(f"unknown config variant {key!r}; known: {sorted(defaults)}")
-    default = defaults[key]
-    if not _:
-      if not isinstance(default, bool):
-        raise ValueError(f"variant {key!r} needs a value ({key}=...)")
-      out[key] = True
-      continue
-    out[key] = _convert(key, raw, default)
+  for name, raw in _tokens(arg, defaults):
+    out[name] = _convert(name, raw, defaults[name])
   return out
 
 
-def _convert(key: str, raw: str, default: Any) -> Any:
+def _tokens(arg: str | None, known) -> list[tuple[str, str | None]]:
+  """'a=1,b' -> [('a', '1'), ('b', None)]; an unknown name fails naming the known ones."""
+  out = []
+  for token in (arg or "").split(","):
+    name, eq, raw = token.strip().partition("=")
+    if not name:
+      continue
+    if name not in known:
+      raise ValueError(f"unknown config variant {name!r}; known: {sorted(known)}")
+    out.append((name, raw if eq else None))
+  return out
+
+
+def _convert(key: str, raw: str | None, default: Any) -> Any:
+  """`raw` typed like `default`; a bare word (None) is True for a boolean."""
+  if raw is None:
+    if not isinstance(default, bool):
+      raise ValueError(f"variant {key!r} needs a value ({key}=...)")
+    return True
   if isinstance(default, bool):
     if raw.lower() not in ("true", "false", "1", "0"):
       raise ValueError(f"variant {key}={raw!r} is not a boolean")

@@ -16,7 +16,6 @@ fails, naming the point and the key.
 """
 
 import dataclasses
-import importlib.util
 import os
 import re
 import shlex
@@ -26,7 +25,7 @@ from typing import Any
 
 import ml_collections
 
-from diloco.config import checks, keys, resolve
+from diloco.config import checks, cli as config_cli, keys, resolve
 
 CONFIG_PREFIX = "config."
 SEP = "+"  # between a point's key=value pairs in its directory name
@@ -66,13 +65,10 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 def load_module(path: str) -> ModuleType:
   """Imports a config file by path (as `config_flags` does)."""
-  if not os.path.isfile(path):
-    raise SweepError(f"config file {path!r} does not exist")
-  name = "sweep_config_" + re.sub(r"\W", "_", os.path.abspath(path))
-  module_spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module
+  try:
+    return config_cli.load_module(path)
+  except FileNotFoundError as e:
+    raise SweepError(str(e)) from e
 
 
 def point_name(values: dict[str, Any]) -> str:
