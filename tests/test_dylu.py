@@ -168,7 +168,7 @@ def test_a_sweep_with_a_bad_codec_fails_before_any_point_runs(tmp_path):
       "def get_sweep(arg=None):\n"
       "  return [{'config.outer.codec': 'fp4'}, {'config.outer.codec': 'q3'}]\n"
   )
-  with pytest.raises(sweep.SweepError, match=r"point 1 .*outer.codec='q3': unknown codec"):
+  with pytest.raises(sweep.SweepError, match=r"(?s)point 1 .*outer.codec='q3': unknown codec"):
     sweep.points(str(path))
 
 
