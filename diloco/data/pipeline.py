@@ -53,6 +53,7 @@ class Splits:
   train: sources.TokenCorpus
   val: sources.TokenCorpus
   vocab_size: int
+  tokenizer: tokenizers.Tokenizer = tokenizers.ByteTokenizer()  # what encoded them
 
 
 def _tokenize(
@@ -94,7 +95,7 @@ def _shakespeare_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) ->
   tok = _tokenizer_for(cfg, texts["train"])
   for split in shakespeare.SPLITS:
     splits[split] = _tokenize([p.name for p in corpus.plays(split)], texts[split], tok)
-  return Splits(splits["train"], splits["val"], tok.vocab_size)
+  return Splits(splits["train"], splits["val"], tok.vocab_size, tok)
 
 
 def _hold_out(items: list, what: str) -> tuple[list, list]:
@@ -123,6 +124,7 @@ def _text_glob_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -> S
       _tokenize([p for p, _ in train], [t for _, t in train], tok),
       _tokenize([p for p, _ in val], [t for _, t in val], tok),
       tok.vocab_size,
+      tok,
   )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
-from diloco.inner import evaluation, island as island_lib
+from diloco.inner import evaluation, island as island_lib, warm_start
 from diloco.outer import fragments, protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
@@ -105,6 +105,9 @@ def _run(
   final = log.finish(sim_time)
   summary = _summary(config, parts, runtime, log, final, sim_time, time.perf_counter() - t_wall)
   summary["params_sha256"] = metrics.params_sha256(runtime.sync.global_params())
+  like = parts.islands[0].abstract_state().params  # saved for evaluate, sample and init_from
+  final_params = fragments.unflatten(runtime.sync.global_params(), like=like)
+  warm_start.save_final(workdir, summary["steps"], final_params)
   if faults:
     summary.update(chaos_summary(runtime, faults, sim_time))
   if config.get("timeline", True):

@@ -1,0 +1,188 @@
+"""A finished run, read back from its workdir: evaluated on any text, or sampled from.
+
+Everything comes from WORKDIR/config.json (the model, tokenizer, data, batch and sequence length)
+and the newest parameters `diloco/inner/warm_start.py` reads (a data-parallel run's newest
+checkpoint, a multi-learner run's final global parameters). The held-out set is the one the run's
+own evaluation used: the same batches of the same size (learner 0's batch in multi-learner
+modes), so its loss is the run's final `eval_loss`. Nothing is written into the workdir.
+"""
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from diloco.config import build
+from diloco.data import batching, pipeline, sources
+from diloco.inner import evaluation, island as island_lib, sampling, warm_start
+from diloco.recovery import workdir as workdir_lib
+
+COMPARE = "compare"  # its runs live in WORKDIR/<mode>/
+
+
+class InputError(ValueError):
+  """A flag the finished run cannot take (a glob without text, an empty prompt)."""
+
+
+@dataclasses.dataclass
+class FinishedRun:
+  """A run's config, an island like the one its final evaluation ran on, and its parameters."""
+
+  workdir: str
+  config: ml_collections.ConfigDict
+  island: island_lib.Island
+  tokenizer: Any  # diloco.data.tokenizers.Tokenizer; None for images
+  step: int
+  params: Any  # host arrays
+
+
+@dataclasses.dataclass
+class _Held:
+  """What `evaluation.evaluate` reads of a dataset."""
+
+  eval_batches: Any  # () -> list of batches
+  bytes_per_token: float
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  """WORKDIR/config.json, or a WorkdirError saying that no run was here."""
+  path = os.path.join(workdir, workdir_lib.CONFIG)
+  if not os.path.isfile(path):
+    raise workdir_lib.WorkdirError(
+        f"workdir {workdir} holds no run (no {workdir_lib.CONFIG}); pass the --workdir of a run "
+        "that `python -m experiments.train` wrote"
+    )
+  with open(path, encoding="utf-8") as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def run_dirs(workdir: str) -> list[str]:
+  """The workdirs of the runs under `workdir`: itself, or each mode's after mode=compare."""
+  config = read_config(workdir)
+  if config.mode != COMPARE:
+    return [workdir]
+  return [os.path.join(workdir, m) for m in config.compare.modes.split(",")]
+
+
+def open_run(workdir: str, eval_batches: int | None = None) -> FinishedRun:
+  """The run in `workdir` (not a mode=compare directory: one of its modes' sub-directories).
+
+  `eval_batches` replaces the run's `data.eval_batches` (0: every full batch).
+  """
+  config = read_config(workdir)
+  if config.mode == COMPARE:
+    subs = ", ".join(run_dirs(workdir))
+    raise workdir_lib.WorkdirError(f"workdir {workdir} holds mode=compare: pick one of {subs}")
+  cfg, devices = config.copy_and_resolve_references(), jax.devices()
+  cfg.init_from = ""  # this run's parameters replace the warm start's
+  if eval_batches is not None:
+    cfg.data.eval_batches = eval_batches
+  if cfg.mode != "dp":  # the final evaluation ran on learner 0's island, with its batch
+    cfg.batch_size, devices = build.batch_sizes(cfg)[0], build.learner_devices(cfg)[0]
+  splits = pipeline.load_splits(cfg.data)
+  isl = island_lib.build_island(cfg, devices, splits=splits)
+  try:
+    step, params = warm_start.newest(workdir, isl.abstract_state(), what="--workdir")
+  except FileNotFoundError as e:
+    raise workdir_lib.WorkdirError(f"{e}{_why_no_params(workdir)}") from e
+  tokenizer = None if isl.data.image_shape else splits.tokenizer
+  return FinishedRun(workdir, cfg, isl, tokenizer, step, params)
+
+
+def _why_no_params(workdir: str) -> str:
+  """What summary.json says about a run that left no parameters."""
+  try:
+    with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
+      summary = json.load(f)
+  except (OSError, ValueError):
+    return " (and no summary.json: the run has not finished)"
+  if not summary.get("finished", True):
+    return f" (summary.json: stopped by {summary.get('stopped_by')}; run its command again)"
+  return ""
+
+
+def evaluate(run: FinishedRun, text_glob: str = "") -> dict[str, Any]:
+  """Loss and bits per byte (or accuracy) of the run's parameters on its held-out set, or on the
+  text files of `text_glob` through the run's tokenizer, in batches like its evaluation's."""
+  fns = run.island.fns
+  params = jax.device_put(run.params, fns.state_shardings.params)
+  data = _text(run, text_glob) if text_glob else run.island.data
+  scores, batches = evaluation.evaluate(fns, params, data), len(data.eval_batches())
+  return {
+      "run": run.workdir,
+      "step": run.step,
+      "data": text_glob or "validation split",
+      "batches": batches,
+      "tokens": batches * run.config.batch_size * run.config.seq_len,
+      **scores,
+  }
+
+
+def _text(run: FinishedRun, text_glob: str) -> _Held:
+  """The fixed batches of the glob's files, tokenized and packed as the run's validation text."""
+  if run.tokenizer is None:
+    raise InputError(f"--text_glob: {run.workdir} is a run on images, not text")
+  cfg = run.config
+  try:
+    files = sources.read_text_files(text_glob, "--text_glob")
+  except ValueError as e:
+    raise InputError(str(e)) from e
+  tokens = [run.tokenizer.encode(t) for _, t in files]
+  corpus = sources.TokenCorpus.from_documents(
+      [p for p, _ in files], tokens, [len(t) for _, t in files]
+  )
+  count = dict(global_batch_size=cfg.batch_size, num_batches=cfg.data.eval_batches)
+  try:
+    packed = sources.PackedTokenSource(corpus.tokens, cfg.seq_len)
+    batching.eval_batches(packed, **count)  # enough text for one batch?
+  except ValueError as e:
+    raise InputError(f"--text_glob={text_glob!r}: {e}") from e
+  return _Held(
+      lambda: batching.eval_batches(packed, **count), corpus.num_bytes / len(corpus.tokens)
+  )
+
+
+def sample(
+    run: FinishedRun, prompt: str, tokens: int, temperature: float, top_k: int, seed: int
+) -> tuple[np.ndarray, str]:
+  """`tokens` new token ids after `prompt` and their text (bytes that are not UTF-8 replaced)."""
+  if run.tokenizer is None:
+    raise InputError(f"{run.workdir} is a run on images: there is no text to sample")
+  ids = run.tokenizer.encode(prompt.encode("utf-8"))
+  try:
+    new = sampling.generate(
+        run.island.fns.graphdef,
+        run.params,
+        ids,
+        tokens,
+        run.island.model_cfg.max_len,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+    )
+  except ValueError as e:
+    raise InputError(str(e)) from e
+  return new, run.tokenizer.decode(new).decode("utf-8", errors="replace")
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+  """One line per evaluation: run, step, data, batches, tokens, loss, bits per byte / accuracy."""
+  extra = [k for k in ("eval_bpb", "eval_accuracy") if any(k in r for r in rows)]
+  head = ["run", "step", "data", "batches", "tokens", "eval_loss", *extra]
+  cells = [[_cell(r.get(k, "")) for k in head] for r in rows]
+  widths = [max(len(c) for c in col) for col in zip(head, *cells)]
+  return "\n".join(
+      "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+      for line in [head, *cells]
+  )
+
+
+def _cell(v: Any) -> str:
+  if isinstance(v, float):
+    return f"{v:.4f}" if math.isfinite(v) else str(v)
+  return f"{v:,}" if isinstance(v, int) else str(v)
