@@ -29,6 +29,8 @@ EXTRAS_REQUIRE = {
     "tpu": ["jax[tpu]>=0.10.2"],
     # experiments.launch_ray: the synchronizer and learners as Ray tasks, restarted when they fail.
     "ray": ["ray>=2.60"],
+    # --config.trackers=jsonl,wandb: Weights & Biases (imported only when chosen).
+    "wandb": ["wandb>=0.31"],
     "dev": [
         "pytest>=9.0",
         "hypothesis>=6.170",  # the synchronizer's property-based state machine
@@ -39,6 +41,7 @@ EXTRAS_REQUIRE = {
         "grpcio-tools>=1.85.1",  # only to regenerate diloco/rpc/synchronizer_pb2*.py
         "selenium>=4.51",  # drives Debian's chromium + chromium-driver in the status page test
         "ray>=2.60",  # tests/test_ray.py starts a real local Ray cluster
+        "wandb>=0.31",  # tests/test_trackers.py reads an offline run back
         "pyink==26.5.1",  # the formatter .ci/run checks with (pinned: its output is the style)
     ],
 }

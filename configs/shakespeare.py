@@ -82,6 +82,11 @@ def base_config() -> ml_collections.ConfigDict:
           "on a terminal: a bar per run (tokens, simulated time, merges, learners)",
       ),
       timeline=(True, "multi-learner virtual runs draw WORKDIR/timeline.png"),
+      trackers=(
+          "jsonl,tensorboard",
+          "where metric rows go: jsonl (metrics.jsonl, always on: tools read it), tensorboard"
+          " (WORKDIR/tb), wandb (pip install -e '.[wandb]'; offline without an API key)",
+      ),
   )
   c.model = variants.model_section("small", runlocal_size="tiny")
   c.data = sections.data()

@@ -1,13 +1,16 @@
-"""Run outputs: metrics.jsonl, TensorBoard event files and summary.json."""
+"""Run outputs: metrics.jsonl and the other trackers' files, and summary.json."""
 
 import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
+import ml_collections
 import numpy as np
-from tensorboardX import SummaryWriter
+
+from diloco.watch import trackers as trackers_lib
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -27,51 +30,44 @@ def _plain(value: Any) -> Any:
 
 
 class MetricsWriter:
-  """Appends one JSON object per event to metrics.jsonl and mirrors scalars to TensorBoard."""
+  """Appends one JSON object per event to metrics.jsonl and mirrors it to the chosen trackers
+  (diloco/watch/trackers.py: TensorBoard, wandb)."""
 
-  def __init__(self, workdir: str, resume_step: int | None = None, resume_bytes: int | None = None):
+  def __init__(
+      self,
+      workdir: str,
+      resume_step: int | None = None,
+      resume_bytes: int | None = None,
+      trackers: str = "jsonl,tensorboard",
+      config: Mapping[str, Any] | None = None,
+  ):
     """`resume_step`: keep the rows up to that step; `resume_bytes`: keep the file's first
-    bytes, as `position()` gave them (a snapshot's); neither: start a new file."""
+    bytes, as `position()` gave them (a snapshot's); neither: start a new file. `trackers`: the
+    `trackers` key; `config`: the resolved config the trackers record (wandb.config)."""
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, METRICS_FILE)
-    if resume_bytes is not None:
-      with open(self.path, "r+b") as f:
-        f.truncate(resume_bytes)
-    elif resume_step is not None:
-      self._truncate_after(resume_step)
-    elif os.path.exists(self.path):
-      os.remove(self.path)
-    self._file = open(self.path, "a", encoding="utf-8")
-    self._tb = SummaryWriter(logdir=os.path.join(workdir, "tb"), flush_secs=10)
+    self._jsonl = trackers_lib.Jsonl(self.path, resume_step, resume_bytes)
+    self._trackers = [self._jsonl, *trackers_lib.make(trackers, workdir, config)]
 
-  def _truncate_after(self, step: int) -> None:
-    """On resume, drops rows logged after the restored step (they will be logged again)."""
-    if not os.path.exists(self.path):
-      return
-    with open(self.path, encoding="utf-8") as f:
-      rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
-    tmp = self.path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.writelines(rows)
-    os.replace(tmp, self.path)
+  @classmethod
+  def for_run(cls, config: ml_collections.ConfigDict, workdir: str, **resume: Any):
+    """The writer of a run of `config`: its `trackers`, given the resolved config."""
+    spec = config.get("trackers", "jsonl,tensorboard")
+    return cls(workdir, **resume, trackers=spec, config=json.loads(config.to_json()))
 
   def write(self, row: dict[str, Any], prefix: str = "") -> None:
-    """Logs one event; numeric values also go to TensorBoard under `prefix/`."""
+    """Logs one event; trackers other than JSONL log its numbers under `prefix`."""
     row = _plain(row)
-    self._file.write(json.dumps(row, sort_keys=True) + "\n")
-    self._file.flush()
-    step = int(row.get("step", 0))
-    for key, value in row.items():
-      if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        self._tb.add_scalar(f"{prefix}{key}", value, global_step=step)
+    for tracker in self._trackers:
+      tracker.write(row, prefix)
 
   def position(self) -> int:
     """Bytes written to metrics.jsonl so far (every row is flushed as it is written)."""
-    return self._file.tell()
+    return self._jsonl.position()
 
   def close(self) -> None:
-    self._file.close()
-    self._tb.close()
+    for tracker in self._trackers:
+      tracker.close()
 
 
 def params_sha256(flat: dict[str, Any]) -> str:

@@ -322,6 +322,23 @@ def test_every_mode_writes_a_valid_summary(runs, initial_eval_loss, mode):
   assert s["sim_time_s"] > 0 and 0 < s["goodput"] <= 1 and 0 <= s["uptime"] <= 1
 
 
+@pytest.mark.parametrize("mode", ["dp", "decoupled"])
+def test_evaluation_rows_say_which_model_and_which_is_final(runs, mode):
+  """One final evaluation, the last row, the summary's; a decoupled run's evaluation due at the
+  last step runs before the last merges (same step, earlier simulated time): not final."""
+  run = runs[mode]
+  evals = [r for r in run.rows if "eval_loss" in r]
+  assert {r["model"] for r in evals} == {"global"}
+  assert [r["final"] for r in evals] == [False] * (len(evals) - 1) + [True]
+  assert evals[-1] is run.rows[-1] and evals[-1]["eval_loss"] == run.summary["eval_loss"]
+  if mode == "decoupled":
+    before, final = evals[-2:]
+    assert before["step"] == final["step"] == STEPS
+    merged_after = [r for r in run.merges if r["time"] > before["sim_time_s"]]
+    assert merged_after and final["sim_time_s"] > before["sim_time_s"]
+    assert before["eval_loss"] != final["eval_loss"]
+
+
 def _read_summary(run: Run) -> dict:
   with open(os.path.join(run.summary["workdir"], metrics.SUMMARY_FILE), encoding="utf-8") as f:
     return json.load(f)

@@ -353,4 +353,10 @@ def _param_shapes(key: tuple) -> dict:
   return fragments.flatten(jax.tree.map(lambda x: x, nnx.to_pure_dict(nnx.state(model))))
 
 
-RULES = (_domains, _model_size, _dependent, _outer, _chaos, _deploy)
+def _trackers(c) -> Problems:
+  from diloco.watch import trackers
+
+  return [("trackers", why) for why in trackers.problems(c.get("trackers", ""))]
+
+
+RULES = (_domains, _model_size, _dependent, _outer, _chaos, _deploy, _trackers)

@@ -19,7 +19,7 @@ from ml_collections import config_dict
 MEANINGS: dict[str, str] = {}  # dotted path -> one-line meaning, as sections are defined
 # Keys of an invocation, not of the run: how it is watched and where this invocation stops. A run
 # resumes under other values of them (the workdir's claim and the virtual snapshot ignore them).
-INVOCATION = ("stop_after_steps", "progress_bar", "timeline")
+INVOCATION = ("stop_after_steps", "progress_bar", "timeline", "trackers")
 
 
 class _Unset:

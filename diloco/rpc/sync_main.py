@@ -160,7 +160,9 @@ def run(
   restored_from = ckpt.latest_step()
   restored = _restore(sync, ckpt)
   # A restarted synchronizer appends to the log of the run before it.
-  writer = metrics.MetricsWriter(workdir, resume_step=None if restored_from is None else 1 << 60)
+  writer = metrics.MetricsWriter.for_run(
+      config, workdir, resume_step=None if restored_from is None else 1 << 60
+  )
   lock = threading.Lock()
 
   def on_log(record: dict) -> None:

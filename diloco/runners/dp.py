@@ -99,7 +99,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   fns, data = island.fns, island.data
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint_every)
   state, start = island.restore_or_init(ckpt)
-  writer = metrics.MetricsWriter(workdir, resume_step=start if start else None)
+  writer = metrics.MetricsWriter.for_run(config, workdir, resume_step=start if start else None)
   logger = StepLogger(config, writer, ckpt, start)
   stop_at = start + config.stop_after_steps if config.get("stop_after_steps", 0) else None
   last, stopped_by = start, None
@@ -115,7 +115,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       logger.flush()  # never save or evaluate a state that went non-finite
     if due_eval:
       eval_row = evaluation.evaluate(fns, state.params, data)
-      writer.write({"step": step, "tokens": step * logger.tokens_per_step, **eval_row})
+      tokens = step * logger.tokens_per_step
+      final = step == config.steps  # the one model, at the run's last step
+      writer.write({"step": step, "tokens": tokens, **eval_row, "model": "global", "final": final})
     if due_ckpt:
       ckpt.save(step, state, data.train_iter, force=step == config.steps or stopping)
     if stopping:

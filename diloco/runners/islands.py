@@ -206,7 +206,9 @@ class _Log:
     """`resume`: a `state()` of a stopped run, to go on from."""
     self.config, self.learners, self.island = config, learners, isl
     self.m_count = len(learners)
-    self.writer = metrics.MetricsWriter(workdir, resume_bytes=resume and resume["position"])
+    self.writer = metrics.MetricsWriter.for_run(
+        config, workdir, resume_bytes=resume and resume["position"]
+    )
     self.merges: list[dict] = []
     self.evals: list[dict] = []
     self.rejected: collections.Counter = collections.Counter()
@@ -245,7 +247,10 @@ class _Log:
     self.writer.close()
     self.bar.close()
 
-  def evaluate(self, sim_time: float) -> dict[str, float] | None:
+  def evaluate(self, sim_time: float, final: bool = False) -> dict[str, float] | None:
+    """Evaluates the synchronizer's global model and logs the row (`model: global`). `final`:
+    the run's last evaluation, after every merge. An evaluation due at the last inner step runs
+    before the last uploads are merged, at the same `step`: its row says `final: false`."""
     if self.runtime.sync is None:  # down: nothing to evaluate until it restarts
       return None
     row = evaluate_global(self.island, self.runtime.sync)
@@ -254,7 +259,7 @@ class _Log:
         sim_time_s=sim_time,
         tokens=sum(l.tokens for l in self.learners),
     )
-    self.writer.write(row)
+    self.writer.write({**row, "model": "global", "final": final})
     self.evals.append(row)
     return row
 
@@ -285,7 +290,7 @@ class _Log:
     for m, prev in enumerate(self.pending):
       if prev is not None:
         _log_learner(self.writer, self.config, m, self.learners[m], *prev, force=True)
-    final = self.evaluate(sim_time)
+    final = self.evaluate(sim_time, final=True)
     self.close()
     return final
 
