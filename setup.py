@@ -27,6 +27,8 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     # Cloud TPU VMs: JAX with libtpu (from PyPI); every TPU launch path installs it.
     "tpu": ["jax[tpu]>=0.10.2"],
+    # NVIDIA GPUs (CUDA 12 wheels from PyPI: the plugin brings its CUDA and cuDNN libraries).
+    "gpu": ["jax[cuda12]>=0.10.2"],
     # experiments.launch_ray: the synchronizer and learners as Ray tasks, restarted when they fail.
     "ray": ["ray>=2.60"],
     # --config.trackers=jsonl,wandb: Weights & Biases (imported only when chosen).

@@ -43,6 +43,21 @@ def test_both_attention_implementations_agree():
   np.testing.assert_allclose(model(tokens), model2(tokens), atol=2e-5)
 
 
+def test_auto_attention_is_ours_on_gpus_and_xlas_elsewhere():
+  assert tr.attention_kind("auto", "gpu") == "einsum"
+  assert tr.attention_kind("auto", "cpu") == tr.attention_kind("auto", "tpu")
+  assert tr.attention_kind("auto", "cpu") == "dot_product_attention"
+  assert tr.attention_kind("cudnn", "cpu") == "cudnn"  # a named kind is never replaced
+  tokens = jax.random.randint(jax.random.key(3), (2, 16), 0, 256)
+  outputs = [
+      tr.Transformer(
+          tr.ModelConfig(**{**variants.MODEL_SIZES["tiny"], "attention": a}), nnx.Rngs(0)
+      )(tokens)
+      for a in ("auto", "dot_product_attention")
+  ]
+  np.testing.assert_array_equal(*outputs)  # on this CPU, auto is XLA's: the same bits
+
+
 def test_param_tree_layout_and_count():
   model = tr.Transformer(TINY, nnx.Rngs(0))
   params = nnx.to_pure_dict(nnx.state(model))

@@ -24,7 +24,20 @@ from flax import nnx
 
 from diloco.models import moe
 
-ATTENTION = ("einsum", "dot_product_attention", "cudnn")
+ATTENTION = ("auto", "einsum", "dot_product_attention", "cudnn")
+# auto: what measured fastest on the backend (BENCHMARKS.md): ours on GPUs (1.17x XLA's for `base`
+# in bf16 on an H200), XLA's dot_product_attention elsewhere (CPUs: within 2% of ours either way,
+# and the default the project's CPU results were measured with).
+AUTO_ATTENTION = {"gpu": "einsum"}
+
+
+def attention_kind(name: str, backend: str | None = None) -> str:
+  """The attention a config's `model.attention` means on `backend` (default: JAX's)."""
+  if name != "auto":
+    return name
+  return AUTO_ATTENTION.get(backend or jax.default_backend(), "dot_product_attention")
+
+
 # What each block keeps for the backward pass: everything; only its input (recompute the block);
 # the outputs of matmuls without batch dimensions (recompute the rest: norms, activations).
 REMAT = {
@@ -46,8 +59,9 @@ class ModelConfig:
   max_len: int = 1024
   mlp: Literal["swiglu", "gelu"] = "swiglu"
   tied_embeddings: bool = True
-  # einsum: ours; dot_product_attention: jax.nn's (XLA); cudnn: jax.nn's cuDNN fused kernel (GPU)
-  attention: Literal["einsum", "dot_product_attention", "cudnn"] = "einsum"
+  # einsum: ours; dot_product_attention: jax.nn's (XLA); cudnn: jax.nn's cuDNN fused kernel (GPU);
+  # auto: einsum on GPUs, dot_product_attention elsewhere (attention_kind)
+  attention: Literal["auto", "einsum", "dot_product_attention", "cudnn"] = "einsum"
   rope_base: float = 10_000.0
   dtype: str = "float32"  # compute dtype; parameters (and optimizer state) are always float32.
   remat: Literal["none", "block", "dots"] = "none"  # recompute in the backward pass: REMAT
@@ -153,8 +167,9 @@ class Attention(nnx.Module):
     q_BxLxHxK = rotary(qkv_BxLx3xHxK[:, :, 0], cfg.rope_base)
     k_BxLxHxK = rotary(qkv_BxLx3xHxK[:, :, 1], cfg.rope_base)
     v_BxLxHxK = qkv_BxLx3xHxK[:, :, 2]
-    if cfg.attention != "einsum":
-      impl = "cudnn" if cfg.attention == "cudnn" else None
+    kind = attention_kind(cfg.attention)
+    if kind != "einsum":
+      impl = "cudnn" if kind == "cudnn" else None
       o_BxLxHxK = jax.nn.dot_product_attention(
           q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=cfg.causal, implementation=impl
       )
