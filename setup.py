@@ -53,7 +53,11 @@ setuptools.setup(
     version="0.1.0",
     description=__doc__,
     python_requires=">=3.11",
-    packages=setuptools.find_packages(include=["diloco", "diloco.*"]),
+    # configs and experiments too, so that a sweep file anywhere can `from configs import ...`
+    # and `python -m experiments.sweep` runs from any folder after `pip install -e .`.
+    packages=setuptools.find_packages(
+        include=["diloco", "diloco.*", "configs", "configs.*", "experiments", "experiments.*"]
+    ),
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
 )

@@ -1,0 +1,1 @@
+"""Sweep files: get_config(arg) and get_sweep(arg)."""
