@@ -13,8 +13,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from diloco import metrics
-from diloco.config import checks, deploy as deploy_lib, keys
+from diloco import data as data_lib, metrics
+from diloco.config import build, checks, deploy as deploy_lib, keys
 from diloco.recovery import workdir as workdir_lib
 from diloco.runners import compare, dp, islands
 
@@ -55,11 +55,24 @@ def train_and_evaluate(
   if config.get("distributed", False):
     jax.distributed.initialize()
   workdir_lib.write_config(workdir, config.to_json(indent=2))
-  summary = run(config, workdir, **runner_options)
+  with data_lib.reuse_splits():  # the runner's islands and the summary read the data once
+    summary = run(config, workdir, **runner_options)
+    if config.mode != "compare":  # each compared run's summary has its own
+      summary["data"] = data_summary(config)
   summary["workdir"] = os.path.abspath(workdir)
   if jax.process_index() == 0:
     metrics.write_summary(workdir, summary)
   return summary
+
+
+def data_summary(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """summary.json's `data`: the source, tokenizer, splits and evaluation set of a resolved config."""
+  return data_lib.describe(
+      data_lib.load_splits(config.data),
+      config.data,
+      seq_len=config.seq_len,
+      eval_batch_size=build.eval_batch_size(config),
+  )
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -52,6 +52,12 @@ def batch_sizes(config: ml_collections.ConfigDict) -> list[int]:
   return out
 
 
+def eval_batch_size(config: ml_collections.ConfigDict) -> int:
+  """The batch (sequences) of the island that evaluates: mode=dp's one island, else learner 0's
+  (the multi-learner runners evaluate the global model there)."""
+  return config.batch_size if config.mode == "dp" else batch_sizes(config)[0]
+
+
 def split_devices(devices: Sequence, m: int) -> list[list]:
   """M islands of len(devices) // M devices each; with fewer devices than M, islands share."""
   if m < 1:

@@ -218,8 +218,31 @@ def _dependent(c) -> Problems:
   for key, value, needs in NEEDS:
     if _get(c, key) == value and not _get(c, needs):
       out.append((needs, f"{key}={value!r} needs it (the files to train on)"))
-  if c.data.get("val_text_glob") and c.data.val_text_glob == c.data.text_glob:
-    out.append(("data.val_text_glob", "is data.text_glob: validation would score training text"))
+  return out
+
+
+# Each source's training glob and the validation glob that must match none of its files.
+VAL_GLOBS = (
+    ("text_glob", "data.text_glob", "data.val_text_glob"),
+    ("array_record", "data.array_record_glob", "data.val_array_record_glob"),
+    ("npz_glob", "data.npz_glob", "data.val_npz_glob"),
+)
+
+
+def _val_overlap(c) -> Problems:
+  """A validation glob that matches a training file: validation would score training data."""
+  from diloco.data import sources
+
+  out = []
+  for source, train_key, val_key in VAL_GLOBS:
+    if c.data.source != source or not _has(c, val_key) or not _get(c, val_key):
+      continue
+    train, val = _get(c, train_key), _get(c, val_key)
+    if val == train:
+      out.append((val_key, f"is {train_key}: validation would score training data"))
+    elif train and (shared := sources.shared_file(train, val)):
+      why = f"matches {shared}, a {train_key} file: validation would score training data"
+      out.append((val_key, f"{why}; make the two globs match disjoint files"))
   return out
 
 
@@ -359,4 +382,4 @@ def _trackers(c) -> Problems:
   return [("trackers", why) for why in trackers.problems(c.get("trackers", ""))]
 
 
-RULES = (_domains, _model_size, _dependent, _outer, _chaos, _deploy, _trackers)
+RULES = (_domains, _model_size, _dependent, _val_overlap, _outer, _chaos, _deploy, _trackers)

@@ -3,8 +3,10 @@
 from diloco.data.pipeline import (
     Datasets,
     build_datasets,
+    describe,
     load_splits,
     make_datasets,
+    reuse_splits,
 )
 from diloco.data.shakespeare import ensure_prepared, prepare_corpus, PreparedCorpus
 from diloco.data.sources import PackedTokenSource, write_array_record
@@ -14,8 +16,10 @@ __all__ = [
     "PackedTokenSource",
     "PreparedCorpus",
     "build_datasets",
+    "describe",
     "load_splits",
     "make_datasets",
+    "reuse_splits",
     "ensure_prepared",
     "prepare_corpus",
     "write_array_record",

@@ -12,6 +12,7 @@ integer and checkpoints with orbax).
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import sys
 
@@ -99,23 +100,17 @@ class TrainBatchSource:
     return self.packed.batch(self.records(index))
 
 
-def eval_batches(
-    packed: PackedTokenSource,
-    *,
-    global_batch_size: int,
-    num_batches: int,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> list[Batch]:
-  """Fixed evaluation batches in record order: global batch k is records [k*B, (k+1)*B).
+def eval_records(num_records: int, *, global_batch_size: int, num_batches: int) -> np.ndarray:
+  """Record ids of the fixed evaluation set, [batches, B], in record order: global batch k is
+  records [k*B, (k+1)*B). This decides what evaluation scores (`eval_batches`) and hashes
+  (`eval_set_sha256`).
 
   num_batches = 0 takes every full batch, and so does a number larger than the set holds (logged).
   """
-  b = process_batch_size(global_batch_size, process_index, process_count)
-  available = len(packed) // global_batch_size
+  available = num_records // global_batch_size
   if available == 0:
     raise ValueError(
-        f"the validation set has {len(packed)} sequences, fewer than one global batch "
+        f"the validation set has {num_records} sequences, fewer than one global batch "
         f"of {global_batch_size}"
     )
   if num_batches < 0:
@@ -129,5 +124,33 @@ def eval_batches(
         available,
     )
     num_batches = available
-  rows_b = process_index + process_count * np.arange(b, dtype=np.int64)
-  return [packed.batch(k * global_batch_size + rows_b) for k in range(num_batches or available)]
+  n = num_batches or available
+  return np.arange(n * global_batch_size, dtype=np.int64).reshape(n, global_batch_size)
+
+
+def eval_batches(
+    packed: PackedTokenSource,
+    *,
+    global_batch_size: int,
+    num_batches: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> list[Batch]:
+  """This process's rows (p, p + n, ...) of each fixed evaluation batch (`eval_records`)."""
+  process_batch_size(global_batch_size, process_index, process_count)
+  records_KxB = eval_records(
+      len(packed), global_batch_size=global_batch_size, num_batches=num_batches
+  )
+  return [packed.batch(records_B[process_index::process_count]) for records_B in records_KxB]
+
+
+def eval_set_sha256(packed: PackedTokenSource, records_KxB: np.ndarray) -> str:
+  """sha256 of the evaluation set (`records_KxB` from `eval_records`, every process's rows): for
+  each array of a batch, by name, its name, dtype and row shape, then its rows of every batch in
+  order. Equal exactly when two runs score the same sequences, however they are batched."""
+  digest = hashlib.sha256()
+  for name, x in sorted(packed.batch(records_KxB[0]).items()):
+    digest.update(f"{name}:{x.dtype.str}:{x.shape[1:]};".encode())
+    for records_B in records_KxB:
+      digest.update(np.ascontiguousarray(packed.batch(records_B)[name]).tobytes())
+  return digest.hexdigest()

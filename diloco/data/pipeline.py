@@ -11,16 +11,20 @@ The validation batches are the same for every shard.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grain
 import jax
 import ml_collections
 import numpy as np
 
-from diloco.data import archive as archive_lib, images, shakespeare, shards, sources, tokenizers
+from diloco.data import archive as archive_lib, batching, images, shakespeare, shards, sources
+from diloco.data import tokenizers
 from diloco.data.batching import Batch, eval_batches, TrainBatchSource
 
 SOURCES = ("shakespeare", "text_glob", "array_record", "digits", "npz_glob")
@@ -29,6 +33,7 @@ TOKENIZERS = ("byte", "sentencepiece")
 VAL_FRACTION = 10  # without a validation glob, the last 1/10 of the files (records) is held out
 
 _log = logging.getLogger(__name__)
+_loaded: dict[str, Any] | None = None  # load_splits' results within `reuse_splits()`
 
 
 @dataclasses.dataclass
@@ -196,9 +201,64 @@ def shard_corpus(
 def load_splits(
     data_cfg: ml_collections.ConfigDict, expected_sha256: str = archive_lib.SDIST_SHA256
 ) -> Splits | images.ImageSplits:
-  """Reads (preparing if needed) and tokenizes the configured source's two splits."""
+  """Reads (preparing if needed) and tokenizes the configured source's two splits; within
+  `reuse_splits()`, once per data config."""
   _check_config(data_cfg)
-  return _LOADERS[data_cfg.source](data_cfg, expected_sha256)
+  if _loaded is None:
+    return _LOADERS[data_cfg.source](data_cfg, expected_sha256)
+  key = json.dumps([data_cfg.to_dict(), expected_sha256], sort_keys=True, default=str)
+  if key not in _loaded:
+    _loaded[key] = _LOADERS[data_cfg.source](data_cfg, expected_sha256)
+  return _loaded[key]
+
+
+@contextlib.contextmanager
+def reuse_splits() -> Iterator[None]:
+  """Within it, `load_splits` reads and tokenizes each data config once (one run's islands, its
+  summary and the runs of mode=compare share the splits); outside it, every call reads the files."""
+  global _loaded
+  outermost = _loaded is None
+  if outermost:
+    _loaded = {}
+  try:
+    yield
+  finally:
+    if outermost:
+      _loaded = None
+
+
+def eval_source(splits: Splits | images.ImageSplits, seq_len: int):
+  """The validation records evaluation draws its fixed batches from."""
+  if isinstance(splits, images.ImageSplits):
+    return splits.val
+  return sources.PackedTokenSource(splits.val.tokens, seq_len)
+
+
+def describe(
+    splits: Splits | images.ImageSplits,
+    data_cfg: ml_collections.ConfigDict,
+    *,
+    seq_len: int,
+    eval_batch_size: int,
+) -> dict[str, Any]:
+  """What a run trains and evaluates on (summary.json's `data`): each split's size, and the sha256
+  of the evaluation set (the batches of `eval_batch_size` sequences that evaluation scores)."""
+  val = eval_source(splits, seq_len)
+  count = dict(global_batch_size=eval_batch_size, num_batches=data_cfg.eval_batches)
+  if isinstance(splits, images.ImageSplits):
+    out = {"source": data_cfg.source, "classes": splits.num_classes}
+    out.update(train_images=len(splits.train), val_images=len(splits.val))
+  else:
+    out = {"source": data_cfg.source, "tokenizer": data_cfg.tokenizer}
+    out["vocab_size"] = splits.vocab_size
+    for name, corpus in (("train", splits.train), ("val", splits.val)):
+      out[f"{name}_tokens"] = len(corpus.tokens)
+      out[f"{name}_bytes"] = corpus.num_bytes
+      out[f"{name}_documents"] = len(corpus.names)
+  records_KxB = batching.eval_records(len(val), **count)  # what eval_batches draws
+  out["eval_sequences"] = int(records_KxB.size)
+  out["eval_sha256"] = batching.eval_set_sha256(val, records_KxB)
+  return out
 
 
 def make_datasets(
@@ -227,7 +287,7 @@ def make_datasets(
     raise ValueError(f"seq_len must be >= 1, got {seq_len}")
   train = shard_corpus(splits.train, shard_index, num_shards, data_cfg.iid)
   packed_train = sources.PackedTokenSource(train.tokens, seq_len)
-  packed_val = sources.PackedTokenSource(splits.val.tokens, seq_len)
+  packed_val = eval_source(splits, seq_len)
   where = dict(process_index=process_index, process_count=process_count)
   dataset, evals = _batched(
       packed_train, packed_val, data_cfg, seed, global_batch_size, shard_index, **where

@@ -140,6 +140,18 @@ def glob_files(pattern: str, what: str) -> list[str]:
   return paths
 
 
+def shared_file(pattern: str, other: str) -> str | None:
+  """The first file (in sorted order) that both globs match, or None."""
+  match = lambda p: {
+      os.path.realpath(f): f
+      for f in glob.glob(os.path.expanduser(p), recursive=True)
+      if os.path.isfile(f)
+  }
+  mine, theirs = match(pattern), match(other)
+  both = sorted(mine.keys() & theirs.keys())
+  return theirs[both[0]] if both else None
+
+
 def read_text_files(pattern: str, what: str = "text_glob") -> list[tuple[str, bytes]]:
   """(path, raw bytes) of every file matching pattern, in sorted path order."""
   return [(p, pathlib.Path(p).read_bytes()) for p in glob_files(pattern, what)]
