@@ -63,6 +63,21 @@ def test_point_names_follow_the_overrides_in_order():
   assert sweep.point_name({"a": "x/y z"}) == "a=x_y_z"
 
 
+def test_a_long_name_keeps_what_varies_and_a_digest_of_the_rest():
+  shared = {"config.data.source": "text_glob", "config.data.text_glob": "/home/me/corpora/**/*.txt"}
+  raw = [
+      {**shared, "config.data.tokenizer": "sentencepiece", "config.optimizer.lr": lr}
+      for lr in (3e-3, 1e-2)
+  ]
+  keys = sweep.shared_keys(raw)
+  assert keys == ["config.data.source", "config.data.text_glob", "config.data.tokenizer"]
+  assert len(sweep.point_name(raw[0])) == 110  # every override, as short sweeps keep them
+  names = [sweep.point_name(p, keys) for p in raw]
+  assert [n.split("~")[0] for n in names] == ["optimizer.lr=0.003", "optimizer.lr=0.01"]
+  assert all(len(n.split("~")[1]) == 8 for n in names) and names[0] != names[1]
+  assert sweep.point_name({"size": "d8l1", "seed": 0}, ["seed"]) == "size=d8l1+seed=0"  # short
+
+
 def test_points_split_variants_from_config_keys(sweep_file):
   pts = sweep.points(_spec(sweep_file))
   assert [p.name for p in pts] == [

@@ -16,10 +16,12 @@ fails, naming the point and the key.
 """
 
 import dataclasses
+import hashlib
 import os
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -71,14 +73,34 @@ def load_module(path: str) -> ModuleType:
     raise SweepError(str(e)) from e
 
 
-def point_name(values: dict[str, Any]) -> str:
-  """A directory name from a point's overrides, in their order: `mode=diloco+outer.lr=0.4`."""
+MAX_NAME = 80  # longer names keep only the overrides that vary between points, and a digest
+
+
+def point_name(values: dict[str, Any], shared: Sequence[str] = ()) -> str:
+  """A directory name from a point's overrides, in their order: `mode=diloco+outer.lr=0.4`.
+
+  A name longer than MAX_NAME leaves out the `shared` keys (the same value in every point of the
+  sweep) and ends in `~` and 8 hex digits of the whole name, so it stays short and unique."""
+  name = _joined(values.items())
+  if len(name) <= MAX_NAME or not shared:
+    return name
+  digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+  return _joined((k, v) for k, v in values.items() if k not in shared) + f"~{digest}"
+
+
+def _joined(items) -> str:
   parts = []
-  for k, v in values.items():
+  for k, v in items:
     key = k[len(CONFIG_PREFIX) :] if k.startswith(CONFIG_PREFIX) else k
     parts.append(f"{key}={_text(v)}")
   name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", SEP.join(parts))
   return name or "default"
+
+
+def shared_keys(raw: list[dict[str, Any]]) -> list[str]:
+  """The keys every point sets to the same value."""
+  first = raw[0] if raw else {}
+  return [k for k in first if all(k in p and repr(p[k]) == repr(first[k]) for p in raw)]
 
 
 def points(spec: str, module: ModuleType | None = None) -> list[Point]:
@@ -92,10 +114,12 @@ def points(spec: str, module: ModuleType | None = None) -> list[Point]:
   if not isinstance(raw, list) or not raw:
     raise SweepError(f"{path}: get_sweep({arg!r}) must return a non-empty list of dicts")
   out, seen = [], {}
+  bad = [i for i, values in enumerate(raw) if not isinstance(values, dict)]
+  if bad:
+    raise SweepError(f"point {bad[0]} of {path} is a {type(raw[bad[0]]).__name__}, not a dict")
+  shared = shared_keys(raw)
   for i, values in enumerate(raw):
-    if not isinstance(values, dict):
-      raise SweepError(f"point {i} of {path} is a {type(values).__name__}, not a dict")
-    name = point_name(values)
+    name = point_name(values, shared)
     if name in seen:
       raise SweepError(f"points {seen[name]} and {i} are the same run ({name})")
     seen[name] = i
