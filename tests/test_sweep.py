@@ -63,6 +63,13 @@ def test_point_names_follow_the_overrides_in_order():
   assert sweep.point_name({"a": "x/y z"}) == "a=x_y_z"
 
 
+def test_a_sweep_file_without_get_config_is_told_what_it_needs(tmp_path):
+  path = tmp_path / "mine.py"
+  path.write_text("def get_sweep(arg=None):\n  return [{'seed': 0}]\n")
+  with pytest.raises(sweep.SweepError, match=r"defines no get_config: a sweep file defines get_co"):
+    sweep.points(str(path))
+
+
 def test_a_long_name_keeps_what_varies_and_a_digest_of_the_rest():
   shared = {"config.data.source": "text_glob", "config.data.text_glob": "/home/me/corpora/**/*.txt"}
   raw = [

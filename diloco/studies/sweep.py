@@ -108,8 +108,12 @@ def points(spec: str, module: ModuleType | None = None) -> list[Point]:
   file, if already loaded)."""
   path, arg = split_spec(spec)
   module = module or load_module(path)
-  if not hasattr(module, "get_sweep"):
-    raise SweepError(f"{path} defines no get_sweep(arg)")
+  missing = [f for f in ("get_config", "get_sweep") if not hasattr(module, f)]
+  if missing:
+    raise SweepError(
+        f"{path} defines no {' and no '.join(missing)}: a sweep file defines get_config(arg) "
+        "(one run's config) and get_sweep(arg) (the points: a list of dicts)"
+    )
   raw = module.get_sweep(arg or None)
   if not isinstance(raw, list) or not raw:
     raise SweepError(f"{path}: get_sweep({arg!r}) must return a non-empty list of dicts")
