@@ -2,7 +2,11 @@
 
 `run_learner` trains one learner continuously: it joins, takes steps, uploads due fragments,
 applies what arrives, keeps training while the synchronizer is unreachable and rejoins with
-exponential backoff.
+exponential backoff. A (re)started process joins before its first step: one restored from a
+checkpoint holds every fragment and could train at once, but the synchronizer refuses its join
+until the killed process's session has been silent for `absent_after_s`, and a fast learner used
+to finish every step in that window, unjoined, so none of its work was merged; it waits up to
+`first_join_s` (8 heartbeats, twice the absence a session is held for), then trains anyway.
 """
 
 import random
@@ -29,6 +33,7 @@ def run_learner(
     max_backoff_s: float = 4.0,
     settle_timeout_s: float = 60.0,
     seed: int = 0,
+    first_join_s: float | None = None,
 ) -> dict[str, Any]:
   """Trains `learner` to `steps` inner steps over `link`, then waits for the run to settle.
 
@@ -39,6 +44,7 @@ def run_learner(
   loop = _LearnerLoop(
       learner, link, stop or threading.Event(), heartbeat_s, max_backoff_s, random.Random(seed)
   )
+  loop.first_join_s = 8 * heartbeat_s if first_join_s is None else first_join_s
   beating = threading.Event()
 
   def heartbeats() -> None:
@@ -82,6 +88,7 @@ class _LearnerLoop:
     self.joined, self.retry_at, self.backoff, self.last_beat = False, 0.0, 0.1, 0.0
     self.joins = self.unreachable_steps = self.applied = self.dropped = 0
     self.inflight: dict[int, int] = {}  # fragment -> step it was sent at
+    self.first_join_s = 0.0  # how long the first step waits for the first join
     # Once trained, every heartbeat says finished: the beat thread's report must not follow the
     # settling loop's and say "not finished" of a learner that is. Beats go one at a time.
     self.trained, self._beat_lock = False, threading.Lock()
@@ -148,12 +155,14 @@ class _LearnerLoop:
     bound). A blocking learner sends at once: it waits for the answers anyway.
     """
     learner, last, outbox = self.learner, time.monotonic(), []
+    first_join_by = last + self.first_join_s
     while learner.steps < steps and not self.stop.is_set():
       if self.ensure_joined():
         self.deliver(0.0)
       holds_all = all(v >= 0 for v in learner.versions)
       waiting = blocking and any(learner.steps >= s + overlap for s in self.inflight.values())
-      if not holds_all or waiting:
+      unjoined = not self.joins and time.monotonic() < first_join_by  # see the module doc
+      if not holds_all or waiting or unjoined:
         if self.joined:
           self.deliver(min(self.heartbeat_s, 0.5))
         else:
