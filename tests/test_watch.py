@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco.runners import islands
+from diloco.runners import island_summary, islands
 from diloco.watch import progress, timeline
 
 
@@ -63,7 +63,7 @@ def test_stalled_spans_by_hand():
   # Period 2 s. Gaps: 0->1 (ok), 1->6 (5 s: stalled from 3 to 6), 6->7 (ok), 7->10 (stall 9..10).
   assert timeline.stalled_spans([1.0, 6.0, 7.0], 10.0, 2.0) == [(3.0, 6.0), (9.0, 10.0)]
   merges = [{"time": t} for t in (1.0, 6.0, 7.0)]
-  assert islands.uptime(merges, 10.0, 2.0) == pytest.approx(1 - 4 / 10)
+  assert island_summary.uptime(merges, 10.0, 2.0) == pytest.approx(1 - 4 / 10)
 
 
 def _pixel(fig, ax, x, y):

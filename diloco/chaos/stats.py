@@ -18,7 +18,7 @@ MERGE_TIME_CODES = ("non_finite", "outlier")  # rejections of uploads already in
 
 @dataclasses.dataclass
 class ChaosStats:
-  """Counters of a chaos run; `runners.islands.chaos_summary` turns them into summary keys."""
+  """Counters of a chaos run; `runners.island_summary.chaos_summary` turns them into summary keys."""
 
   faults: collections.Counter = dataclasses.field(default_factory=collections.Counter)
   ignored: int = 0  # faults that found nothing to act on (e.g. a crash of a learner down)

@@ -17,7 +17,7 @@ import ml_collections
 
 from diloco import metrics
 from diloco.config import build, resolve
-from diloco.runners import islands
+from diloco.runners import island_summary
 from diloco.runtime import preemption
 from diloco.watch import progress
 
@@ -34,7 +34,7 @@ def on_the_islands_clock(
       {"sim_time_s": r["step"] * step_s, "eval_loss": r["eval_loss"]} for r in _eval_rows(workdir)
   ]
   m = config.outer.learners
-  summary["dp_bytes_per_token"] = islands.dp_bytes_per_token(
+  summary["dp_bytes_per_token"] = island_summary.dp_bytes_per_token(
       summary["params"], m, config.batch_size * m * config.seq_len
   )
   summary["bytes_per_token"] = summary["dp_bytes_per_token"]
