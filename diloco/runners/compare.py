@@ -58,13 +58,14 @@ def run(
 
 
 def _run(config, workdir, train) -> dict[str, Any]:
-  rows, modes = {}, config.compare.modes.split(",")
+  rows, runs = {}, resolve.compare_runs(config)
+  modes = list(runs)
   bar = progress.bar(config.progress_bar, total=len(modes), desc="compare", unit="mode")
   for mode in modes:
     if preemption.requested():
       return _stopped(rows, preemption.SIGNAL, mode, bar)
     bar.set_postfix(progress.modes_postfix(modes, len(rows)))
-    sub_dir, sub = os.path.join(workdir, mode), resolve.compare_runs(config)[mode]
+    sub_dir, sub = os.path.join(workdir, mode), runs[mode]
     summary = _finished_summary(sub, sub_dir) or train(sub, sub_dir)
     rows[mode] = summary
     if not summary.get("finished", True):

@@ -82,8 +82,9 @@ def open_run(workdir: str, eval_batches: int | None = None) -> FinishedRun:
   cfg.init_from = ""  # this run's parameters replace the warm start's
   if eval_batches is not None:
     cfg.data.eval_batches = eval_batches
-  if cfg.mode != "dp":  # the final evaluation ran on learner 0's island, with its batch
-    cfg.batch_size, devices = build.batch_sizes(cfg)[0], build.learner_devices(cfg)[0]
+  cfg.batch_size = build.eval_batch_size(cfg)  # the final evaluation's island: learner 0's
+  if cfg.mode != "dp":
+    devices = build.learner_devices(cfg)[0]
   splits = pipeline.load_splits(cfg.data)
   isl = island_lib.build_island(cfg, devices, splits=splits)
   try:
