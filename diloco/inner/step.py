@@ -29,15 +29,36 @@ class OptimizerConfig:
   name: str = "adamw"
   lr: float = 3e-3
   warmup_steps: int = 50
-  decay_steps: int = 1000  # cosine from lr to lr * min_lr_ratio over these steps, after warmup
+  # cosine from lr to lr * min_lr_ratio over these steps after warmup: the rate of step
+  # warmup_steps + decay_steps is exactly lr * min_lr_ratio (lr_schedule)
+  decay_steps: int = 1000
   min_lr_ratio: float = 0.1
   b1: float = 0.9
   b2: float = 0.95
-  weight_decay: float = 0.1
+  weight_decay: float = 0.1  # coupled: optax's, multiplied by the scheduled lr
+  # independent: matrices shrink by (lr_t / lr) / weight_decay_time_constant per step
+  weight_decay_kind: str = "coupled"
+  weight_decay_time_constant: int = 0  # T of the independent decay (lambda = 1/T)
   clip_norm: float = 1.0  # 0 disables clipping
+
+  def optax_weight_decay(self) -> float:
+    """optax.adamw's weight_decay: as given (coupled), or 1/(T * lr), the independent decay
+    lambda = 1/T per step at the peak lr scaled by lr_t / lr (Wortsman et al. 2023)."""
+    if self.weight_decay_kind == "coupled":
+      return self.weight_decay
+    if self.weight_decay_kind != "independent" or self.weight_decay_time_constant < 1:
+      raise ValueError(
+          f"optimizer.weight_decay_kind={self.weight_decay_kind!r} with "
+          f"weight_decay_time_constant={self.weight_decay_time_constant}: expected coupled, or "
+          "independent with a time constant >= 1"
+      )
+    return 1.0 / (self.weight_decay_time_constant * self.lr)
 
 
 def lr_schedule(cfg: OptimizerConfig) -> optax.Schedule:
+  """0 -> lr linearly over warmup_steps, then a cosine to lr * min_lr_ratio, reached at step
+  warmup_steps + decay_steps (a run's `steps` when decay_steps is derived: the last update,
+  of step steps - 1, is a hair above it) and held after."""
   if cfg.warmup_steps == 0 and cfg.decay_steps == 0:
     return optax.constant_schedule(cfg.lr)
   return optax.warmup_cosine_decay_schedule(
@@ -55,7 +76,7 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   if cfg.name == "adamw":
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
     opt = optax.adamw(
-        schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask
+        schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.optax_weight_decay(), mask=decay_mask
     )
   elif cfg.name == "sgd":
     opt = optax.sgd(schedule)

@@ -5,6 +5,7 @@ Parameter tree (as `nnx.split(model)[1].to_pure_dict()`), which fragments and pa
   blocks/{i}/attn_norm/scale [D]
   blocks/{i}/attn/qkv        [D, 3, H, Dh]
   blocks/{i}/attn/out        [H, Dh, D]
+  blocks/{i}/attn/q_norm/scale [Dh]  (only with `qk_norm`; likewise k_norm/scale)
   blocks/{i}/mlp_norm/scale  [D]
   blocks/{i}/mlp/wi          [D, F] (gelu) or [D, 2, F] (swiglu)
   blocks/{i}/mlp/wo          [F, D]
@@ -76,6 +77,9 @@ class ModelConfig:
   aux_loss_weight: float = 0.01  # the load-balancing loss's weight in the training objective
   z_loss_weight: float = 0.001  # the router z-loss's
   causal: bool = True  # attention masks later positions (a decoder); False for vision
+  qk_norm: bool = False  # RMSNorm of each head's queries and keys (learned scale) before rotary
+  # weight of the output z-loss, mean(logsumexp(logits)^2), in a decoder's training objective
+  z_loss: float = 0.0
 
   def __post_init__(self):
     if self.d_model % self.num_heads:
@@ -102,6 +106,8 @@ class ModelConfig:
       )
     if self.num_experts and self.capacity_factor <= 0:
       raise ValueError(f"model.capacity_factor must be > 0, got {self.capacity_factor}")
+    if not self.z_loss >= 0:
+      raise ValueError(f"model.z_loss={self.z_loss}: must be >= 0")
 
   @property
   def head_dim(self) -> int:
@@ -128,7 +134,7 @@ def _init(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int) -> nnx.Param:
 
 
 class RMSNorm(nnx.Module):
-  """Root-mean-square norm with a learned scale (initialised to 1)."""
+  """Root-mean-square norm over the last axis with a learned scale (initialised to 1)."""
 
   def __init__(self, dim: int):
     self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
@@ -136,7 +142,8 @@ class RMSNorm(nnx.Module):
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
     x32 = x_BxLxD.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
-    return (y * self.scale[...][None, None, :]).astype(x_BxLxD.dtype)
+    scale = self.scale[...].reshape((1,) * (y.ndim - 1) + (-1,))  # any leading axes
+    return (y * scale).astype(x_BxLxD.dtype)
 
 
 def rotary(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
@@ -152,21 +159,32 @@ def rotary(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
 
 
 class Attention(nnx.Module):
-  """Multi-head causal self-attention with rotary position embeddings."""
+  """Multi-head causal self-attention with rotary position embeddings (and, with `qk_norm`,
+  RMS-normed queries and keys: with unit norm scales every logit is within +-sqrt(Dh))."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
     d, h, k = cfg.d_model, cfg.num_heads, cfg.head_dim
     self.qkv = _init(rngs, (d, 3, h, k), d)
     self.out = _init(rngs, (h, k, d), d)
+    if cfg.qk_norm:
+      self.q_norm, self.k_norm = RMSNorm(k), RMSNorm(k)
+
+  def queries_keys_values(self, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q and k (normed with `qk_norm`, then rotated) and v, each [B, L, H, Dh]."""
+    cfg = self.cfg
+    qkv_BxLx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxLxD, self.qkv[...].astype(x_BxLxD.dtype))
+    q_BxLxHxK, k_BxLxHxK = qkv_BxLx3xHxK[:, :, 0], qkv_BxLx3xHxK[:, :, 1]
+    if cfg.qk_norm:
+      q_BxLxHxK, k_BxLxHxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxHxK)
+    q_BxLxHxK = rotary(q_BxLxHxK, cfg.rope_base)
+    k_BxLxHxK = rotary(k_BxLxHxK, cfg.rope_base)
+    return q_BxLxHxK, k_BxLxHxK, qkv_BxLx3xHxK[:, :, 2]
 
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
     cfg = self.cfg
     dtype = x_BxLxD.dtype
-    qkv_BxLx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxLxD, self.qkv[...].astype(dtype))
-    q_BxLxHxK = rotary(qkv_BxLx3xHxK[:, :, 0], cfg.rope_base)
-    k_BxLxHxK = rotary(qkv_BxLx3xHxK[:, :, 1], cfg.rope_base)
-    v_BxLxHxK = qkv_BxLx3xHxK[:, :, 2]
+    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = self.queries_keys_values(x_BxLxD)
     kind = attention_kind(cfg.attention)
     if kind != "einsum":
       impl = "cudnn" if kind == "cudnn" else None
@@ -264,10 +282,15 @@ class Transformer(nnx.Module):
     return logits_BxLxV.astype(jnp.float32), aux
 
   def objective(self, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """What training minimises, and its parts as metrics (`loss`: the cross entropy)."""
+    """What training minimises, and its parts as metrics (`loss`: the cross entropy; with
+    `z_loss` > 0, `z_loss`: the unweighted output z-loss, added times model.z_loss)."""
     logits_BxLxV, aux = self.forward(batch["inputs_BxL"])
     loss = cross_entropy(logits_BxLxV, batch["targets_BxL"])
-    return with_aux_losses(self.cfg, loss, aux), {"loss": loss, **aux}
+    total = with_aux_losses(self.cfg, loss, aux)
+    if not self.cfg.z_loss:
+      return total, {"loss": loss, **aux}
+    z = output_z_loss(logits_BxLxV)
+    return total + self.cfg.z_loss * z, {"loss": loss, "z_loss": z, **aux}
 
   def evaluate(self, batch) -> dict[str, jax.Array]:
     """The held-out measures of one batch: next-token cross entropy."""
@@ -279,6 +302,11 @@ def cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
   logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
   nll_BxL = -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
   return jnp.mean(nll_BxL)
+
+
+def output_z_loss(logits_BxLxV: jax.Array) -> jax.Array:
+  """mean(logsumexp(logits)^2) over positions: pulls log Z towards 0 (PaLM's z-loss)."""
+  return jnp.mean(jnp.square(jax.nn.logsumexp(logits_BxLxV, axis=-1)))
 
 
 def run_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array):
