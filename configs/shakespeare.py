@@ -23,13 +23,18 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
                    learner checkpoints every H steps, synchronizer checkpoints every P merges and
                    max_staleness = 4M. light/heavy are seeded Poisson schedules drawn over 4x the
                    nominal run (steps x sim.step_s), shaped by the chaos section below.
+  recipe=charles2025   the inner optimizer and model of the DiLoCo scaling-laws paper (Charles et
+                   al. 2025) over any mode: AdamW beta2 0.99, cosine to 5% of the peak lr,
+                   independent weight decay 1/T (T = steps), QK-norm, output z-loss 1e-4
+                   (presets.RECIPES; each key stays overridable).
 
 Each variant is a key (mode, model.size, runlocal, steps, batch_size, seq_len, outer.learners,
-chaos.schedule), so `:mode=decoupled` and `--config.mode=decoupled` are the same run. Any key can be
-overridden on the command line, e.g. `--config.optimizer.lr=1e-3`; unknown keys fail (the config
-is locked). Keys marked preset are filled by the mode, `runlocal` or another key (the decay steps
-follow `steps`) until given; `python -m experiments.config --config=configs/shakespeare.py:VARIANTS`
-prints every key, its value, where it came from and what it means.
+chaos.schedule, recipe), so `:mode=decoupled` and `--config.mode=decoupled` are the same run. Any
+key can be overridden on the command line, e.g. `--config.optimizer.lr=1e-3`; unknown keys fail
+(the config is locked). Keys marked preset are filled by the mode, `runlocal`, the recipe or
+another key (the decay steps follow `steps`) until given; `python -m experiments.config
+--config=configs/shakespeare.py:VARIANTS` prints every key, its value, where it came from and what
+it means.
 
 Expected on 2 CPU cores (BENCHMARKS.md has measured figures): mode=dp, small model, 300 steps of
 32x128 bytes reaches about 2.7 bits per byte in 2-3 minutes; mode=compare finishes in about 3-4.
@@ -51,6 +56,7 @@ VARIANTS = {
     "seq": "seq_len",
     "learners": "outer.learners",
     "chaos": "chaos.schedule",
+    "recipe": "recipe",
 }
 
 
@@ -67,6 +73,11 @@ def base_config() -> ml_collections.ConfigDict:
       "",
       mode=("dp", "dp | diloco | streaming | decoupled | compare (diloco/config/presets.py)"),
       runlocal=(False, "shrink everything to a few seconds on a laptop (tiny model, 40 steps)"),
+      recipe=(
+          "none",
+          "none | charles2025: a paper's inner optimizer and model, filled like a mode's preset"
+          " (diloco/config/presets.py RECIPES)",
+      ),
       seed=(0, "of the parameters, the data order and the simulated step times"),
       seq_len=(Auto(128, runlocal=32, compare=64), "tokens (bytes) per sequence"),
       batch_size=(Auto(32, runlocal=8, compare=16), "sequences per step, per learner (dp: global)"),
@@ -97,10 +108,28 @@ def base_config() -> ml_collections.ConfigDict:
       lr=(Auto(1e-2, compare=5e-3), "peak inner learning rate"),
       warmup_steps=(Auto(20, runlocal=5), "linear warmup steps"),
       decay_steps=(Auto(280), "cosine decay steps after warmup; preset: steps - warmup_steps"),
-      min_lr_ratio=(0.1, "the cosine decays to this fraction of lr"),
+      min_lr_ratio=(
+          Auto(0.1),
+          "the cosine decays to this fraction of lr, reached at step warmup_steps + decay_steps"
+          " (recipe=charles2025: 0.05)",
+      ),
       b1=(0.9, "AdamW beta1"),
-      b2=(0.95, "AdamW beta2"),
-      weight_decay=(0.1, "AdamW decoupled weight decay (multiplied by the learning rate)"),
+      b2=(Auto(0.95), "AdamW beta2 (recipe=charles2025: 0.99)"),
+      weight_decay=(
+          0.1,
+          "AdamW decoupled weight decay (multiplied by the learning rate); weight_decay_kind="
+          "coupled only",
+      ),
+      weight_decay_kind=(
+          Auto("coupled"),
+          "coupled: weight_decay as optax's | independent: matrices shrink by lambda x lr_t/lr"
+          " per step, lambda = 1/weight_decay_time_constant (recipe=charles2025)",
+      ),
+      weight_decay_time_constant=(
+          Auto(0),
+          "independent: T in steps, lambda = 1/T (preset: steps, the run's length); maps to"
+          " optax weight_decay = 1/(T x lr)",
+      ),
       clip_norm=(1.0, "clip the gradient's global norm to this (0: no clipping)"),
   )
   c.mesh = keys.section(

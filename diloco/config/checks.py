@@ -98,6 +98,14 @@ def _domains(c) -> Problems:
       ("optimizer.b1", _unit_open, "must be in [0, 1)"),
       ("optimizer.b2", _unit_open, "must be in [0, 1)"),
       ("optimizer.weight_decay", _nonneg, "must be >= 0"),
+      (
+          "optimizer.weight_decay_kind",
+          _among(("coupled", "independent")),
+          "expected coupled or independent",
+      ),
+      ("optimizer.weight_decay_time_constant", _nonneg, "must be >= 0 (steps; 0: coupled)"),
+      ("model.z_loss", _nonneg, "must be >= 0 (0: no output z-loss)"),
+      ("recipe", _among(tuple(presets.RECIPES)), f"expected one of {tuple(presets.RECIPES)}"),
       ("optimizer.clip_norm", _nonneg, "must be >= 0 (0: no clipping)"),
       ("mesh.data", lambda v: v == -1 or v >= 1, "must be -1 (the remaining devices) or >= 1"),
       ("mesh.fsdp", _pos, "must be >= 1"),
@@ -201,6 +209,7 @@ DEPENDENT = (
     ("data.sp_vocab_size", 1024, "data.tokenizer", "sentencepiece"),
     ("outer.delayed_period", 4, "outer.optimizer", "delayed_nesterov"),
     ("outer.delayed_c", 0.0, "outer.optimizer", "delayed_nesterov"),
+    ("optimizer.weight_decay_time_constant", 0, "optimizer.weight_decay_kind", "independent"),
 )
 # Sources that need their glob.
 NEEDS = (
@@ -211,13 +220,29 @@ NEEDS = (
 
 
 def _dependent(c) -> Problems:
-  out = []
+  out = _recipe_keys(c)
   for key, default, needs, value in DEPENDENT:
     if _has(c, key) and _get(c, key) != default and _get(c, needs) != value:
       out.append((key, f"only used with {needs}={value!r} (it is {_get(c, needs)!r}): set both"))
   for key, value, needs in NEEDS:
     if _get(c, key) == value and not _get(c, needs):
       out.append((needs, f"{key}={value!r} needs it (the files to train on)"))
+  return out
+
+
+def _recipe_keys(c) -> Problems:
+  """An independent decay needs its time constant; the ViT's objective has no output z-loss."""
+  out = []
+  o = c.optimizer
+  if o.get("weight_decay_kind") == "independent" and not o.weight_decay_time_constant >= 1:
+    out.append(
+        (
+            "optimizer.weight_decay_time_constant",
+            "weight_decay_kind='independent' needs T >= 1 steps (lambda = 1/T)",
+        )
+    )
+  if c.model.get("z_loss", 0.0) > 0 and c.data.source in ("digits", "npz_glob"):
+    out.append(("model.z_loss", "the ViT's objective (image data) has no output z-loss: set 0"))
   return out
 
 

@@ -15,6 +15,13 @@ several times over (a loss spike from 2.5 to 17 in chaos_local).
 
 mode=compare runs dp, diloco and decoupled on one token budget, the last learner 3x slower
 (`sim.speeds` is derived in resolve.py), each with its own preset (`compare_runs`).
+
+A recipe (`recipe=`, `RECIPES`) is a paper's inner optimizer and model, filled after the mode's
+preset in the same way, over any mode. charles2025 is the protocol of the DiLoCo scaling laws
+(Charles et al. 2025, arXiv 2503.09799): AdamW beta2 0.99, warmup then cosine to 5% of the peak,
+independent weight decay lambda = 1/T over the run's T steps (resolve.py derives T from `steps`),
+QK-norm and an output z-loss. The paper's z-loss coefficient is not confirmed here: 1e-4 is the
+one of Wortsman et al. 2023 (arXiv 2309.14322) and PaLM, the recipe the paper follows.
 """
 
 from typing import Any
@@ -62,6 +69,16 @@ RUNLOCAL: dict[str, dict[str, Any]] = {
         "outer.learners": 2,
         "compare.decoupled_fragments": 4,
         "compare.decoupled_inner_steps": 8,
+    },
+}
+RECIPES: dict[str, dict[str, Any]] = {
+    "none": {},
+    "charles2025": {
+        "optimizer.b2": 0.99,
+        "optimizer.min_lr_ratio": 0.05,
+        "optimizer.weight_decay_kind": "independent",  # T = steps: resolve.DERIVED
+        "model.qk_norm": True,
+        "model.z_loss": 1e-4,
     },
 }
 # The outer keys a mode preset sets: in mode=compare each compared run takes them from its own

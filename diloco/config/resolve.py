@@ -5,9 +5,11 @@ has a value for it:
 
   1. `runlocal`: the key's own runlocal value, then `presets.RUNLOCAL[mode]`;
   2. the mode: the key's own value for the mode, then `presets.MODES[mode]`;
-  3. a derivation from other keys (`DERIVED`: the schedule's decay steps, the chaos checkpoints
-     and staleness bound, the compare run's speeds, a model's shape from `model.size`);
-  4. the key's default.
+  3. the recipe: `presets.RECIPES[recipe]`;
+  4. a derivation from other keys (`DERIVED`: the schedule's decay steps, the independent weight
+     decay's time constant, the chaos checkpoints and staleness bound, the compare run's speeds,
+     a model's shape from `model.size`);
+  5. the key's default.
 
 An explicit value (a variant after the colon, a `--config.` flag, a sweep point, code) always
 wins, so `:mode=decoupled` and `--config.mode=decoupled` give the same config, and `--config.steps`
@@ -38,8 +40,14 @@ def _speeds(c) -> str:
   return ",".join(["1"] * (c.outer.learners - 1) + ["3"])
 
 
+def _weight_decay_time_constant(c) -> int:
+  """Independent weight decay: lambda = 1/T with T the run's length (Charles et al. 2025)."""
+  return c.steps if c.optimizer.weight_decay_kind == "independent" else 0
+
+
 DERIVED: dict[str, Callable[[Any], Any]] = {
     "optimizer.decay_steps": _decay_steps,  # cosine decay to the end of the run
+    "optimizer.weight_decay_time_constant": _weight_decay_time_constant,
     # a fault schedule turns on checkpoints on both sides and a staleness bound for late learners
     "outer.learner_checkpoint_every": lambda c: c.outer.inner_steps if _chaos(c) else 0,
     "outer.sync_checkpoint_every": lambda c: c.outer.fragments if _chaos(c) else 0,
@@ -53,10 +61,13 @@ def resolve(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   mode, runlocal = c.get("mode", ""), bool(c.get("runlocal", False))
   if mode and mode not in presets.MODES:
     raise ValueError(f"mode={mode!r}: unknown mode; expected one of {sorted(presets.MODES)}")
+  recipe = c.get("recipe", "none")
+  if recipe not in presets.RECIPES:
+    raise ValueError(f"recipe={recipe!r}: unknown recipe; expected one of {list(presets.RECIPES)}")
   autos = [(p, f) for p, f in keys.leaves(c) if isinstance(f, keys.Auto) and not f.explicit]
   later = []
   for path, ref in autos:
-    value = _layered(ref, path, runlocal, mode)
+    value = _layered(ref, path, runlocal, mode, recipe)
     if value is keys.unset():
       later.append((path, ref))
     else:
@@ -66,7 +77,7 @@ def resolve(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def _layered(ref: keys.Auto, path: str, runlocal: bool, mode: str) -> Any:
+def _layered(ref: keys.Auto, path: str, runlocal: bool, mode: str, recipe: str) -> Any:
   """The value of the first layer that sets `path`, or unset (derivation or default next)."""
   unset = keys.unset()
   if runlocal and ref.runlocal is not unset:
@@ -75,7 +86,9 @@ def _layered(ref: keys.Auto, path: str, runlocal: bool, mode: str) -> Any:
     return presets.RUNLOCAL[mode][path]
   if mode in ref.modes:
     return ref.modes[mode]
-  return presets.MODES.get(mode, {}).get(path, unset)
+  if path in presets.MODES.get(mode, {}):
+    return presets.MODES[mode][path]
+  return presets.RECIPES[recipe].get(path, unset)
 
 
 def _derived(c: ml_collections.ConfigDict, path: str, ref: keys.Auto) -> Any:

@@ -143,7 +143,14 @@ MODEL_MEANINGS = {
     "group_size": "tokens routed together (the capacity is per group)",
     "aux_loss_weight": "weight of the load-balancing loss in the training objective",
     "z_loss_weight": "weight of the router z-loss",
+    "qk_norm": "RMSNorm (learned scale) of each head's queries and keys before rotary and the dot"
+    " product (recipe=charles2025: True)",
+    "z_loss": "weight of the output z-loss mean(logsumexp(logits)^2) in a decoder's training"
+    " objective (the train step's metric z_loss); not in evaluation; not the router's z_loss_weight"
+    " (recipe=charles2025: 1e-4)",
 }
+# Model keys a recipe sets (presets.RECIPES): filled like a size's keys, unless given.
+RECIPE_KEYS = ("qk_norm", "z_loss")
 
 
 def model_section(
@@ -156,7 +163,8 @@ def model_section(
       "size": (keys.Auto(size, runlocal=runlocal_size), _size_meaning())
   }
   for name, value in fields.items():
-    spec[name] = (keys.Auto(value) if name in SIZE_KEYS else value, MODEL_MEANINGS[name])
+    auto = name in SIZE_KEYS or name in RECIPE_KEYS
+    spec[name] = (keys.Auto(value) if auto else value, MODEL_MEANINGS[name])
   return keys.section("model", **spec, **extra)
 
 
@@ -193,4 +201,6 @@ MODEL_BASE: dict[str, Any] = dict(
     group_size=1024,
     aux_loss_weight=0.01,
     z_loss_weight=0.001,
+    qk_norm=False,
+    z_loss=0.0,
 )
