@@ -67,12 +67,7 @@ def train_and_evaluate(
 
 def data_summary(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """summary.json's `data`: the source, tokenizer, splits and evaluation set of a resolved config."""
-  return data_lib.describe(
-      data_lib.load_splits(config.data),
-      config.data,
-      seq_len=config.seq_len,
-      eval_batch_size=build.eval_batch_size(config),
-  )
+  return data_lib.describe(data_lib.load_splits(config.data), config.data, seq_len=config.seq_len)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -17,10 +17,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir (experiments.tr
 _TEXT_GLOB = flags.DEFINE_string(
     "text_glob", "", "Text files to evaluate on (** recurses); empty: the run's validation split."
 )
-_BATCHES = flags.DEFINE_integer(
-    "batches",
+_SEQUENCES = flags.DEFINE_integer(
+    "sequences",
     None,
-    "Evaluation batches (0: every full batch); default the run's data.eval_batches.",
+    "Sequences to score, spread over the text (0: all of it); default the run's "
+    "data.final_eval_sequences (what its summary's eval_* scored).",
 )
 flags.mark_flags_as_required(["workdir"])
 
@@ -32,7 +33,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   rows = []
   for workdir in finished_run.run_dirs(_WORKDIR.value):
-    run = finished_run.open_run(workdir, eval_batches=_BATCHES.value)
+    run = finished_run.open_run(workdir, sequences=_SEQUENCES.value)
     try:
       rows.append(finished_run.evaluate(run, _TEXT_GLOB.value))
     except finished_run.InputError as e:

@@ -94,7 +94,8 @@ def _run_config(name: str, b: int, m: int, mode: str, stack: bool):
           "seq_len": _SEQ.value,
           "steps": _RUN_STEPS.value,
           "eval_every": 1 << 30,
-          "data.eval_batches": 1,
+          "data.eval_sequences": 64,
+          "data.final_eval_sequences": 64,
           "outer.stack_learners": stack,
       }
   )

@@ -1,7 +1,6 @@
 """The data pipeline: packing, seeded shuffles, resuming, process slices, shards, sources."""
 
 import glob
-import logging
 
 import grain
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 from array_record.python import array_record_module
 
 from diloco.config import sections
-from diloco.data import pipeline, shakespeare, sources, tokenizers
+from diloco.data import batching, pipeline, shakespeare, sources, tokenizers
 from diloco.data.batching import TrainBatchSource
 from test_prepare_data import FAKE_WORKS, TRAIN_WORKS, make_sdist
 
@@ -63,10 +62,12 @@ def test_default_data_config_keys():
       "tokenizer",
       "sp_vocab_size",
       "iid",
-      "eval_batches",
+      "eval_sequences",
+      "final_eval_sequences",
+      "eval_batch_size",
   }
   assert (cfg.source, cfg.tokenizer, cfg.iid) == ("shakespeare", "byte", False)
-  assert cfg.eval_batches == 16
+  assert (cfg.eval_sequences, cfg.final_eval_sequences, cfg.eval_batch_size) == (512, 0, 64)
   assert cfg.cache_dir is None and cfg.archive is None
 
 
@@ -150,10 +151,13 @@ def test_process_slices_are_disjoint_and_cover_the_global_batch(fake):
       for key in ("inputs_BxL", "targets_BxL"):
         np.testing.assert_array_equal(local[p][key], global_batch[key][p::2])
   for global_batch, local0, local1 in zip(
-      whole.eval_batches(), parts[0].eval_batches(), parts[1].eval_batches()
+      whole.eval_set.batches(multiple=2),
+      parts[0].eval_set.batches(multiple=2),
+      parts[1].eval_set.batches(multiple=2),
   ):
-    np.testing.assert_array_equal(local0["inputs_BxL"], global_batch["inputs_BxL"][0::2])
-    np.testing.assert_array_equal(local1["inputs_BxL"], global_batch["inputs_BxL"][1::2])
+    for key in ("inputs_BxL", "weights_B"):
+      np.testing.assert_array_equal(local0[key], global_batch[key][0::2])
+      np.testing.assert_array_equal(local1[key], global_batch[key][1::2])
   with pytest.raises(ValueError, match="multiple of process_count=3"):
     make(fake, process_index=0, process_count=3)
 
@@ -182,26 +186,38 @@ def test_iid_shards_share_the_data_in_different_orders(fake):
 
 def test_validation_is_held_out_and_fixed(fake):
   _, splits, _ = fake
-  data = make(fake, eval_batches=3)
+  data = make(fake, eval_sequences=3, final_eval_sequences=0, eval_batch_size=2)
   assert set(data.shard_plays).isdisjoint(shakespeare.VALIDATION_PLAYS)
   assert splits.val.names == tuple(sorted(shakespeare.VALIDATION_PLAYS))
-  first, second = data.eval_batches(), data.eval_batches()
-  assert len(first) == 3
+  n = (len(splits.val.tokens) - 1) // L  # every complete validation sequence
+  # 3 strata of n/3 records: their middle records are n/6, n/2 and 5n/6 (rounded down).
+  np.testing.assert_array_equal(data.eval_set.records(), [n // 6, n // 2, 5 * n // 6])
+  np.testing.assert_array_equal(data.eval_set.records(final=True), np.arange(n))
+  first, second = data.eval_set.batches(), data.eval_set.batches()
   assert_same(first, second)
-  for k, batch in enumerate(first):  # in record order, unshuffled
-    for row in range(B):
-      start = (k * B + row) * L
-      np.testing.assert_array_equal(batch["inputs_BxL"][row], splits.val.tokens[start : start + L])
-  everything = make(fake, eval_batches=0).eval_batches()
-  assert len(everything) == (len(splits.val.tokens) - 1) // L // B
+  assert [b["weights_B"].tolist() for b in first] == [[1, 1], [1, 0]]  # the pad weighs 0
+  rows = [b["inputs_BxL"][i] for b in first for i in range(2)][:3]
+  for row, record in zip(rows, [n // 6, n // 2, 5 * n // 6]):
+    np.testing.assert_array_equal(row, splits.val.tokens[record * L : (record + 1) * L])
+  np.testing.assert_array_equal(first[1]["inputs_BxL"][1], first[1]["inputs_BxL"][0])
 
 
-def test_too_many_eval_batches_are_capped_with_a_warning(fake, caplog):
-  _, splits, _ = fake
-  available = (len(splits.val.tokens) - 1) // L // B
-  with caplog.at_level(logging.WARNING):
-    data = make(fake, eval_batches=available + 5)
-  assert len(data.eval_batches()) == available and "eval_batches" in caplog.text
+def test_the_evaluation_set_does_not_depend_on_the_batch_or_shard(fake):
+  a = make(fake, global_batch_size=B, eval_sequences=5)
+  b = make(fake, global_batch_size=2, shard_index=1, num_shards=2, eval_sequences=5)
+  np.testing.assert_array_equal(a.eval_set.records(), b.eval_set.records())
+  assert a.eval_set.sha256() == b.eval_set.sha256()
+  assert a.eval_set.sha256() != a.eval_set.sha256(final=True)
+
+
+def test_eval_sample_by_hand():
+  np.testing.assert_array_equal(batching.eval_sample(10, 4), [1, 3, 6, 8])  # (2i+1)*10 // 8
+  np.testing.assert_array_equal(batching.eval_sample(10, 0), np.arange(10))
+  np.testing.assert_array_equal(batching.eval_sample(10, 25), np.arange(10))
+  with pytest.raises(ValueError, match="no complete sequence"):
+    batching.eval_sample(0, 4)
+  records, weights = batching.eval_chunks(np.array([4, 7, 9]), 2)
+  assert records.tolist() == [[4, 7], [9, 9]] and weights.tolist() == [[1, 1], [1, 0]]
 
 
 def test_text_glob_source_reads_back_what_was_written(tmp_path):
@@ -219,7 +235,7 @@ def test_text_glob_source_reads_back_what_was_written(tmp_path):
   data = pipeline.make_datasets(
       splits, cfg, seed=0, global_batch_size=2, seq_len=L, process_index=0, process_count=1
   )
-  row = data.eval_batches()[0]["inputs_BxL"][1]
+  row = data.eval_set.batches(final=True)[0]["inputs_BxL"][1]  # the whole split, in order
   assert row.astype(np.uint8).tobytes() == texts[names[9]][L : 2 * L]
   cfg.text_glob = str(tmp_path / "*.md")
   with pytest.raises(ValueError, match="matches no files"):

@@ -48,7 +48,8 @@ def test_evaluate_reproduces_the_runs_final_evaluation(which, request):
   workdir, summary = request.getfixturevalue(which)
   run = finished_run.open_run(workdir)
   row = finished_run.evaluate(run)
-  assert run.step == 40 and row["batches"] == 4  # runlocal: data.eval_batches = 4
+  assert run.step == 40 and row["sequences"] == 64  # runlocal: data.final_eval_sequences
+  assert row["eval_sha256"] == summary["data"]["final_eval_sha256"]
   assert row["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-6)
   assert row["eval_bpb"] == pytest.approx(summary["eval_bpb"], rel=1e-6)
   # The parameters read are the run's final ones, bit for bit.
@@ -67,8 +68,7 @@ def test_a_glob_of_the_validation_text_scores_as_the_validation_split(dp_run, tm
   workdir, summary = dp_run
   run = finished_run.open_run(workdir)
   val = pipeline.load_splits(run.config.data).val.tokens  # bytes: the byte tokenizer
-  need = 4 * 8 * 32 + 1  # eval_batches x batch_size x seq_len, and the last target
-  (tmp_path / "val.txt").write_bytes(np.asarray(val[:need]).tobytes())
+  (tmp_path / "val.txt").write_bytes(np.asarray(val).tobytes())
   (tmp_path / "other.txt").write_bytes(b"To be, or not to be, that is the question.\n" * 30)
   same = finished_run.evaluate(run, str(tmp_path / "val.txt"))
   assert same["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-6)
@@ -76,8 +76,8 @@ def test_a_glob_of_the_validation_text_scores_as_the_validation_split(dp_run, tm
   assert math.isfinite(other["eval_bpb"]) and other["eval_bpb"] > 0
   assert other["eval_bpb"] == pytest.approx(other["eval_loss"] / math.log(2))  # 1 byte a token
   assert other["eval_loss"] != pytest.approx(same["eval_loss"], rel=1e-3)
-  with pytest.raises(finished_run.InputError, match="fewer than one global batch of 8"):
-    (tmp_path / "short.txt").write_bytes(b"x" * 100)
+  with pytest.raises(finished_run.InputError, match="cannot fill one sequence of seq_len=32"):
+    (tmp_path / "short.txt").write_bytes(b"x" * 20)
     finished_run.evaluate(run, str(tmp_path / "short.txt"))
 
 

@@ -84,9 +84,9 @@ class Run:
       )
       run.receives.append((learner.index, p, send.version, same))
 
-    def recorded_evaluate(fns, params, data):
+    def recorded_evaluate(fns, params, data, final=False):
       run.evaluated = _host(params)
-      return evaluate(fns, params, data)
+      return evaluate(fns, params, data, final)
 
     with pytest.MonkeyPatch.context() as mp:
       mp.setattr(Learner, "upload", recorded_upload)

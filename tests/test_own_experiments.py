@@ -81,7 +81,7 @@ def test_summary_data_reads_the_corpus_once_and_hashes_what_evaluation_scores(
   _write_corpus(tmp_path / "corpus", files=4)
   config = shakespeare.get_config("runlocal")
   config.data.source, config.data.text_glob = "text_glob", str(tmp_path / "corpus/**/*.txt")
-  config.data.eval_batches = 2
+  config.data.eval_sequences, config.data.final_eval_sequences = 0, 16
   reads, islands = [], []
   read_text = pipeline._LOADERS["text_glob"]
   monkeypatch.setitem(pipeline._LOADERS, "text_glob", lambda *a: reads.append(1) or read_text(*a))
@@ -91,27 +91,31 @@ def test_summary_data_reads_the_corpus_once_and_hashes_what_evaluation_scores(
   assert len(reads) == 1  # the island and the summary share one read and tokenization
   texts = sorted((tmp_path / "corpus").rglob("*.txt"))
   assert data["val_bytes"] == data["val_tokens"] == texts[-1].stat().st_size
-  assert data["train_documents"] == 3 and data["eval_sequences"] == 2 * config.batch_size
-  scored = islands[0].data.eval_batches()
-  assert [b["inputs_BxL"].shape for b in scored] == [(8, 32)] * 2
+  n = (data["val_tokens"] - 1) // 32  # every complete sequence of 32 bytes
+  assert data["train_documents"] == 3 and data["eval_sequences"] == n
+  assert (data["final_eval_sequences"], data["final_eval_tokens"]) == (16, 16 * 32)
+  (scored,) = islands[0].data.eval_set.batches(final=True, multiple=1)
+  assert scored["inputs_BxL"].shape == (64, 32)  # data.eval_batch_size: 16 records, 48 pads
+  assert scored["weights_B"].tolist() == [1] * 16 + [0] * 48
+  scored = [{k: v[:16] for k, v in scored.items()}]
   val = np.frombuffer(texts[-1].read_bytes(), np.uint8)
-  np.testing.assert_array_equal(scored[1]["targets_BxL"][0], val[8 * 32 + 1 : 9 * 32 + 1])
+  record = 3 * n // 32  # the middle of the second of 16 strata: (2 * 1 + 1) * n // (2 * 16)
+  np.testing.assert_array_equal(scored[0]["targets_BxL"][1], val[record * 32 + 1 :][:32])
   digest = hashlib.sha256()
   for name in ("inputs_BxL", "targets_BxL"):
     digest.update(f"{name}:<i4:(32,);".encode())
     digest.update(np.concatenate([b[name] for b in scored]).tobytes())
-  assert data["eval_sha256"] == digest.hexdigest()
+  assert data["final_eval_sha256"] == digest.hexdigest()
 
 
 def test_eval_hash_changes_with_the_sequences_scored():
   packed = sources.PackedTokenSource(np.arange(200, dtype=np.int32) % 97, seq_len=8)
 
-  def digest(batches: int, size: int = 4) -> str:
-    records = batching.eval_records(len(packed), global_batch_size=size, num_batches=batches)
-    return batching.eval_set_sha256(packed, records)
+  def digest(sequences: int) -> str:
+    return batching.eval_set_sha256(packed, batching.eval_sample(len(packed), sequences))
 
-  assert digest(2) == digest(2) == digest(1, size=8)  # the same 8 sequences, however batched
-  assert len({digest(1), digest(2), digest(0)}) == 3  # 0: all 6 batches
+  assert digest(8) == digest(8) and digest(0) == digest(24) == digest(100)  # 24: all of them
+  assert len({digest(4), digest(8), digest(0)}) == 3
 
 
 def _text_config(train_glob: str, val_glob: str):

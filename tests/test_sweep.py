@@ -196,6 +196,7 @@ def test_a_summary_key_that_is_also_an_override_keeps_both():
       "steps": 24,
       "summary.steps": 12,
       "eval_loss": 1.5,
+      "eval_set": None,  # the summary has no data section
       "error": "",
   }
   (pending,) = sweep_run.rows([p], {}, ("eval_loss",))

@@ -76,7 +76,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.max_len = b["seq"]
   c.optimizer.update(dict(lr=5e-3, warmup_steps=b["warmup"], decay_steps=b["steps"] - b["warmup"]))
   c.data.iid = True
-  c.data.eval_batches = max((EVAL_SEQS if not a.tiny else 32) // per, 1)
+  c.data.eval_sequences = EVAL_SEQS if not a.tiny else 32
+  c.data.final_eval_sequences = 0 if not a.tiny else 64
   kind, p = FRAGS[a.frag]
   if a.tiny:
     p = min(p, b["fragments"], 2 if kind == "strided" else b["fragments"])

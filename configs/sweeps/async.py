@@ -101,7 +101,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.max_len = b["seq"]
   c.optimizer.update(dict(lr=5e-3, warmup_steps=b["warmup"], decay_steps=b["steps"] - b["warmup"]))
   c.data.iid = True
-  c.data.eval_batches = max((32 if a.tiny else EVAL_SEQS) // per, 1)
+  c.data.eval_sequences = 32 if a.tiny else EVAL_SEQS
+  c.data.final_eval_sequences = 64 if a.tiny else 0
   c.outer.update(dict(lr=a.outer_lr, momentum=0.9))
   _method(c, a.method, b["inner_steps"])
   c.sim.speeds = ",".join(str(s) for s in HETERO[a.hetero])

@@ -97,7 +97,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = max(steps // 3, 1)
   c.checkpoint_every = steps  # one checkpoint, at the end
   if a.tiny:
-    c.data.eval_batches = 2
+    c.data.eval_sequences, c.data.final_eval_sequences = 32, 64
   return c
 
 

@@ -32,8 +32,19 @@ def data() -> ml_collections.ConfigDict:
           "several learners: True = every learner samples all the data in its own order; "
           "False = each trains on its own documents",
       ),
-      eval_batches=(
-          keys.Auto(16, runlocal=4),
-          "fixed validation batches per evaluation; 0 = the " "whole validation set",
+      eval_sequences=(
+          keys.Auto(512, runlocal=32),
+          "sequences (images) each evaluation scores, spread evenly over the validation split "
+          "and the same whatever the batch, mode or learners; 0 = the whole split",
+      ),
+      final_eval_sequences=(
+          keys.Auto(0, runlocal=64),
+          "sequences (images) the run's final evaluation scores (its summary's eval_*), spread "
+          "the same way; 0 = the whole validation split",
+      ),
+      eval_batch_size=(
+          64,
+          "sequences per evaluation forward pass, rounded up to a multiple of the scoring "
+          "island's devices (padding weighs 0): memory only, never what is scored",
       ),
   )

@@ -12,17 +12,17 @@ integer and checkpoints with orbax).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
-import logging
+import math
 import sys
+from typing import Any
 
 import numpy as np
 
 from diloco.data.sources import PackedTokenSource
 
 Batch = dict[str, np.ndarray]
-
-_log = logging.getLogger(__name__)
 
 
 def process_batch_size(global_batch_size: int, process_index: int, process_count: int) -> int:
@@ -100,57 +100,74 @@ class TrainBatchSource:
     return self.packed.batch(self.records(index))
 
 
-def eval_records(num_records: int, *, global_batch_size: int, num_batches: int) -> np.ndarray:
-  """Record ids of the fixed evaluation set, [batches, B], in record order: global batch k is
-  records [k*B, (k+1)*B). This decides what evaluation scores (`eval_batches`) and hashes
-  (`eval_set_sha256`).
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+  """The fixed validation records a run scores, whatever its batch, mode or number of learners:
+  `sample_N` at every evaluation, `final_N` at the last one. Batches are chunks of `batch_size`
+  records (rounded up to a multiple of the devices that score them); the last chunk is padded with
+  its first record at weight 0 (`weights_B`), so the chunking never changes what is scored."""
 
-  num_batches = 0 takes every full batch, and so does a number larger than the set holds (logged).
-  """
-  available = num_records // global_batch_size
-  if available == 0:
-    raise ValueError(
-        f"the validation set has {num_records} sequences, fewer than one global batch "
-        f"of {global_batch_size}"
-    )
-  if num_batches < 0:
-    raise ValueError(f"eval_batches must be >= 0 (0 = all), got {num_batches}")
-  if num_batches > available:
-    _log.warning(
-        "eval_batches=%d but the validation set holds %d full batches of %d; using %d.",
-        num_batches,
-        available,
-        global_batch_size,
-        available,
-    )
-    num_batches = available
-  n = num_batches or available
-  return np.arange(n * global_batch_size, dtype=np.int64).reshape(n, global_batch_size)
+  source: Any  # PackedTokenSource, or images: .batch(records) and len()
+  sample_N: np.ndarray
+  final_N: np.ndarray
+  batch_size: int
+  process_index: int = 0
+  process_count: int = 1
 
+  def records(self, final: bool = False) -> np.ndarray:
+    return self.final_N if final else self.sample_N
 
-def eval_batches(
-    packed: PackedTokenSource,
-    *,
-    global_batch_size: int,
-    num_batches: int,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> list[Batch]:
-  """This process's rows (p, p + n, ...) of each fixed evaluation batch (`eval_records`)."""
-  process_batch_size(global_batch_size, process_index, process_count)
-  records_KxB = eval_records(
-      len(packed), global_batch_size=global_batch_size, num_batches=num_batches
-  )
-  return [packed.batch(records_B[process_index::process_count]) for records_B in records_KxB]
+  def batches(self, final: bool = False, multiple: int = 1) -> list[Batch]:
+    """This process's rows (p, p + n, ...) of each chunk, with their weights (1, or 0: padding)."""
+    step = math.lcm(max(multiple, 1), self.process_count)
+    chunk = -(-self.batch_size // step) * step
+    records_KxC, weights_KxC = eval_chunks(self.records(final), chunk)
+    rows = slice(self.process_index, None, self.process_count)
+    return [
+        {**self.source.batch(records_C[rows]), "weights_B": weights_C[rows]}
+        for records_C, weights_C in zip(records_KxC, weights_KxC)
+    ]
+
+  def sha256(self, final: bool = False) -> str:
+    return eval_set_sha256(self.source, self.records(final))
 
 
-def eval_set_sha256(packed: PackedTokenSource, records_KxB: np.ndarray) -> str:
-  """sha256 of the evaluation set (`records_KxB` from `eval_records`, every process's rows): for
-  each array of a batch, by name, its name, dtype and row shape, then its rows of every batch in
-  order. Equal exactly when two runs score the same sequences, however they are batched."""
+def eval_sample(num_records: int, num_sequences: int) -> np.ndarray:
+  """Record ids [N] of a fixed evaluation sample spread evenly over the whole split, in order: the
+  middle record of each of N equal strata. 0, or N at least the split's size, takes every record."""
+  if num_sequences < 0:
+    raise ValueError(f"an evaluation sample needs >= 0 sequences (0 = all), got {num_sequences}")
+  if num_records < 1:
+    raise ValueError("the validation set holds no complete sequence; lower seq_len")
+  if num_sequences == 0 or num_sequences >= num_records:
+    return np.arange(num_records, dtype=np.int64)
+  strata_N = 2 * np.arange(num_sequences, dtype=np.int64) + 1
+  return strata_N * num_records // (2 * num_sequences)
+
+
+def eval_chunks(records_N: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+  """records_N in rows of `chunk` [K, chunk], the last padded with its first record, and the
+  weights [K, chunk] (float32: 1 for a record, 0 for padding)."""
+  if chunk < 1:
+    raise ValueError(f"evaluation batches need >= 1 sequence, got {chunk}")
+  k = -(-len(records_N) // chunk)
+  records_KxC = np.empty((k, chunk), np.int64)
+  weights_KxC = np.zeros((k, chunk), np.float32)
+  records_KxC.reshape(-1)[: len(records_N)] = records_N
+  weights_KxC.reshape(-1)[: len(records_N)] = 1.0
+  tail = len(records_N) - (k - 1) * chunk
+  records_KxC[-1, tail:] = records_KxC[-1, 0]
+  return records_KxC, weights_KxC
+
+
+def eval_set_sha256(packed: Any, records_N: np.ndarray) -> str:
+  """sha256 of an evaluation set: for each array of a record, by name, its name, dtype and row
+  shape, then its rows of every record in order. Equal exactly when two runs score the same
+  sequences, however they are batched."""
   digest = hashlib.sha256()
-  for name, x in sorted(packed.batch(records_KxB[0]).items()):
+  for name, x in sorted(packed.batch(records_N[:1]).items()):
     digest.update(f"{name}:{x.dtype.str}:{x.shape[1:]};".encode())
-    for records_B in records_KxB:
-      digest.update(np.ascontiguousarray(packed.batch(records_B)[name]).tobytes())
+    for start in range(0, len(records_N), 4096):
+      rows = packed.batch(records_N[start : start + 4096])[name]
+      digest.update(np.ascontiguousarray(rows).tobytes())
   return digest.hexdigest()

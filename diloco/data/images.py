@@ -49,7 +49,7 @@ class ImageSplit:
     return len(self.labels_N)
 
   def batch(self, records: np.ndarray) -> dict[str, np.ndarray]:
-    """The images and labels of these records (TrainBatchSource's and eval_batches' interface)."""
+    """The images and labels of these records (TrainBatchSource's and EvalSet's interface)."""
     return {"images_BxHxWxC": self.images_NxHxWxC[records], "labels_B": self.labels_N[records]}
 
   def classes(self, keep: set[int]) -> "ImageSplit":

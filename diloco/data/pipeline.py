@@ -6,7 +6,7 @@ Sharding for several learners (num_shards > 1):
              (near-equal sizes).
   iid=True   every shard trains on the whole training split; shard i shuffles it with its own stream
              (seed, i), so shards see the same data in different orders, not disjoint slices.
-The validation batches are the same for every shard.
+The evaluation set is the same for every shard, batch size and mode (`eval_set`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grain
@@ -25,7 +25,7 @@ import numpy as np
 
 from diloco.data import archive as archive_lib, batching, images, shakespeare, shards, sources
 from diloco.data import tokenizers
-from diloco.data.batching import Batch, eval_batches, TrainBatchSource
+from diloco.data.batching import EvalSet, TrainBatchSource
 
 SOURCES = ("shakespeare", "text_glob", "array_record", "digits", "npz_glob")
 IMAGE_SOURCES = ("digits", "npz_glob")  # data/images.py: images and labels, not tokens
@@ -42,7 +42,7 @@ class Datasets:
 
   # Endless {'inputs_BxL', 'targets_BxL'} int32 [b, L], b = global batch / process count.
   train_iter: grain.DatasetIterator
-  eval_batches: Callable[[], list[Batch]]  # fresh list of the fixed validation batches
+  eval_set: EvalSet  # the fixed validation records every evaluation scores
   vocab_size: int  # classes, for images
   bytes_per_token: float  # of the validation text; bpb = loss / ln 2 / bytes_per_token (0: images)
   train_tokens: int  # tokens in this shard's training data
@@ -184,8 +184,11 @@ def _check_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"data.source={cfg.source!r}; expected one of {SOURCES}")
   if cfg.tokenizer not in TOKENIZERS:
     raise ValueError(f"data.tokenizer={cfg.tokenizer!r}; expected one of {TOKENIZERS}")
-  if cfg.eval_batches < 0:
-    raise ValueError(f"data.eval_batches must be >= 0 (0 = all), got {cfg.eval_batches}")
+  for key in ("eval_sequences", "final_eval_sequences"):
+    if cfg[key] < 0:
+      raise ValueError(f"data.{key} must be >= 0 (0 = the whole split), got {cfg[key]}")
+  if cfg.eval_batch_size < 1:
+    raise ValueError(f"data.eval_batch_size must be >= 1, got {cfg.eval_batch_size}")
 
 
 def shard_corpus(
@@ -234,20 +237,38 @@ def eval_source(splits: Splits | images.ImageSplits, seq_len: int):
   return sources.PackedTokenSource(splits.val.tokens, seq_len)
 
 
-def describe(
+def eval_set(
     splits: Splits | images.ImageSplits,
     data_cfg: ml_collections.ConfigDict,
     *,
     seq_len: int,
-    eval_batch_size: int,
-) -> dict[str, Any]:
-  """What a run trains and evaluates on (summary.json's `data`): each split's size, and the sha256
-  of the evaluation set (the batches of `eval_batch_size` sequences that evaluation scores)."""
+    process_index: int = 0,
+    process_count: int = 1,
+) -> EvalSet:
+  """The run's evaluation set: `data.eval_sequences` and `data.final_eval_sequences` records spread
+  over the validation split, which depend on the data config and seq_len only."""
   val = eval_source(splits, seq_len)
-  count = dict(global_batch_size=eval_batch_size, num_batches=data_cfg.eval_batches)
+  return EvalSet(
+      val,
+      batching.eval_sample(len(val), data_cfg.eval_sequences),
+      batching.eval_sample(len(val), data_cfg.final_eval_sequences),
+      data_cfg.eval_batch_size,
+      process_index,
+      process_count,
+  )
+
+
+def describe(
+    splits: Splits | images.ImageSplits, data_cfg: ml_collections.ConfigDict, *, seq_len: int
+) -> dict[str, Any]:
+  """What a run trains and evaluates on (summary.json's `data`): each split's size; the sequences
+  (images), tokens and bytes of the evaluation sample and of the final evaluation, and the sha256
+  of each (`final_eval_sha256` identifies what the summary's eval_* measure)."""
+  held = eval_set(splits, data_cfg, seq_len=seq_len)
   if isinstance(splits, images.ImageSplits):
     out = {"source": data_cfg.source, "classes": splits.num_classes}
     out.update(train_images=len(splits.train), val_images=len(splits.val))
+    bytes_per_token = 0.0
   else:
     out = {"source": data_cfg.source, "tokenizer": data_cfg.tokenizer}
     out["vocab_size"] = splits.vocab_size
@@ -255,9 +276,14 @@ def describe(
       out[f"{name}_tokens"] = len(corpus.tokens)
       out[f"{name}_bytes"] = corpus.num_bytes
       out[f"{name}_documents"] = len(corpus.names)
-  records_KxB = batching.eval_records(len(val), **count)  # what eval_batches draws
-  out["eval_sequences"] = int(records_KxB.size)
-  out["eval_sha256"] = batching.eval_set_sha256(val, records_KxB)
+    bytes_per_token = splits.val.num_bytes / len(splits.val.tokens)
+  for prefix, final in (("eval", False), ("final_eval", True)):
+    n = len(held.records(final))
+    out[f"{prefix}_sequences"] = n
+    if bytes_per_token:
+      out[f"{prefix}_tokens"] = n * seq_len
+      out[f"{prefix}_bytes"] = round(n * seq_len * bytes_per_token)
+    out[f"{prefix}_sha256"] = held.sha256(final)
   return out
 
 
@@ -287,11 +313,8 @@ def make_datasets(
     raise ValueError(f"seq_len must be >= 1, got {seq_len}")
   train = shard_corpus(splits.train, shard_index, num_shards, data_cfg.iid)
   packed_train = sources.PackedTokenSource(train.tokens, seq_len)
-  packed_val = eval_source(splits, seq_len)
   where = dict(process_index=process_index, process_count=process_count)
-  dataset, evals = _batched(
-      packed_train, packed_val, data_cfg, seed, global_batch_size, shard_index, **where
-  )
+  dataset = _batched(packed_train, seed, global_batch_size, shard_index, **where)
   _log.info(
       "Data %s/%s shard %d of %d: %d training tokens in %d documents, %d validation tokens.",
       *(data_cfg.source, data_cfg.tokenizer, shard_index, num_shards),
@@ -299,7 +322,7 @@ def make_datasets(
   )
   return Datasets(
       train_iter=iter(dataset),
-      eval_batches=evals,
+      eval_set=eval_set(splits, data_cfg, seq_len=seq_len, **where),
       vocab_size=splits.vocab_size,
       bytes_per_token=splits.val.num_bytes / len(splits.val.tokens),
       train_tokens=len(train.tokens),
@@ -308,11 +331,8 @@ def make_datasets(
   )
 
 
-def _batched(
-    train, val, data_cfg, seed, global_batch_size, shard_index, *, process_index, process_count
-):
-  """The endless training batches of `train` (grain, checkpointable) and a function giving the
-  fixed validation batches of `val` (checked now, not at the first evaluation)."""
+def _batched(train, seed, global_batch_size, shard_index, *, process_index, process_count):
+  """The endless training batches of `train` (grain, checkpointable)."""
   batches = TrainBatchSource(
       train,
       seed=seed,
@@ -325,14 +345,7 @@ def _batched(
   dataset = grain.MapDataset.source(batches).to_iter_dataset(
       grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   )
-  kwargs = dict(
-      global_batch_size=global_batch_size,
-      num_batches=data_cfg.eval_batches,
-      process_index=process_index,
-      process_count=process_count,
-  )
-  eval_batches(val, **kwargs)
-  return dataset, lambda: eval_batches(val, **kwargs)
+  return dataset
 
 
 def _image_datasets(
@@ -349,12 +362,10 @@ def _image_datasets(
   """Datasets of images: batches of this shard's images (one 'token' is one image)."""
   train = images.shard(splits.train, shard_index, num_shards, data_cfg.iid)
   where = dict(process_index=process_index, process_count=process_count)
-  dataset, evals = _batched(
-      train, splits.val, data_cfg, seed, global_batch_size, shard_index, **where
-  )
+  dataset = _batched(train, seed, global_batch_size, shard_index, **where)
   return Datasets(
       train_iter=iter(dataset),
-      eval_batches=evals,
+      eval_set=eval_set(splits, data_cfg, seq_len=0, **where),
       vocab_size=splits.num_classes,
       bytes_per_token=0.0,
       train_tokens=len(train),

@@ -9,14 +9,19 @@ import numpy as np
 from diloco.inner import step as step_lib
 
 
-def evaluate(fns: step_lib.StepFns, params: Any, data: Any) -> dict[str, float]:
-  """Each measure's mean over the fixed validation batches as eval_<name> (eval_loss, and
-  eval_accuracy for images), and bits per byte of the underlying text when there is one."""
-  rows = [fns.measures(params, step_lib.put_batch(b, fns.mesh)) for b in data.eval_batches()]
-  if not rows:
-    raise ValueError("the validation set yields no batch; lower batch_size or seq_len")
-  rows = jax.device_get(rows)
-  out = {f"eval_{k}": float(np.mean([r[k] for r in rows])) for k in rows[0]}
+def evaluate(
+    fns: step_lib.StepFns, params: Any, data: Any, final: bool = False
+) -> dict[str, float]:
+  """Each measure's mean over the records of the evaluation set (`data.eval_set`: its sample, or
+  with `final` the final evaluation's records) as eval_<name> (eval_loss, and eval_accuracy for
+  images), and bits per byte of the underlying text when there is one. Every record weighs the
+  same, so the batching (and the island that scores) does not change the result."""
+  batches = data.eval_set.batches(final, multiple=fns.mesh.devices.size)
+  sums = jax.device_get([fns.measures(params, step_lib.put_batch(b, fns.mesh)) for b in batches])
+  weight = float(np.sum([s.pop("weight") for s in sums], dtype=np.float64))
+  out = {
+      f"eval_{k}": float(np.sum([s[k] for s in sums], dtype=np.float64)) / weight for k in sums[0]
+  }
   if data.bytes_per_token:
     out["eval_bpb"] = out["eval_loss"] / math.log(2) / data.bytes_per_token
   return out

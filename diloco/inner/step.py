@@ -100,7 +100,7 @@ class StepFns:
   init: Any  # (rng) -> TrainState
   train: Any  # (TrainState, batch) -> (TrainState, metrics)
   eval: Any  # (params, batch) -> loss
-  measures: Any  # (params, batch) -> {loss, ...}
+  measures: Any  # (params, batch with weights_B) -> weighted sums {loss, ..., weight}
   lr: optax.Schedule
 
 
@@ -125,7 +125,7 @@ class PureFns:
   init: Any  # (rng) -> TrainState
   train: Any  # (TrainState, batch) -> (TrainState, metrics)
   loss: Any  # (params, batch) -> loss
-  measures: Any  # (params, batch) -> {loss, ...}: what evaluation averages
+  measures: Any  # (params, batch with weights_B) -> weighted sums {loss, ..., weight}
   lr: optax.Schedule
 
 
@@ -142,11 +142,16 @@ def pure_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig) -> Pu
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
   def measures(params, batch) -> dict[str, jax.Array]:
-    """The held-out measures of the model's task (`loss`, and e.g. `accuracy`)."""
-    return nnx.merge(graphdef, params).evaluate(batch)
+    """Sums over the rows of the held-out measures of the model's task (`loss`, and e.g.
+    `accuracy`), each row weighted by `weights_B`, and `weight`, the sum of the weights."""
+    weights_B = batch["weights_B"]
+    rows = {k: v for k, v in batch.items() if k != "weights_B"}
+    per_row = nnx.merge(graphdef, params).evaluate(rows)
+    sums = {k: jnp.sum(v_B * weights_B) for k, v_B in per_row.items()}
+    return {**sums, "weight": jnp.sum(weights_B)}
 
   def loss_fn(params, batch) -> jax.Array:
-    return measures(params, batch)["loss"]
+    return jnp.mean(nnx.merge(graphdef, params).evaluate(batch)["loss"])
 
   def objective(params, batch):
     """What training minimises (the task's loss plus, for a mixture of experts, the weighted
@@ -177,6 +182,7 @@ def build_step_fns(
       k: sharding.batch_sharding(mesh, x.ndim) for k, x in model_cfg.batch_example().items()
   }
   rep = sharding.replicated(mesh)
+  eval_sh = {**batch_sh, "weights_B": sharding.batch_sharding(mesh, 1)}
   return StepFns(
       graphdef=fns.graphdef,
       mesh=mesh,
@@ -189,7 +195,7 @@ def build_step_fns(
           donate_argnums=0,
       ),
       eval=jax.jit(fns.loss, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
-      measures=jax.jit(fns.measures, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
+      measures=jax.jit(fns.measures, in_shardings=(state_sh.params, eval_sh), out_shardings=rep),
       lr=fns.lr,
   )
 

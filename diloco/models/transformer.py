@@ -293,15 +293,20 @@ class Transformer(nnx.Module):
     return total + self.cfg.z_loss * z, {"loss": loss, "z_loss": z, **aux}
 
   def evaluate(self, batch) -> dict[str, jax.Array]:
-    """The held-out measures of one batch: next-token cross entropy."""
-    return {"loss": cross_entropy(self(batch["inputs_BxL"]), batch["targets_BxL"])}
+    """The held-out measures of each row [B]: its next-token cross entropy (mean over tokens)."""
+    nll_BxL = token_nll(self(batch["inputs_BxL"]), batch["targets_BxL"])
+    return {"loss": jnp.mean(nll_BxL, axis=-1)}
+
+
+def token_nll(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
+  """Cross entropy in nats of each integer target (any leading shape)."""
+  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
+  return -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
 
 
 def cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
   """Mean cross entropy in nats of integer targets (any leading shape)."""
-  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
-  nll_BxL = -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
-  return jnp.mean(nll_BxL)
+  return jnp.mean(token_nll(logits_BxLxV, targets_BxL))
 
 
 def output_z_loss(logits_BxLxV: jax.Array) -> jax.Array:

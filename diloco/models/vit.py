@@ -110,15 +110,12 @@ class ViT(nnx.Module):
     return transformer.with_aux_losses(self.cfg, loss, aux), metrics
 
   def evaluate(self, batch) -> dict[str, jax.Array]:
-    logits_BxK = self(batch["images_BxHxWxC"])
+    """The held-out measures of each image [B]: cross entropy and whether the top class is right."""
+    logits_BxK, labels_B = self(batch["images_BxHxWxC"]), batch["labels_B"]
     return {
-        "loss": transformer.cross_entropy(logits_BxK, batch["labels_B"]),
-        "accuracy": _accuracy(logits_BxK, batch["labels_B"]),
+        "loss": transformer.token_nll(logits_BxK, labels_B),
+        "accuracy": (jnp.argmax(logits_BxK, axis=-1) == labels_B).astype(jnp.float32),
     }
-
-
-def _accuracy(logits_BxK: jax.Array, labels_B: jax.Array) -> jax.Array:
-  return jnp.mean((jnp.argmax(logits_BxK, axis=-1) == labels_B).astype(jnp.float32))
 
 
 def flops_per_image(cfg: VitConfig) -> float:
@@ -128,3 +125,7 @@ def flops_per_image(cfg: VitConfig) -> float:
   blocks = transformer.flops_per_token(dataclasses.replace(cfg, vocab_size=0), n)
   embed = cfg.num_patches * cfg.patch_size**2 * cfg.channels * cfg.d_model
   return n * blocks + 6.0 * (embed + cfg.d_model * cfg.num_classes)
+
+
+def _accuracy(logits_BxK: jax.Array, labels_B: jax.Array) -> jax.Array:
+  return jnp.mean((jnp.argmax(logits_BxK, axis=-1) == labels_B).astype(jnp.float32))

@@ -114,9 +114,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if due_eval or due_ckpt:
       logger.flush()  # never save or evaluate a state that went non-finite
     if due_eval:
-      eval_row = evaluation.evaluate(fns, state.params, data)
-      tokens = step * logger.tokens_per_step
       final = step == config.steps  # the one model, at the run's last step
+      eval_row = evaluation.evaluate(fns, state.params, data, final)
+      tokens = step * logger.tokens_per_step
       writer.write({"step": step, "tokens": tokens, **eval_row, "model": "global", "final": final})
     if due_ckpt:
       ckpt.save(step, state, data.train_iter, force=step == config.steps or stopping)
@@ -129,7 +129,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if stopped_by is not None:
     preemption.remove_orbax_tmp(workdir)
   if not eval_row and stopped_by != preemption.SIGNAL:  # resumed at the final step: evaluate
-    eval_row = evaluation.evaluate(fns, state.params, data)  # what was restored
+    final = last == config.steps
+    eval_row = evaluation.evaluate(fns, state.params, data, final)  # what was restored
   return {
       "mode": config.mode,
       "runtime": "spmd",

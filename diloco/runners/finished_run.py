@@ -45,7 +45,7 @@ class FinishedRun:
 class _Held:
   """What `evaluation.evaluate` reads of a dataset."""
 
-  eval_batches: Any  # () -> list of batches
+  eval_set: batching.EvalSet
   bytes_per_token: float
 
 
@@ -69,10 +69,10 @@ def run_dirs(workdir: str) -> list[str]:
   return [os.path.join(workdir, m) for m in config.compare.modes.split(",")]
 
 
-def open_run(workdir: str, eval_batches: int | None = None) -> FinishedRun:
+def open_run(workdir: str, sequences: int | None = None) -> FinishedRun:
   """The run in `workdir` (not a mode=compare directory: one of its modes' sub-directories).
 
-  `eval_batches` replaces the run's `data.eval_batches` (0: every full batch).
+  `sequences` replaces the run's `data.final_eval_sequences` (0: the whole split).
   """
   config = read_config(workdir)
   if config.mode == COMPARE:
@@ -80,8 +80,8 @@ def open_run(workdir: str, eval_batches: int | None = None) -> FinishedRun:
     raise workdir_lib.WorkdirError(f"workdir {workdir} holds mode=compare: pick one of {subs}")
   cfg, devices = config.copy_and_resolve_references(), jax.devices()
   cfg.init_from = ""  # this run's parameters replace the warm start's
-  if eval_batches is not None:
-    cfg.data.eval_batches = eval_batches
+  if sequences is not None:
+    cfg.data.final_eval_sequences = sequences
   cfg.batch_size = build.eval_batch_size(cfg)  # the final evaluation's island: learner 0's
   if cfg.mode != "dp":
     devices = build.learner_devices(cfg)[0]
@@ -108,24 +108,27 @@ def _why_no_params(workdir: str) -> str:
 
 
 def evaluate(run: FinishedRun, text_glob: str = "") -> dict[str, Any]:
-  """Loss and bits per byte (or accuracy) of the run's parameters on its held-out set, or on the
-  text files of `text_glob` through the run's tokenizer, in batches like its evaluation's."""
+  """Loss and bits per byte (or accuracy) of the run's parameters on the records of its final
+  evaluation (those its summary's eval_* scored), or on the text files of `text_glob` through the
+  run's tokenizer, sampled the same way; with the set's size and sha256."""
   fns = run.island.fns
   params = jax.device_put(run.params, fns.state_shardings.params)
   data = _text(run, text_glob) if text_glob else run.island.data
-  scores, batches = evaluation.evaluate(fns, params, data), len(data.eval_batches())
+  scores = evaluation.evaluate(fns, params, data, final=True)
+  sequences = len(data.eval_set.records(final=True))
   return {
       "run": run.workdir,
       "step": run.step,
       "data": text_glob or "validation split",
-      "batches": batches,
-      "tokens": batches * run.config.batch_size * run.config.seq_len,
+      "sequences": sequences,
+      **({"tokens": sequences * run.config.seq_len} if data.bytes_per_token else {}),
       **scores,
+      "eval_sha256": data.eval_set.sha256(final=True),
   }
 
 
 def _text(run: FinishedRun, text_glob: str) -> _Held:
-  """The fixed batches of the glob's files, tokenized and packed as the run's validation text."""
+  """The glob's files, tokenized and packed as the run's validation text, sampled like it."""
   if run.tokenizer is None:
     raise InputError(f"--text_glob: {run.workdir} is a run on images, not text")
   cfg = run.config
@@ -137,15 +140,13 @@ def _text(run: FinishedRun, text_glob: str) -> _Held:
   corpus = sources.TokenCorpus.from_documents(
       [p for p, _ in files], tokens, [len(t) for _, t in files]
   )
-  count = dict(global_batch_size=cfg.batch_size, num_batches=cfg.data.eval_batches)
   try:
     packed = sources.PackedTokenSource(corpus.tokens, cfg.seq_len)
-    batching.eval_batches(packed, **count)  # enough text for one batch?
+    final_N = batching.eval_sample(len(packed), cfg.data.final_eval_sequences)
   except ValueError as e:
     raise InputError(f"--text_glob={text_glob!r}: {e}") from e
-  return _Held(
-      lambda: batching.eval_batches(packed, **count), corpus.num_bytes / len(corpus.tokens)
-  )
+  held = batching.EvalSet(packed, final_N, final_N, cfg.data.eval_batch_size)
+  return _Held(held, corpus.num_bytes / len(corpus.tokens))
 
 
 def sample(
@@ -172,9 +173,11 @@ def sample(
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-  """One line per evaluation: run, step, data, batches, tokens, loss, bits per byte / accuracy."""
+  """One line per evaluation: run, step, data, sequences, tokens, loss, bits per byte / accuracy,
+  and the first 12 hex digits of the evaluation set's sha256."""
   extra = [k for k in ("eval_bpb", "eval_accuracy") if any(k in r for r in rows)]
-  head = ["run", "step", "data", "batches", "tokens", "eval_loss", *extra]
+  head = ["run", "step", "data", "sequences", "tokens", "eval_loss", *extra, "set"]
+  rows = [{**r, "set": r["eval_sha256"][:12]} for r in rows]
   cells = [[_cell(r.get(k, "")) for k in head] for r in rows]
   widths = [max(len(c) for c in col) for col in zip(head, *cells)]
   return "\n".join(

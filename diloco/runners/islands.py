@@ -250,7 +250,7 @@ class _Log:
     before the last uploads are merged, at the same `step`: its row says `final: false`."""
     if self.runtime.sync is None:  # down: nothing to evaluate until it restarts
       return None
-    row = evaluate_global(self.island, self.runtime.sync)
+    row = evaluate_global(self.island, self.runtime.sync, final)
     row.update(
         step=self.total_steps // self.m_count,
         sim_time_s=sim_time,
@@ -313,10 +313,13 @@ def _log_learner(writer, config, m, learner, step, device_metrics, now, force=Fa
   )
 
 
-def evaluate_global(isl: island_lib.Island, sync: Synchronizer) -> dict[str, float]:
-  """Eval loss and bits per byte of the synchronizer's global parameters, on one island."""
+def evaluate_global(
+    isl: island_lib.Island, sync: Synchronizer, final: bool = False
+) -> dict[str, float]:
+  """Eval loss and bits per byte of the synchronizer's global parameters, on one island (`final`:
+  on the final evaluation's records)."""
   flat = sync.global_params()
   shardings = fragments.flatten(isl.fns.state_shardings.params)
   placed = {k: jax.device_put(flat[k], shardings[k]) for k in shardings}
   like = isl.abstract_state().params
-  return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like), isl.data)
+  return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like), isl.data, final)

@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from diloco.studies import eval_sets
+
 # Decoupled DiLoCo (arXiv 2604.21428) as secondary sources agree on it: text-benchmark average.
 PAPER_MERGE = {("mean", 8): 54.1, ("mean", 16): 52.7, ("rda", 8): 55.4, ("rda", 16): 54.5}
 PAPER_PRECISION = {"bf16": 55.4, "fp4": 55.3, "2bit": 42.6, "1bit": 37.3}
@@ -34,7 +36,7 @@ def cell_of(row: dict[str, Any]) -> str:
 def cells(rows: Iterable[dict[str, Any]]) -> dict[str, list[float]]:
   """Cell -> eval losses over seeds (finished rows only), seeds in order."""
   out: dict[str, list[float]] = {}
-  for r in sorted(rows, key=lambda r: int(r.get("seed", 0))):
+  for r in sorted(eval_sets.same(rows, "ablation table"), key=lambda r: int(r.get("seed", 0))):
     if r.get("status") == "done":
       out.setdefault(cell_of(r), []).append(float(r["eval_loss"]))
   return out

@@ -10,6 +10,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from diloco.studies import eval_sets
+
 LEVELS = ("none", "slight", "moderate", "very")
 # Liu et al. 2024 (arXiv 2401.09135), Table 1: final perplexity, 20M model, k=4, H=50; there is
 # no Delayed Nesterov row without DyLU, and the project's Decoupled preset is ours.
@@ -36,7 +38,7 @@ def cells(rows: Iterable[dict[str, Any]], outer_lr: float | None = None) -> dict
   """(method, level) -> eval losses over seeds (finished rows), seeds in order: the table's rows
   (outer lr 0.4), or those of the check at `outer_lr`."""
   out: dict[Cell, list[float]] = {}
-  for r in sorted(rows, key=lambda r: int(r.get("seed", 0))):
+  for r in sorted(eval_sets.same(rows, "async table"), key=lambda r: int(r.get("seed", 0))):
     lr = r.get("outer_lr")
     if r.get("status") == "done" and (lr if lr not in (None, "") else None) == outer_lr:
       out.setdefault((r["method"], r["hetero"]), []).append(float(r["eval_loss"]))

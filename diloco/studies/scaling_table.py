@@ -10,6 +10,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from diloco.studies import eval_sets
+
 # Charles et al. 2025 (arXiv 2503.09799), Table 4: evaluation loss at D = 20N tokens, outer lr tuned.
 PAPER_TABLE4 = {
     35e6: {"dp": 3.485, 1: 3.482, 2: 3.508, 4: 3.554, 8: 3.621},
@@ -38,7 +40,7 @@ def winners(
 ) -> dict[int, tuple[float, float]]:
   """M -> (outer lr with the lowest eval loss at `size`, that loss), over the swept grid."""
   best: dict[int, tuple[float, float]] = {}
-  for r in rows:
+  for r in eval_sets.same(rows, "scaling table"):
     if _plain(r) and r["method"] == "diloco" and r["size"] == size and r["seed"] == seed:
       m, lr, loss = int(r["learners"]), float(r["outer_lr"]), float(r["eval_loss"])
       if m not in best or loss < best[m][1]:
@@ -49,7 +51,7 @@ def winners(
 def grid(rows: Iterable[dict[str, Any]], size: str, seed: int = 0) -> dict[int, dict[float, float]]:
   """M -> {outer lr: eval loss} at `size`."""
   out: dict[int, dict[float, float]] = collections.defaultdict(dict)
-  for r in rows:
+  for r in eval_sets.same(rows, "scaling table"):
     if _plain(r) and r["method"] == "diloco" and r["size"] == size and r["seed"] == seed:
       out[int(r["learners"])][float(r["outer_lr"])] = float(r["eval_loss"])
   return {m: dict(sorted(v.items())) for m, v in sorted(out.items())}
@@ -58,7 +60,7 @@ def grid(rows: Iterable[dict[str, Any]], size: str, seed: int = 0) -> dict[int, 
 def cells(rows: Sequence[dict[str, Any]], lrs: dict[int, float]) -> dict[Cell, list[float]]:
   """(size, 'dp' | M) -> eval losses over seeds; DiLoCo cells at the outer lr `lrs[M]`."""
   out: dict[Cell, list[float]] = collections.defaultdict(list)
-  for r in sorted(rows, key=lambda r: r["seed"]):
+  for r in sorted(eval_sets.same(rows, "scaling table"), key=lambda r: r["seed"]):
     if not _plain(r):
       continue
     if r["method"] == "dp":

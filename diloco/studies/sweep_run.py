@@ -18,7 +18,7 @@ from typing import Any
 
 import tqdm
 
-from diloco.studies import sweep
+from diloco.studies import eval_sets, sweep
 
 DEFAULT_KEYS = ("eval_loss", "eval_bpb", "params", "tokens", "wall_s")
 SUMMARY = "summary.json"
@@ -139,6 +139,7 @@ def rows(points, results, keys) -> list[dict[str, Any]]:
     row = {"name": p.name, "status": status, **p.values}
     for k in keys:  # a summary key that is also an override of the point keeps both
       row[f"summary.{k}" if k in p.values else k] = (summary or {}).get(k)
+    row["eval_set"] = eval_sets.summary_set(summary or {})  # what the tables check
     row["error"] = err
     out.append(row)
   return out
