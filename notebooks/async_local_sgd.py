@@ -30,7 +30,10 @@
 # byte) against synchronous DiLoCo at the same heterogeneity.
 #
 # Set `DILOCO_NOTEBOOK_TINY=1` to rerun a few-second version (the test suite does). The full
-# results were produced by the commands at the top of `configs/sweeps/async.py`.
+# results were produced by the commands at the top of `configs/sweeps/async.py`; the outputs
+# stored in the .ipynb by `python scripts/render_notebooks.py async_local_sgd`, which loads them
+# from `notebooks/results/async/` (`DILOCO_NOTEBOOK_RESULTS_ONLY=1`: a missing run is an error,
+# never trained).
 
 # %%
 import math
@@ -39,6 +42,8 @@ import sys
 import tempfile
 
 TINY = os.environ.get("DILOCO_NOTEBOOK_TINY") == "1"  # a few-second version of the same sweep
+RESULTS_ONLY_VAR = "DILOCO_NOTEBOOK_RESULTS_ONLY"  # =1: load the checked-in results, never train
+RESULTS_ONLY = os.environ.get(RESULTS_ONLY_VAR) == "1"
 here = os.getcwd()
 REPO = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
 if REPO not in sys.path:  # the config file imports configs.shakespeare
@@ -46,21 +51,39 @@ if REPO not in sys.path:  # the config file imports configs.shakespeare
 
 import matplotlib.pyplot as plt
 
-from diloco.studies import async_table as at, sweep_run
+from diloco.studies import async_table as at, sweep, sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "async.py")
 RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "async")
-print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
+if TINY:  # which interpreter runs the kernel (the test checks it)
+  print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
+else:
+  print(f"results: {os.path.relpath(RESULTS, REPO)}")
 
-rows = sweep_run.run(
-    f"{SPEC}:{'tiny' if TINY else 'seeds=2,check=1'}",
-    RESULTS,
-    parallel=0 if TINY else 2,
-    progress=not TINY,
-)
-failed = [f"{r['name']}: {r['error']}" for r in rows if r["status"] != "done"]
-if failed:
-  raise RuntimeError("points failed:\n" + "\n".join(failed))
+
+def load_or_run(arg: str, table: str = "results") -> list[dict]:
+  """The rows of the sweep `SPEC:arg`: its points without a summary.json in RESULTS are trained
+  first (and the rows written to RESULTS/<table>.jsonl and .csv), or with RESULTS_ONLY are an error
+  naming them."""
+  spec = f"{SPEC}:{arg}"
+  if not RESULTS_ONLY:
+    rows = sweep_run.run(spec, RESULTS, parallel=0 if TINY else 2, progress=not TINY, table=table)
+  else:
+    points = sweep.points(spec)
+    done = {p.index: (sweep_run.finished(RESULTS, p), "") for p in points}
+    missing = [p.name for p in points if done[p.index][0] is None]
+    if missing:
+      raise FileNotFoundError(
+          f"{RESULTS_ONLY_VAR}=1 and no summary.json in {RESULTS} for: {', '.join(missing)}"
+      )
+    rows = sweep_run.rows(points, done, sweep.load_module(SPEC).SWEEP_KEYS)
+  failed = [f"{r['name']}: {r['error']}" for r in rows if r["status"] != "done"]
+  if failed:
+    raise RuntimeError("points failed:\n" + "\n".join(failed))
+  return rows
+
+
+rows = load_or_run("tiny" if TINY else "seeds=2,check=1")
 table = at.cells(rows)
 mu = {k: at.mean(v) for k, v in table.items()}
 levels = [lv for lv in at.LEVELS if ("sync", lv) in mu]

@@ -19,7 +19,8 @@
 # steps layer by layer (forward, then backward) and puts each sync on a FIFO link as soon as the
 # layer's backward is done; a late sync stalls the forward that needs it. Payload sizes come from
 # the codecs in `diloco/outer/compression.py`. Set `DILOCO_NOTEBOOK_TINY=1` to run it in a few seconds
-# (the test suite does); the figures quoted in the text come from the full run.
+# (the test suite does); the figures quoted in the text come from the full run, whose outputs
+# `python scripts/render_notebooks.py bandwidth` stores in the .ipynb.
 
 # %%
 import dataclasses
@@ -40,7 +41,11 @@ from diloco.sim import bandwidth, bandwidth_reference as ref
 from diloco.sim.timeline import required_bandwidth
 
 CURVE_TARGETS = (0.5, 0.9, 0.99) if TINY else tuple(np.round(np.arange(0.3, 0.991, 0.03), 2))
-print(f"python: {sys.executable}; tiny: {TINY}")
+if TINY:  # which interpreter runs the kernel (the test checks it)
+  print(f"python: {sys.executable}; tiny: {TINY}")
+print(
+    f"curves: {len(CURVE_TARGETS)} utilizations, {CURVE_TARGETS[0]:.0%} to {CURVE_TARGETS[-1]:.0%}"
+)
 
 # %% [markdown]
 # ## Streaming DiLoCo's Table 4, 1B rows
@@ -69,7 +74,7 @@ print("grid steps off with 0.85e9 values:", [r["grid_steps_off"] for r in smalle
 # ## Required bandwidth against utilization (Table 4 setting)
 
 
-# %%
+# %% tags=["slow"]
 def curves(work, methods, targets):
   """Gbit/s needed for each target, per method."""
   return {m.name: [required_bandwidth(work, m.plan(work), t) for t in targets] for m in methods}
@@ -106,7 +111,7 @@ plt.show()
 blog = ref.blog_comparison(ref.VARIATIONS[::4] if TINY else ref.VARIATIONS)
 print(ref.format_blog(blog))
 
-# %%
+# %% tags=["slow"]
 blog_methods = [bandwidth.make_method(n, **ref.BLOG_METHODS) for n in bandwidth.METHODS]
 needed_blog = curves(ref.BLOG_WORKLOAD, blog_methods, CURVE_TARGETS)
 fig, ax = plt.subplots(figsize=(6.5, 4.5))

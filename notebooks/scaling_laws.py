@@ -40,7 +40,10 @@
 #
 # Set `DILOCO_NOTEBOOK_TINY=1` to rerun a few-second version of the same sweep (the test suite
 # does). The full results were produced by the three commands in `configs/sweeps/scaling.py`
-# (`part=tune`, then `part=table` and `part=seeds` with the winning outer learning rates).
+# (`part=tune`, then `part=table` and `part=seeds` with the winning outer learning rates); the
+# outputs stored in the .ipynb by `python scripts/render_notebooks.py scaling_laws`, which loads
+# them from `notebooks/results/scaling/` (`DILOCO_NOTEBOOK_RESULTS_ONLY=1`: a missing run is an
+# error, never trained).
 
 # %%
 import math
@@ -49,6 +52,8 @@ import sys
 import tempfile
 
 TINY = os.environ.get("DILOCO_NOTEBOOK_TINY") == "1"  # a few-second version of the same sweep
+RESULTS_ONLY_VAR = "DILOCO_NOTEBOOK_RESULTS_ONLY"  # =1: load the checked-in results, never train
+RESULTS_ONLY = os.environ.get(RESULTS_ONLY_VAR) == "1"
 here = os.getcwd()
 REPO = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
 if REPO not in sys.path:  # the config file imports configs.shakespeare
@@ -57,36 +62,50 @@ if REPO not in sys.path:  # the config file imports configs.shakespeare
 import matplotlib.pyplot as plt
 
 from configs.sweeps import scaling
-from diloco.studies import scaling_table as st, sweep_run
+from diloco.studies import scaling_table as st, sweep, sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "scaling.py")
 RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "scaling")
 SIZES = list(scaling.TINY_SIZES if TINY else scaling.SIZES)
-print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
+if TINY:  # which interpreter runs the kernel (the test checks it)
+  print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
+else:
+  print(f"results: {os.path.relpath(RESULTS, REPO)}")
 
 
-def sweep(part: str, lrs: str = "") -> list[dict]:
-  """Runs the points of `part` that have no summary.json in RESULTS, and returns all its rows
-  (also written to RESULTS/results_<part>.jsonl and .csv)."""
-  arg = ",".join(["tiny"] * TINY + [f"part={part}"] + [f"lrs={lrs}"] * bool(lrs))
-  rows = sweep_run.run(
-      f"{SPEC}:{arg}",
-      RESULTS,
-      parallel=0 if TINY else 2,
-      progress=not TINY,
-      table=f"results_{part}",
-  )
+def load_or_run(arg: str, table: str = "results") -> list[dict]:
+  """The rows of the sweep `SPEC:arg`: its points without a summary.json in RESULTS are trained
+  first (and the rows written to RESULTS/<table>.jsonl and .csv), or with RESULTS_ONLY are an error
+  naming them."""
+  spec = f"{SPEC}:{arg}"
+  if not RESULTS_ONLY:
+    rows = sweep_run.run(spec, RESULTS, parallel=0 if TINY else 2, progress=not TINY, table=table)
+  else:
+    points = sweep.points(spec)
+    done = {p.index: (sweep_run.finished(RESULTS, p), "") for p in points}
+    missing = [p.name for p in points if done[p.index][0] is None]
+    if missing:
+      raise FileNotFoundError(
+          f"{RESULTS_ONLY_VAR}=1 and no summary.json in {RESULTS} for: {', '.join(missing)}"
+      )
+    rows = sweep_run.rows(points, done, sweep.load_module(SPEC).SWEEP_KEYS)
   failed = [f"{r['name']}: {r['error']}" for r in rows if r["status"] != "done"]
   if failed:
     raise RuntimeError("points failed:\n" + "\n".join(failed))
   return rows
 
 
+def part_rows(part: str, lrs: str = "") -> list[dict]:
+  """The rows of one part of the sweep (RESULTS/results_<part>.jsonl)."""
+  arg = ",".join(["tiny"] * TINY + [f"part={part}"] + [f"lrs={lrs}"] * bool(lrs))
+  return load_or_run(arg, table=f"results_{part}")
+
+
 # %% [markdown]
 # ## The outer learning rate, tuned per M at the smallest size
 
 # %%
-tune = sweep("tune")
+tune = part_rows("tune")
 grid = st.grid(tune, SIZES[0])
 best = st.winners(tune, SIZES[0])
 lrs = "/".join(f"{best[m][0]:g}" for m in scaling.LEARNERS if m in best)
@@ -110,7 +129,7 @@ plt.show()
 # ## Our table beside the paper's Table 4
 
 # %%
-rows = tune + sweep("table", lrs) + sweep("seeds", lrs)
+rows = tune + part_rows("table", lrs) + part_rows("seeds", lrs)
 table = st.cells(rows, {m: float(x) for m, x in zip(scaling.LEARNERS, lrs.split("/"))})
 params = {r["size"]: r["params"] for r in rows if r["status"] == "done"}
 mu = {k: st.mean(v) for k, v in table.items()}
@@ -180,7 +199,7 @@ print(
 # 15.30, 14.72 and 15.02; H = 500 there, 30 here). Our perplexity is per byte, exp(eval loss).
 
 # %%
-t2 = sweep("table2", lrs)
+t2 = part_rows("table2", lrs)
 one = [r for r in t2 if r.get("batch") and not r.get("steps")]
 eight = [r for r in t2 if r.get("batch") and r.get("steps")]
 dp8 = [r for r in t2 if r["method"] == "dp" and not r.get("batch")]

@@ -1,5 +1,12 @@
-"""The notebooks: each .ipynb matches its jupytext .py, and each runs in tiny mode and draws."""
+"""The notebooks: each .ipynb holds its jupytext .py's cells with the outputs that
+scripts/render_notebooks.py computes from the checked-in results (not stale), and each that trains
+runs in tiny mode and draws.
 
+goodput and bandwidth train nothing: the staleness test executes every line of theirs that tiny mode
+would (with larger sweeps), so they have no tiny run here (~13 s saved)."""
+
+import copy
+import importlib.util
 import os
 import pathlib
 import re
@@ -11,7 +18,11 @@ import nbformat
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# notebook -> (figures it draws, a line its tiny run must print)
+_spec = importlib.util.spec_from_file_location("render", REPO / "scripts" / "render_notebooks.py")
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
+
+# notebook -> (figures it draws, a line it prints, in its .ipynb and in tiny mode)
 NOTEBOOKS = {
     "goodput": (2, "largest |model - published|"),
     "bandwidth": (2, "largest |ratio - 1| over the 50-95% columns"),
@@ -19,24 +30,51 @@ NOTEBOOKS = {
     "decoupled_ablations": (2, "RDA beats the plain average at M=8 and M=16"),
     "async_local_sgd": (1, "Delayed Nesterov + DyLU closes the gap"),
 }
+TRAINING = ("scaling_laws", "decoupled_ablations", "async_local_sgd")  # tiny mode runs a sweep
 
 
-def _cells(nb) -> list[tuple[str, str]]:
-  return [(c.cell_type, c.source) for c in nb.cells]
+def _cells(nb) -> list[tuple[str, str, list]]:
+  return [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in nb.cells]
+
+
+def test_every_notebook_is_listed():
+  assert sorted(NOTEBOOKS) == render.names()
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
-def test_ipynb_is_in_sync_with_py(name):
+def test_ipynb_holds_the_py_and_its_outputs(name):
   source = jupytext.read(REPO / "notebooks" / f"{name}.py")
-  paired = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
-  assert _cells(paired) == _cells(source), f"regenerate: jupytext --to ipynb notebooks/{name}.py"
-  assert all(not c.outputs for c in paired.cells if c.cell_type == "code"), "strip the outputs"
+  stored = render.read(name)
+  again = f"regenerate: {render.COMMAND} {name}"
+  assert _cells(stored) == _cells(source), again
+  assert nbformat.writes(render.clean(copy.deepcopy(stored))) == nbformat.writes(stored), again
+  for i, cell in enumerate(stored.cells):
+    if cell.cell_type != "code":
+      continue
+    if re.search(r"\bprint\(|\bshow\(", cell.source):  # show(): plt's or a notebook's table
+      assert cell.outputs, f"cell {i} prints or draws but has no outputs; {again}"
+    drawn = render.figures(stored)[i]
+    assert drawn == cell.source.count("plt.show()"), f"cell {i}: {drawn} figure(s); {again}"
+  assert sum(render.figures(stored).values()) == NOTEBOOKS[name][0]
+  assert NOTEBOOKS[name][1] in "".join(render.tables(stored).values())
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_ipynb_outputs_are_those_of_the_checked_in_results(name):
+  """Re-executed against notebooks/results/ (never training), the tables are those stored; the
+  cells tagged slow (a fit, or figures only) are not re-executed."""
+  stored = render.read(name)
+  fresh = render.execute(name, timeout=240, skip_slow=True)
+  stale = render.differences(name, stored, fresh, skip=render.slow_cells(stored))
+  if stale:
+    pytest.fail(stale, pytrace=False)
+
+
+@pytest.mark.parametrize("name", sorted(TRAINING))
 def test_notebook_runs_in_tiny_mode_and_draws(name, monkeypatch):
   figures, line = NOTEBOOKS[name]
   monkeypatch.setenv("DILOCO_NOTEBOOK_TINY", "1")
+  monkeypatch.delenv(render.RESULTS_ONLY, raising=False)
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
   monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend makes the PNGs
   nb = jupytext.read(REPO / "notebooks" / f"{name}.py")
