@@ -9,8 +9,9 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
   mode=diloco      M learners, all synced every H steps, mean, Nesterov outer step.
   mode=streaming   Streaming DiLoCo: P fragments at staggered offsets, overlap tau, fp4.
   mode=decoupled   Decoupled DiLoCo: quorum K, adaptive grace, token weights, RDA; never waits.
-  mode=compare     dp, diloco and decoupled on one token budget, the last learner 3x slower;
-                   prints a table and draws compare.png (diloco/config/presets.py).
+  mode=compare     dp, diloco and decoupled on one token budget, the last learner 3x slower, each
+                   at its own tuned inner lr (compare.inner_lrs); prints a table and draws
+                   compare.png (diloco/config/presets.py).
   model=tiny|small|base   tiny ~29k params (tests), small ~0.89M (default), base ~27M;
   model=35m|90m|180m      the DiLoCo scaling-laws shapes (19M, 64M, 151M params with bytes).
                    model.dtype (bfloat16: compute; weights and optimizer stay float32),
@@ -37,7 +38,10 @@ another key (the decay steps follow `steps`) until given; `python -m experiments
 it means.
 
 Expected on 2 CPU cores (BENCHMARKS.md has measured figures): mode=dp, small model, 300 steps of
-32x128 bytes reaches about 2.7 bits per byte in 2-3 minutes; mode=compare finishes in about 3-4.
+32x128 bytes reaches about 2.7 bits per byte in 2-3 minutes. mode=compare (the tiny model, 28,832
+parameters; M=2 learners of 16x64 bytes a step, 2,000 steps, H=20: 100 outer steps, 142 bytes per
+parameter; each method at the inner lr that won configs/sweeps/main_job.py) ends at about 2.68
+(dp), 2.67 (DiLoCo) and 2.72 (Decoupled DiLoCo) bits per byte on the whole validation split.
 """
 
 import ml_collections
@@ -81,12 +85,12 @@ def base_config() -> ml_collections.ConfigDict:
       seed=(0, "of the parameters, the data order and the simulated step times"),
       seq_len=(Auto(128, runlocal=32, compare=64), "tokens (bytes) per sequence"),
       batch_size=(Auto(32, runlocal=8, compare=16), "sequences per step, per learner (dp: global)"),
-      steps=(Auto(300, runlocal=40, compare=150), "inner steps per learner (the token budget)"),
+      steps=(Auto(300, runlocal=40, compare=2000), "inner steps per learner (the token budget)"),
       stop_after_steps=(0, ">0: stop this invocation after N steps, as a preemption would"),
       init_from=("", "a run's workdir: start from its newest params (fresh optimizer, step, data)"),
       distributed=(False, "call jax.distributed.initialize() (multi-host jobs)"),
       log_every=(Auto(10, runlocal=5), "steps between training-metric rows"),
-      eval_every=(Auto(200, runlocal=20, compare=50), "steps between evaluations"),
+      eval_every=(Auto(200, runlocal=20, compare=100), "steps between evaluations"),
       checkpoint_every=(Auto(200, runlocal=20), "steps between checkpoints (mode=dp)"),
       progress_bar=(
           True,
@@ -99,14 +103,13 @@ def base_config() -> ml_collections.ConfigDict:
           " (WORKDIR/tb), wandb (pip install -e '.[wandb]'; offline without an API key)",
       ),
   )
-  c.model = variants.model_section("small", runlocal_size="tiny")
+  c.model = variants.model_section("small", runlocal_size="tiny", compare_size="tiny")
   c.data = sections.data()
   c.optimizer = keys.section(
       "optimizer",
       name=("adamw", "inner optimizer: adamw | sgd"),
-      # mode=compare: 5e-3 beat 1e-2 (dp and diloco) and 3e-3 (diloco) in the README's budget
-      lr=(Auto(1e-2, compare=5e-3), "peak inner learning rate"),
-      warmup_steps=(Auto(20, runlocal=5), "linear warmup steps"),
+      lr=(Auto(1e-2), "peak inner learning rate (mode=compare: compare.inner_lrs per mode)"),
+      warmup_steps=(Auto(20, runlocal=5, compare=100), "linear warmup steps"),
       decay_steps=(Auto(280), "cosine decay steps after warmup; preset: steps - warmup_steps"),
       min_lr_ratio=(
           Auto(0.1),
@@ -166,8 +169,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.compare = keys.section(
       "compare",
       modes=("dp,diloco,decoupled", "mode=compare runs these on one token budget"),
-      decoupled_fragments=(Auto(24), "P of the compared Decoupled DiLoCo run"),
-      decoupled_inner_steps=(Auto(24), "H of the compared Decoupled DiLoCo run"),
+      decoupled_fragments=(Auto(4), "P of the compared Decoupled DiLoCo run"),
+      decoupled_inner_steps=(Auto(20), "H of the compared Decoupled DiLoCo run"),
+      inner_lrs=(
+          # the winners of configs/sweeps/main_job.py's grid (5e-3, 1e-2, 2e-2, 4e-2), 2026-12-02
+          Auto("dp=0.02,diloco=0.01,decoupled=0.01"),
+          "mode=lr,... each compared run's peak inner learning rate (tuned by "
+          "configs/sweeps/main_job.py); a mode not named takes optimizer.lr",
+      ),
   )
   deploy_lib.add_deploy_section(c)  # threads/gRPC runtimes: bind, port, TLS, limits, TPU
   return c
@@ -176,7 +185,7 @@ def base_config() -> ml_collections.ConfigDict:
 def _outer() -> dict:
   """The `outer` section: the synchronizer, its policies and the learners' side."""
   return dict(
-      learners=(Auto(4), "M islands; the local devices are split evenly between them"),
+      learners=(Auto(4, compare=2), "M islands; the local devices are split evenly between them"),
       inner_steps=(Auto(50), "H: each fragment syncs once every H inner steps"),
       fragments=(Auto(1), "P: fragments of the parameters, synced at staggered offsets p*H/P"),
       fragment_kind=(

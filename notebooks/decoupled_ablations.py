@@ -44,8 +44,7 @@ import sys
 import tempfile
 
 TINY = os.environ.get("DILOCO_NOTEBOOK_TINY") == "1"  # a few-second version of the same sweep
-RESULTS_ONLY_VAR = "DILOCO_NOTEBOOK_RESULTS_ONLY"  # =1: load the checked-in results, never train
-RESULTS_ONLY = os.environ.get(RESULTS_ONLY_VAR) == "1"
+RESULTS_ONLY = os.environ.get("DILOCO_NOTEBOOK_RESULTS_ONLY") == "1"  # load, never train
 here = os.getcwd()
 REPO = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
 if REPO not in sys.path:  # the config file imports configs.shakespeare
@@ -54,7 +53,7 @@ if REPO not in sys.path:  # the config file imports configs.shakespeare
 import matplotlib.pyplot as plt
 
 from diloco.sim import calibration, goodput
-from diloco.studies import ablation_table as at, sweep, sweep_run
+from diloco.studies import ablation_table as at, sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "ablations.py")
 RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "ablations")
@@ -64,29 +63,12 @@ else:
   print(f"results: {os.path.relpath(RESULTS, REPO)}")
 
 
-def load_or_run(arg: str, table: str = "results") -> list[dict]:
-  """The rows of the sweep `SPEC:arg`: its points without a summary.json in RESULTS are trained
-  first (and the rows written to RESULTS/<table>.jsonl and .csv), or with RESULTS_ONLY are an error
-  naming them."""
-  spec = f"{SPEC}:{arg}"
-  if not RESULTS_ONLY:
-    rows = sweep_run.run(spec, RESULTS, parallel=0 if TINY else 2, progress=not TINY, table=table)
-  else:
-    points = sweep.points(spec)
-    done = {p.index: (sweep_run.finished(RESULTS, p), "") for p in points}
-    missing = [p.name for p in points if done[p.index][0] is None]
-    if missing:
-      raise FileNotFoundError(
-          f"{RESULTS_ONLY_VAR}=1 and no summary.json in {RESULTS} for: {', '.join(missing)}"
-      )
-    rows = sweep_run.rows(points, done, sweep.load_module(SPEC).SWEEP_KEYS)
-  failed = [f"{r['name']}: {r['error']}" for r in rows if r["status"] != "done"]
-  if failed:
-    raise RuntimeError("points failed:\n" + "\n".join(failed))
-  return rows
+# A missing point trains first, or with RESULTS_ONLY is an error (sweep_run.load_or_run).
+OPTIONS = dict(parallel=0 if TINY else 2, progress=not TINY)
 
 
-rows = load_or_run("tiny,part=all" if TINY else "part=all,seeds=2")
+arg = "tiny,part=all" if TINY else "part=all,seeds=2"
+rows = sweep_run.load_or_run(f"{SPEC}:{arg}", RESULTS, RESULTS_ONLY, **OPTIONS)
 table = at.cells(rows)
 mu = {k: at.mean(v) for k, v in table.items()}
 print(

@@ -342,6 +342,12 @@ def _compare(c) -> Problems:
   for path, field in keys.leaves(c):
     if path in presets.POLICY_KEYS and resolve.source(field) == "explicit":
       out.append((path, "mode=compare runs each mode at its own preset; run the mode alone"))
+  try:
+    unknown = sorted(set(presets.inner_lrs(c.compare.inner_lrs)) - set(modes))
+  except ValueError as e:
+    return out + [("compare.inner_lrs", str(e))]
+  if unknown:
+    out.append(("compare.inner_lrs", f"names modes that are not compared: {unknown}"))
   for mode, sub in resolve.compare_runs(c).items():
     out += [(k, f"in the compared {mode} run: {why}") for k, why in problems_of_run(sub)]
   return out
@@ -401,6 +407,11 @@ def _param_shapes(key: tuple) -> dict:
   cfg = vit.VitConfig(**fields) if image else transformer.ModelConfig(**fields)
   model = nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0)))
   return fragments.flatten(jax.tree.map(lambda x: x, nnx.to_pure_dict(nnx.state(model))))
+
+
+def param_count(c: ml_collections.ConfigDict) -> int:
+  """The model's parameters (from its shapes; nothing allocated)."""
+  return sum(math.prod(x.shape) for x in _param_shapes(_model_key(c)).values())
 
 
 def _trackers(c) -> Problems:

@@ -56,8 +56,8 @@ MODES: dict[str, dict[str, Any]] = {
     "diloco": SYNCHRONOUS,  # all learners, every H steps, plain mean, Nesterov outer step
     "streaming": {**SYNCHRONOUS, "outer.fragments": 4, "outer.overlap": 1, "outer.codec": "fp4"},
     "decoupled": {**SYNCHRONOUS, **DECOUPLED},
-    # synchronous DiLoCo syncs every H=10 steps in the README's short budget (15 outer steps)
-    "compare": {"outer.inner_steps": 10},
+    # the README's main job: H=20 over 2,000 steps, 100 outer steps (configs/shakespeare.py)
+    "compare": {"outer.inner_steps": 20},
 }
 # What `runlocal` changes per mode, over the preset: two learners, shorter rounds, fewer fragments.
 RUNLOCAL: dict[str, dict[str, Any]] = {
@@ -103,4 +103,20 @@ def compare_overrides(config, mode: str) -> dict[str, Any]:
           "outer.inner_steps": cmp.decoupled_inner_steps,
       },
   }
+  lrs = inner_lrs(cmp.inner_lrs)
+  per_mode.setdefault(mode, {}).update({"optimizer.lr": lrs[mode]} if mode in lrs else {})
   return {"outer.inner_steps": o.inner_steps, **per_mode.get(mode, {})}
+
+
+def inner_lrs(text: str) -> dict[str, float]:
+  """`compare.inner_lrs` ('dp=1e-2,diloco=2e-2') as {mode: lr}; ValueError naming a bad entry."""
+  out = {}
+  for item in filter(None, (s.strip() for s in text.split(","))):
+    mode, _, value = item.partition("=")
+    try:
+      out[mode.strip()] = float(value)
+    except ValueError:
+      raise ValueError(f"compare.inner_lrs entry {item!r}: expected mode=learning_rate") from None
+    if not out[mode.strip()] > 0:
+      raise ValueError(f"compare.inner_lrs entry {item!r}: the learning rate must be > 0")
+  return out

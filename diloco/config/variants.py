@@ -154,13 +154,15 @@ RECIPE_KEYS = ("qk_norm", "z_loss")
 
 
 def model_section(
-    size: str, runlocal_size: str, **extra: tuple[Any, str]
+    size: str, runlocal_size: str, compare_size: str = "", **extra: tuple[Any, str]
 ) -> ml_collections.ConfigDict:
   """The `model` section: `size` picks the shape keys (SIZE_KEYS) unless they are given; under
-  `runlocal` the size is `runlocal_size` unless `model.size` is given. `extra`: more keys."""
+  `runlocal` the size is `runlocal_size` (mode=compare: `compare_size`, when given) unless
+  `model.size` is given. `extra`: more keys."""
   fields = {**MODEL_BASE, **size_fields(size)}
+  by_mode = {"compare": compare_size} if compare_size else {}
   spec: dict[str, tuple[Any, str]] = {
-      "size": (keys.Auto(size, runlocal=runlocal_size), _size_meaning())
+      "size": (keys.Auto(size, runlocal=runlocal_size, **by_mode), _size_meaning())
   }
   for name, value in fields.items():
     auto = name in SIZE_KEYS or name in RECIPE_KEYS

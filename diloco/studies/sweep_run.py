@@ -62,6 +62,29 @@ def finished(workdir: str, point: sweep.Point) -> dict[str, Any] | None:
   return summary if summary.get("finished", True) else None  # stopped early: resume it
 
 
+def load(spec: str, workdir: str, keys: Sequence[str] = ()) -> list[dict[str, Any]]:
+  """The table's rows of `spec`'s sweep from the summaries in `workdir`, running and writing
+  nothing; FileNotFoundError naming every point without one."""
+  module = sweep.load_module(sweep.split_spec(spec)[0])
+  points = sweep.points(spec, module)
+  results = {p.index: (finished(workdir, p), "") for p in points}
+  missing = [p.name for p in points if results[p.index][0] is None]
+  if missing:
+    raise FileNotFoundError(f"no summary.json in {workdir} for: {', '.join(missing)}")
+  return rows(points, results, keys or getattr(module, "SWEEP_KEYS", DEFAULT_KEYS))
+
+
+def load_or_run(spec: str, workdir: str, results_only: bool, **options) -> list[dict[str, Any]]:
+  """A notebook's rows: with `results_only`, `load`ed (a missing point is an error, never
+  trained); else `run` with `options` (the points without a summary train first). A point that
+  failed is a RuntimeError naming it."""
+  out = load(spec, workdir) if results_only else run(spec, workdir, **options)
+  failed = [f"{r['name']}: {r['error']}" for r in out if r["status"] != "done"]
+  if failed:
+    raise RuntimeError("points failed:\n" + "\n".join(failed))
+  return out
+
+
 def run(
     spec: str,
     workdir: str,
