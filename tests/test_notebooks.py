@@ -29,6 +29,7 @@ NOTEBOOKS = {
     "scaling_laws": (2, "same order as the paper:"),
     "decoupled_ablations": (2, "RDA beats the plain average at M=8 and M=16"),
     "async_local_sgd": (1, "Delayed Nesterov + DyLU closes the gap"),
+    "regime": (1, "regime: DiLoCo M=4 vs data-parallel"),
 }
 TRAINING = ("scaling_laws", "decoupled_ablations", "async_local_sgd")  # tiny mode runs a sweep
 
