@@ -70,6 +70,12 @@ class MetricsWriter:
       tracker.close()
 
 
+def aux_terms(step_metrics: dict[str, Any]) -> dict[str, float]:
+  """The parts of a training objective logged beside the loss: the mixture of experts' routing
+  stats (`moe_*`) and the output z-loss (`z_loss`), where the step reports them."""
+  return {k: float(v) for k, v in step_metrics.items() if k.startswith("moe_") or k == "z_loss"}
+
+
 def params_sha256(flat: dict[str, Any]) -> str:
   """sha256 over path-keyed arrays (sorted by path): each path, dtype, shape and bytes."""
   h = hashlib.sha256()

@@ -69,7 +69,7 @@ class StepLogger:
               "loss": loss,
               "lr": float(m["lr"]),
               "grad_norm": float(m["grad_norm"]),
-              **{k: float(v) for k, v in m.items() if k.startswith("moe_")},
+              **metrics.aux_terms(m),
               "tokens_per_s": rate,
               "wall_s": now - self.t_start,
           }

@@ -307,7 +307,7 @@ def _log_learner(writer, config, m, learner, step, device_metrics, now, force=Fa
           "lr": float(mx["lr"]),
           "sim_time_s": now,
           "tokens": learner.tokens,
-          **{k: float(v) for k, v in mx.items() if k.startswith("moe_")},
+          **metrics.aux_terms(mx),
       },
       prefix=f"learner{m}/",
   )
