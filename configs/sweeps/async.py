@@ -38,7 +38,7 @@ evaluation on the first 1,024 validation sequences. `seeds=2` adds a second seed
 that decide the paper's findings (sync, async, dn_dylu); `check=1` adds a check made after the first
 table, where naive async diverged: async and dn_dylu at outer lr 0.1 (0.4 / 4: one merge per
 learner, as synchronous DiLoCo makes one of their mean), heterogeneity none and very; `tiny` shrinks it for the test suite (the
-tiny model, 24 steps of 8 sequences of 32 bytes, heterogeneity none and very only).
+tiny model, 12 steps of 8 sequences of 32 bytes, heterogeneity none and very only).
 """
 
 import ml_collections
@@ -67,7 +67,7 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
 
 def _budget(tiny: bool) -> dict:
   if tiny:
-    return dict(model="tiny", batch=8, seq=32, steps=24, inner_steps=6, warmup=2)
+    return dict(model="tiny", batch=8, seq=32, steps=12, inner_steps=6, warmup=2)
   return dict(model="small", batch=16, seq=64, steps=300, inner_steps=20, warmup=20)
 
 
