@@ -74,13 +74,8 @@ PARAMS = next(r["params"] for r in rows if r["status"] == "done")
 
 def losses(cell: str, method: str, lr: float) -> list[float]:
   """The final eval losses (nats per byte) of a cell's method at `lr`, by seed."""
-  want = regime.point(cell, method, lr, 0)
-  out = {}
-  for r in rows:
-    if r["status"] == "done" and all(
-        regime._same(r.get(k), v) for k, v in want.items() if k != "seed"
-    ):
-      out[int(r["seed"])] = float(r["eval_loss"])
+  found = regime.done_rows(rows, regime.point(cell, method, lr, 0), ignore=("seed",))
+  out = {int(r["seed"]): float(r["eval_loss"]) for r in found}
   return [out[s] for s in sorted(out)]
 
 

@@ -105,15 +105,19 @@ def winners(rows: list[dict], cell: str, tiny: bool = False) -> dict[str, float]
   for method in ("dp", "diloco"):
     for lr in _lrs(tiny):
       want = point(cell, method, lr, 0, tiny)
-      for r in rows:
-        if r.get("status") == "done" and all(_same(r.get(k), v) for k, v in want.items()):
-          if method not in best or r["eval_loss"] < best[method][1]:
-            best[method] = (lr, r["eval_loss"])
+      for r in done_rows(rows, want):
+        if method not in best or r["eval_loss"] < best[method][1]:
+          best[method] = (lr, r["eval_loss"])
   return {m: lr for m, (lr, _) in best.items()}
 
 
-def _same(a, b) -> bool:
-  return a is not None and float(a) == float(b) if isinstance(b, float) else a == b
+def done_rows(rows: list[dict], want: dict, ignore: tuple[str, ...] = ()) -> list[dict]:
+  """The finished rows of the point `want` (its keys but `ignore`; rates compared as floats)."""
+  same = lambda a, b: a is not None and float(a) == float(b) if isinstance(b, float) else a == b
+  keys = [k for k in want if k not in ignore]
+  return [
+      r for r in rows if r.get("status") == "done" and all(same(r.get(k), want[k]) for k in keys)
+  ]
 
 
 def _lrs(tiny: bool) -> tuple[float, ...]:
