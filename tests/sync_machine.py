@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from diloco.outer import compression, fragments, integrity, optimizers, policies, protocol
-from diloco.outer.protocol import Join, Leave, Log, Send, Tick, Upload
+from diloco.outer.protocol import Join, Leave, Log, Refused, Send, Tick, Upload, records
 from diloco.outer.synchronizer import Synchronizer
 
 F32 = np.float32
@@ -134,7 +134,7 @@ class SyncMachine(RuleBasedStateMachine):
     for a in actions:
       if isinstance(a, Send):
         self._deliver(a)
-      elif isinstance(a, Log) and a.record["event"] in ("merge", "reject"):
+      elif isinstance(a, (Log, Refused)) and a.record["event"] in ("merge", "reject"):
         what = a.record["event"] + (
             f": {a.record['code']}" if a.record["event"] == "reject" else ""
         )
@@ -306,7 +306,7 @@ class SyncMachine(RuleBasedStateMachine):
     round go on (the round stops waiting for it) and ends with no merge changes no array."""
     before, core = self.sync.digest(), _core(self.sync)
     actions = self._handle(up)
-    logs = [a.record for a in actions if isinstance(a, Log)]
+    logs = records(actions)
     if any(r["event"] == "merge" for r in logs):
       return
     if len(actions) == 1 and logs and logs[0]["event"] == "reject":

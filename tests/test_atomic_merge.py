@@ -4,7 +4,7 @@ with `non_finite_merge`, the state bit-identical to before, and `handle` never r
 import numpy as np
 
 from diloco.outer import compression, fragments, merging, optimizers, policies, protocol
-from diloco.outer.protocol import Join, Log, Send, Upload
+from diloco.outer.protocol import Join, Log, Send, Upload, records
 from diloco.outer.synchronizer import Synchronizer
 
 F32 = np.float32
@@ -29,7 +29,7 @@ def _up(m, base, delta, time=1.0):
 
 
 def _records(actions, event):
-  return [a.record for a in actions if isinstance(a, Log) and a.record["event"] == event]
+  return [r for r in records(actions) if r["event"] == event]
 
 
 def test_rda_of_a_subnormal_delta_and_a_huge_one_is_finite():

@@ -14,7 +14,7 @@ import pytest
 from diloco.chaos import schedule as chaos
 from diloco.outer import compression, fragments, integrity, optimizers, policies, sync_state
 from diloco.outer.learner import Learner
-from diloco.outer.protocol import Join, Log, Send, Upload
+from diloco.outer.protocol import Join, Log, Send, Upload, records
 from diloco.outer.synchronizer import Synchronizer
 
 F32 = np.float32
@@ -295,13 +295,13 @@ def test_every_bad_upload_is_rejected_with_its_reason_and_changes_nothing(case, 
       "already merged": _up(0, 0, _delta(0), 3),
   }[case]
   before = _bits(sync)
-  logs = [a.record for a in sync.handle(bad) if isinstance(a, Log)]
+  logs = records(sync.handle(bad))
   assert [(r["event"], r["learner"], r["code"]) for r in logs] == [("reject", bad.learner, code)]
   assert reason in logs[0]["reason"] and logs[0]["sent_time"] == bad.sent_time
   _assert_same_bits(before, sync, screened=code == "outlier")
   assert sync.pending == [{}, {}] and sync.versions == [4, 0]
   # The same learner's next honest upload merges normally.
-  (merge,) = [a.record for a in sync.handle(good) if isinstance(a, Log)]
+  (merge,) = records(sync.handle(good))
   assert merge["event"] == "merge" and merge["learners"] == [1] and sync.versions == [5, 0]
 
 
@@ -334,11 +334,7 @@ def test_outliers_enter_the_history_so_a_general_rise_is_followed():
     sync.handle(_up(0, 0, _delta(0, small), v))
   codes = []
   for v in range(4):
-    logs = [
-        a.record
-        for a in sync.handle(_up(0, 0, _delta(0, big), sync.versions[0]))
-        if isinstance(a, Log)
-    ]
+    logs = records(sync.handle(_up(0, 0, _delta(0, big), sync.versions[0])))
     codes.append(logs[0].get("code", logs[0]["event"]))
   # With this round's norm: [s, s, B] -> lower median s: reject; [s, s, B, B] -> s: reject;
   # [s, s, B, B, B] -> B: accepted, and from then on.
@@ -406,7 +402,7 @@ def test_a_restart_keeps_the_history_up_to_its_checkpoint_and_forgets_the_rest()
   assert restarted.versions == [2, 0]
 
   def logs(actions):
-    return [(a.record["event"], a.record.get("code")) for a in actions if isinstance(a, Log)]
+    return [(r["event"], r.get("code")) for r in records(actions)]
 
   # Learner 0 held (gen 0, v2 / v0): the same as the checkpoint, so nothing is sent to it.
   assert restarted.handle(Join(0, 5.0, (2, 0), (0, 0))) == [

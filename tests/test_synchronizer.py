@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from diloco.outer import compression, fragments, optimizers, policies, protocol
-from diloco.outer.protocol import Join, Leave, Log, Send, SetTimer, Tick, Upload
+from diloco.outer.outcomes import Code
+from diloco.outer.protocol import Join, Leave, Log, Refused, Send, SetTimer, Tick, Upload, records
 from diloco.outer.synchronizer import Synchronizer
 
 F32 = np.float32
@@ -340,19 +341,19 @@ def _with_delta(up: Upload, delta: dict) -> Upload:
 
 
 @pytest.mark.parametrize(
-    "case, reason",
+    "case, code, reason",
     [
-        ("unknown fragment", "unknown fragment 5"),
-        ("wrong shape", "embed/embedding has shape (3, 2), expected (2, 2)"),
-        ("missing path", "fragment paths differ"),
-        ("extra path", "fragment paths differ"),
-        ("future base version", "unknown base version 2 (current 1)"),
-        ("negative base version", "unknown base version -1"),
-        ("no progress", "no progress to merge"),
-        ("corrupt payload", "embed/embedding: corrupt fp32 payload of 12 bytes"),
+        ("unknown fragment", Code.UNKNOWN_FRAGMENT, "unknown fragment 5"),
+        ("wrong shape", Code.SHAPE, "embed/embedding has shape (3, 2), expected (2, 2)"),
+        ("missing path", Code.PATHS, "fragment paths differ"),
+        ("extra path", Code.PATHS, "fragment paths differ"),
+        ("future base version", Code.UNKNOWN_BASE_VERSION, "unknown base version 2 (current 1)"),
+        ("negative base version", Code.UNKNOWN_BASE_VERSION, "unknown base version -1"),
+        ("no progress", Code.NO_PROGRESS, "no progress to merge"),
+        ("corrupt payload", Code.PAYLOAD_SIZE, "embed/embedding: corrupt fp32 payload of 12 bytes"),
     ],
 )
-def test_invalid_uploads_are_rejected_and_change_nothing(merged_once, case, reason):
+def test_invalid_uploads_are_rejected_and_change_nothing(merged_once, case, code, reason):
   sync = merged_once
   good = _good(0, 1)
   bad = {
@@ -374,9 +375,9 @@ def test_invalid_uploads_are_rejected_and_change_nothing(merged_once, case, reas
       ),
   }[case]
   before = _snapshot(sync)
-  (log,) = sync.handle(bad)
-  assert log.record["event"] == "reject" and log.record["learner"] == 0
-  assert reason in log.record["reason"]
+  (refused,) = sync.handle(bad)
+  assert isinstance(refused, Refused) and refused.learner == 0 and refused.code == code
+  assert reason in refused.reason and refused.record["event"] == "reject"
   _assert_unchanged(before, sync)
   assert sync.pending == [{}, {}]
   # The next valid round still merges both learners normally.
@@ -389,8 +390,8 @@ def test_stale_uploads_beyond_max_staleness_are_rejected():
   sync = _sync(policy, optimizers.sgd(1.0), learners=2)
   assert _merges(sync.handle(_good(0, 0)))[0]["version"] == 1
   before = _snapshot(sync)
-  (log,) = sync.handle(_good(1, 0))
-  assert log.record["event"] == "reject" and "stale" in log.record["reason"]
+  (refused,) = sync.handle(_good(1, 0))
+  assert refused.code == Code.STALE and "stale" in refused.reason
   _assert_unchanged(before, sync)
 
 
@@ -422,7 +423,7 @@ def test_non_finite_payloads_never_reach_the_global_state(merged_once, bad_value
   good = _good(0, 1)
   for m in (0, 1):
     actions = sync.handle(_with_delta(_good(m, 1), {**good.delta, E: _raw_fp32(poisoned)}))
-  rejects = [a.record for a in _of(actions, Log)]
+  rejects = records(actions)
   assert [(r["event"], r["learner"], r["reason"]) for r in rejects] == [
       ("reject", 0, "non-finite values"),
       ("reject", 1, "non-finite values"),
@@ -437,7 +438,7 @@ def test_a_non_finite_upload_is_dropped_and_the_others_merge():
   good = _good(1, 0)
   sync.handle(_with_delta(_good(0, 0), {**good.delta, W0: _raw_fp32(_f([np.nan, 0], [0, 0]))}))
   actions = sync.handle(good)
-  assert [a.record["event"] for a in _of(actions, Log)] == ["reject", "merge"]
+  assert [r["event"] for r in records(actions)] == ["reject", "merge"]
   assert _merges(actions)[0]["learners"] == [1]
   # SGD lr 1 on learner 1's Δ alone.
   np.testing.assert_array_equal(
@@ -447,8 +448,8 @@ def test_a_non_finite_upload_is_dropped_and_the_others_merge():
 
 def test_join_with_the_wrong_number_of_versions_is_rejected():
   sync = _sync(policies.SYNCHRONOUS, optimizers.sgd(1.0), learners=1)
-  (log,) = sync.handle(Join(7, 3.0, (0, 0, 0)))
-  assert log.record["event"] == "reject" and "3 versions, expected 2" in log.record["reason"]
+  (refused,) = sync.handle(Join(7, 3.0, (0, 0, 0)))
+  assert refused.code == Code.JOIN and "3 versions, expected 2" in refused.reason
   assert sync.live == {0}
 
 
@@ -539,7 +540,7 @@ def test_a_non_finite_upload_is_dropped_under_rda_too():
   bad = _with_delta(_good(0, 0), {**good.delta, W0: _raw_fp32(_f([np.nan, 0], [0, 0]))})
   assert sync.handle(bad) == []
   actions = sync.handle(good)
-  assert [(a.record["event"], a.record.get("code")) for a in _of(actions, Log)] == [
+  assert [(r["event"], r.get("code")) for r in records(actions)] == [
       ("reject", "non_finite"),
       ("merge", None),
   ]

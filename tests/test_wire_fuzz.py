@@ -16,6 +16,8 @@ CLEAR = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ABORTED,  # a stale, duplicate or unknown base version
+    grpc.StatusCode.DATA_LOSS,  # an upload whose checksum fails
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.NOT_FOUND,

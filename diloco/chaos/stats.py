@@ -13,8 +13,6 @@ from typing import Any
 
 from diloco.outer import protocol
 
-MERGE_TIME_CODES = ("non_finite", "outlier")  # rejections of uploads already in a round
-
 
 @dataclasses.dataclass
 class ChaosStats:
@@ -64,42 +62,38 @@ class Taints:
     if isinstance(event, protocol.Upload):
       self._arrived_up(event, actions)
     for a in actions:
-      if not isinstance(a, protocol.Log):
-        continue
-      r = a.record
-      if r["event"] == "merge":
-        for m in r["learners"]:
-          pending = self.pending.pop((m, r["fragment"]), None)
+      if isinstance(a, protocol.Log) and a.record["event"] == "merge":
+        for m in a.record["learners"]:
+          pending = self.pending.pop((m, a.record["fragment"]), None)
           if pending is not None:
             self.stats.fate(pending[1], "merged")
-      elif r["event"] == "reject" and "sent_time" in r:
-        key = (r["learner"], r["fragment"])
+      elif isinstance(a, protocol.Refused) and a.sent_time is not None:
+        key = (a.learner, a.fragment)
         pending = self.pending.get(key)
-        if pending is not None and pending[0][2] == r["sent_time"]:
+        if pending is not None and pending[0][2] == a.sent_time:
           del self.pending[key]
-          self.stats.fate(pending[1], f"rejected ({r['code']})")
+          self.stats.fate(pending[1], f"rejected ({a.code})")
 
   def _arrived_up(self, up: protocol.Upload, actions: list[protocol.Action]) -> None:
     key = (up.learner, up.fragment, up.sent_time)
     kind = self.up.pop(key, None)
     reject = next(
         (
-            a.record
+            a
             for a in actions
-            if isinstance(a, protocol.Log)
-            and a.record["event"] == "reject"
-            and a.record.get("sent_time") == key[2]
-            and (a.record["learner"], a.record["fragment"]) == key[:2]
+            if isinstance(a, protocol.Refused)
+            and a.sent_time == key[2]
+            and (a.learner, a.fragment) == key[:2]
         ),
         None,
     )
-    if reject is None or reject["code"] in MERGE_TIME_CODES:  # it entered the round
+    if reject is None or reject.code.at_merge:  # it entered the round
       old = self.pending.pop(key[:2], None)
       if old is not None:
         self.stats.fate(old[1], "superseded")
     if reject is not None:
       if kind is not None:
-        self.stats.fate(kind, f"rejected ({reject['code']})")
+        self.stats.fate(kind, f"rejected ({reject.code})")
     elif kind is not None:
       self.pending[key[:2]] = (key, kind)  # followed by `handled` until its round ends
 

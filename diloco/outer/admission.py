@@ -6,8 +6,9 @@ already merged from that learner) and progress. Values (finite, not outliers) ar
 time (`Synchronizer._screen`).
 """
 
-from diloco.outer import compression
-from diloco.outer.protocol import Log, Upload
+from diloco.outer import compression, outcomes
+from diloco.outer.outcomes import Code
+from diloco.outer.protocol import Refused, Upload
 
 
 def known(sync, p: int, generation: int, version: int) -> bool:
@@ -19,21 +20,21 @@ def known(sync, p: int, generation: int, version: int) -> bool:
   return generation in sync.lineage and version <= sync.lineage[generation][p]
 
 
-def invalid(sync, up: Upload) -> tuple[str, str] | None:
+def invalid(sync, up: Upload) -> tuple[Code, str] | None:
   """(code, reason) of the first check the upload fails, or None."""
   p = up.fragment
   if not 0 <= p < sync.frag.num_fragments:
-    return "unknown_fragment", f"unknown fragment {p}"
+    return Code.UNKNOWN_FRAGMENT, f"unknown fragment {p}"
   if not up.checksum_ok():
-    return "checksum", f"checksum mismatch: payload of fragment {p} corrupted in transit"
+    return Code.CHECKSUM, f"checksum mismatch: payload of fragment {p} corrupted in transit"
   want = sync.globals[p]
   if sorted(up.delta) != sorted(want):
-    return "paths", "fragment paths differ from the model's"
+    return Code.PATHS, "fragment paths differ from the model's"
   for k, e in up.delta.items():
     if tuple(e.shape) != want[k].shape:
-      return "shape", f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
+      return Code.SHAPE, f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
     if e.nbytes != compression.encoded_nbytes(e.codec, e.num_values, e.block):
-      return "payload_size", f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
+      return Code.PAYLOAD_SIZE, f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
   if not known(sync, p, up.base_generation, up.base_version):
     where = (
         f" of generation {up.base_generation}, now {sync.generation}"
@@ -41,41 +42,33 @@ def invalid(sync, up: Upload) -> tuple[str, str] | None:
         else ""
     )
     return (
-        "unknown_base_version",
+        Code.UNKNOWN_BASE_VERSION,
         f"unknown base version {up.base_version}{where} (current {sync.versions[p]})",
     )
   if sync.versions[p] - up.base_version > sync.policy.max_staleness:
-    return "stale", f"stale: base version {up.base_version}, current {sync.versions[p]}"
+    return Code.STALE, f"stale: base version {up.base_version}, current {sync.versions[p]}"
   if up.base_version <= sync.contributed[p].get(up.learner, -1):
     return (
-        "duplicate",
+        Code.DUPLICATE,
         f"learner {up.learner} already contributed to fragment {p} on "
         f"base version {sync.contributed[p][up.learner]}",
     )
   if up.steps <= 0 or up.tokens <= 0:
-    return "no_progress", f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
+    return Code.NO_PROGRESS, f"no progress to merge: {up.steps} steps, {up.tokens} tokens"
   return None
 
 
-def reject_log(
+def refusal(
     learner: int,
     fragment: int | None,
     time: float,
     reason: str,
-    code: str,
+    code: outcomes.Code,
     up: Upload | None = None,
-) -> Log:
-  """The 'reject' Log of an event the synchronizer refused."""
-  record = {
-      "event": "reject",
-      "learner": learner,
-      "fragment": fragment,
-      "time": time,
-      "reason": reason,
-      "code": code,
-  }
-  if up is not None:
-    record.update(
-        sent_time=up.sent_time, base_version=up.base_version, base_generation=up.base_generation
-    )
-  return Log(record)
+) -> Refused:
+  """The synchronizer's refusal of an upload (`up`) or a Join (fragment None)."""
+  if up is None:
+    return Refused(learner, fragment, code, reason, time)
+  return Refused(
+      learner, fragment, code, reason, time, up.sent_time, up.base_version, up.base_generation
+  )

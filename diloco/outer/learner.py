@@ -21,6 +21,7 @@ import numpy as np
 
 from diloco.inner import island as island_lib, step as step_lib
 from diloco.outer import fragments, protocol
+from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Send, Upload
 from diloco.outer.uplink import Uplink
 
@@ -112,25 +113,25 @@ class Learner:
         base_generation=self.generations[p],
     )
 
-  def accepts(self, send: Send) -> str | None:
-    """Why `send` cannot be applied ('checksum', 'old_generation', 'duplicate', 'gap'), or None.
+  def accepts(self, send: Send) -> Code | None:
+    """Why `send` cannot be applied (CHECKSUM, OLD_GENERATION, DUPLICATE or GAP), or None.
 
-    A 'gap' (an update to a version not held, or full values of an unknown newer history) means
+    A GAP (an update to a version not held, or full values of an unknown newer history) means
     messages were lost: the learner should re-join to be sent what it misses.
     """
     p = send.fragment
     if not 0 <= p < self.frag.num_fragments:
       raise ValueError(f"learner {self.index} got fragment {p} of {self.frag.num_fragments}")
     if not send.checksum_ok():
-      return "checksum"
+      return Code.CHECKSUM
     if send.generation < self.sync_generation:
-      return "old_generation"
+      return Code.OLD_GENERATION
     held = (self.generations[p], self.versions[p])
     if send.update is not None:
       if (send.base_generation, send.version - 1) == held:
         return None
-      return "duplicate" if (send.generation, send.version) <= held else "gap"
-    return None if (send.generation, send.version) > held else "duplicate"
+      return Code.DUPLICATE if (send.generation, send.version) <= held else Code.GAP
+    return None if (send.generation, send.version) > held else Code.DUPLICATE
 
   def receive(self, send: Send) -> None:
     """Takes a new global version of a fragment and mixes it into the local parameters."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from diloco.outer import compression, integrity, uplink
+from diloco.outer import compression, integrity, outcomes, uplink
 
 Flat = Mapping[str, np.ndarray]
 EncodedFlat = Mapping[str, compression.Encoded]
@@ -143,13 +143,52 @@ class Log:
 
 
 @dataclasses.dataclass(frozen=True)
+class Refused:
+  """The synchronizer refused an event: learner `learner`'s upload of `fragment` (None: its Join),
+  for `code`. Arrival-time codes answer the caller; `code.at_merge` ones come when the round
+  merges. `record` is its log line."""
+
+  learner: int
+  fragment: int | None
+  code: outcomes.Code
+  reason: str
+  time: float
+  sent_time: float | None = None  # the refused upload's, when it was one
+  base_version: int | None = None
+  base_generation: int | None = None
+
+  @property
+  def record(self) -> dict:
+    out = {
+        "event": "reject",
+        "learner": self.learner,
+        "fragment": self.fragment,
+        "time": self.time,
+        "reason": self.reason,
+        "code": self.code.value,
+    }
+    if self.sent_time is not None:
+      out.update(
+          sent_time=self.sent_time,
+          base_version=self.base_version,
+          base_generation=self.base_generation,
+      )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
 class Checkpoint:
   """Save the synchronizer's `state_dict()` now (due every N merges); `merges` names the save."""
 
   merges: int
 
 
-Action = Send | SetTimer | Log | Checkpoint
+Action = Send | SetTimer | Log | Refused | Checkpoint
+
+
+def records(actions) -> list[dict]:
+  """The log lines of `actions`, in order: every Log's and every Refused's."""
+  return [a.record for a in actions if isinstance(a, (Log, Refused))]
 
 
 def send_checksum(

@@ -15,8 +15,9 @@ quantisation error is fed back into the next update of that fragment (error feed
 Everything that arrives is checked before it can touch the state (see `admission.invalid` and `_screen`):
 the checksum, the fragment id, paths, shapes and payload sizes against the model, the base version
 (known to this generation's history, not too stale, not already merged from that learner),
-progress, finite values and, with an `integrity.OutlierScreen`, the norm. A rejection is a 'reject'
-Log with the learner, fragment, a short `code` and a reason. It leaves the global values, outer
+progress, finite values and, with an `integrity.OutlierScreen`, the norm. A rejection is a
+`protocol.Refused` action with the learner, fragment, an `outcomes.Code` and a reason (its
+`record` is the 'reject' log line). It leaves the global values, outer
 optimizer states, residuals and versions as they were. Unless the payload was corrupted in transit
 (a checksum mismatch: the learner is expected to send it again), the fragment's current round stops
 waiting for that learner, which may let the others merge; unless the quorum counts every member
@@ -42,9 +43,10 @@ import numpy as np
 import optax
 
 from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, policies, protocol, sync_state
+from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
-NON_FINITE = ("non_finite", "non-finite values")
+NON_FINITE = (Code.NON_FINITE, "non-finite values")
 
 
 class Synchronizer:
@@ -117,23 +119,23 @@ class Synchronizer:
     num = self.frag.num_fragments
     if len(event.versions) != num:
       return [
-          admission.reject_log(
+          admission.refusal(
               event.learner,
               None,
               event.time,
               f"join with {len(event.versions)} versions, expected {num}",
-              "join",
+              Code.JOIN,
           )
       ]
     gens = tuple(event.generations) or (self.generation,) * num
     if len(gens) != num:
       return [
-          admission.reject_log(
+          admission.refusal(
               event.learner,
               None,
               event.time,
               f"join with {len(gens)} generations, expected {num}",
-              "join",
+              Code.JOIN,
           )
       ]
     returning = event.learner not in self.live  # not a live learner asking for a resync
@@ -162,8 +164,8 @@ class Synchronizer:
   def _upload(self, up: Upload) -> list[Action]:
     invalid = admission.invalid(self, up)
     if invalid:
-      reject = admission.reject_log(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
-      if invalid[0] in ("unknown_fragment", "checksum"):
+      reject = admission.refusal(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
+      if invalid[0] in (Code.UNKNOWN_FRAGMENT, Code.CHECKSUM):
         return [reject]  # corrupted on the way: the learner is expected to send it again
       # Sending it again would not help: the round does not wait for that learner any more.
       self.abstaining[up.fragment].add(up.learner)
@@ -213,7 +215,7 @@ class Synchronizer:
     otherwise); the rejections, and the learners whose deltas were clipped."""
     ups = [self.pending[p][m] for m in sorted(self.pending[p])]
     deltas = [{k: compression.decoded_view(e) for k, e in u.delta.items()} for u in ups]
-    rejected: dict[int, tuple[str, str]] = {}
+    rejected: dict[int, tuple[Code, str]] = {}
     clipped: set[int] = set()
     if self.screen is not None:
       size = sum(x.size for x in self.globals[p].values())
@@ -228,7 +230,7 @@ class Synchronizer:
       clip = limit / self.screen.factor * self.screen.clip_factor
       for i, n in norms.items():
         if not n <= limit:
-          rejected[i] = ("outlier", f"outlier: norm {n:.4g} above the limit {limit:.4g}")
+          rejected[i] = (Code.OUTLIER, f"outlier: norm {n:.4g} above the limit {limit:.4g}")
         elif 0 < clip < n:
           deltas[i] = {k: v * np.float32(clip / n) for k, v in deltas[i].items()}
           clipped.add(ups[i].learner)
@@ -243,11 +245,11 @@ class Synchronizer:
       now: float,
       ups: list[Upload],
       deltas: list[dict],
-      rejected: dict[int, tuple[str, str]],
+      rejected: dict[int, tuple[Code, str]],
   ) -> tuple[list[Upload], list[dict], list[Action]]:
     """Rejects uploads `rejected` (index -> (code, reason)); the others and the rejections."""
     rejects: list[Action] = [
-        admission.reject_log(ups[i].learner, p, now, rejected[i][1], rejected[i][0], ups[i])
+        admission.refusal(ups[i].learner, p, now, rejected[i][1], rejected[i][0], ups[i])
         for i in sorted(rejected)
     ]
     for i in rejected:
@@ -308,7 +310,7 @@ class Synchronizer:
 
   def _reject_round(self, p: int, now: float, ups: list[Upload], why: str) -> list[Action]:
     """Rejects every upload of a round whose merge could not be committed."""
-    rejects = [admission.reject_log(u.learner, p, now, why, "non_finite_merge", u) for u in ups]
+    rejects = [admission.refusal(u.learner, p, now, why, Code.NON_FINITE_MERGE, u) for u in ups]
     self.rounds_skipped += 1
     self._reset_round(p)
     return rejects

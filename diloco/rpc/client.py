@@ -3,7 +3,7 @@
 Every call has a deadline and carries the shared token; the channel sends keepalive pings. Bytes
 are counted from the serialized messages that gRPC actually sent and received. Network failures
 become `link_lib.Unreachable` (the learner keeps training and retries with backoff); refusals
-become `link_lib.Refused` with the server's message.
+become `link_lib.Refused` with the server's refusal code (from the trailing metadata) and message.
 """
 
 import threading
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import grpc
 
-from diloco.outer import protocol
+from diloco.outer import outcomes, protocol
 from diloco.rpc import limits as limits_lib, security, service, synchronizer_pb2 as pb, transport
 from diloco.runtime import link as link_lib
 
@@ -23,11 +23,15 @@ _UNREACHABLE = (
     grpc.StatusCode.UNKNOWN,
     grpc.StatusCode.INTERNAL,
 )
-_CODE_OF = {
-    v: k
-    for k, v in service.RPC_CODES.items()
-    if k not in ("malformed", "too_large", "rate_limited", "stale")
-}
+
+
+def refusal_code(err: grpc.RpcError) -> outcomes.Code:
+  """The refusal code the service put in the call's trailing metadata (`service.CODE_KEY`);
+  a server that sent none (not ours) is INVALID."""
+  for key, value in err.trailing_metadata() or ():
+    if key == service.CODE_KEY and outcomes.find(value) is not None:
+      return outcomes.find(value)
+  return outcomes.Code.INVALID
 
 
 class GrpcLink:
@@ -95,8 +99,7 @@ class GrpcLink:
       code = err.code() if hasattr(err, "code") else None
       if code in _UNREACHABLE or code is None:
         raise link_lib.Unreachable(str(err)) from err
-      name = _CODE_OF.get(code, "invalid")
-      raise link_lib.Refused(name, err.details() or str(code)) from err
+      raise link_lib.Refused(refusal_code(err), err.details() or str(code)) from err
 
   def join(self, versions, generations) -> None:
     req = pb.JoinRequest(

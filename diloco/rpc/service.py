@@ -20,21 +20,42 @@ from collections.abc import Iterator
 import grpc
 from google.protobuf import message as pb_message
 
+from diloco.outer import outcomes
+from diloco.outer.outcomes import Code
 from diloco.rpc import limits as limits_lib, security, synchronizer_pb2 as pb, transport
 from diloco.runtime import link as link_lib, sync_host
 
 SERVICE = "diloco.rpc.SynchronizerService"
+# Every refusal code -> the gRPC status it travels with (the code itself travels in the trailing
+# metadata under CODE_KEY, so a client reads exactly what was refused, not a status shared by
+# several codes).
+_S = grpc.StatusCode
 RPC_CODES = {
-    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
-    "malformed": grpc.StatusCode.INVALID_ARGUMENT,
-    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    "stale": grpc.StatusCode.FAILED_PRECONDITION,
-    "not_joined": grpc.StatusCode.FAILED_PRECONDITION,
-    "already_exists": grpc.StatusCode.ALREADY_EXISTS,
-    "too_many": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "rate_limited": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Code.UNAUTHENTICATED: _S.UNAUTHENTICATED,
+    Code.MALFORMED: _S.INVALID_ARGUMENT,
+    Code.INVALID: _S.INVALID_ARGUMENT,
+    Code.UNKNOWN_FRAGMENT: _S.INVALID_ARGUMENT,
+    Code.PATHS: _S.INVALID_ARGUMENT,
+    Code.SHAPE: _S.INVALID_ARGUMENT,
+    Code.PAYLOAD_SIZE: _S.INVALID_ARGUMENT,
+    Code.NO_PROGRESS: _S.INVALID_ARGUMENT,
+    Code.JOIN: _S.INVALID_ARGUMENT,
+    Code.NON_FINITE: _S.INVALID_ARGUMENT,
+    Code.OUTLIER: _S.INVALID_ARGUMENT,
+    Code.NON_FINITE_MERGE: _S.INVALID_ARGUMENT,
+    Code.CHECKSUM: _S.DATA_LOSS,
+    Code.UNKNOWN_BASE_VERSION: _S.ABORTED,
+    Code.STALE: _S.ABORTED,
+    Code.DUPLICATE: _S.ABORTED,
+    Code.NOT_JOINED: _S.FAILED_PRECONDITION,
+    Code.ALREADY_EXISTS: _S.ALREADY_EXISTS,
+    Code.TOO_MANY: _S.RESOURCE_EXHAUSTED,
+    Code.TOO_LARGE: _S.RESOURCE_EXHAUSTED,
+    Code.RATE_LIMITED: _S.RESOURCE_EXHAUSTED,
+    Code.OLD_GENERATION: _S.FAILED_PRECONDITION,  # a learner's codes: never sent, mapped for
+    Code.GAP: _S.FAILED_PRECONDITION,  # completeness
 }
+CODE_KEY = "diloco-refusal"
 log = logging.getLogger(__name__)
 
 
@@ -67,22 +88,23 @@ class Service:
     with self._lock:
       return tuple(self.learner_bytes.get(learner, (0, 0)))
 
-  def _fail(self, context: grpc.ServicerContext, code: str, message: str):
+  def _fail(self, context: grpc.ServicerContext, code: Code, message: str):
     log.warning("refused (%s): %s", code, message)
-    context.abort(RPC_CODES.get(code, grpc.StatusCode.INVALID_ARGUMENT), message)
+    context.set_trailing_metadata(((CODE_KEY, code.value),))
+    context.abort(RPC_CODES[code], message)
 
   def _auth(self, context: grpc.ServicerContext) -> None:
     if not security.token_ok(context.invocation_metadata(), self.token):
-      self.host.count("unauthenticated")
-      self._fail(context, "unauthenticated", f"missing or wrong {security.TOKEN_KEY}")
+      self.host.count(Code.UNAUTHENTICATED)
+      self._fail(context, Code.UNAUTHENTICATED, f"missing or wrong {security.TOKEN_KEY}")
 
   def _parse(self, cls, data: bytes, context: grpc.ServicerContext):
     try:
       msg = cls.FromString(data)
     except pb_message.DecodeError as err:
       self._add(received=len(data))
-      self.host.count("malformed")
-      self._fail(context, "malformed", f"malformed {cls.__name__} bytes: {err}")
+      self.host.count(Code.MALFORMED)
+      self._fail(context, Code.MALFORMED, f"malformed {cls.__name__} bytes: {err}")
     self._add(received=len(data), learner=getattr(msg, "learner", None))
     return msg
 
@@ -150,8 +172,8 @@ class Service:
             f"chunks name fragment {first.fragment}, the upload inside fragment {up.fragment}",
         )
     except transport.WireError as err:
-      code = err.code if err.code in RPC_CODES else "malformed"
-      self.host.count(err.code)
+      code = outcomes.find(err.code) or Code.MALFORMED
+      self.host.count(err.code)  # by the wire's own finer name (truncated, out_of_order, ...)
       self._fail(context, code, str(err))
     try:
       merges = self.host.upload(first.learner, first.session, up, started)

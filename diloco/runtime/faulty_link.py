@@ -24,7 +24,6 @@ a message carries them.
 import dataclasses
 import heapq
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -291,8 +290,7 @@ class FaultyLink:
       link.upload(up)
     except link_lib.Refused as err:
       if kind is not None:
-        why = re.search(r"rejected \((\w+)\)", str(err))
-        self.shared.fate(kind, f"rejected ({why.group(1) if why else err.code})")
+        self.shared.fate(kind, f"rejected ({err.code})")
       raise
     if kind is not None and kind.startswith("poison"):  # its fate is decided at the merge
       with self.shared.lock:

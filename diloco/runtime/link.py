@@ -7,13 +7,13 @@ learner keeps training and retries).
 
 from typing import Protocol
 
-from diloco.outer import protocol
+from diloco.outer import outcomes, protocol
 
 
 class Refused(Exception):
-  """A call the host turns down; `code` is one of RPC_CODES' keys in diloco/rpc/service.py."""
+  """A call the host turns down, for `code` (an `outcomes.Code`)."""
 
-  def __init__(self, code: str, message: str):
+  def __init__(self, code: outcomes.Code, message: str):
     super().__init__(message)
     self.code = code
 

@@ -6,8 +6,9 @@ concurrently. It adds what a real deployment needs around the state machine: ses
 is held by one live process at a time), heartbeats (a learner silent for `absent_after_s` becomes a
 `Leave` and is left out of quorums until it joins again), a per-learner outbox of numbered sends
 that learners long-poll and acknowledge, real timers for the grace window, a progress rate limit
-and a cap on registered learners. Refusals raise `link.Refused(code, message)` and never reach the
-synchronizer, so they leave its state unchanged.
+and a cap on registered learners. The host's own refusals raise `link.Refused(code, message)`
+before anything reaches the synchronizer, so they leave its state unchanged; an upload the
+synchronizer refuses on arrival raises its `outcomes.Code`, whatever else it set off.
 """
 
 import dataclasses
@@ -17,11 +18,23 @@ import time
 from collections.abc import Callable
 
 from diloco.outer import protocol
+from diloco.outer.outcomes import Code
 from diloco.outer.synchronizer import Synchronizer
 from diloco.runtime.link import Refused
 
-# Synchronizer reject codes that mean "the upload itself is malformed" (vs. no longer applicable).
-INVALID_UPLOAD = ("unknown_fragment", "checksum", "paths", "shape", "payload_size", "no_progress")
+
+def answer(actions: list[protocol.Action], up: protocol.Upload) -> protocol.Refused | None:
+  """The synchronizer's refusal of `up` on arrival, if it refused it: the caller's answer,
+  whatever else the upload set off (a peer's round it let merge). A refusal at merge time
+  (`Code.at_merge`) is not an answer: the upload was taken into its round."""
+  for a in actions:
+    if (
+        isinstance(a, protocol.Refused)
+        and not a.code.at_merge
+        and (a.learner, a.fragment, a.sent_time) == (up.learner, up.fragment, up.sent_time)
+    ):
+      return a
+  return None
 
 
 class SyncHost:
@@ -62,12 +75,13 @@ class SyncHost:
     return self.clock() - self.t0
 
   def count(self, code: str) -> None:
-    with self.cond:
-      self.counts[code] = self.counts.get(code, 0) + 1
+    """Counts a refusal by its name (a Code's value, or the wire's finer name)."""
+    with self.cond:  # (reentrant: callers may hold it)
+      self.counts[str(code)] = self.counts.get(str(code), 0) + 1
 
-  def _refuse(self, code: str, message: str) -> Refused:
-    self.counts[code] = self.counts.get(code, 0) + 1
-    self.on_log({"event": "refused", "code": code, "reason": message, "time": self.now()})
+  def _refuse(self, code: Code, message: str) -> Refused:
+    self.count(code)
+    self.on_log({"event": "refused", "code": code.value, "reason": message, "time": self.now()})
     return Refused(code, message)
 
   # ---- calls from learners ----
@@ -78,21 +92,21 @@ class SyncHost:
     """Registers (or re-registers) a learner; returns (generation, last sequence number)."""
     with self.cond:
       if learner < 0:
-        raise self._refuse("invalid", f"learner id must be >= 0, got {learner}")
+        raise self._refuse(Code.INVALID, f"learner id must be >= 0, got {learner}")
       held = self.sessions.get(learner)
       if held is not None and held != session and learner in self.sync.live:
         raise self._refuse(
-            "already_exists",
+            Code.ALREADY_EXISTS,
             f"learner {learner} is held by a live "
             "process; retry after it has been silent for "
             f"{self.absent_after_s} s",
         )
       if held is None and len(self.sessions) >= self.max_learners:
-        raise self._refuse("too_many", f"{self.max_learners} learners registered already")
+        raise self._refuse(Code.TOO_MANY, f"{self.max_learners} learners registered already")
       num = self.sync.frag.num_fragments
       if len(versions) != num or (generations and len(generations) != num):
         raise self._refuse(
-            "invalid",
+            Code.INVALID,
             f"join with {len(versions)} versions and "
             f"{len(generations)} generations, expected {num}",
         )
@@ -108,7 +122,7 @@ class SyncHost:
 
   def _check_session(self, learner: int, session: str) -> None:
     if self.sessions.get(learner) != session or learner not in self.sync.live:
-      raise self._refuse("not_joined", f"learner {learner} has no live session here; join again")
+      raise self._refuse(Code.NOT_JOINED, f"learner {learner} has no live session here; join again")
     self.last_seen[learner] = self.now()
 
   def progress(
@@ -120,7 +134,7 @@ class SyncHost:
       self._check_session(learner, session)
       if not self._take_token(learner):
         raise self._refuse(
-            "rate_limited",
+            Code.RATE_LIMITED,
             f"learner {learner} reports progress more than {self.progress_per_s}/s",
         )
       if finished:
@@ -159,26 +173,18 @@ class SyncHost:
     with self.cond:
       self._check_session(learner, session)
       if up.learner != learner:
-        raise self._refuse("invalid", f"upload names learner {up.learner}, sent by {learner}")
+        raise self._refuse(Code.INVALID, f"upload names learner {up.learner}, sent by {learner}")
       now = self.now()
       up = dataclasses.replace(up, time=now, sent_time=now if started is None else started)
       before = self.merges
       actions = self.sync.handle(up)
-      rejects = [
-          a
-          for a in actions
-          if isinstance(a, protocol.Log)
-          and a.record["event"] == "reject"
-          and a.record["learner"] == learner
-          and a.record["fragment"] == up.fragment
-      ]
       self._act(actions)
-      if len(actions) == 1 and rejects:
-        r = rejects[0].record
-        kind = "invalid" if r["code"] in INVALID_UPLOAD else "stale"
-        self.counts[kind] = self.counts.get(kind, 0) + 1
+      refused = answer(actions, up)
+      if refused is not None:
+        self.count(refused.code)
         raise Refused(
-            kind, f"upload of fragment {up.fragment} rejected ({r['code']}): {r['reason']}"
+            refused.code,
+            f"upload of fragment {up.fragment} rejected ({refused.code}): {refused.reason}",
         )
       return self.merges - before
 
@@ -199,7 +205,7 @@ class SyncHost:
           return []
         self.cond.wait(left)
         if self.sessions.get(learner) != session:
-          raise self._refuse("not_joined", f"learner {learner} joined elsewhere")
+          raise self._refuse(Code.NOT_JOINED, f"learner {learner} joined elsewhere")
         self.last_seen[learner] = self.now()
 
   # ---- actions, timers and liveness ----
@@ -216,6 +222,8 @@ class SyncHost:
         self.on_checkpoint(self.sync)
       elif isinstance(a, protocol.Log):
         self.merges += a.record["event"] == "merge"
+        self.on_log(a.record)
+      elif isinstance(a, protocol.Refused):
         self.on_log(a.record)
     self.cond.notify_all()
 

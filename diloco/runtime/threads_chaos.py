@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from diloco.chaos import schedule as chaos
-from diloco.chaos.stats import MERGE_TIME_CODES
+from diloco.outer import outcomes
 from diloco.outer.learner import Learner
 from diloco.recovery import rejoin as recovery_lib, sync_checkpoint
 from diloco.runtime import sync_host
@@ -330,7 +330,7 @@ def follow_poison(shared: Shared, record: dict) -> None:
   merges a newer upload of that learner and fragment that replaced it (superseded). An upload
   is told apart from its successor by its base version and progress."""
   with shared.lock:
-    if record["event"] == "reject" and record.get("code") in MERGE_TIME_CODES:
+    if record["event"] == "reject" and outcomes.parse(record["code"]).at_merge:
       key = (record["learner"], record["fragment"])
       poisoned = shared.poisoned.get(key)
       if poisoned is not None and poisoned[1] == record.get("base_version"):

@@ -223,8 +223,9 @@ class VirtualRuntime:
         self._checkpoint(a)
       elif isinstance(a, protocol.Log):
         self.on_log(a.record)
-        if a.record["event"] == "reject":
-          self._on_reject(a.record)
+      elif isinstance(a, protocol.Refused):
+        self.on_log(a.record)
+        self._on_reject(a)
 
   def _send_down(self, send: protocol.Send) -> None:
     """Puts a Send on the synchronizer's link to its learner."""
@@ -233,9 +234,9 @@ class VirtualRuntime:
         self.now + self.net.delay(send.nbytes), AT_LEARNER, "at_learner", send, owner=send.learner
     )
 
-  def _on_reject(self, record: dict) -> None:
+  def _on_reject(self, refused: protocol.Refused) -> None:
     """Nothing will come back for a rejected upload: a learner waiting for it goes on."""
-    m, p = record["learner"], record["fragment"]
+    m, p = refused.learner, refused.fragment
     self.clocks[m].inflight.pop(p, None)
     if self.clocks[m].waiting_since is not None:
       self._push(self.now, START, "start", m, owner=m)

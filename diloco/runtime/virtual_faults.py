@@ -19,10 +19,11 @@ import dataclasses
 
 from diloco.chaos import schedule as chaos
 from diloco.outer import protocol
+from diloco.outer.outcomes import Code
 from diloco.runtime.virtual import AT_LEARNER, AT_SYNC, START, SYNC
 
-RESYNC_CODES = ("unknown_base_version", "stale", "duplicate")  # its base is off: re-join
-RESEND_CODES = ("checksum",)  # corrupted in transit: send it again (its round waits for it)
+RESYNC_CODES = (Code.UNKNOWN_BASE_VERSION, Code.STALE, Code.DUPLICATE)  # its base is off: re-join
+RESEND_CODES = (Code.CHECKSUM,)  # corrupted in transit: send it again (its round waits for it)
 
 
 class FaultyMessages:
@@ -127,15 +128,15 @@ class FaultyMessages:
   def _on_timer(self, _) -> None:
     self._handle(protocol.Tick(self.now))
 
-  def _on_reject(self, record: dict) -> None:
-    super()._on_reject(record)
-    m, p, code = record["learner"], record["fragment"], record.get("code")
-    if not self.up[m] or "sent_time" not in record:
+  def _on_reject(self, refused: protocol.Refused) -> None:
+    super()._on_reject(refused)
+    m, p, code = refused.learner, refused.fragment, refused.code
+    if not self.up[m] or refused.sent_time is None:
       return
     # A Join sent with or after the upload already reported the versions it was based on.
-    if code in RESYNC_CODES and record["sent_time"] > self._last_join[m]:
+    if code in RESYNC_CODES and refused.sent_time > self._last_join[m]:
       self._resync(m)
     # Told of it one latency later, the learner sends the fragment again (once).
-    if code in RESEND_CODES and (m, p, record["sent_time"]) not in self._resends:
-      base = (record["base_generation"], record["base_version"])
+    if code in RESEND_CODES and (m, p, refused.sent_time) not in self._resends:
+      base = (refused.base_generation, refused.base_version)
       self._push(self.now + self.net.latency_s, AT_LEARNER, "resend", (m, p, base), owner=m)
