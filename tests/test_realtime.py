@@ -1,24 +1,34 @@
 """The real-time learner loop's reaction to what a poll delivers (no JAX, no network)."""
 
+import dataclasses
 import random
 import threading
 
+import numpy as np
 import pytest
 
+from diloco.outer import compression, protocol
 from diloco.runtime import learner_loop
 
 
 class _Learner:
-  """Accepts or refuses every send with a fixed reason, as Learner.accepts would."""
+  """Holds version 0 of four fragments (what the loop's machine reads) and records receipts."""
 
-  def __init__(self, why):
-    self.why, self.received = why, []
-
-  def accepts(self, send):
-    return self.why
+  def __init__(self):
+    self.versions, self.generations, self.c_steps = [0] * 4, [0] * 4, [0] * 4
+    self.sync_generation, self.steps, self.received = 0, 0, []
 
   def receive(self, send):
     self.received.append(send)
+
+
+UPDATE = compression.encode_tree({"w": np.ones(2, np.float32)}, "fp32")
+
+
+def _send(version, corrupt=False):
+  """An update of fragment 3 to `version` (the learner holds version 0)."""
+  send = protocol.Send(0, 3, version, update=UPDATE)
+  return dataclasses.replace(send, checksum=send.checksum + 1) if corrupt else send
 
 
 class _Link:
@@ -30,33 +40,29 @@ class _Link:
     return self.sends
 
 
-class _Send:
-  fragment = 3
-
-
 @pytest.mark.parametrize(
-    "why, applied, dropped, joined",
+    "send, applied, dropped, joined",
     [
-        (None, 1, 0, True),  # applied, still joined
-        ("duplicate", 0, 1, True),  # an old copy: dropped, nothing lost
-        ("gap", 0, 0, False),  # a version was missed: join again to be sent it
-        ("checksum", 0, 1, False),  # corrupted on the way: dropped and, being lost, asked for again
+        (_send(1), 1, 0, True),  # applied, still joined
+        (_send(0), 0, 1, True),  # a duplicate: dropped, nothing lost
+        (_send(2), 0, 0, False),  # a gap, version 1 was missed: join again to be sent it
+        (_send(1, corrupt=True), 0, 1, False),  # corrupted on the way: dropped, asked for again
     ],
 )
-def test_deliver_rejoins_after_a_lost_or_corrupted_send(why, applied, dropped, joined):
+def test_deliver_rejoins_after_a_lost_or_corrupted_send(send, applied, dropped, joined):
   loop = learner_loop._LearnerLoop(
-      _Learner(why),
-      _Link([_Send()]),
+      _Learner(),
+      _Link([send]),
       threading.Event(),
       heartbeat_s=1.0,
       max_backoff_s=1.0,
       rng=random.Random(0),
   )
   loop.joined = True
-  loop.inflight[3] = 7
+  loop.machine.inflight[3] = 7
   loop.deliver(0.0)
   assert (loop.applied, loop.dropped, loop.joined) == (applied, dropped, joined)
-  assert (3 in loop.inflight) == (why is not None)
+  assert (3 in loop.machine.inflight) == (applied == 0)
 
 
 class _Trainer:
@@ -100,8 +106,8 @@ def test_a_non_blocking_learner_waits_for_the_answer_before_sending_a_fragment_a
   )
   loop.learner.generations = [0]
   loop.train(lambda: None, steps=4, overlap=0, blocking=False, on_step=None)
-  assert link.sent == [("upload", 0, 1)] and loop.inflight == {0: 1}  # steps 2-4: unanswered
-  loop.inflight.clear()  # the merged fragment arrived
+  assert link.sent == [("upload", 0, 1)] and loop.machine.inflight == {0: 1}  # 2-4: unanswered
+  loop.machine.inflight.clear()  # the merged fragment arrived
   loop.train(lambda: None, steps=6, overlap=0, blocking=False, on_step=None)
   assert link.sent == [("upload", 0, 1), ("upload", 0, 5)]
 

@@ -24,6 +24,9 @@ def test_threads_matches_virtual_bit_for_bit(both_runs):
   # 20 steps, H = 10: two merges, each learner does all 20 steps.
   assert run["merges"] == virtual["merges"] == 2
   assert [r["steps"] for r in run["per_learner"]] == [20, 20]
+  # The same learner decisions (learner_machine: uploads on which version after which step,
+  # merges applied, rejoins), decided by one machine driven by two runtimes.
+  assert [r["decisions"] for r in run["per_learner"]] == virtual["learner_decisions"]
   # Timing cannot matter here, so the global parameters are bit-identical (tolerance 0).
   assert threads.max_abs_diff(virtual_globals, run_globals) == 0.0
   for learner_copy in learner_copies:

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from diloco.inner import island as island_lib, step as step_lib
-from diloco.outer import fragments, protocol
+from diloco.outer import fragments, learner_machine, protocol
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Send, Upload
 from diloco.outer.uplink import Uplink
@@ -114,24 +114,8 @@ class Learner:
     )
 
   def accepts(self, send: Send) -> Code | None:
-    """Why `send` cannot be applied (CHECKSUM, OLD_GENERATION, DUPLICATE or GAP), or None.
-
-    A GAP (an update to a version not held, or full values of an unknown newer history) means
-    messages were lost: the learner should re-join to be sent what it misses.
-    """
-    p = send.fragment
-    if not 0 <= p < self.frag.num_fragments:
-      raise ValueError(f"learner {self.index} got fragment {p} of {self.frag.num_fragments}")
-    if not send.checksum_ok():
-      return Code.CHECKSUM
-    if send.generation < self.sync_generation:
-      return Code.OLD_GENERATION
-    held = (self.generations[p], self.versions[p])
-    if send.update is not None:
-      if (send.base_generation, send.version - 1) == held:
-        return None
-      return Code.DUPLICATE if (send.generation, send.version) <= held else Code.GAP
-    return None if (send.generation, send.version) > held else Code.DUPLICATE
+    """Why `send` cannot be applied (`learner_machine.verdict`), or None."""
+    return learner_machine.verdict(send, self, self.frag.num_fragments)
 
   def receive(self, send: Send) -> None:
     """Takes a new global version of a fragment and mixes it into the local parameters."""

@@ -102,6 +102,9 @@ def _run(
       config, parts, runtime, log, final, sim_time, time.perf_counter() - t_wall
   )
   summary["params_sha256"] = metrics.params_sha256(runtime.sync.global_params())
+  # Each learner's protocol decisions (learner_machine): the threads runtime's must match.
+  summary["learner_decisions"] = [m.digest() for m in runtime.machines]
+  summary["uploads_skipped"] = sum(m.skipped for m in runtime.machines)
   like = parts.islands[0].abstract_state().params  # saved for evaluate, sample and init_from
   final_params = fragments.unflatten(runtime.sync.global_params(), like=like)
   warm_start.save_final(workdir, summary["steps"], final_params)

@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from diloco.outer import learner_machine, protocol
 from diloco.outer.learner import Learner
+from diloco.outer.outcomes import Code
 from diloco.runtime.link import Link, Refused, Unreachable
 
 
@@ -68,6 +70,7 @@ def run_learner(
       "unreachable_steps": loop.unreachable_steps,
       "applied": loop.applied,
       "dropped": loop.dropped,
+      "decisions": loop.machine.digest(),  # (learner_machine: comparable with the virtual's)
   }
 
 
@@ -87,11 +90,15 @@ class _LearnerLoop:
     self.heartbeat_s, self.max_backoff_s = heartbeat_s, max_backoff_s
     self.joined, self.retry_at, self.backoff, self.last_beat = False, 0.0, 0.1, 0.0
     self.joins = self.unreachable_steps = self.applied = self.dropped = 0
-    self.inflight: dict[int, int] = {}  # fragment -> step it was sent at
+    # The protocol's decisions (blocking and overlap are set by `train`).
+    self.machine = learner_machine.LearnerMachine(
+        learner, len(learner.versions), blocking=False, overlap=0
+    )
     self.first_join_s = 0.0  # how long the first step waits for the first join
     # Once trained, every heartbeat says finished: the beat thread's report must not follow the
     # settling loop's and say "not finished" of a learner that is. Beats go one at a time.
     self.trained, self._beat_lock = False, threading.Lock()
+    self.outbox: list[protocol.Upload] = []  # decided on, not sent yet
 
   def fail(self) -> None:
     """The link failed: join again after an exponential, jittered backoff."""
@@ -109,7 +116,8 @@ class _LearnerLoop:
       return False
     self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
     self.joins += 1
-    self.inflight.clear()  # the synchronizer forgot them or answers them through the join
+    self.machine.join_sent(self.last_beat)
+    self.machine.joined_unseen()
     return True
 
   def deliver(self, wait_s: float) -> None:
@@ -120,19 +128,23 @@ class _LearnerLoop:
       return
     take_refused = getattr(self.link, "take_refused", None)  # a link that uploads in a thread
     for p in take_refused() if take_refused is not None else ():
-      self.inflight.pop(p, None)
+      self.machine.unsent(p)
     for s in sends:
-      why = self.learner.accepts(s)
-      if why is None:
-        self.learner.receive(s)
-        self.inflight.pop(s.fragment, None)
+      self._decide(self.machine.arrived(s))
+
+  def _decide(self, decisions: list) -> None:
+    """Carries out the machine's decisions: apply, drop, join again, send again."""
+    for d in decisions:
+      if isinstance(d, learner_machine.Apply):
+        self.learner.receive(d.send)
         self.applied += 1
-      elif why == "gap":
-        self.joined = False  # messages were lost: join again to be sent what we miss
-      else:
-        self.dropped += 1
-        if why == "checksum":  # a corrupted send is a lost one: join again for it
-          self.joined = False
+      elif isinstance(d, learner_machine.Drop):
+        self.dropped += d.code is not Code.GAP
+      elif isinstance(d, learner_machine.Rejoin):
+        self.joined = False  # messages were lost, or the base refused: join again
+      elif isinstance(d, learner_machine.Resend):
+        for up in self.machine.resend_due(d.fragment, d.base, time.monotonic()):
+          self.outbox.append(self._upload(up.fragment, 0.0))
 
   def beat(self, finished: bool = False) -> bool:
     try:
@@ -154,13 +166,14 @@ class _LearnerLoop:
     waits for it at its next send (see runtime/async_link.py for what happened without that
     bound). A blocking learner sends at once: it waits for the answers anyway.
     """
-    learner, last, outbox = self.learner, time.monotonic(), []
+    learner, last, outbox = self.learner, time.monotonic(), self.outbox
+    self.machine.blocking, self.machine.overlap = blocking, overlap
     first_join_by = last + self.first_join_s
     while learner.steps < steps and not self.stop.is_set():
       if self.ensure_joined():
         self.deliver(0.0)
       holds_all = all(v >= 0 for v in learner.versions)
-      waiting = blocking and any(learner.steps >= s + overlap for s in self.inflight.values())
+      waiting = self.machine.blocked()
       unjoined = not self.joins and time.monotonic() < first_join_by  # see the module doc
       if not holds_all or waiting or unjoined:
         if self.joined:
@@ -178,28 +191,30 @@ class _LearnerLoop:
       if not self.joined:
         self.unreachable_steps += 1
         continue  # progress stays in the counters and goes with the next upload
-      for p in learner.due():
-        if p in self.inflight:  # unanswered: its delta would count that progress twice
-          continue
-        outbox.append(learner.upload(p, sent_time=0.0, arrival_time=0.0, step_time=step_time))
-        self.inflight[p] = learner.steps
+      for d in self.machine.stepped(learner.due()):  # (not one whose last is unanswered)
+        outbox.append(self._upload(d.fragment, step_time))
       if blocking:
         self._send(outbox)
     self._send(outbox)
     self.trained = learner.steps >= steps
 
+  def _upload(self, p: int, step_time: float) -> protocol.Upload:
+    sent = time.monotonic()  # (the host stamps its own times; this one orders it after Joins)
+    return self.learner.upload(p, sent_time=sent, arrival_time=0.0, step_time=step_time)
+
   def _send(self, outbox: list) -> None:
-    """Uploads and empties `outbox`; a refused upload is forgotten (the next one carries on)."""
+    """Uploads and empties `outbox`; a refused upload goes to the machine (no answer will
+    come; it may say to join again or to send it again)."""
     while outbox and self.joined:
       up = outbox.pop(0)
       try:
         self.link.upload(up)
-      except Refused:
-        self.inflight.pop(up.fragment, None)  # no answer will come
+      except Refused as err:
+        self._decide(self.machine.refused(_refusal(up, err.code)))
       except Unreachable:
         self.fail()
     for up in outbox:  # not joined: the synchronizer forgot them
-      self.inflight.pop(up.fragment, None)
+      self.machine.unsent(up.fragment)
     outbox.clear()
 
   def settle(self, timeout_s: float) -> bool:
@@ -210,7 +225,22 @@ class _LearnerLoop:
         time.sleep(0.05)
         continue
       self.deliver(0.2)
-      if self.beat(finished=True) and not self.inflight:
+      self._send(self.outbox)  # (uploads sent again on the machine's word)
+      if self.beat(finished=True) and not self.machine.inflight:
         self.deliver(0.0)
         return True
     return False
+
+
+def _refusal(up: protocol.Upload, code: Code) -> protocol.Refused:
+  """A host's refusal of `up` as the synchronizer's Refused action would state it."""
+  return protocol.Refused(
+      up.learner,
+      up.fragment,
+      code,
+      "",
+      up.sent_time,
+      up.sent_time,
+      up.base_version,
+      up.base_generation,
+  )

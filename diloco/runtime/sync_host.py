@@ -24,14 +24,15 @@ from diloco.runtime.link import Refused
 
 
 def answer(actions: list[protocol.Action], up: protocol.Upload) -> protocol.Refused | None:
-  """The synchronizer's refusal of `up` on arrival, if it refused it: the caller's answer,
-  whatever else the upload set off (a peer's round it let merge). A refusal at merge time
-  (`Code.at_merge`) is not an answer: the upload was taken into its round."""
+  """The synchronizer's refusal of `up` among the actions its arrival set off, if it refused
+  it: on arrival, or in a round its arrival let merge (a peer's round it unblocked, or its own
+  with a quorum of one). The caller's answer, whatever else happened. (A round that merges
+  later refuses it later, and only the logs and the status page say so.)"""
   for a in actions:
-    if (
-        isinstance(a, protocol.Refused)
-        and not a.code.at_merge
-        and (a.learner, a.fragment, a.sent_time) == (up.learner, up.fragment, up.sent_time)
+    if isinstance(a, protocol.Refused) and (a.learner, a.fragment, a.sent_time) == (
+        up.learner,
+        up.fragment,
+        up.sent_time,
     ):
       return a
   return None

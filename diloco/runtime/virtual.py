@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diloco.outer import protocol
+from diloco.outer import learner_machine, protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
 from diloco.watch import timeline
@@ -48,7 +48,6 @@ class LearnerClock:
   wasted_s: float = 0.0  # busy time whose work a crash lost
   waiting_since: float | None = None
   done: bool = False
-  inflight: dict[int, int] = dataclasses.field(default_factory=dict)  # fragment -> step sent
 
   def duration(self) -> float:
     if self.jitter <= 0:
@@ -84,6 +83,12 @@ class VirtualRuntime:
       stop: Callable[[], str | None] | None = None,
   ):
     self.learners, self.sync, self.clocks, self.net = learners, sync, clocks, network
+    self.machines = [  # each learner's protocol decisions (outer/learner_machine.py)
+        learner_machine.LearnerMachine(
+            l_, l_.frag.num_fragments, blocking=blocking, overlap=overlap
+        )
+        for l_ in learners
+    ]
     self.next_batch, self.budget = next_batch, token_budget
     self.overlap, self.blocking = overlap, blocking
     self.on_step, self.on_log = on_step, on_log
@@ -149,7 +154,7 @@ class VirtualRuntime:
     clock, learner = self.clocks[m], self.learners[m]
     if clock.done:
       return
-    if self.blocking and any(learner.steps >= s + self.overlap for s in clock.inflight.values()):
+    if self.machines[m].blocked():
       if clock.waiting_since is None:
         clock.waiting_since = self.now
       return  # resumed by the arrival it waits for
@@ -180,9 +185,8 @@ class VirtualRuntime:
     m, metrics, duration = payload
     learner, clock = self.learners[m], self.clocks[m]
     self.on_step(m, learner, metrics, self.now)
-    for p in learner.due():
-      up = learner.upload(p, sent_time=self.now, arrival_time=0.0, step_time=duration)
-      clock.inflight[p] = learner.steps
+    for d in self.machines[m].stepped(learner.due()):
+      up = learner.upload(d.fragment, sent_time=self.now, arrival_time=0.0, step_time=duration)
       self._send_up(m, up)
     self._after_step(learner)
     self._push(self.now, START, "start", m, owner=m)
@@ -199,16 +203,37 @@ class VirtualRuntime:
     self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival), owner=SYNC)
 
   def _on_at_learner(self, send: protocol.Send) -> None:
-    m = send.learner
-    self.learners[m].receive(send)
-    self.clocks[m].inflight.pop(send.fragment, None)
+    self._decide(send.learner, self.machines[send.learner].arrived(send))
+
+  def _decide(self, m: int, decisions: list) -> None:
+    """Carries out learner m's decisions (learner_machine), in order."""
+    for d in decisions:
+      getattr(self, "_do_" + type(d).__name__.lower())(m, d)
+
+  def _wake(self, m: int) -> None:
+    """A waiting learner m tries to start its next step (it may still be blocked)."""
     if self.clocks[m].waiting_since is not None:
       self._push(self.now, START, "start", m, owner=m)
+
+  def _do_apply(self, m: int, d: learner_machine.Apply) -> None:
+    self.learners[m].receive(d.send)
+    self._wake(m)
+
+  def _do_drop(self, m: int, d: learner_machine.Drop) -> None:
+    del m, d  # counted by the chaos runtime
 
   # ---- synchronizer side ----
 
   def _on_at_sync(self, event: protocol.Event) -> None:
-    self._act(self.sync.handle(event))
+    actions = self.sync.handle(event)
+    self._act(actions)
+    if isinstance(event, protocol.Join):
+      self._decide(event.learner, self._join_answered(event.learner, actions))
+
+  def _join_answered(self, m: int, actions: list[protocol.Action]) -> list:
+    """Learner m's machine learns which fragments answer its Join."""
+    sends = {a.fragment for a in actions if isinstance(a, protocol.Send) and a.learner == m}
+    return self.machines[m].join_answered(sends)
 
   def _on_timer(self, _) -> None:
     self._act(self.sync.handle(protocol.Tick(self.now)))
@@ -235,11 +260,46 @@ class VirtualRuntime:
     )
 
   def _on_reject(self, refused: protocol.Refused) -> None:
-    """Nothing will come back for a rejected upload: a learner waiting for it goes on."""
-    m, p = refused.learner, refused.fragment
-    self.clocks[m].inflight.pop(p, None)
-    if self.clocks[m].waiting_since is not None:
-      self._push(self.now, START, "start", m, owner=m)
+    """Nothing will come back for a rejected upload: a learner waiting for it goes on (and
+    re-joins or sends again where its machine says so)."""
+    m = refused.learner
+    decisions = self.machines[m].refused(refused)
+    self._wake(m)
+    self._decide(m, decisions)
+
+  def _do_rejoin(self, m: int, d: learner_machine.Rejoin) -> None:
+    """Learner m joins again with the versions it holds (at most one Join in flight)."""
+    del d
+    machine, learner = self.machines[m], self.learners[m]
+    if machine.join_inflight:
+      return
+    machine.join_sent(self.now)
+    self._send_up(
+        m, protocol.Join(m, self.now, tuple(learner.versions), tuple(learner.generations))
+    )
+
+  def _do_resend(self, m: int, d: learner_machine.Resend) -> None:
+    """Told of the refusal one latency later (at once after a synchronizer restart), the
+    learner sends the fragment again if its machine still wants it."""
+    if d.base is None:
+      return self._resend(m, d.fragment, None)
+    self._push(
+        self.now + self.net.latency_s, AT_LEARNER, "resend", (m, d.fragment, d.base), owner=m
+    )
+
+  def _on_resend(self, payload: tuple[int, int, tuple]) -> None:
+    self._resend(*payload)
+
+  def _resend(self, m: int, p: int, base: tuple[int, int] | None) -> None:
+    machine, learner = self.machines[m], self.learners[m]
+    waited = p in machine.inflight
+    for d in machine.resend_due(p, base, self.now):
+      self._send_up(
+          m, learner.upload(d.fragment, self.now, arrival_time=0.0, step_time=self.clocks[m].step_s)
+      )
+      return
+    if waited:
+      self._wake(m)
 
   def _checkpoint(self, action: protocol.Checkpoint) -> None:
     if self.recovery is not None:

@@ -40,7 +40,7 @@ import numpy as np
 
 from diloco.chaos import schedule as chaos
 from diloco.chaos.stats import ChaosStats, Taints
-from diloco.outer import protocol
+from diloco.outer import learner_machine, protocol
 from diloco.outer.learner import Learner
 from diloco.recovery import sync_checkpoint
 from diloco.runtime import virtual
@@ -76,12 +76,9 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     self._since_ckpt = [[0, 0.0] for _ in range(n)]  # steps, busy seconds since a checkpoint
     self._taints: list[list[chaos.Fault]] = [[] for _ in range(n)]
     self._crash_on_save: chaos.Fault | None = None
-    self._join_inflight = [False] * n
-    self._last_join = [-1.0] * n  # when learner m last sent a Join
     self._rejoin: dict[int, dict] = {}  # learner -> its crash record, until rejoined
     self._heals: set = set()
     self._owed: list[dict[int, tuple]] = [{} for _ in range(n)]  # p -> base, dropped
-    self._resends: set[tuple] = set()  # (m, p, sent_time) of uploads sent again
     self.taints = Taints(self.stats)
 
   # ---- the loop ----
@@ -109,7 +106,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     waiting = [
         (c.waiting_since, m)
         for m, c in enumerate(self.clocks)
-        if self.up[m] and c.waiting_since is not None and c.inflight
+        if self.up[m] and c.waiting_since is not None and self.machines[m].inflight
     ]
     if not waiting:
       return False
@@ -119,8 +116,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
 
   def _on_give_up(self, m: int) -> None:
     self.stats.stalls_broken += 1
-    self._log({"event": "give_up", "learner": m, "fragments": sorted(self.clocks[m].inflight)})
-    self.clocks[m].inflight.clear()
+    self._log({"event": "give_up", "learner": m, "fragments": self.machines[m].give_up()})
     self._push(self.now, START, "start", m, owner=m)
 
   def _log(self, record: dict) -> None:
@@ -174,10 +170,9 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     # from its checkpoint's data position, so they come back to the budget.
     self.tokens_started -= self._since_ckpt[m][0] * learner.tokens_per_step
     self._stop_waiting(m)
-    clock.inflight.clear()
+    self.machines[m].crashed()
     self._owed[m].clear()
     self._step[m], self._since_ckpt[m] = None, [0, 0.0]
-    self._join_inflight[m] = False
     learner.state = None  # its memory is gone; recovery builds a new learner
     record = {
         "learner": m,
@@ -205,9 +200,10 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
   def _on_recover(self, m: int) -> None:
     learner, step = self.recovery.restore_learner(m)
     self.learners[m] = learner
+    self.machines[m].held = learner
+    decisions = self.machines[m].restored()  # to join again, and train once rejoined
     self.up[m] = True
     clock = self.clocks[m]
-    clock.inflight.clear()
     clock.waiting_since, clock.done = None, False
     record = self._rejoin[m]
     record["restored_step"] = step
@@ -216,7 +212,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
         {"event": "recover", "learner": m, "restored_step": step, "resumes_at_step": learner.steps}
     )
     if self.sync_up:
-      self._join(m)
+      self._decide(m, decisions)
     elif step is not None:  # nobody to rejoin yet: it trains on its checkpoint meanwhile
       record["training"] = True
       self._push(self.now, START, "start", m, owner=m)
@@ -233,18 +229,23 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
       return max(learner.steps, lead.steps - min(lead.c_steps))
     return learner.steps + (lead.steps - learner.steps) % learner.schedule.inner_steps
 
-  def _join(self, m: int) -> None:
-    learner = self.learners[m]
-    self._join_inflight[m] = True
-    self._last_join[m] = self.now
-    self._send_up(
-        m, protocol.Join(m, self.now, tuple(learner.versions), tuple(learner.generations))
-    )
+  def _do_rejoin(self, m: int, d) -> None:
+    """A resync is counted and needs both ends up; a restored learner, or every learner after
+    a synchronizer restart, joins as it comes back."""
+    if d.why == "resync":
+      return self._resync(m)
+    self.machines[m].join_inflight = False
+    super()._do_rejoin(m, d)
 
   def _resync(self, m: int) -> None:
-    if self.up[m] and self.sync_up and not self._join_inflight[m]:
+    if self.up[m] and self.sync_up and not self.machines[m].join_inflight:
       self.stats.resyncs += 1
-      self._join(m)
+      super()._do_rejoin(m, None)
+
+  def _do_rejoined(self, m: int, d) -> None:
+    del d
+    if m in self._rejoin and self.up[m]:
+      self._rejoined(m)
 
   def _rejoined(self, m: int) -> None:
     record = self._rejoin.pop(m)
@@ -277,7 +278,8 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     )
     self._epochs[SYNC] += 1
     self.sync_up, self.sync = False, None
-    self._join_inflight = [False] * len(self.learners)
+    for machine in self.machines:
+      machine.sync_lost()
     self._push(back, FAULT, "sync_restart", None, background=True)
 
   def _on_sync_restart(self, _) -> None:
@@ -294,13 +296,9 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
             "merges_lost": record["merges"] - self.sync.merges,
         }
     )
-    for m, learner in enumerate(self.learners):
-      if not self.up[m]:
-        continue
-      self._join(m)
-      clock = self.clocks[m]
-      for p in sorted(clock.inflight):  # unanswered uploads: send again, computed afresh
-        self._resend(m, p)
+    for m in range(len(self.learners)):
+      if self.up[m]:  # join it, and send again every unanswered upload, computed afresh
+        self._decide(m, self.machines[m].sync_restarted())
 
   def _checkpoint(self, action: protocol.Checkpoint) -> None:
     if self._crash_on_save is None:
@@ -343,38 +341,24 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
   # ---- messages: see virtual_faults.FaultyMessages; what a learner does on arrival ----
 
   def _on_at_learner(self, send: protocol.Send) -> None:
-    m = send.learner
-    learner = self.learners[m]
-    reason = learner.accepts(send)
-    self.taints.arrived_down(send, reason)
-    if reason is not None:
-      self.stats.refused_by_learners[reason] += 1
-      if reason in ("checksum", "gap"):
-        self._resync(m)
-      return
-    super()._on_at_learner(send)
-    record = self._rejoin.get(m)
-    if record is not None and record.get("waiting") is not None:
-      record["waiting"].discard(send.fragment)
-      if not record["waiting"]:
-        self._rejoined(m)
+    decisions = self.machines[send.learner].arrived(send)
+    drop = decisions[0] if isinstance(decisions[0], learner_machine.Drop) else None
+    self.taints.arrived_down(send, drop.code if drop is not None else None)
+    self._decide(send.learner, decisions)
+
+  def _do_drop(self, m: int, d: learner_machine.Drop) -> None:
+    self.stats.refused_by_learners[d.code.value] += 1
 
   def _handle(self, event: protocol.Event) -> None:
     """The synchronizer consumes `event`; its actions are followed, then carried out."""
     actions = self.sync.handle(event)
-    rejoining = None
+    decisions = []
     if isinstance(event, protocol.Join):
-      m = event.learner
-      self._join_inflight[m] = False
-      if m in self._rejoin and self.up[m]:
-        rejoining = self._rejoin[m]
-        rejoining["waiting"] = {
-            a.fragment for a in actions if isinstance(a, protocol.Send) and a.learner == m
-        }
+      decisions = self._join_answered(event.learner, actions)
     self.taints.handled(event, actions)
     self._act(actions)
-    if rejoining is not None and not rejoining["waiting"]:
-      self._rejoined(event.learner)
+    if decisions:
+      self._decide(event.learner, decisions)
 
   def finish(self) -> None:
     """Brings a synchronizer still down back from its checkpoint (to evaluate and save it)."""

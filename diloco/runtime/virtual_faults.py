@@ -8,8 +8,8 @@ learner does when the synchronizer refuses what it sent.
 - corrupt flips bits in the next payload after its checksum; poison replaces the next upload by
   NaN/Inf/huge values at the source. Each tainted message is followed to its fate: rejected
   (by reason), merged (a failure of the checks), superseded, or lost.
-- an upload refused for its base version makes its learner re-join; one that arrived corrupt is
-  sent again, once, computed afresh.
+- what a learner does about a refused upload or a merged fragment it cannot apply is its
+  machine's (outer/learner_machine.py); the base runtime carries it out.
 
 `FaultyMessages` is a mixin: it uses the ChaosRuntime's state (faults, taints, learners, clocks,
 the event queue) and is not meant to stand alone.
@@ -19,11 +19,7 @@ import dataclasses
 
 from diloco.chaos import schedule as chaos
 from diloco.outer import protocol
-from diloco.outer.outcomes import Code
 from diloco.runtime.virtual import AT_LEARNER, AT_SYNC, START, SYNC
-
-RESYNC_CODES = (Code.UNKNOWN_BASE_VERSION, Code.STALE, Code.DUPLICATE)  # its base is off: re-join
-RESEND_CODES = (Code.CHECKSUM,)  # corrupted in transit: send it again (its round waits for it)
 
 
 class FaultyMessages:
@@ -44,27 +40,9 @@ class FaultyMessages:
 
   def _on_heal(self, m: int) -> None:
     self._resync(m)
-    for p, base in sorted(self._owed[m].items()):
+    for p, base in sorted(self._owed[m].items()):  # sent again at once, if still wanted
       self._resend(m, p, base)
     self._owed[m].clear()
-
-  def _on_resend(self, payload: tuple[int, int, tuple]) -> None:
-    self._resend(*payload)
-
-  def _resend(self, m: int, p: int, base: tuple[int, int] | None = None) -> None:
-    """Learner m uploads fragment p again, computed afresh (more progress, same base), unless
-    it received another version since the upload on `base` (generation, version): that round
-    is over, and its progress goes with its next scheduled upload."""
-    learner, clock = self.learners[m], self.clocks[m]
-    same = base is None or base == (learner.generations[p], learner.versions[p])
-    if same and learner.c_steps[p] > 0 and learner.versions[p] >= 0:
-      clock.inflight.setdefault(p, learner.steps)
-      self._resends.add((m, p, self.now))
-      self._send_up(
-          m, learner.upload(p, sent_time=self.now, arrival_time=0.0, step_time=clock.step_s)
-      )
-    elif clock.inflight.pop(p, None) is not None and clock.waiting_since is not None:
-      self._push(self.now, START, "start", m, owner=m)
 
   def _send_up(self, m: int, message: protocol.Upload | protocol.Join) -> None:
     is_upload = isinstance(message, protocol.Upload)
@@ -76,7 +54,7 @@ class FaultyMessages:
       if is_upload:  # the sender learns of it, and sends it again when the link is back
         self._owed[m][message.fragment] = (message.base_generation, message.base_version)
       else:
-        self._join_inflight[m] = False
+        self.machines[m].join_lost()
       return
     if is_upload:
       message = self._taint_up(m, message)
@@ -129,14 +107,5 @@ class FaultyMessages:
     self._handle(protocol.Tick(self.now))
 
   def _on_reject(self, refused: protocol.Refused) -> None:
-    super()._on_reject(refused)
-    m, p, code = refused.learner, refused.fragment, refused.code
-    if not self.up[m] or refused.sent_time is None:
-      return
-    # A Join sent with or after the upload already reported the versions it was based on.
-    if code in RESYNC_CODES and refused.sent_time > self._last_join[m]:
-      self._resync(m)
-    # Told of it one latency later, the learner sends the fragment again (once).
-    if code in RESEND_CODES and (m, p, refused.sent_time) not in self._resends:
-      base = (refused.base_generation, refused.base_version)
-      self._push(self.now + self.net.latency_s, AT_LEARNER, "resend", (m, p, base), owner=m)
+    if self.up[refused.learner]:  # (a crashed learner's machine learns nothing)
+      super()._on_reject(refused)

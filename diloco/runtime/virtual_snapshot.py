@@ -30,7 +30,7 @@ from diloco.outer.synchronizer import Synchronizer
 from diloco.runtime import preemption, virtual
 
 FILE = "virtual_run.pkl"  # under WORKDIR/checkpoints
-FORMAT = 1
+FORMAT = 2  # 2: learners' protocol state in "machines" (was in the clocks)
 _LEARNER_FIELDS = (
     "global_copy",
     "versions",
@@ -126,6 +126,7 @@ def take(
       "seq": seq,
       "queue": _queue(runtime._queue),
       "clocks": list(runtime.clocks),
+      "machines": [m.state() for m in runtime.machines],
       "learners": [learner_state(l) for l in runtime.learners],
       "sync": sync_state(runtime.sync),
       "data": [it.get_state() for it in data_iters],
@@ -141,6 +142,8 @@ def restore(runtime: virtual.VirtualRuntime, data_iters: Sequence[Any], snap: Ma
   runtime._seq = itertools.count(snap["seq"])
   runtime._queue = list(snap["queue"])  # a heap already
   runtime.clocks[:] = snap["clocks"]
+  for machine, state in zip(runtime.machines, snap["machines"], strict=True):
+    machine.load_state(state)
   for learner, state in zip(runtime.learners, snap["learners"], strict=True):
     load_learner(learner, state)
   load_sync(runtime.sync, snap["sync"])

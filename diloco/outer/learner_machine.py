@@ -1,0 +1,277 @@
+"""The learner's side of the protocol as a sans-I/O state machine: events in, decisions out.
+
+The synchronizer's rules live in one object (synchronizer.py); these are the learner's, written
+once and driven by every runtime (the virtual clock with and without faults, threads, gRPC),
+which only carry the decisions out and keep time. The machine holds no arrays and takes no steps:
+it reads what the learner holds (fragment versions, generations, progress counters) and keeps
+what the protocol needs, per fragment, of uploads still unanswered.
+
+The rules:
+- **Uploads.** After inner step s, each fragment the schedule makes due and that progressed is
+  uploaded against the version held, unless its last upload is unanswered: that delta already
+  carries the progress, and a second one against the same version would count it twice (the
+  real-time loop always skipped it; the virtual runtime sent it again until 2026-12-02).
+- **Blocking.** A blocking learner (synchronous modes) does not start step s+τ+1 while a fragment
+  it sent after step s is unanswered.
+- **Merged fragments.** One is applied only if intact, from a synchronizer generation not older
+  than one already heard from, and (an update) built on exactly the version held (`verdict`).
+  A corrupt one or a gap (messages were lost) makes the learner re-join; a duplicate or an old
+  generation's is dropped.
+- **Refused uploads** (`outcomes.Code`): nothing comes back for them, so they stop being waited
+  for. A refused base version (unknown, stale, duplicate) or a lost session makes the learner
+  re-join, unless a Join sent with or after the upload already reported its versions; a payload
+  corrupted in transit is sent again, once, computed afresh on the same base; anything else is
+  left to the next scheduled upload, which carries the progress.
+- **Rejoin.** A restored learner, or any learner after a synchronizer restart or a healed
+  partition, joins with the versions it holds; at most one Join is in flight. A restored learner
+  trains again once every fragment the synchronizer sent in answer to its Join has arrived.
+"""
+
+import copy
+import dataclasses
+import hashlib
+from typing import Protocol
+
+from diloco.outer import protocol
+from diloco.outer.outcomes import Code
+
+RESYNC = frozenset({Code.UNKNOWN_BASE_VERSION, Code.STALE, Code.DUPLICATE, Code.NOT_JOINED})
+RESEND = frozenset({Code.CHECKSUM})
+REJOIN_ON_SEND = frozenset({Code.CHECKSUM, Code.GAP})  # a merged fragment lost or corrupted
+
+
+class Holdings(Protocol):
+  """What the machine reads of its learner (outer.learner.Learner has all of it)."""
+
+  versions: list[int]
+  generations: list[int]
+  sync_generation: int
+  c_steps: list[int]
+  steps: int
+
+
+# ---- decisions (actions out) ----
+
+
+@dataclasses.dataclass(frozen=True)
+class Upload:
+  """Upload fragment `fragment` now, against the version held."""
+
+  fragment: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Apply:
+  send: protocol.Send
+
+
+@dataclasses.dataclass(frozen=True)
+class Drop:
+  send: protocol.Send
+  code: Code
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejoin:
+  """Join again with the versions held (`why`: restored, resync, sync_restart, healed)."""
+
+  why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Resend:
+  """Upload `fragment` again soon, computed afresh, if the version held is still `base`."""
+
+  fragment: int
+  base: tuple[int, int]  # (generation, version) the refused upload was built on
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejoined:
+  """A restored learner holds every fragment its Join was answered with: it trains again."""
+
+
+Decision = Upload | Apply | Drop | Rejoin | Resend | Rejoined
+
+
+def verdict(send: protocol.Send, held: Holdings, num_fragments: int) -> Code | None:
+  """Why `send` cannot be applied by a learner holding `held` (CHECKSUM, OLD_GENERATION,
+  DUPLICATE or GAP), or None."""
+  p = send.fragment
+  if not 0 <= p < num_fragments:
+    raise ValueError(f"got fragment {p} of {num_fragments}")
+  if not send.checksum_ok():
+    return Code.CHECKSUM
+  if send.generation < held.sync_generation:
+    return Code.OLD_GENERATION
+  have = (held.generations[p], held.versions[p])
+  if send.update is not None:
+    if (send.base_generation, send.version - 1) == have:
+      return None
+    return Code.DUPLICATE if (send.generation, send.version) <= have else Code.GAP
+  return None if (send.generation, send.version) > have else Code.DUPLICATE
+
+
+class LearnerMachine:
+  """One learner's protocol state: its unanswered uploads, its Join, its rejoin."""
+
+  def __init__(self, held: Holdings, num_fragments: int, *, blocking: bool, overlap: int):
+    self.held, self.num_fragments = held, num_fragments
+    self.blocking, self.overlap = blocking, overlap
+    self.inflight: dict[int, int] = {}  # fragment -> the step after which it was uploaded
+    self.join_inflight = False
+    self.last_join = -1.0  # when the last Join was sent
+    self.restoring = False  # restored, its Join not answered yet
+    self.awaiting: set[int] | None = None  # restored: fragments its Join's answer still owes
+    self.resent: set[tuple[int, float]] = set()  # (fragment, sent_time) of uploads sent again
+    self.skipped = 0  # due uploads not sent: the last one of that fragment was unanswered
+    # What it decided, in order: ("upload", p, base version, step), ("apply", p, version, step)
+    # and ("rejoin", why, step): two runtimes given the same events decide the same (`digest`).
+    self.decisions: list[tuple] = []
+
+  _STATE = ("inflight", "join_inflight", "last_join", "restoring", "awaiting", "resent")
+  _STATE += ("skipped", "decisions")
+
+  def state(self) -> dict:
+    """Its protocol state (not the learner it reads), for a snapshot of a virtual run."""
+    return copy.deepcopy({k: getattr(self, k) for k in self._STATE})
+
+  def load_state(self, state: dict) -> None:
+    for k in self._STATE:
+      setattr(self, k, copy.deepcopy(state[k]))
+
+  # ---- steps ----
+
+  def blocked(self) -> bool:
+    """A blocking learner waits: a fragment sent more than τ steps ago is unanswered."""
+    steps = self.held.steps
+    return self.blocking and any(steps >= s + self.overlap for s in self.inflight.values())
+
+  def holds_all(self) -> bool:
+    return all(v >= 0 for v in self.held.versions)
+
+  def stepped(self, due: list[int]) -> list[Upload]:
+    """Inner step done; `due` are the fragments its schedule makes due (`Learner.due`)."""
+    out = []
+    for p in due:
+      if p in self.inflight:
+        self.skipped += 1
+        continue
+      self.inflight[p] = self.held.steps
+      self.decisions.append(("upload", p, self.held.versions[p], self.held.steps))
+      out.append(Upload(p))
+    return out
+
+  def unsent(self, p: int) -> None:
+    """An upload decided on never left (the link was down): nothing will answer it."""
+    self.inflight.pop(p, None)
+
+  # ---- answers ----
+
+  def arrived(self, send: protocol.Send) -> list[Decision]:
+    """A merged fragment arrived."""
+    code = verdict(send, self.held, self.num_fragments)
+    if code is not None:
+      rejoin = self._resync() if code in REJOIN_ON_SEND else None
+      return [Drop(send, code)] + ([rejoin] if rejoin is not None else [])
+    self.inflight.pop(send.fragment, None)
+    if self.held.versions[send.fragment] >= 0:  # (a first copy is where it starts: the virtual
+      self.decisions.append(("apply", send.fragment, send.version, self.held.steps))  # builder's)
+    out: list[Decision] = [Apply(send)]
+    if self.awaiting is not None:
+      self.awaiting.discard(send.fragment)
+      if not self.awaiting:
+        self.awaiting = None
+        out.append(Rejoined())
+    return out
+
+  def refused(self, refusal: protocol.Refused) -> list[Decision]:
+    """The synchronizer refused an upload of this learner (its Refused action, or the code a
+    real-time host answered with)."""
+    p = refusal.fragment
+    self.inflight.pop(p, None)
+    out: list[Decision] = []
+    sent = refusal.sent_time
+    if refusal.code in RESYNC and sent is not None and sent > self.last_join:
+      out.append(self._resync())
+    if refusal.code in RESEND and sent is not None and (p, sent) not in self.resent:
+      out.append(Resend(p, (refusal.base_generation, refusal.base_version)))
+    return [d for d in out if d is not None]
+
+  def resend_due(self, p: int, base: tuple[int, int] | None, now: float) -> list[Upload]:
+    """Time to send fragment p again (after a refusal, a dropped send, a synchronizer restart):
+    only if the version held is still `base` (None: any) and there is progress to send;
+    otherwise its round is over and the next scheduled upload carries the progress. An upload
+    sent again (at `now`) is not sent a third time if it is refused too."""
+    held = self.held
+    same = base is None or base == (held.generations[p], held.versions[p])
+    if same and held.c_steps[p] > 0 and held.versions[p] >= 0:
+      self.inflight.setdefault(p, held.steps)
+      self.resent.add((p, now))
+      return [Upload(p)]
+    self.inflight.pop(p, None)
+    return []
+
+  def give_up(self) -> list[int]:
+    """Stops waiting for every unanswered upload (a stall broken); the fragments it gave up."""
+    out = sorted(self.inflight)
+    self.inflight.clear()
+    return out
+
+  # ---- joining ----
+
+  def join_sent(self, now: float) -> None:
+    self.join_inflight, self.last_join = True, now
+
+  def join_lost(self) -> None:
+    self.join_inflight = False
+
+  def join_answered(self, sends_to_me: set[int]) -> list[Decision]:
+    """The synchronizer took the Join; `sends_to_me` are the fragments it answered with."""
+    self.join_inflight = False
+    if self.restoring:
+      self.restoring, self.awaiting = False, set(sends_to_me)
+      if not self.awaiting:
+        self.awaiting = None
+        return [Rejoined()]
+    return []
+
+  def joined_unseen(self) -> None:
+    """A real-time Join went through. Such a learner cannot see whether the synchronizer still
+    holds its unanswered uploads (one that restarted forgot them; the virtual clock knows and
+    sends them again, `sync_restarted`), so it stops waiting for them: the next scheduled
+    upload of each carries its progress."""
+    self.join_inflight = False
+    self.inflight.clear()
+
+  def _resync(self) -> Rejoin | None:
+    return None if self.join_inflight else self._rejoin("resync")
+
+  def _rejoin(self, why: str) -> Rejoin:
+    self.decisions.append(("rejoin", why, self.held.steps))
+    return Rejoin(why)
+
+  def digest(self) -> str:
+    """sha256 of `decisions`."""
+    return hashlib.sha256(repr(self.decisions).encode()).hexdigest()
+
+  def restored(self) -> list[Decision]:
+    """Back from a crash (its state restored or started over): nothing it sent is pending."""
+    self.inflight.clear()
+    self.join_inflight, self.restoring, self.awaiting = False, True, None
+    return [self._rejoin("restored")]
+
+  def crashed(self) -> None:
+    self.inflight.clear()
+    self.join_inflight, self.restoring, self.awaiting = False, False, None
+
+  def sync_restarted(self) -> list[Decision]:
+    """The synchronizer came back as a new generation: join it, and send again every upload
+    still unanswered, computed afresh."""
+    self.join_inflight = False
+    resend = [Resend(p, None) for p in sorted(self.inflight)]
+    return [self._rejoin("sync_restart")] + resend
+
+  def sync_lost(self) -> None:
+    """The synchronizer went down: a Join on its way to it is lost."""
+    self.join_inflight = False

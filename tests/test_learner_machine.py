@@ -1,0 +1,256 @@
+"""The learner's protocol machine (outer/learner_machine.py): hand-worked sequences, then random
+event sequences (hypothesis) against three properties the runtimes rely on.
+
+The machine holds no arrays, so a plain record stands in for the learner: per fragment the
+(generation, version) held and the steps since it was received.
+"""
+
+import dataclasses
+
+import hypothesis
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from diloco.outer import compression, learner_machine as lm
+from diloco.outer.outcomes import Code
+from diloco.outer.protocol import Refused, Send
+
+P = 2  # fragments
+VALUES = {"w": np.zeros(2, np.float32)}
+UPDATE = compression.encode_tree({"w": np.ones(2, np.float32)}, "fp32")
+
+
+@dataclasses.dataclass
+class Held:
+  versions: list = dataclasses.field(default_factory=lambda: [0] * P)
+  generations: list = dataclasses.field(default_factory=lambda: [0] * P)
+  sync_generation: int = 0
+  c_steps: list = dataclasses.field(default_factory=lambda: [0] * P)
+  steps: int = 0
+
+  def step(self):
+    self.steps += 1
+    self.c_steps = [c + 1 for c in self.c_steps]
+
+  def apply(self, send: Send):
+    p = send.fragment
+    self.versions[p], self.generations[p] = send.version, send.generation
+    self.sync_generation = max(self.sync_generation, send.generation)
+    self.c_steps[p] = 0
+
+
+def _update(p, version, base_gen=0, gen=0, corrupt=False):
+  send = Send(0, p, version, update=UPDATE, generation=gen, base_generation=base_gen)
+  return dataclasses.replace(send, checksum=send.checksum + 1) if corrupt else send
+
+
+def _values(p, version, gen=0):
+  return Send(0, p, version, values=VALUES, generation=gen)
+
+
+def _refused(p, code, sent, base=(0, 0)):
+  return Refused(0, p, code, "", sent, sent, base[1], base[0])
+
+
+def test_verdicts_by_hand():
+  held = Held(versions=[3, 0], generations=[1, 1], sync_generation=1)
+  assert lm.verdict(_update(0, 4, base_gen=1, gen=1), held, P) is None  # 3 -> 4
+  assert lm.verdict(_update(0, 3, base_gen=1, gen=1), held, P) is Code.DUPLICATE  # held already
+  assert lm.verdict(_update(0, 5, base_gen=1, gen=1), held, P) is Code.GAP  # 4 was lost
+  assert lm.verdict(_update(0, 4, base_gen=1, gen=1, corrupt=True), held, P) is Code.CHECKSUM
+  assert lm.verdict(_update(0, 4, base_gen=0, gen=0), held, P) is Code.OLD_GENERATION
+  assert lm.verdict(_values(0, 2, gen=2), held, P) is None  # a newer generation's history
+  assert lm.verdict(_values(0, 3, gen=1), held, P) is Code.DUPLICATE
+
+
+def test_a_due_fragment_whose_upload_is_unanswered_is_not_sent_again():
+  """The rule the virtual runtime broke: H=1, the merge of step 1's upload arrives after step 2."""
+  held = Held()
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  held.step()
+  assert machine.stepped([0]) == [lm.Upload(0)] and machine.inflight == {0: 1}
+  held.step()
+  assert machine.stepped([0]) == [] and machine.skipped == 1  # 2 steps go with the next upload
+  assert machine.arrived(_update(0, 1)) == [lm.Apply(_update(0, 1))]
+  held.apply(_update(0, 1))
+  held.step()
+  assert machine.stepped([0]) == [lm.Upload(0)] and machine.inflight == {0: 3}
+
+
+def test_blocking_waits_tau_steps_for_the_answer():
+  held = Held()
+  machine = lm.LearnerMachine(held, P, blocking=True, overlap=1)
+  held.step()
+  machine.stepped([1])
+  assert not machine.blocked()  # step 2 may start: tau = 1
+  held.step()
+  assert machine.blocked()  # step 3 may not
+  machine.arrived(_update(1, 1))
+  assert not machine.blocked()
+
+
+def test_refusals_by_code():
+  held = Held(c_steps=[5, 5], steps=5)
+  machine = lm.LearnerMachine(held, P, blocking=True, overlap=0)
+  machine.stepped([0, 1])
+  machine.join_sent(1.0)
+  # A base refused before the learner's last Join: that Join reported the versions already.
+  assert machine.refused(_refused(0, Code.STALE, sent=0.5)) == []
+  assert machine.refused(_refused(1, Code.STALE, sent=2.0)) == []  # a Join is in flight
+  machine.join_answered(set())
+  machine.stepped([0, 1])
+  assert machine.refused(_refused(0, Code.UNKNOWN_BASE_VERSION, sent=3.0)) == [lm.Rejoin("resync")]
+  assert machine.refused(_refused(1, Code.CHECKSUM, sent=3.0)) == [lm.Resend(1, (0, 0))]
+  assert machine.inflight == {}  # nothing answers a refused upload
+  assert machine.resend_due(1, (0, 0), now=4.0) == [lm.Upload(1)] and machine.inflight == {1: 5}
+  # The resend is refused too: not sent a third time; the next scheduled upload carries it.
+  assert machine.refused(_refused(1, Code.CHECKSUM, sent=4.0)) == []
+  # Received another version meanwhile: that round is over, no resend.
+  machine.stepped([0])
+  machine.refused(_refused(0, Code.CHECKSUM, sent=5.0))
+  held.apply(_update(0, 1))
+  assert machine.resend_due(0, (0, 0), now=6.0) == [] and 0 not in machine.inflight
+  assert machine.refused(_refused(0, Code.NO_PROGRESS, sent=7.0)) == []
+
+
+def test_a_restored_learner_trains_once_its_join_is_answered_in_full():
+  held = Held()
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  held.step()
+  machine.stepped([0, 1])
+  assert machine.restored() == [lm.Rejoin("restored")] and machine.inflight == {}
+  machine.join_sent(1.0)
+  assert machine.join_answered({0, 1}) == []
+  assert machine.arrived(_values(0, 3)) == [lm.Apply(_values(0, 3))]
+  held.apply(_values(0, 3))
+  assert machine.arrived(_values(1, 2)) == [lm.Apply(_values(1, 2)), lm.Rejoined()]
+  # One whose Join is answered with nothing (it held the current versions) is back at once.
+  assert machine.restored() == [lm.Rejoin("restored")]
+  assert machine.join_answered(set()) == [lm.Rejoined()]
+
+
+def test_a_synchronizer_restart_resends_what_is_unanswered():
+  held = Held(c_steps=[2, 2], steps=2)
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  machine.stepped([1])
+  assert machine.sync_restarted() == [lm.Rejoin("sync_restart"), lm.Resend(1, None)]
+  assert machine.resend_due(1, None, now=1.0) == [lm.Upload(1)]
+
+
+# ---- random event sequences ----
+
+
+class LearnerProtocol(RuleBasedStateMachine):
+  """A learner's machine under random events; a model of the synchronizer's versions.
+
+  Properties: (1) an Apply is always of a send built on what the learner holds (an update on
+  exactly its version, full values only newer); (2) no fragment has two unanswered uploads
+  against one version, unless the machine said to send it again; (3) a restored learner joins
+  before anything else and trains only after its Join's answer has fully arrived.
+  """
+
+  def __init__(self):
+    super().__init__()
+    self.held = Held()
+    self.machine = lm.LearnerMachine(self.held, P, blocking=False, overlap=1)
+    self.version = [0] * P  # the synchronizer's
+    self.gen = 0
+    self.outstanding: dict[int, tuple] = {}  # p -> base of the unanswered upload (the model's)
+    self.now = 0.0
+    self.restoring = False
+    self.joined_after_restore = False
+
+  def _tick(self):
+    self.now += 1.0
+    return self.now
+
+  def _carry_out(self, decisions):
+    for d in decisions:
+      if isinstance(d, lm.Apply):
+        s = d.send
+        have = (self.held.generations[s.fragment], self.held.versions[s.fragment])
+        if s.update is not None:
+          assert (s.base_generation, s.version - 1) == have, (s, have)  # property 1
+        else:
+          assert (s.generation, s.version) > have, (s, have)
+        self.held.apply(s)
+        self.outstanding.pop(s.fragment, None)
+      elif isinstance(d, lm.Rejoin):
+        self.machine.join_sent(self._tick())
+        if self.restoring:
+          self.joined_after_restore = True
+      elif isinstance(d, lm.Resend):
+        self.outstanding.pop(d.fragment, None)  # told to send it again
+        self._carry_out(self.machine.resend_due(d.fragment, d.base, self._tick()))
+      elif isinstance(d, lm.Upload):
+        p = d.fragment
+        assert p not in self.outstanding, f"fragment {p} uploaded twice on {self.outstanding}"
+        self.outstanding[p] = (self.held.generations[p], self.held.versions[p])
+      elif isinstance(d, lm.Rejoined):
+        assert self.restoring and self.joined_after_restore  # property 3
+        self.restoring = False
+
+  @precondition(lambda self: not self.restoring)
+  @rule(due=st.sets(st.integers(0, P - 1)))
+  def step(self, due):
+    self.held.step()
+    self._carry_out(self.machine.stepped(sorted(due)))
+
+  @rule(p=st.integers(0, P - 1), kind=st.sampled_from(["next", "dup", "gap", "corrupt", "full"]))
+  def merged_fragment_arrives(self, p, kind):
+    v, g = self.held.versions[p], self.held.generations[p]
+    send = {
+        "next": _update(p, v + 1, base_gen=g, gen=max(g, self.gen)),
+        "dup": _update(p, max(v, 1), base_gen=g, gen=g),
+        "gap": _update(p, v + 2, base_gen=g, gen=max(g, self.gen)),
+        "corrupt": _update(p, v + 1, base_gen=g, gen=max(g, self.gen), corrupt=True),
+        "full": _values(p, self.version[p] + 1, gen=self.gen),
+    }[kind]
+    self.version[p] = max(self.version[p], send.version)
+    self._carry_out(self.machine.arrived(send))
+
+  @rule(p=st.integers(0, P - 1), code=st.sampled_from(sorted(Code, key=str)))
+  def upload_refused(self, p, code):
+    base = self.outstanding.pop(p, None)
+    if base is None:
+      return  # only an upload in flight can be refused
+    self._carry_out(self.machine.refused(_refused(p, code, self._tick(), base)))
+
+  @rule()
+  def join_answered(self):
+    if self.machine.join_inflight:
+      missing = {p for p in range(P) if self.held.versions[p] != self.version[p]}
+      self._carry_out(self.machine.join_answered(missing))
+      for p in sorted(missing):  # the answer arrives
+        self._carry_out(self.machine.arrived(_values(p, self.version[p], gen=self.gen)))
+
+  @rule()
+  def crash_and_restore(self):
+    self.machine.crashed()
+    self.outstanding.clear()
+    self.restoring, self.joined_after_restore = True, False
+    decisions = self.machine.restored()
+    assert decisions and isinstance(decisions[0], lm.Rejoin)  # property 3: it joins first
+    self._carry_out(decisions)
+
+  @rule()
+  def synchronizer_restarts(self):
+    self.gen += 1
+    self.machine.sync_lost()
+    self._carry_out(self.machine.sync_restarted())
+
+  @rule()
+  def stall_broken(self):
+    for p in self.machine.give_up():
+      self.outstanding.pop(p, None)
+
+  @invariant()
+  def the_machine_waits_for_exactly_the_unanswered_uploads(self):
+    assert set(self.machine.inflight) == set(self.outstanding)
+
+
+LearnerProtocol.TestCase.settings = hypothesis.settings(
+    max_examples=150, stateful_step_count=40, deadline=None, derandomize=True, database=None
+)
+TestLearnerProtocol = LearnerProtocol.TestCase
