@@ -35,6 +35,7 @@ rebuilt from learners' Joins and new uploads. With `checkpoint_every=N` a `Check
 the runtime to save the state after every N-th merge.
 """
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,17 @@ from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 NON_FINITE = (Code.NON_FINITE, "non-finite values")
+
+
+@dataclasses.dataclass
+class Round:
+  """One fragment's round in progress: what merges next, and when."""
+
+  pending: dict[int, Upload] = dataclasses.field(default_factory=dict)  # learner -> upload
+  abstaining: set[int] = dataclasses.field(default_factory=set)  # refused now: not waited for
+  first_upload_s: float | None = None
+  quorum_s: float | None = None  # when the quorum was reached
+  deadline_s: float | None = None  # the grace window's end
 
 
 class Synchronizer:
@@ -88,11 +100,7 @@ class Synchronizer:
     self.live: set[int] = set()
     self.held: dict[int, list[int]] = {}  # fragment versions each learner was sent
     self.held_gen: dict[int, list[int]] = {}  # ... and their generations
-    self.pending: list[dict[int, Upload]] = [{} for _ in range(num)]
-    self.abstaining: list[set[int]] = [set() for _ in range(num)]  # refused in this round
-    self.first_upload_s: list[float | None] = [None] * num
-    self.quorum_s: list[float | None] = [None] * num
-    self.deadline_s: list[float | None] = [None] * num
+    self.rounds = [Round() for _ in range(num)]  # each fragment's round in progress
     self.ema_step = policies.Ema(policy.ema_decay)
     self.ema_quorum = policies.Ema(policy.ema_decay)
     self.ema_sync = policies.Ema(policy.ema_decay)
@@ -154,11 +162,11 @@ class Synchronizer:
         for p in range(num)
         if returning
         and not self.policy.quorum.of_members
-        and self.pending[p]
-        and event.learner not in self.pending[p]
+        and self.rounds[p].pending
+        and event.learner not in self.rounds[p].pending
     ]
     for p in late:
-      self.abstaining[p].add(event.learner)
+      self.rounds[p].abstaining.add(event.learner)
     return actions + [a for p in late for a in self._maybe_merge(p, event.time)]
 
   def _upload(self, up: Upload) -> list[Action]:
@@ -168,44 +176,45 @@ class Synchronizer:
       if invalid[0] in (Code.UNKNOWN_FRAGMENT, Code.CHECKSUM):
         return [reject]  # corrupted on the way: the learner is expected to send it again
       # Sending it again would not help: the round does not wait for that learner any more.
-      self.abstaining[up.fragment].add(up.learner)
+      self.rounds[up.fragment].abstaining.add(up.learner)
       return [reject] + self._maybe_merge(up.fragment, up.time)
-    self.abstaining[up.fragment].discard(up.learner)
-    p = up.fragment
+    p, rnd = up.fragment, self.rounds[up.fragment]
+    rnd.abstaining.discard(up.learner)
     self.ema_step.update(up.step_time)
     if self.dylu is not None:
       self.dylu.observe(up.learner, up.step_time)
     self.ema_sync.update(2.0 * max(up.time - up.sent_time, 0.0))  # up and back down
-    if not self.pending[p]:
-      self.first_upload_s[p] = up.time
-    self.pending[p][up.learner] = up
+    if not rnd.pending:
+      rnd.first_upload_s = up.time
+    rnd.pending[up.learner] = up
     return self._maybe_merge(p, up.time)
 
   def _tick(self, now: float) -> list[Action]:
     actions: list[Action] = []
-    for p, deadline in enumerate(self.deadline_s):
-      if deadline is not None and deadline <= now:
+    for p, rnd in enumerate(self.rounds):
+      if rnd.deadline_s is not None and rnd.deadline_s <= now:
         actions += self._merge(p, now)
     return actions
 
   # ---- merging ----
 
   def _maybe_merge(self, p: int, now: float) -> list[Action]:
-    pending = self.pending[p]
-    group = (self.members if self.policy.quorum.of_members else self.live) - self.abstaining[p]
+    rnd = self.rounds[p]
+    pending = rnd.pending
+    group = (self.members if self.policy.quorum.of_members else self.live) - rnd.abstaining
     arrived = len(group.intersection(pending))
     if not pending or arrived < self.policy.quorum.required(len(group)):
       return []
-    if self.quorum_s[p] is None:
-      self.quorum_s[p] = now
-      self.ema_quorum.update(now - self.first_upload_s[p])
+    if rnd.quorum_s is None:
+      rnd.quorum_s = now
+      self.ema_quorum.update(now - rnd.first_upload_s)
       grace = self.policy.grace.window(
           self.ema_step.get(), self.ema_quorum.get(), self.ema_sync.get()
       )
       if grace > 0 and not group.issubset(pending):
-        self.deadline_s[p] = now + grace
+        rnd.deadline_s = now + grace
         return [SetTimer(now + grace)]
-    elif self.deadline_s[p] is not None and not group.issubset(pending):
+    elif rnd.deadline_s is not None and not group.issubset(pending):
       return []  # still inside the grace window
     return self._merge(p, now)
 
@@ -213,7 +222,8 @@ class Synchronizer:
     """Pending uploads of p with their decoded deltas (clipped ones scaled down), less
     outliers and, when the outlier screen is on, non-finite ones (`_merge` finds those
     otherwise); the rejections, and the learners whose deltas were clipped."""
-    ups = [self.pending[p][m] for m in sorted(self.pending[p])]
+    pending = self.rounds[p].pending
+    ups = [pending[m] for m in sorted(pending)]
     deltas = [{k: compression.decoded_view(e) for k, e in u.delta.items()} for u in ups]
     rejected: dict[int, tuple[Code, str]] = {}
     clipped: set[int] = set()
@@ -253,20 +263,16 @@ class Synchronizer:
         for i in sorted(rejected)
     ]
     for i in rejected:
-      del self.pending[p][ups[i].learner]
+      del self.rounds[p].pending[ups[i].learner]
     keep = [i for i in range(len(ups)) if i not in rejected]
     return [ups[i] for i in keep], [deltas[i] for i in keep], rejects
 
   def _merge(self, p: int, now: float) -> list[Action]:
+    """Ends fragment p's round: screen, combine, commit, then tell the learners."""
     history = (list(self.norms[p]), list(self.rms))  # the screen's, restored if the round fails
     ups, deltas, rejects, clipped = self._screen(p, now)
-    while ups:  # a non-finite contribution never reaches the global state
-      weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
-      merged, bad = self.policy.merge(deltas, weights)
-      if not bad:
-        break
-      ups, deltas, more = self._drop(p, now, ups, deltas, {i: NON_FINITE for i in bad})
-      rejects += more
+    ups, merged, weights, more = self._combine(p, now, ups, deltas)
+    rejects += more
     if not ups:
       self.rounds_skipped += 1
       self._reset_round(p)
@@ -274,18 +280,48 @@ class Synchronizer:
     staleness = [self.versions[p] - u.base_version for u in ups]
     if self.policy.staleness_damping:
       merged = merging.staleness_damped(merged, weights, staleness)
+    encoded = self._commit(p, ups, merged)
+    if isinstance(encoded, str):  # nothing was committed: drop the round
+      self.norms[p], self.rms = history
+      return rejects + self._reject_round(p, now, ups, encoded)
+    record = self._merge_record(p, now, ups, weights, staleness, clipped)
+    self._reset_round(p)
+    return rejects + [Log(record)] + self._broadcast(p, ups, encoded)
+
+  def _combine(self, p: int, now: float, ups: list[Upload], deltas: list[dict]):
+    """The weighted merge of the screened uploads, leaving out any whose values make it
+    non-finite (a non-finite contribution never reaches the global state): (the uploads
+    merged, the merged outer gradient, their weights, the rejections)."""
+    rejects: list[Action] = []
+    merged, weights = None, None
+    while ups:
+      weights = self.policy.weights([u.tokens for u in ups], [u.steps for u in ups])
+      merged, bad = self.policy.merge(deltas, weights)
+      if not bad:
+        break
+      ups, deltas, more = self._drop(p, now, ups, deltas, {i: NON_FINITE for i in bad})
+      rejects += more
+    return ups, merged, weights, rejects
+
+  def _commit(self, p: int, ups: list[Upload], merged: dict):
+    """The outer step of fragment p, whole or not at all (`commit.outer_step`): version v+1
+    and its encoded update, or why nothing was committed (a str)."""
     with jax.default_device(self._cpu):
       step = commit.outer_step(
           self.tx, merged, self.opt_states[p], self.globals[p], self.residuals[p], self.codec
       )
-    if isinstance(step, str):  # nothing was committed: drop the round
-      self.norms[p], self.rms = history
-      return rejects + self._reject_round(p, now, ups, step)
+    if isinstance(step, str):
+      return step
     self.globals[p], self.opt_states[p], self.residuals[p], encoded = step
     self.versions[p] += 1
     for u in ups:
       self.contributed[p][u.learner] = max(u.base_version, self.contributed[p].get(u.learner, -1))
-    record = {
+    return encoded
+
+  def _merge_record(self, p, now, ups, weights, staleness, clipped) -> dict:
+    """The 'merge' log line of the round just committed."""
+    quorum_s = self.rounds[p].quorum_s
+    return {
         "event": "merge",
         "time": now,
         "fragment": p,
@@ -294,16 +330,18 @@ class Synchronizer:
         "learners": [u.learner for u in ups],
         "weights": [float(w) for w in weights / weights.sum()],  # normalised, as merged
         "staleness": staleness,
-        "grace_s": now - self.quorum_s[p] if self.quorum_s[p] is not None else 0.0,
+        "grace_s": now - quorum_s if quorum_s is not None else 0.0,
         "steps": [u.steps for u in ups],
         "tokens": [u.tokens for u in ups],
         "clipped": sorted(clipped & {u.learner for u in ups}),
     }
-    self._reset_round(p)
-    actions: list[Action] = rejects + [Log(record)]
+
+  def _broadcast(self, p: int, ups: list[Upload], encoded) -> list[Action]:
+    """Version v of fragment p to every live learner (or its contributors), and the
+    checkpoint if one is due."""
     crc = integrity.tree_crc(encoded)
     to = self.live if self.policy.broadcast == "all" else self.live & {u.learner for u in ups}
-    actions += [self._send(m, p, encoded, crc) for m in sorted(to)]
+    actions: list[Action] = [self._send(m, p, encoded, crc) for m in sorted(to)]
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
     return actions
@@ -316,9 +354,7 @@ class Synchronizer:
     return rejects
 
   def _reset_round(self, p: int) -> None:
-    self.pending[p] = {}
-    self.abstaining[p] = set()
-    self.first_upload_s[p] = self.quorum_s[p] = self.deadline_s[p] = None
+    self.rounds[p] = Round()
 
   def _send(self, learner: int, p: int, update=None, update_crc: int | None = None) -> Send:
     num = self.frag.num_fragments
@@ -381,6 +417,11 @@ class Synchronizer:
     return sync_state.digest(self.state_dict())
 
   # ---- views ----
+
+  @property
+  def pending(self) -> list[dict[int, Upload]]:
+    """Each fragment's uploads waiting for its merge (the rounds' own dicts)."""
+    return [r.pending for r in self.rounds]
 
   def global_params(self) -> dict[str, np.ndarray]:
     """All global fragments as one path-keyed dict."""
