@@ -149,12 +149,8 @@ class Parts:
     uplink = Uplink(o.codec, o.fp4_rounding, o.error_feedback, seed=(self.config.seed, m))
     if m in self.rows:
       stack, row = self.rows[m]
-      learner = StackedLearner(*args, tokens, stack=stack, row=row, uplink=uplink)
-    else:
-      learner = self.learner_cls(*args, tokens, uplink=uplink)
-    learner.versions = [-1] * o.fragments
-    learner.global_copy = [{} for _ in range(o.fragments)]
-    return learner
+      return StackedLearner(*args, tokens, stack=stack, row=row, uplink=uplink, holds_nothing=True)
+    return self.learner_cls(*args, tokens, uplink=uplink, holds_nothing=True)
 
   def stack(self) -> None:
     """Puts the learners on stacks, one per batch size (`stack_mesh`): the virtual runtime."""

@@ -45,6 +45,7 @@ class Learner:
   steps: int = 0
   tokens: int = 0
   uplink: Uplink | None = None  # None: `codec`, log rounding, no error feedback
+  holds_nothing: bool = False  # True: versions -1, no global copy (its Join fetches them all)
 
   def __post_init__(self):
     if not 0.0 <= self.alpha <= 1.0:
@@ -52,6 +53,8 @@ class Learner:
     n = self.frag.num_fragments
     self.versions, self.c_steps, self.c_tokens = [0] * n, [0] * n, [0] * n
     self.generations = [0] * n
+    if self.holds_nothing:
+      self.versions, self.global_copy = [-1] * n, [{} for _ in range(n)]
     if self.state is None:
       self.state = self.island.init_state()
     if self.uplink is None:
