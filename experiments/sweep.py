@@ -42,7 +42,7 @@ def main(argv):
     return
   failed = [r for r in table if r["status"] != "done"]
   print(
-      f"{len(table) - len(failed)} of {len(table)} points done; table in {_WORKDIR.value}/results.csv"
+      f"{len(table) - len(failed)} of {len(table)} points done; table in {_WORKDIR.value}/{_TABLE.value}.csv"
   )
   for r in failed:
     print(f"  {r['status']}: {r['name']}: {r['error']}")
