@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from diloco.chaos import schedule as chaos
-from diloco.outer import compression, fragments, integrity, optimizers, policies, sync_state
+from diloco.outer import compression, fragments, integrity, optimizers, policies, screening, sync_state
 from diloco.outer.learner import Learner
+from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Join, Log, Send, Upload, records
 from diloco.outer.synchronizer import Synchronizer
 
@@ -324,6 +325,25 @@ def test_outlier_screen_limits_by_hand():
   assert integrity.lower_median([3.0, 1.0, 2.0, 10.0]) == 2.0
   with pytest.raises(ValueError, match="factor must be > 1"):
     integrity.OutlierScreen(factor=1.0)
+
+
+def test_screen_round_by_hand():
+  """Three deltas of a 4-value fragment, no history: norms 1, 1e6 and a NaN. The limit is
+  10 x sqrt(4) x the lower median RMS (0.5, 5e5) = 10, the clipping norm 10/10 x 0.5 = 0.5."""
+  screen = integrity.OutlierScreen(factor=10.0, min_history=4, window=4, clip_factor=0.5)
+  deltas = [
+      {"w": np.full(4, 0.5, np.float32)},
+      {"w": np.full(4, 5e5, np.float32)},
+      {"w": np.array([np.nan, 0, 0, 0], np.float32)},
+  ]
+  v = screening.screen_round(deltas, 4, screen, [], [])
+  assert v.rejected == {
+      1: (Code.OUTLIER, "outlier: norm 1e+06 above the limit 10"),
+      2: (Code.NON_FINITE, "non-finite values"),
+  }
+  assert v.scale == {0: 0.5}  # norm 1 clipped to 0.5
+  # The outlier enters the history too (norms in float32: 1e6 to 7 digits).
+  assert v.norms == pytest.approx([1.0, 1e6], rel=1e-6) and v.rms == pytest.approx([0.5, 5e5])
 
 
 def test_outliers_enter_the_history_so_a_general_rise_is_followed():

@@ -100,7 +100,7 @@ def test_refusals_by_code():
   assert machine.refused(_refused(1, Code.STALE, sent=2.0)) == []  # a Join is in flight
   machine.join_answered(set())
   machine.stepped([0, 1])
-  assert machine.refused(_refused(0, Code.UNKNOWN_BASE_VERSION, sent=3.0)) == [lm.Rejoin("resync")]
+  assert machine.refused(_refused(0, Code.UNKNOWN_BASE_VERSION, sent=3.0)) == [lm.Rejoin("refused")]
   assert machine.refused(_refused(1, Code.CHECKSUM, sent=3.0)) == [lm.Resend(1, (0, 0))]
   assert machine.inflight == {}  # nothing answers a refused upload
   assert machine.resend_due(1, (0, 0), now=4.0) == [lm.Upload(1)] and machine.inflight == {1: 5}

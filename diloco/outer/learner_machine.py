@@ -73,7 +73,9 @@ class Drop:
 
 @dataclasses.dataclass(frozen=True)
 class Rejoin:
-  """Join again with the versions held (`why`: restored, resync, sync_restart, healed)."""
+  """Join again with the versions held. `why`: resync (a merged fragment was lost or corrupt),
+  refused (an upload's base was refused: the synchronizer still holds what else is pending),
+  restored, sync_restart."""
 
   why: str
 
@@ -193,7 +195,7 @@ class LearnerMachine:
     out: list[Decision] = []
     sent = refusal.sent_time
     if refusal.code in RESYNC and sent is not None and sent > self.last_join:
-      out.append(self._resync())
+      out.append(self._resync("refused"))
     if refusal.code in RESEND and sent is not None and (p, sent) not in self.resent:
       out.append(Resend(p, (refusal.base_generation, refusal.base_version)))
     return [d for d in out if d is not None]
@@ -244,8 +246,8 @@ class LearnerMachine:
     self.join_inflight = False
     self.inflight.clear()
 
-  def _resync(self) -> Rejoin | None:
-    return None if self.join_inflight else self._rejoin("resync")
+  def _resync(self, why: str = "resync") -> Rejoin | None:
+    return None if self.join_inflight else self._rejoin(why)
 
   def _rejoin(self, why: str) -> Rejoin:
     self.decisions.append(("rejoin", why, self.held.steps))

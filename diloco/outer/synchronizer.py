@@ -43,11 +43,11 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, policies, protocol, sync_state
+from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, policies, protocol, screening, sync_state
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
-NON_FINITE = (Code.NON_FINITE, "non-finite values")
+NON_FINITE = screening.NON_FINITE
 
 
 @dataclasses.dataclass
@@ -229,24 +229,11 @@ class Synchronizer:
     clipped: set[int] = set()
     if self.screen is not None:
       size = sum(x.size for x in self.globals[p].values())
-      norms = {i: integrity.norm(d) for i, d in enumerate(deltas)}
-      for i, n in list(norms.items()):  # not finite: NaN or Inf values, or an overflow
-        if not np.isfinite(n) and not all(np.isfinite(x).all() for x in deltas[i].values()):
-          rejected[i] = NON_FINITE
-          del norms[i]
-      limit = (
-          self.screen.limit(self.norms[p], self.rms, size, list(norms.values())) if norms else 0.0
-      )
-      clip = limit / self.screen.factor * self.screen.clip_factor
-      for i, n in norms.items():
-        if not n <= limit:
-          rejected[i] = (Code.OUTLIER, f"outlier: norm {n:.4g} above the limit {limit:.4g}")
-        elif 0 < clip < n:
-          deltas[i] = {k: v * np.float32(clip / n) for k, v in deltas[i].items()}
-          clipped.add(ups[i].learner)
-      seen = list(norms.values())  # outliers too, so a shift of the norms is followed
-      self.norms[p] = self.screen.remember(self.norms[p], seen)
-      self.rms = self.screen.remember(self.rms, [n / np.sqrt(size) for n in seen])
+      v = screening.screen_round(deltas, size, self.screen, self.norms[p], self.rms)
+      for i, factor in v.scale.items():
+        deltas[i] = {k: x * np.float32(factor) for k, x in deltas[i].items()}
+        clipped.add(ups[i].learner)
+      rejected, self.norms[p], self.rms = v.rejected, v.norms, v.rms
     return (*self._drop(p, now, ups, deltas, rejected), clipped)
 
   def _drop(

@@ -99,10 +99,11 @@ class _LearnerLoop:
     # settling loop's and say "not finished" of a learner that is. Beats go one at a time.
     self.trained, self._beat_lock = False, threading.Lock()
     self.outbox: list[protocol.Upload] = []  # decided on, not sent yet
+    self.keep_waiting = False  # the next Join is a resync: unanswered uploads are still pending
 
   def fail(self) -> None:
     """The link failed: join again after an exponential, jittered backoff."""
-    self.joined = False
+    self.joined, self.keep_waiting = False, False
     self.retry_at = time.monotonic() + self.backoff * (0.5 + self.rng.random())
     self.backoff = min(2 * self.backoff, self.max_backoff_s)
 
@@ -117,7 +118,11 @@ class _LearnerLoop:
     self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
     self.joins += 1
     self.machine.join_sent(self.last_beat)
-    self.machine.joined_unseen()
+    if self.keep_waiting:  # a resync after a refused base, to a synchronizer that answered it
+      self.machine.join_answered(set())
+    else:
+      self.machine.joined_unseen()
+    self.keep_waiting = False
     return True
 
   def deliver(self, wait_s: float) -> None:
@@ -142,6 +147,7 @@ class _LearnerLoop:
         self.dropped += d.code is not Code.GAP
       elif isinstance(d, learner_machine.Rejoin):
         self.joined = False  # messages were lost, or the base refused: join again
+        self.keep_waiting = d.why == "refused"  # the rest of what it sent is still pending
       elif isinstance(d, learner_machine.Resend):
         for up in self.machine.resend_due(d.fragment, d.base, time.monotonic()):
           self.outbox.append(self._upload(up.fragment, 0.0))

@@ -232,7 +232,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
   def _do_rejoin(self, m: int, d) -> None:
     """A resync is counted and needs both ends up; a restored learner, or every learner after
     a synchronizer restart, joins as it comes back."""
-    if d.why == "resync":
+    if d.why in ("resync", "refused"):
       return self._resync(m)
     self.machines[m].join_inflight = False
     super()._do_rejoin(m, d)
