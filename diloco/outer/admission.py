@@ -1,33 +1,57 @@
 """What an upload must pass before it may touch the synchronizer's state, in the order checked.
 
-Read-only checks against a `Synchronizer` (the `sync` argument; this module is below it): the fragment id, the checksum, paths, shapes and payload
-sizes against the model, the base version (known to this generation's history, not too stale, not
-already merged from that learner) and progress. Values (finite, not outliers) are checked at merge
+Read-only checks against what they need of the synchronizer (its fragments' values for their
+paths and shapes, its version history, its staleness bound, who contributed on which base): the
+fragment id, the checksum, paths, shapes and payload sizes against the model, the base version
+(known to this generation's history, not too stale, not already merged from that learner) and
+progress. Values (finite, not outliers) are checked at merge
 time (`Synchronizer._screen`).
 """
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from diloco.outer import compression, outcomes
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Refused, Upload
 
 
-def known(sync, p: int, generation: int, version: int) -> bool:
+@dataclasses.dataclass(frozen=True)
+class History:
+  """The synchronizer's versions as admission sees them."""
+
+  versions: Sequence[int]  # per fragment, current
+  generation: int
+  lineage: Mapping[int, Sequence[int]]  # earlier generation -> versions shared with ours
+
+
+def known(history: History, p: int, generation: int, version: int) -> bool:
   """Whether version `version` of fragment p from `generation` is in the synchronizer's history."""
-  if not 0 <= version <= sync.versions[p]:
+  if not 0 <= version <= history.versions[p]:
     return False
-  if generation == sync.generation:
+  if generation == history.generation:
     return True
-  return generation in sync.lineage and version <= sync.lineage[generation][p]
+  return generation in history.lineage and version <= history.lineage[generation][p]
 
 
-def invalid(sync, up: Upload) -> tuple[Code, str] | None:
-  """(code, reason) of the first check the upload fails, or None."""
+def invalid(
+    up: Upload,
+    values: Sequence[Mapping[str, np.ndarray]],
+    history: History,
+    max_staleness: int,
+    contributed: Sequence[Mapping[int, int]],
+) -> tuple[Code, str] | None:
+  """(code, reason) of the first check the upload fails, or None. `values`: each fragment's
+  global values (their paths and shapes); `contributed`: per fragment, learner -> the newest
+  base version merged from it."""
   p = up.fragment
-  if not 0 <= p < sync.frag.num_fragments:
+  if not 0 <= p < len(values):
     return Code.UNKNOWN_FRAGMENT, f"unknown fragment {p}"
   if not up.checksum_ok():
     return Code.CHECKSUM, f"checksum mismatch: payload of fragment {p} corrupted in transit"
-  want = sync.globals[p]
+  want = values[p]
   if sorted(up.delta) != sorted(want):
     return Code.PATHS, "fragment paths differ from the model's"
   for k, e in up.delta.items():
@@ -35,23 +59,23 @@ def invalid(sync, up: Upload) -> tuple[Code, str] | None:
       return Code.SHAPE, f"{k} has shape {tuple(e.shape)}, expected {want[k].shape}"
     if e.nbytes != compression.encoded_nbytes(e.codec, e.num_values, e.block):
       return Code.PAYLOAD_SIZE, f"{k}: corrupt {e.codec} payload of {e.nbytes} bytes"
-  if not known(sync, p, up.base_generation, up.base_version):
+  if not known(history, p, up.base_generation, up.base_version):
     where = (
-        f" of generation {up.base_generation}, now {sync.generation}"
-        if up.base_generation != sync.generation
+        f" of generation {up.base_generation}, now {history.generation}"
+        if up.base_generation != history.generation
         else ""
     )
     return (
         Code.UNKNOWN_BASE_VERSION,
-        f"unknown base version {up.base_version}{where} (current {sync.versions[p]})",
+        f"unknown base version {up.base_version}{where} (current {history.versions[p]})",
     )
-  if sync.versions[p] - up.base_version > sync.policy.max_staleness:
-    return Code.STALE, f"stale: base version {up.base_version}, current {sync.versions[p]}"
-  if up.base_version <= sync.contributed[p].get(up.learner, -1):
+  if history.versions[p] - up.base_version > max_staleness:
+    return Code.STALE, f"stale: base version {up.base_version}, current {history.versions[p]}"
+  if up.base_version <= contributed[p].get(up.learner, -1):
     return (
         Code.DUPLICATE,
         f"learner {up.learner} already contributed to fragment {p} on "
-        f"base version {sync.contributed[p][up.learner]}",
+        f"base version {contributed[p][up.learner]}",
     )
   if up.steps <= 0 or up.tokens <= 0:
     return Code.NO_PROGRESS, f"no progress to merge: {up.steps} steps, {up.tokens} tokens"

@@ -153,7 +153,7 @@ class Synchronizer:
     self.held_gen[event.learner] = list(gens)
     actions: list[Action] = [Log({"event": "join", "learner": event.learner, "time": event.time})]
     for p, (v, g) in enumerate(zip(event.versions, gens)):
-      if v != self.versions[p] or not admission.known(self, p, g, v):
+      if v != self.versions[p] or not admission.known(self._history(), p, g, v):
         actions.append(self._send(event.learner, p))
     # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
     # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
@@ -170,7 +170,9 @@ class Synchronizer:
     return actions + [a for p in late for a in self._maybe_merge(p, event.time)]
 
   def _upload(self, up: Upload) -> list[Action]:
-    invalid = admission.invalid(self, up)
+    invalid = admission.invalid(
+        up, self.globals, self._history(), self.policy.max_staleness, self.contributed
+    )
     if invalid:
       reject = admission.refusal(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
       if invalid[0] in (Code.UNKNOWN_FRAGMENT, Code.CHECKSUM):
@@ -404,6 +406,9 @@ class Synchronizer:
     return sync_state.digest(self.state_dict())
 
   # ---- views ----
+
+  def _history(self) -> admission.History:
+    return admission.History(self.versions, self.generation, self.lineage)
 
   @property
   def pending(self) -> list[dict[int, Upload]]:
