@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from diloco.outer import learner_machine, protocol
+from diloco.outer import admission, learner_machine, protocol
 from diloco.outer.learner import Learner
 from diloco.outer.outcomes import Code
 from diloco.runtime.link import Link, Refused, Unreachable
@@ -216,7 +216,8 @@ class _LearnerLoop:
       try:
         self.link.upload(up)
       except Refused as err:
-        self._decide(self.machine.refused(_refusal(up, err.code)))
+        refusal = admission.refusal(up.learner, up.fragment, up.sent_time, str(err), err.code, up)
+        self._decide(self.machine.refused(refusal))
       except Unreachable:
         self.fail()
     for up in outbox:  # not joined: the synchronizer forgot them
@@ -236,17 +237,3 @@ class _LearnerLoop:
         self.deliver(0.0)
         return True
     return False
-
-
-def _refusal(up: protocol.Upload, code: Code) -> protocol.Refused:
-  """A host's refusal of `up` as the synchronizer's Refused action would state it."""
-  return protocol.Refused(
-      up.learner,
-      up.fragment,
-      code,
-      "",
-      up.sent_time,
-      up.sent_time,
-      up.base_version,
-      up.base_generation,
-  )
