@@ -14,7 +14,7 @@ import jax
 import ml_collections
 
 from diloco import data as data_lib, metrics
-from diloco.config import build, checks, deploy as deploy_lib, keys
+from diloco.config import checks, deploy as deploy_lib, keys
 from diloco.recovery import workdir as workdir_lib
 from diloco.runners import compare, dp, islands
 

@@ -85,10 +85,10 @@ def test_fault_clock_checks_its_scale_and_starts_idle():
   with pytest.raises(ValueError, match="time scale"):
     faulty_link.FaultClock([], 0.0)
   clock = faulty_link.FaultClock(chaos.parse("straggle learner 0 at t=0s for 5s x3"), 1.0)
-  assert clock.active(0, "straggle") == []  # nothing acts before the start
+  assert clock.layer.stretch(0, clock.now()) == 1.0  # nothing acts before the start
   clock.start()
-  assert [f.factor for f in clock.active(0, "straggle")] == [3.0]
-  assert clock.active(1, "straggle") == []
+  assert clock.layer.stretch(0, clock.now()) == 3.0
+  assert clock.layer.stretch(1, clock.now()) == 1.0
 
 
 def test_partition_drop_fails_every_call_until_it_heals():
@@ -166,7 +166,7 @@ def test_corrupt_and_poison_taint_the_next_message_only():
     assert not first.checksum_ok() and second.checksum_ok()
     assert shared.stats.faults == {"corrupt": 2, "poison": 1}
     assert shared.stats.tainted["corrupt_down"] == {"sent": 1, "refused (checksum)": 1}
-    assert link.armed == []
+    assert link.clock.layer.unused == 0
   finally:
     link.close()
 

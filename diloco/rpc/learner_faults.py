@@ -28,7 +28,6 @@ import json
 import os
 import time
 
-import numpy as np
 
 from diloco.chaos import schedule as chaos
 from diloco.runtime import link as link_lib
@@ -105,11 +104,11 @@ class ProcessFaults:
 
   def wait_if_down(self) -> float:
     """At process start: sleeps to the end of a crash window it started in; returns the wait."""
-    ends = [f.end_s for f in self.clock.active(self.m, "crash")]
-    if not ends:
+    until = self.clock.layer.down_until(self.m, self.clock.now())
+    if until is None:
       return 0.0
-    wait = self.clock.wall(max(ends)) - self.clock.clock()
-    self._log({"event": "down", "until": max(ends), "wait_s": wait})
+    wait = self.clock.wall(until) - self.clock.clock()
+    self._log({"event": "down", "until": until, "wait_s": wait})
     time.sleep(max(wait, 0.0))
     self._born = self.clock.now()
     return wait
@@ -129,11 +128,11 @@ class ProcessFaults:
       with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"t0": self.clock.t0}, f)
       os.replace(tmp, os.path.join(self.workdir, CLOCK_FILE))
-    crash = [f for f in self.clock.active(self.m, "crash") if f.time_s >= self._born]
-    if crash:
-      self._log({"event": "crash", "step": step, "fault": crash[0].describe()})
+    crash = self.clock.layer.crash(self.m, self.clock.now(), since=self._born)
+    if crash is not None:
+      self._log({"event": "crash", "step": step, "fault": crash.describe()})
       os._exit(CRASH_EXIT)
-    factor = float(np.prod([f.factor for f in self.clock.active(self.m, "straggle")]))
+    factor = self.clock.layer.stretch(self.m, self.clock.now())
     if factor > 1 and not self._straggling:
       self._log({"event": "straggle", "step": step, "factor": factor, "busy": self.busy})
     if self._last is not None and factor > 1 and self._measured >= MEASURE_STEPS:

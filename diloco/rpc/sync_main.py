@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from diloco import metrics
-from diloco.config import build, checks, deploy as deploy_lib
+from diloco.config import build, checks
 from diloco.outer.sync_state import arrays_digest
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint

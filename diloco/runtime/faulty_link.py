@@ -13,15 +13,13 @@ of the moment (None while it is down after a crash). `FaultyLink` wraps a learne
   gets the learner marked absent, as a real one would);
 - delay +d: an upload reaches the host d later (a delivery thread carries it: the learner does not
   wait), a send fetched now reaches the learner d later, joins and heartbeats take d longer;
-- corrupt up/down: bits flip in the next upload after its checksum (the host rejects it) or in the
-  next send (the learner refuses it);
-- poison: the next upload carries NaN, Inf or huge values, checksum computed over them.
+- corrupt and poison: the next message carries them (they stay armed across a crash of the
+  learner).
 
-Corrupt and poison faults arm at their time and stay armed, across a crash of the learner, until
-a message carries them.
+What each fault does to a message is the run's fault layer's (chaos/faults.py, shared with the
+virtual runtime and the gRPC learner process); this module does the waiting and the threads.
 """
 
-import dataclasses
 import heapq
 import math
 import threading
@@ -30,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from diloco.chaos import schedule as chaos
+from diloco.chaos import faults as fault_layer, schedule as chaos
 from diloco.chaos.stats import ChaosStats
 from diloco.outer import protocol
 from diloco.runtime import link as link_lib, sync_host
@@ -48,7 +46,8 @@ class FaultClock:
   ):
     if not (math.isfinite(scale) and scale > 0):
       raise ValueError(f"the chaos time scale (wall s per schedule s) must be > 0, got {scale}")
-    self.faults, self.scale, self.clock = list(faults), float(scale), clock
+    self.layer = fault_layer.FaultLayer(faults)  # corrupt and poison act once their time comes
+    self.faults, self.scale, self.clock = self.layer.faults, float(scale), clock
     self.t0: float | None = None
 
   def start(self) -> None:
@@ -61,10 +60,6 @@ class FaultClock:
   def wall(self, t: float) -> float:
     """The clock reading at schedule time t."""
     return self.t0 + t * self.scale
-
-  def active(self, m: int, kind: str) -> list[chaos.Fault]:
-    t = self.now()
-    return [f for f in self.faults if f.kind == kind and f.learner == m and f.active(t)]
 
 
 class HostSlot:
@@ -126,9 +121,6 @@ class FaultyLink:
     self.slot, self.learner, self.clock, self.shared = slot, learner, clock, shared
     self.make_inner = make_inner
     self.inner, self._incarnation = None, -1
-    self.armed = [
-        f for f in clock.faults if f.learner == learner and f.kind in ("corrupt", "poison")
-    ]
     self.joined_versions: list[int] | None = None  # the host's versions at the last join
     self._cond = threading.Condition()
     self._down: list[tuple[float, protocol.Send]] = []  # fetched sends, until they arrive
@@ -153,12 +145,12 @@ class FaultyLink:
 
   def _partition(self, mode: str) -> float | None:
     """Wall time the active partition of this mode ends, or None."""
-    ends = [f.end_s for f in self.clock.active(self.learner, "partition") if f.mode == mode]
-    return self.clock.wall(max(ends)) if ends else None
+    end = self.clock.layer.partition_end(self.learner, self.clock.now(), mode)
+    return None if end is None else self.clock.wall(end)
 
   def _arrival(self) -> float:
     """Wall time a message sent now arrives (delays and a holding partition)."""
-    delay = sum(f.factor for f in self.clock.active(self.learner, "delay"))
+    delay = self.clock.layer.delay(self.learner, self.clock.now())
     arrival = self.clock.clock() + delay * self.clock.scale
     held = self._partition("hold")
     return arrival if held is None else max(arrival, held)
@@ -167,16 +159,6 @@ class FaultyLink:
     if self._partition("drop") is not None:
       self.shared.dropped(direction)
       raise link_lib.Unreachable(f"learner {self.learner}'s link is partitioned")
-
-  def _take(self, wanted: Callable[[chaos.Fault], bool]) -> chaos.Fault | None:
-    t = self.clock.now()
-    with self._cond:
-      f = next((f for f in self.armed if f.time_s <= t and wanted(f)), None)
-      if f is not None:
-        self.armed.remove(f)
-    if f is not None:
-      self.shared.fault(f)
-    return f
 
   # ---- the Link calls ----
 
@@ -304,29 +286,23 @@ class FaultyLink:
   # ---- taints ----
 
   def _taint_up(self, up: protocol.Upload) -> protocol.Upload:
-    f = self._take(lambda f: f.kind == "poison" or f.mode == "up")
+    with self.shared.lock:  # the layer's armed faults and the rng are the run's
+      bad, f = self.clock.layer.taint_up(up, self.clock.now(), self.shared.rng)
     if f is None:
       return up
-    if f.kind == "poison":  # at the source: the checksum is computed over the poison
-      bad = dataclasses.replace(up, delta=chaos.poison(up.delta, f.mode, f.factor), checksum=None)
-    else:  # in transit: after the checksum
-      with self.shared.lock:
-        flipped = chaos.flip_bits(up.delta, self.shared.rng)
-      bad = dataclasses.replace(up, delta=flipped)
-    kind = f"{f.kind}_{f.mode}"
+    self.shared.fault(f)
+    kind = fault_layer.taint_name(f)
     with self._cond:
       self._tainted[id(bad)] = kind  # followed to its fate by _hand_over
     self.shared.fate(kind, "sent")
     return bad
 
   def _taint_down(self, send: protocol.Send) -> protocol.Send:
-    f = self._take(lambda f: f.kind == "corrupt" and f.mode == "down")
+    with self.shared.lock:
+      bad, f = self.clock.layer.taint_down(send, self.clock.now(), self.shared.rng)
     if f is None:
       return send
-    field = "update" if send.update is not None else "values"
-    with self.shared.lock:
-      flipped = chaos.flip_bits(getattr(send, field), self.shared.rng)
-    bad = dataclasses.replace(send, **{field: flipped})
+    self.shared.fault(f)
     self.shared.fate("corrupt_down", "sent")
     # Learner.accepts checks the checksum first: this is the fate it meets there.
     self.shared.fate("corrupt_down", "applied" if bad.checksum_ok() else "refused (checksum)")

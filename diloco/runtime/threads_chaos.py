@@ -234,7 +234,7 @@ class Driver:
       if self.recovery is not None:
         self.recovery.after_step(learner)
       now = time.monotonic()
-      factor = float(np.prod([f.factor for f in self.clock.active(m, "straggle")]))
+      factor = self.clock.layer.stretch(m, self.clock.now())
       if factor > 1:  # the iteration just taken, stretched to factor x its length
         time.sleep((factor - 1) * (now - last[0]))
       last[0] = time.monotonic()
@@ -355,7 +355,7 @@ def summary(driver: Driver, sync, events: list[dict]) -> dict:
     driver.shared.poisoned.clear()
   crashes = st.crashes
   tainted = {k: dict(sorted(v.items())) for k, v in sorted(st.tainted.items())}
-  unused = sum(len(link.armed) for link in driver.links) + (driver._save_crash is not None)
+  unused = driver.clock.layer.unused + (driver._save_crash is not None)
   return {
       "faults": dict(sorted(st.faults.items())),
       "rejoins": sum(c["rejoined"] is not None for c in crashes),

@@ -183,7 +183,7 @@ class VirtualRuntime:
 
   def _on_step_done(self, payload) -> None:
     m, metrics, duration = payload
-    learner, clock = self.learners[m], self.clocks[m]
+    learner = self.learners[m]
     self.on_step(m, learner, metrics, self.now)
     for d in self.machines[m].stepped(learner.due()):
       up = learner.upload(d.fragment, sent_time=self.now, arrival_time=0.0, step_time=duration)

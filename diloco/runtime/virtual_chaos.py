@@ -38,7 +38,7 @@ spent are ignored.
 
 import numpy as np
 
-from diloco.chaos import schedule as chaos
+from diloco.chaos import faults as fault_layer, schedule as chaos
 from diloco.chaos.stats import ChaosStats, Taints
 from diloco.outer import learner_machine, protocol
 from diloco.outer.learner import Learner
@@ -65,7 +65,8 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     if self.recovery is None:
       raise ValueError("a chaos run needs checkpoints and restarts (a Recovery)")
     n = len(self.learners)
-    self.faults, self.make_sync, self.on_chaos = list(faults), make_sync, on_chaos
+    self.layer = fault_layer.FaultLayer(faults, armed=False)  # taints armed at their events
+    self.make_sync, self.on_chaos = make_sync, on_chaos
     self.wait_timeout_s = wait_timeout_s
     self._rounds_wait = self.sync.policy.quorum.of_members  # rounds wait for crashed learners
     self.rng = np.random.default_rng([seed, 0xC4A05])
@@ -74,7 +75,6 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     self.sync_up = True
     self._step = [None] * n  # (start, duration) of the step in progress
     self._since_ckpt = [[0, 0.0] for _ in range(n)]  # steps, busy seconds since a checkpoint
-    self._taints: list[list[chaos.Fault]] = [[] for _ in range(n)]
     self._crash_on_save: chaos.Fault | None = None
     self._rejoin: dict[int, dict] = {}  # learner -> its crash record, until rejoined
     self._heals: set = set()
@@ -84,7 +84,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
   # ---- the loop ----
 
   def run(self) -> float:
-    for i, f in enumerate(self.faults):
+    for i, f in enumerate(self.layer.faults):
       self._push(f.time_s, FAULT, "fault", i, background=True)
     return super().run()
 
@@ -123,7 +123,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     self.on_chaos({"time": self.now, **record})
 
   def _on_fault(self, i: int) -> None:
-    f = self.faults[i]
+    f = self.layer.faults[i]
     m = f.learner
     if not self._budget_left():
       self.stats.ignored += 1
@@ -138,16 +138,13 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
         self._crash_on_save = f  # counted when it fires
         return
     elif f.kind in ("corrupt", "poison"):
-      self._taints[m].append(f)  # counted when a message carries it
+      self.layer.arm(f)  # counted when a message carries it
       return
     else:  # straggle, delay, partition: looked up by time when steps and messages happen
       self.stats.faults[f.kind] += 1
       self._log({"event": "fault", "kind": f.kind, "learner": m, "fault": f.describe()})
       return
     self.stats.ignored += 1
-
-  def _active(self, m: int, kind: str) -> list[chaos.Fault]:
-    return [f for f in self.faults if f.kind == kind and f.learner == m and f.active(self.now)]
 
   # ---- learner crash and rejoin ----
 
@@ -319,9 +316,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
   # ---- steps ----
 
   def _duration(self, m: int) -> float:
-    duration = super()._duration(m)
-    for f in self._active(m, "straggle"):
-      duration *= f.factor
+    duration = self.layer.stretch(m, self.now, super()._duration(m))
     self._step[m] = (self.now, duration)
     return duration
 
@@ -370,4 +365,4 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
       self.stats.restarts[-1]["restored"] = self.sync.merges
     super().finish()
     self.taints.finish()
-    self.stats.unused += sum(len(t) for t in self._taints) + (self._crash_on_save is not None)
+    self.stats.unused += self.layer.unused + (self._crash_on_save is not None)

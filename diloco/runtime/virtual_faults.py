@@ -11,32 +11,29 @@ learner does when the synchronizer refuses what it sent.
 - what a learner does about a refused upload or a merged fragment it cannot apply is its
   machine's (outer/learner_machine.py); the base runtime carries it out.
 
-`FaultyMessages` is a mixin: it uses the ChaosRuntime's state (faults, taints, learners, clocks,
-the event queue) and is not meant to stand alone.
+`FaultyMessages` is a mixin: it uses the ChaosRuntime's state (its fault layer, taint records,
+learners, clocks, the event queue) and is not meant to stand alone. What each fault does to a
+message is the fault layer's (chaos/faults.py); this module routes messages through it.
 """
 
 import dataclasses
 
-from diloco.chaos import schedule as chaos
+from diloco.chaos import faults, schedule as chaos
 from diloco.outer import protocol
-from diloco.runtime.virtual import AT_LEARNER, AT_SYNC, START, SYNC
+from diloco.runtime.virtual import AT_LEARNER, AT_SYNC, SYNC
 
 
 class FaultyMessages:
-  """Sending up and down through links with the schedule's message faults applied."""
+  """Sending up and down through links with the schedule's message faults (`self.layer`)."""
 
-  def _link(self, m: int, nbytes: int) -> tuple[float | None, chaos.Fault | None]:
-    """Arrival time of a message of learner m's link sent now (None: dropped), and the
-    partition that dropped or held it."""
-    arrival = self.now + self.net.delay(nbytes) + sum(f.factor for f in self._active(m, "delay"))
-    for f in self._active(m, "partition"):
-      if f.mode == "drop":
-        if (m, f.time_s) not in self._heals:  # re-join once it is over
-          self._heals.add((m, f.time_s))
-          self._push(f.end_s, AT_LEARNER, "heal", m, owner=m)
-        return None, f
-      arrival = max(arrival, f.end_s)
-    return arrival, None
+  def _link(self, m: int, nbytes: int) -> float | None:
+    """Arrival time of a message of learner m's link sent now (None: dropped; learner m
+    re-joins once the partition that dropped it is over)."""
+    arrival, dropped = self.layer.arrival(m, self.now, self.net.delay(nbytes))
+    if dropped is not None and (m, dropped.time_s) not in self._heals:
+      self._heals.add((m, dropped.time_s))
+      self._push(dropped.end_s, AT_LEARNER, "heal", m, owner=m)
+    return arrival
 
   def _on_heal(self, m: int) -> None:
     self._resync(m)
@@ -48,7 +45,7 @@ class FaultyMessages:
     is_upload = isinstance(message, protocol.Upload)
     if not self.sync_up:  # unanswered uploads are sent again at the restart
       return
-    arrival, _ = self._link(m, message.nbytes if is_upload else 0)
+    arrival = self._link(m, message.nbytes if is_upload else 0)
     if arrival is None:
       self.stats.dropped["up"] += 1
       if is_upload:  # the sender learns of it, and sends it again when the link is back
@@ -57,23 +54,12 @@ class FaultyMessages:
         self.machines[m].join_lost()
       return
     if is_upload:
-      message = self._taint_up(m, message)
+      message, f = self.layer.taint_up(message, self.now, self.rng)
+      if f is not None:
+        self._count_taint(f, m)
+        self.taints.sent_up(message, faults.taint_name(f))
       self.bytes_up[m] += message.nbytes
     self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival), owner=SYNC)
-
-  def _taint_up(self, m: int, up: protocol.Upload) -> protocol.Upload:
-    """The upload as an armed corrupt/poison fault of learner m leaves it."""
-    f = next((f for f in self._taints[m] if f.kind == "poison" or f.mode == "up"), None)
-    if f is None:
-      return up
-    self._taints[m].remove(f)
-    if f.kind == "poison":  # at the source: the checksum is computed over the poison
-      up = dataclasses.replace(up, delta=chaos.poison(up.delta, f.mode, f.factor), checksum=None)
-    else:  # in transit: after the checksum
-      up = dataclasses.replace(up, delta=chaos.flip_bits(up.delta, self.rng))
-    self._count_taint(f, m)
-    self.taints.sent_up(up, f"{f.kind}_{f.mode}")
-    return up
 
   def _count_taint(self, f: chaos.Fault, m: int) -> None:
     self.stats.faults[f.kind] += 1
@@ -81,22 +67,14 @@ class FaultyMessages:
 
   def _send_down(self, send: protocol.Send) -> None:
     m = send.learner
-    if not self.up[m]:
-      self.stats.dropped["down"] += 1
-      return
-    arrival, _ = self._link(m, send.nbytes)
+    arrival = self._link(m, send.nbytes) if self.up[m] else None
     if arrival is None:
       self.stats.dropped["down"] += 1
       return
-    taint = next((f for f in self._taints[m] if f.kind == "corrupt" and f.mode == "down"), None)
-    if taint is not None:
-      self._taints[m].remove(taint)
-      payload = chaos.flip_bits(send.update if send.update is not None else send.values, self.rng)
-      send = dataclasses.replace(
-          send, **{"update" if send.update is not None else "values": payload}
-      )
-      self._count_taint(taint, m)
-      self.taints.sent_down(send, "corrupt_down")
+    send, f = self.layer.taint_down(send, self.now, self.rng)
+    if f is not None:
+      self._count_taint(f, m)
+      self.taints.sent_down(send, faults.taint_name(f))
     self.bytes_down[m] += send.nbytes
     self._push(arrival, AT_LEARNER, "at_learner", send, owner=m)
 
