@@ -318,7 +318,7 @@ class SyncMachine(RuleBasedStateMachine):
   def finite_state(self):
     for g in self.sync.globals:
       assert all(np.isfinite(v).all() for v in g.values())
-    for s in self.sync.opt_states:
+    for s in (f.opt_state for f in self.sync.fragments):
       for x in jax.tree.leaves(s):
         x = np.asarray(x)
         assert not np.issubdtype(x.dtype, np.floating) or np.isfinite(x).all()

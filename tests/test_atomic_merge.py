@@ -58,7 +58,7 @@ def test_a_merge_that_overflows_through_the_momentum_is_rejected_and_changes_not
   assert [r["code"] for r in rejects] == ["non_finite_merge"] * 2
   assert not [a for a in acts if isinstance(a, Send)] and not _records(acts, "merge")
   assert sync.digest() == before and sync.versions == [1]
-  for leaf in sync.opt_states[0][0].trace.values():
+  for leaf in sync.fragments[0].opt_state[0].trace.values():
     assert np.isfinite(leaf).all()
   # The state is not poisoned: a sane round merges after it.
   small = {W0: np.array([0.5, 0.5], F32), W1: np.array([0.25, 0.0], F32)}
@@ -76,7 +76,7 @@ def test_rda_round_of_a_subnormal_and_a_huge_upload_merges_finite():
   acts = sync.handle(_up(1, 0, huge))
   assert len(_records(acts, "merge")) == 1 and not _records(acts, "reject")
   assert all(np.isfinite(v).all() for v in sync.globals[0].values())
-  assert all(np.isfinite(v).all() for v in sync.residuals[0].values())
+  assert all(np.isfinite(v).all() for v in sync.fragments[0].residual.values())
 
 
 def test_handle_never_raises_when_the_merge_itself_fails(monkeypatch):

@@ -222,7 +222,7 @@ def _sync(learners=2, screen=None, tx=None) -> Synchronizer:
 def _bits(sync: Synchronizer):
   return (
       {k: v.copy() for k, v in sync.global_params().items()},
-      [np.array(x) for x in jax.tree.leaves(sync.opt_states)],
+      [np.array(x) for x in jax.tree.leaves([f.opt_state for f in sync.fragments])],
       sync.state_dict(),
   )
 

@@ -85,9 +85,9 @@ def _snapshot(sync: Synchronizer):
   """Deep copy of everything a rejected event must leave alone."""
   return (
       [{k: v.copy() for k, v in g.items()} for g in sync.globals],
-      [np.array(x) for x in jax.tree.leaves(sync.opt_states)],
+      [np.array(x) for x in jax.tree.leaves([f.opt_state for f in sync.fragments])],
       list(sync.versions),
-      [{k: v.copy() for k, v in r.items()} for r in sync.residuals],
+      [{k: v.copy() for k, v in r.items()} for r in (f.residual for f in sync.fragments)],
   )
 
 
@@ -479,7 +479,7 @@ def test_fp4_downlink_learners_match_bitwise_and_the_residual_is_the_error():
     decoded = {k: compression.decode(compression.encode(raw[k], "fp4")) for k in theta0}
     _assert_bits(sync.globals[0], {k: old[k] + decoded[k] for k in theta0})
     residual = {k: raw[k] - decoded[k] for k in theta0}
-    _assert_bits(sync.residuals[0], residual)
+    _assert_bits(sync.fragments[0].residual, residual)
     assert any(np.any(r != 0) for r in residual.values())  # fp4 did lose something
     for m, s in enumerate(_of(actions, Send)):
       assert s.update is not None and all(e.codec == "fp4" for e in s.update.values())

@@ -10,6 +10,7 @@ time (`Synchronizer._screen`).
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -27,6 +28,13 @@ class History:
   lineage: Mapping[int, Sequence[int]]  # earlier generation -> versions shared with ours
 
 
+class Fragment(Protocol):
+  """What admission reads of a fragment's state (`sync_state.FragmentState`)."""
+
+  values: Mapping[str, np.ndarray]
+  contributed: Mapping[int, int]  # learner -> the newest base version merged from it
+
+
 def known(history: History, p: int, generation: int, version: int) -> bool:
   """Whether version `version` of fragment p from `generation` is in the synchronizer's history."""
   if not 0 <= version <= history.versions[p]:
@@ -37,21 +45,16 @@ def known(history: History, p: int, generation: int, version: int) -> bool:
 
 
 def invalid(
-    up: Upload,
-    values: Sequence[Mapping[str, np.ndarray]],
-    history: History,
-    max_staleness: int,
-    contributed: Sequence[Mapping[int, int]],
+    up: Upload, fragments: Sequence[Fragment], history: History, max_staleness: int
 ) -> tuple[Code, str] | None:
-  """(code, reason) of the first check the upload fails, or None. `values`: each fragment's
-  global values (their paths and shapes); `contributed`: per fragment, learner -> the newest
-  base version merged from it."""
+  """(code, reason) of the first check the upload fails, or None. `fragments`: each
+  fragment's global values (their paths and shapes) and who contributed on which base."""
   p = up.fragment
-  if not 0 <= p < len(values):
+  if not 0 <= p < len(fragments):
     return Code.UNKNOWN_FRAGMENT, f"unknown fragment {p}"
   if not up.checksum_ok():
     return Code.CHECKSUM, f"checksum mismatch: payload of fragment {p} corrupted in transit"
-  want = values[p]
+  want, contributed = fragments[p].values, fragments[p].contributed
   if sorted(up.delta) != sorted(want):
     return Code.PATHS, "fragment paths differ from the model's"
   for k, e in up.delta.items():
@@ -71,11 +74,11 @@ def invalid(
     )
   if history.versions[p] - up.base_version > max_staleness:
     return Code.STALE, f"stale: base version {up.base_version}, current {history.versions[p]}"
-  if up.base_version <= contributed[p].get(up.learner, -1):
+  if up.base_version <= contributed.get(up.learner, -1):
     return (
         Code.DUPLICATE,
         f"learner {up.learner} already contributed to fragment {p} on "
-        f"base version {contributed[p][up.learner]}",
+        f"base version {contributed[up.learner]}",
     )
   if up.steps <= 0 or up.tokens <= 0:
     return Code.NO_PROGRESS, f"no progress to merge: {up.steps} steps, {up.tokens} tokens"

@@ -1,4 +1,5 @@
-"""The synchronizer's durable state as flat arrays plus JSON metadata, and its digest.
+"""The synchronizer's durable state: one record per fragment, and all of it as flat arrays plus
+JSON metadata (what a checkpoint holds), and its digest.
 
 `state_dict(sync)` is what a checkpoint saves and a restart loads: per fragment the global values,
 the downlink residuals and the outer optimizer state's leaves (named `global.p.i`, `residual.p.i`,
@@ -7,6 +8,7 @@ as metadata the generation and its lineage, who contributed on which base, the o
 norm history, the members and the EMAs behind the grace window.
 """
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -14,22 +16,41 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
+
+
+@dataclasses.dataclass
+class FragmentState:
+  """Fragment p's durable state, owned by the synchronizer: what a restart must get back."""
+
+  values: dict[str, np.ndarray]  # the global values Θ_p, float32, by path
+  opt_state: Any  # the outer optimizer's state for Θ_p
+  residual: dict[str, np.ndarray]  # the downlink codec's error feedback, by path
+  version: int = 0  # merges committed
+  contributed: dict[int, int] = dataclasses.field(default_factory=dict)  # m -> last merged base
+  norms: list[float] = dataclasses.field(default_factory=list)  # recent finite Δ norms (screen)
+
+  @classmethod
+  def fresh(cls, values: dict[str, np.ndarray], tx: optax.GradientTransformation):
+    """Version 0 of a fragment: its optimizer state initialised, no residual."""
+    return cls(values, tx.init(values), {k: np.zeros_like(v) for k, v in values.items()})
 
 
 def state_dict(sync) -> dict[str, Any]:
   """{'arrays': name -> np.ndarray, 'meta': JSON-able} of a `Synchronizer`."""
-  arrays: dict[str, np.ndarray] = {"versions": np.asarray(sync.versions, np.int64)}
-  for p in range(sync.frag.num_fragments):
+  frags = sync.fragments
+  arrays: dict[str, np.ndarray] = {"versions": np.asarray([f.version for f in frags], np.int64)}
+  for p, f in enumerate(frags):
     for i, k in enumerate(sync.frag.paths[p]):
-      arrays[f"global.{p}.{i}"] = np.array(sync.globals[p][k], np.float32)
-      arrays[f"residual.{p}.{i}"] = np.array(sync.residuals[p][k], np.float32)
-    for i, x in enumerate(jax.tree.leaves(sync.opt_states[p])):
+      arrays[f"global.{p}.{i}"] = np.array(f.values[k], np.float32)
+      arrays[f"residual.{p}.{i}"] = np.array(f.residual[k], np.float32)
+    for i, x in enumerate(jax.tree.leaves(f.opt_state)):
       arrays[f"opt.{p}.{i}"] = np.array(x)
   meta = {
       "generation": sync.generation,
       "lineage": [[g, list(v)] for g, v in sorted(sync.lineage.items())],
-      "contributed": [sorted(c.items()) for c in sync.contributed],
-      "norms": [list(n) for n in sync.norms],
+      "contributed": [sorted(f.contributed.items()) for f in frags],
+      "norms": [list(f.norms) for f in frags],
       "rms": list(sync.rms),
       "members": sorted(sync.members),
       "ema": [sync.ema_step.value, sync.ema_quorum.value, sync.ema_sync.value],
@@ -52,18 +73,20 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
       raise ValueError(
           f"synchronizer state {name}: {got.dtype}{got.shape}, expected {x.dtype}{x.shape}"
       )
-  sync.versions = [int(v) for v in arrays["versions"]]
-  for p in range(sync.frag.num_fragments):
+  for p, f in enumerate(sync.fragments):
     paths = sync.frag.paths[p]
-    sync.globals[p] = {k: np.array(arrays[f"global.{p}.{i}"]) for i, k in enumerate(paths)}
-    sync.residuals[p] = {k: np.array(arrays[f"residual.{p}.{i}"]) for i, k in enumerate(paths)}
-    treedef = jax.tree.structure(sync.opt_states[p])
+    treedef = jax.tree.structure(f.opt_state)
     leaves = [np.array(arrays[f"opt.{p}.{i}"]) for i in range(treedef.num_leaves)]
-    sync.opt_states[p] = jax.tree.unflatten(treedef, leaves)
+    sync.fragments[p] = FragmentState(
+        values={k: np.array(arrays[f"global.{p}.{i}"]) for i, k in enumerate(paths)},
+        opt_state=jax.tree.unflatten(treedef, leaves),
+        residual={k: np.array(arrays[f"residual.{p}.{i}"]) for i, k in enumerate(paths)},
+        version=int(arrays["versions"][p]),
+        contributed={int(m): int(v) for m, v in meta["contributed"][p]},
+        norms=[float(x) for x in meta["norms"][p]],
+    )
   sync.generation = int(meta["generation"])
   sync.lineage = {int(g): [int(x) for x in v] for g, v in meta["lineage"]}
-  sync.contributed = [{int(m): int(v) for m, v in c} for c in meta["contributed"]]
-  sync.norms = [[float(x) for x in n] for n in meta["norms"]]
   sync.rms = [float(x) for x in meta["rms"]]
   sync.members = {int(m) for m in meta["members"]}
   sync.ema_step.value, sync.ema_quorum.value, sync.ema_sync.value = meta["ema"]

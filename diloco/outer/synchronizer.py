@@ -85,15 +85,15 @@ class Synchronizer:
     self.frag, self.policy, self.tx, self.codec = frag, policy, outer_tx, downlink_codec
     self._cpu = jax.devices("cpu")[0]
     num = frag.num_fragments
-    self.globals = [{k: np.array(flat[k], np.float32) for k in frag.paths[p]} for p in range(num)]
     with jax.default_device(self._cpu):
-      self.opt_states = [outer_tx.init(g) for g in self.globals]
-    self.residuals = [{k: np.zeros_like(v) for k, v in g.items()} for g in self.globals]
-    self.versions = [0] * num
+      self.fragments = [  # each fragment's durable state
+          sync_state.FragmentState.fresh(
+              {k: np.array(flat[k], np.float32) for k in frag.paths[p]}, outer_tx
+          )
+          for p in range(num)
+      ]
     self.generation = 0
     self.lineage: dict[int, list[int]] = {}  # earlier generation -> versions shared with ours
-    self.contributed: list[dict[int, int]] = [{} for _ in range(num)]  # m -> last merged base
-    self.norms: list[list[float]] = [[] for _ in range(num)]  # recent finite Δ norms
     self.rms: list[float] = []  # recent finite Δ norm / sqrt(values), any fragment
     self.members: set[int] = set()
     self.rounds_skipped = 0  # rounds that had uploads but ended with every one rejected
@@ -153,7 +153,7 @@ class Synchronizer:
     self.held_gen[event.learner] = list(gens)
     actions: list[Action] = [Log({"event": "join", "learner": event.learner, "time": event.time})]
     for p, (v, g) in enumerate(zip(event.versions, gens)):
-      if v != self.versions[p] or not admission.known(self._history(), p, g, v):
+      if v != self.fragments[p].version or not admission.known(self._history(), p, g, v):
         actions.append(self._send(event.learner, p))
     # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
     # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
@@ -170,9 +170,7 @@ class Synchronizer:
     return actions + [a for p in late for a in self._maybe_merge(p, event.time)]
 
   def _upload(self, up: Upload) -> list[Action]:
-    invalid = admission.invalid(
-        up, self.globals, self._history(), self.policy.max_staleness, self.contributed
-    )
+    invalid = admission.invalid(up, self.fragments, self._history(), self.policy.max_staleness)
     if invalid:
       reject = admission.refusal(up.learner, up.fragment, up.time, invalid[1], invalid[0], up)
       if invalid[0] in (Code.UNKNOWN_FRAGMENT, Code.CHECKSUM):
@@ -230,12 +228,13 @@ class Synchronizer:
     rejected: dict[int, tuple[Code, str]] = {}
     clipped: set[int] = set()
     if self.screen is not None:
-      size = sum(x.size for x in self.globals[p].values())
-      v = screening.screen_round(deltas, size, self.screen, self.norms[p], self.rms)
+      f = self.fragments[p]
+      size = sum(x.size for x in f.values.values())
+      v = screening.screen_round(deltas, size, self.screen, f.norms, self.rms)
       for i, factor in v.scale.items():
         deltas[i] = {k: x * np.float32(factor) for k, x in deltas[i].items()}
         clipped.add(ups[i].learner)
-      rejected, self.norms[p], self.rms = v.rejected, v.norms, v.rms
+      rejected, f.norms, self.rms = v.rejected, v.norms, v.rms
     return (*self._drop(p, now, ups, deltas, rejected), clipped)
 
   def _drop(
@@ -258,7 +257,7 @@ class Synchronizer:
 
   def _merge(self, p: int, now: float) -> list[Action]:
     """Ends fragment p's round: screen, combine, commit, then tell the learners."""
-    history = (list(self.norms[p]), list(self.rms))  # the screen's, restored if the round fails
+    history = (list(self.fragments[p].norms), list(self.rms))  # restored if the round fails
     ups, deltas, rejects, clipped = self._screen(p, now)
     ups, merged, weights, more = self._combine(p, now, ups, deltas)
     rejects += more
@@ -266,12 +265,12 @@ class Synchronizer:
       self.rounds_skipped += 1
       self._reset_round(p)
       return rejects
-    staleness = [self.versions[p] - u.base_version for u in ups]
+    staleness = [self.fragments[p].version - u.base_version for u in ups]
     if self.policy.staleness_damping:
       merged = merging.staleness_damped(merged, weights, staleness)
     encoded = self._commit(p, ups, merged)
     if isinstance(encoded, str):  # nothing was committed: drop the round
-      self.norms[p], self.rms = history
+      self.fragments[p].norms, self.rms = history
       return rejects + self._reject_round(p, now, ups, encoded)
     record = self._merge_record(p, now, ups, weights, staleness, clipped)
     self._reset_round(p)
@@ -295,16 +294,15 @@ class Synchronizer:
   def _commit(self, p: int, ups: list[Upload], merged: dict):
     """The outer step of fragment p, whole or not at all (`commit.outer_step`): version v+1
     and its encoded update, or why nothing was committed (a str)."""
+    f = self.fragments[p]
     with jax.default_device(self._cpu):
-      step = commit.outer_step(
-          self.tx, merged, self.opt_states[p], self.globals[p], self.residuals[p], self.codec
-      )
+      step = commit.outer_step(self.tx, merged, f.opt_state, f.values, f.residual, self.codec)
     if isinstance(step, str):
       return step
-    self.globals[p], self.opt_states[p], self.residuals[p], encoded = step
-    self.versions[p] += 1
+    f.values, f.opt_state, f.residual, encoded = step
+    f.version += 1
     for u in ups:
-      self.contributed[p][u.learner] = max(u.base_version, self.contributed[p].get(u.learner, -1))
+      f.contributed[u.learner] = max(u.base_version, f.contributed.get(u.learner, -1))
     return encoded
 
   def _merge_record(self, p, now, ups, weights, staleness, clipped) -> dict:
@@ -314,7 +312,7 @@ class Synchronizer:
         "event": "merge",
         "time": now,
         "fragment": p,
-        "version": self.versions[p],
+        "version": self.fragments[p].version,
         "quorum": len(ups),
         "learners": [u.learner for u in ups],
         "weights": [float(w) for w in weights / weights.sum()],  # normalised, as merged
@@ -349,7 +347,7 @@ class Synchronizer:
     num = self.frag.num_fragments
     held = self.held.setdefault(learner, [-1] * num)
     held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
-    v, g = self.versions[p], self.generation
+    v, g = self.fragments[p].version, self.generation
     h = (
         self.dylu.steps_for(learner, self.live)
         if self.dylu is not None and update is not None
@@ -368,7 +366,7 @@ class Synchronizer:
           inner_steps=h,
       )
     else:
-      values = {k: x.copy() for k, x in self.globals[p].items()}
+      values = {k: x.copy() for k, x in self.fragments[p].values.items()}
       send = Send(learner, p, v, values=values, generation=g, inner_steps=h)
     held[p], held_gen[p] = v, g
     return send
@@ -395,7 +393,7 @@ class Synchronizer:
     self.load_state_dict(state)
     if generation <= self.generation:
       raise ValueError(f"new generation {generation} must exceed {self.generation}")
-    restored = list(self.versions)
+    restored = self.versions
     self.lineage = {g: [min(a, b) for a, b in zip(v, restored)] for g, v in self.lineage.items()}
     for g in range(self.generation, generation):
       self.lineage[g] = list(restored)
@@ -411,13 +409,23 @@ class Synchronizer:
     return admission.History(self.versions, self.generation, self.lineage)
 
   @property
+  def versions(self) -> list[int]:
+    """Each fragment's version (a copy)."""
+    return [f.version for f in self.fragments]
+
+  @property
+  def globals(self) -> list[dict[str, np.ndarray]]:
+    """Each fragment's global values (the state's own dicts: read, never write)."""
+    return [f.values for f in self.fragments]
+
+  @property
   def pending(self) -> list[dict[int, Upload]]:
     """Each fragment's uploads waiting for its merge (the rounds' own dicts)."""
     return [r.pending for r in self.rounds]
 
   def global_params(self) -> dict[str, np.ndarray]:
     """All global fragments as one path-keyed dict."""
-    return {k: v for g in self.globals for k, v in g.items()}
+    return {k: v for f in self.fragments for k, v in f.values.items()}
 
   @property
   def merges(self) -> int:

@@ -30,7 +30,7 @@ from diloco.outer.synchronizer import Synchronizer
 from diloco.runtime import preemption, virtual
 
 FILE = "virtual_run.pkl"  # under WORKDIR/checkpoints
-FORMAT = 2  # 2: learners' protocol state in "machines" (was in the clocks)
+FORMAT = 3  # 2: learners' protocol state in "machines" (was in the clocks); 3: sync "fragments"
 _LEARNER_FIELDS = (
     "global_copy",
     "versions",
@@ -45,7 +45,7 @@ _LEARNER_FIELDS = (
 )
 # The synchronizer's configuration (rebuilt from the config), and the arrays of its state_dict.
 _SYNC_BUILT = ("tx", "_cpu", "policy", "frag", "screen", "codec", "checkpoint_every")
-_SYNC_ARRAYS = ("globals", "residuals", "opt_states", "versions")
+_SYNC_ARRAYS = ("fragments",)  # restored by its state_dict
 _RUNTIME_FIELDS = (
     "now",
     "tokens_started",
