@@ -113,3 +113,16 @@ def test_batch_sizes_per_learner():
       config.sim.batch_sizes = bad
     with pytest.raises(ValueError, match=named):
       build.batch_sizes(config)
+
+
+def test_a_virtual_runs_learner_is_built_holding_the_start_at_version_0():
+  config = _config("mode=decoupled,runlocal")
+  parts = build.local_learners(config)
+  learner = parts.make_learner(1, holds_start=True)
+  assert learner.versions == [0] * config.outer.fragments
+  held = {k: v for g in learner.global_copy for k, v in g.items()}
+  assert sorted(held) == sorted(parts.params0)
+  for k, v in learner.host_params().items():  # it trains from the start it holds
+    np.testing.assert_array_equal(v, parts.params0[k])
+    np.testing.assert_array_equal(held[k], parts.params0[k])
+  assert parts.make_learner(1).versions == [-1] * config.outer.fragments

@@ -138,3 +138,12 @@ def test_compare_mode_prints_a_table_and_draws_the_plot(tmp_path, capsys):
   png = tmp_path / "compare.png"
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
   assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "compare"
+
+
+def test_a_learners_non_finite_loss_stops_a_multi_learner_run(tmp_path):
+  config = shakespeare.get_config("runlocal,mode=decoupled")
+  config.optimizer.lr = 1e6
+  config.optimizer.clip_norm = 0.0
+  with pytest.raises(FloatingPointError, match=r"learner \d: loss is (nan|inf) at step \d+"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not (tmp_path / "summary.json").exists()

@@ -140,17 +140,22 @@ class Parts:
   syncs: list[Synchronizer] = dataclasses.field(default_factory=list)  # made so far, in order
   rows: dict[int, tuple[stacked.Stack, int]] = dataclasses.field(default_factory=dict)
 
-  def make_learner(self, m: int) -> Learner:
-    """Learner m with a fresh state, holding no fragment (versions -1: its Join fetches all);
-    on its row of a stack when the learners are stacked (`stack`)."""
+  def make_learner(self, m: int, holds_start: bool = False) -> Learner:
+    """Learner m with a fresh state, holding no fragment (versions -1: its Join fetches all),
+    or (`holds_start`) holding and training from `params0` at version 0; on its row of a stack
+    when the learners are stacked (`stack`)."""
     o = self.config.outer
     args = (m, self.islands[m], self.frag, self.schedule, o.codec, o.alpha)
     tokens = self.batches[m] * self.config.seq_len
-    uplink = Uplink(o.codec, o.fp4_rounding, o.error_feedback, seed=(self.config.seed, m))
+    kwargs = dict(
+        uplink=Uplink(o.codec, o.fp4_rounding, o.error_feedback, seed=(self.config.seed, m)),
+        holds_nothing=not holds_start,
+        start=self.params0 if holds_start else None,
+    )
     if m in self.rows:
       stack, row = self.rows[m]
-      return StackedLearner(*args, tokens, stack=stack, row=row, uplink=uplink, holds_nothing=True)
-    return self.learner_cls(*args, tokens, uplink=uplink, holds_nothing=True)
+      return StackedLearner(*args, tokens, stack=stack, row=row, **kwargs)
+    return self.learner_cls(*args, tokens, **kwargs)
 
   def stack(self) -> None:
     """Puts the learners on stacks, one per batch size (`stack_mesh`): the virtual runtime."""

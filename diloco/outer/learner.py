@@ -46,8 +46,9 @@ class Learner:
   tokens: int = 0
   uplink: Uplink | None = None  # None: `codec`, log rounding, no error feedback
   holds_nothing: bool = False  # True: versions -1, no global copy (its Join fetches them all)
+  start: dataclasses.InitVar[Mapping[str, np.ndarray] | None] = None  # held at version 0
 
-  def __post_init__(self):
+  def __post_init__(self, start: Mapping[str, np.ndarray] | None):
     if not 0.0 <= self.alpha <= 1.0:
       raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
     n = self.frag.num_fragments
@@ -59,23 +60,18 @@ class Learner:
       self.state = self.island.init_state()
     if self.uplink is None:
       self.uplink = Uplink(self.codec)
+    if start is not None:  # its copy of the global fragments and its parameters are `start`
+      self.global_copy = [
+          {k: np.array(start[k], np.float32) for k in paths} for paths in self.frag.paths
+      ]
+      self.versions = [0] * n
+      self._write({k: v for g in self.global_copy for k, v in g.items()})
 
   def host_params(self) -> dict[str, np.ndarray]:
     """All parameters as a path-keyed dict of host arrays."""
     return {
         k: np.asarray(v) for k, v in fragments.flatten(jax.device_get(self.state.params)).items()
     }
-
-  def load_global(self, flat: Mapping[str, np.ndarray], versions: list[int]) -> None:
-    """Starts from these global parameters (at these versions) with counters at zero."""
-    self.global_copy = [
-        {k: np.array(flat[k], np.float32) for k in self.frag.paths[p]}
-        for p in range(self.frag.num_fragments)
-    ]
-    self.versions = list(versions)
-    self._write({k: v for g in self.global_copy for k, v in g.items()})
-    self.c_steps = [0] * self.frag.num_fragments
-    self.c_tokens = [0] * self.frag.num_fragments
 
   def step(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """One inner step (dispatched asynchronously); returns its metrics on device."""

@@ -43,7 +43,8 @@ def summary(
     config: ml_collections.ConfigDict,
     parts: build.Parts,
     runtime,
-    log,  # islands._Log: the learners, merges, evaluations and rejections it kept
+    log,  # island_log.RunLog: the learners, merges and rejections it kept
+    evals: list[dict],  # the global model's evaluations (island_log.GlobalEvals.rows)
     final: dict[str, float],
     sim_time: float,
     wall: float,
@@ -81,9 +82,7 @@ def summary(
           float(np.mean([s for r in merges for s in r["staleness"]])) if merges else 0.0
       ),
       "per_learner": per_learner(log.learners, runtime, merges),
-      "eval_curve": [
-          {"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]} for r in log.evals
-      ],
+      "eval_curve": [{"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]} for r in evals],
       "rejected": dict(sorted(log.rejected.items())),
       "merges_skipped": runtime.sync.rounds_skipped,
       "faults": {},
