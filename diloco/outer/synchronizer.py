@@ -1,11 +1,12 @@
 """The synchronizer core: a sans-I/O state machine (no threads, sockets, clocks or sleeps).
 
-It holds, per fragment p, the global values Θ_p, the outer optimizer state and a version. It
+It holds, per fragment p, one record (sync_state.FragmentState): the global values Θ_p, the outer
+optimizer state, the downlink residual and a version. It
 consumes events (protocol.Join/Leave/Upload/Tick) and returns actions (protocol.Send/SetTimer/Log).
 Every runtime drives the same object, so a bug found in simulation is the bug in production.
 
-Merge of fragment p: once `policy.quorum` uploads of p from live learners are in, wait the grace
-window (cut short when every live learner has uploaded), then merge every pending upload of p with
+Merge of fragment p (its round: rounds.py): once `policy.quorum` uploads of p from live learners
+are in, wait the grace window (cut short when every live learner has uploaded), then merge every pending upload of p with
 `policy.weights` and `policy.merge`, step the outer optimizer, and send version v+1 to every live
 learner (or to its contributors only, `policy.broadcast`; with DyLU each Send carries the learner's
 inner steps, dylu.py). The update Θ_new − Θ_old is sent encoded with the downlink codec, and the synchronizer
@@ -35,7 +36,6 @@ rebuilt from learners' Joins and new uploads. With `checkpoint_every=N` a `Check
 the runtime to save the state after every N-th merge.
 """
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,22 +43,11 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, policies, protocol, screening, sync_state
+from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, policies, protocol, rounds, screening, sync_state
 from diloco.outer.outcomes import Code
-from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
+from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, Tick, Upload
 
 NON_FINITE = screening.NON_FINITE
-
-
-@dataclasses.dataclass
-class Round:
-  """One fragment's round in progress: what merges next, and when."""
-
-  pending: dict[int, Upload] = dataclasses.field(default_factory=dict)  # learner -> upload
-  abstaining: set[int] = dataclasses.field(default_factory=set)  # refused now: not waited for
-  first_upload_s: float | None = None
-  quorum_s: float | None = None  # when the quorum was reached
-  deadline_s: float | None = None  # the grace window's end
 
 
 class Synchronizer:
@@ -100,7 +89,7 @@ class Synchronizer:
     self.live: set[int] = set()
     self.held: dict[int, list[int]] = {}  # fragment versions each learner was sent
     self.held_gen: dict[int, list[int]] = {}  # ... and their generations
-    self.rounds = [Round() for _ in range(num)]  # each fragment's round in progress
+    self.rounds = [rounds.Round() for _ in range(num)]  # each fragment's round in progress
     self.ema_step = policies.Ema(policy.ema_decay)
     self.ema_quorum = policies.Ema(policy.ema_decay)
     self.ema_sync = policies.Ema(policy.ema_decay)
@@ -200,23 +189,12 @@ class Synchronizer:
 
   def _maybe_merge(self, p: int, now: float) -> list[Action]:
     rnd = self.rounds[p]
-    pending = rnd.pending
     group = (self.members if self.policy.quorum.of_members else self.live) - rnd.abstaining
-    arrived = len(group.intersection(pending))
-    if not pending or arrived < self.policy.quorum.required(len(group)):
-      return []
-    if rnd.quorum_s is None:
-      rnd.quorum_s = now
-      self.ema_quorum.update(now - rnd.first_upload_s)
-      grace = self.policy.grace.window(
-          self.ema_step.get(), self.ema_quorum.get(), self.ema_sync.get()
-      )
-      if grace > 0 and not group.issubset(pending):
-        rnd.deadline_s = now + grace
-        return [SetTimer(now + grace)]
-    elif rnd.deadline_s is not None and not group.issubset(pending):
-      return []  # still inside the grace window
-    return self._merge(p, now)
+    emas = (self.ema_step, self.ema_quorum, self.ema_sync)
+    step = rounds.advance(rnd, group, self.policy, now, *emas)
+    if step is rounds.MERGE:
+      return self._merge(p, now)
+    return [step] if step is not None else []
 
   def _screen(self, p: int, now: float) -> tuple[list[Upload], list[dict], list[Action], set[int]]:
     """Pending uploads of p with their decoded deltas (clipped ones scaled down), less
@@ -272,7 +250,8 @@ class Synchronizer:
     if isinstance(encoded, str):  # nothing was committed: drop the round
       self.fragments[p].norms, self.rms = history
       return rejects + self._reject_round(p, now, ups, encoded)
-    record = self._merge_record(p, now, ups, weights, staleness, clipped)
+    version, quorum_s = self.fragments[p].version, self.rounds[p].quorum_s
+    record = rounds.merge_record(p, now, version, quorum_s, ups, weights, staleness, clipped)
     self._reset_round(p)
     return rejects + [Log(record)] + self._broadcast(p, ups, encoded)
 
@@ -305,24 +284,6 @@ class Synchronizer:
       f.contributed[u.learner] = max(u.base_version, f.contributed.get(u.learner, -1))
     return encoded
 
-  def _merge_record(self, p, now, ups, weights, staleness, clipped) -> dict:
-    """The 'merge' log line of the round just committed."""
-    quorum_s = self.rounds[p].quorum_s
-    return {
-        "event": "merge",
-        "time": now,
-        "fragment": p,
-        "version": self.fragments[p].version,
-        "quorum": len(ups),
-        "learners": [u.learner for u in ups],
-        "weights": [float(w) for w in weights / weights.sum()],  # normalised, as merged
-        "staleness": staleness,
-        "grace_s": now - quorum_s if quorum_s is not None else 0.0,
-        "steps": [u.steps for u in ups],
-        "tokens": [u.tokens for u in ups],
-        "clipped": sorted(clipped & {u.learner for u in ups}),
-    }
-
   def _broadcast(self, p: int, ups: list[Upload], encoded) -> list[Action]:
     """Version v of fragment p to every live learner (or its contributors), and the
     checkpoint if one is due."""
@@ -341,7 +302,7 @@ class Synchronizer:
     return rejects
 
   def _reset_round(self, p: int) -> None:
-    self.rounds[p] = Round()
+    self.rounds[p] = rounds.Round()
 
   def _send(self, learner: int, p: int, update=None, update_crc: int | None = None) -> Send:
     num = self.frag.num_fragments
