@@ -1,0 +1,114 @@
+r"""One run of the DiLoCo scaling-laws study under the paper's protocol (Charles et al. 2025,
+arXiv 2503.09799, Section 3 and Appendix), at the sizes 2 CPU cores afford.
+
+  python -m experiments.train --config=configs/scaling_laws.py:size=s,method=diloco,learners=4,lr=0.02,batch=16 \
+      --workdir=runs/one
+  (about 40 s on 2 cores; the final eval loss of a tuned M=4 cell of size s is about 1.6 nats per
+  byte, notebooks/scaling_laws.py has the measured table)
+
+The sweeps that tune and run it, one per stage: configs/sweeps/scaling_inner.py (inner learning
+rate x global batch per size and method), scaling_outer.py (outer learning rate per size and M),
+scaling_seeds.py (three seeds of every winning cell) and scaling_overtrain.py (4x the tokens,
+winners not re-tuned).
+
+The protocol, as the paper's:
+  * D = 20 N training bytes for every size (`overtrain=4`: 80 N); a byte is our token;
+  * the same global batch of `batch` sequences of 64 bytes split across the M replicas at the
+    sequence level (data-parallel trains it on one island);
+  * inner AdamW (beta1 0.9, beta2 0.99), linear warmup over 5% of the steps then cosine to 5% of
+    the peak, independent weight decay lambda = 1/T, gradient clip 1, QK-norm and z-loss 1e-4
+    (recipe=charles2025);
+  * H = 30; outer Nesterov momentum 0.9 at a constant outer learning rate `outer_lr`;
+  * i.i.d. data (every learner samples the whole corpus); every run scored on the whole
+    validation split (one evaluation set for every cell).
+
+Sizes (byte-level decoders, heads of 32 dims: heads of 8 run several times slower per parameter on
+this CPU; depth and width grown together as in the paper's Table 3; d_ff = 2 d):
+  s: d 32, 2 layers, 1 head   N = 28,960 (with QK-norm)   D = 579,200 bytes
+  m: d 64, 3 layers, 2 heads  N = 140,096                 D = 2,801,920 bytes
+  l: d 96, 4 layers, 3 heads  N = 394,848                 D = 7,896,960 bytes (1.6 passes over
+                                                          the 4.9 MB training split; 6.4 at 4x)
+`tiny`: sizes t1/t2 (d 8 and 16, one layer), 32-byte sequences and 12 steps, for the tests.
+
+Variants: size=s|m|l, method=dp|diloco, learners=M, lr=X (peak inner), batch=B (global sequences),
+outer_lr=X, seed=S, overtrain=1|4, tiny.
+"""
+
+import ml_collections
+
+from configs import shakespeare
+from diloco.config import variants
+
+# name -> (d_model, num_layers, num_heads, parameters N with QK-norm: tests/test_scaling_protocol.py)
+SIZES = {"s": (32, 2, 1, 28_960), "m": (64, 3, 2, 139_904), "l": (96, 4, 3, 394_336)}
+TINY_SIZES = {"t1": (8, 1, 1, 2_728), "t2": (16, 1, 1, 6_736)}
+SEQ, TINY_SEQ, TINY_STEPS = 64, 32, 12
+H = 30
+TOKENS_PER_PARAM = 20
+
+
+def _arg(arg: str | None) -> ml_collections.ConfigDict:
+  return variants.parse_arg(
+      arg,
+      tiny=False,
+      size="s",
+      method="dp",
+      learners=1,
+      lr=1e-2,
+      batch=16,
+      outer_lr=0.6,
+      seed=0,
+      overtrain=1,
+  )
+
+
+def run_config(arg: str | None, sweep_keys: tuple[str, ...]) -> ml_collections.ConfigDict:
+  """get_config of a sweep file: its own variants (`sweep_keys`: which points to run) dropped."""
+  kept = [t for t in (arg or "").split(",") if t.strip().partition("=")[0] not in sweep_keys]
+  return get_config(",".join(kept))
+
+
+def sizes(tiny: bool) -> dict[str, tuple[int, int, int, int]]:
+  return TINY_SIZES if tiny else SIZES
+
+
+def steps(size: str, batch: int, overtrain: int = 1, tiny: bool = False) -> int:
+  """Inner steps T of a run: D = 20 N x overtrain bytes over global steps of `batch` x 64 bytes."""
+  if tiny:
+    return TINY_STEPS * overtrain
+  n = SIZES[size][3]
+  return max(round(TOKENS_PER_PARAM * overtrain * n / (batch * SEQ)), 1)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  a = _arg(arg)
+  table = sizes(a.tiny)
+  if a.size not in table:
+    raise ValueError(f"unknown size {a.size!r}; known: {sorted(table)}")
+  if a.method not in ("dp", "diloco"):
+    raise ValueError(f"method must be dp or diloco, got {a.method!r}")
+  if a.overtrain not in (1, 4):
+    raise ValueError(f"overtrain must be 1 or 4, got {a.overtrain}")
+  m = a.learners if a.method == "diloco" else 1
+  if a.batch % m:
+    raise ValueError(f"global batch {a.batch} does not split over {m} learners")
+  seq = TINY_SEQ if a.tiny else SEQ
+  c = shakespeare.get_config(f"mode={a.method},model=tiny,learners={m},recipe=charles2025")
+  d, layers, heads, _ = table[a.size]
+  c.model.update(dict(d_model=d, num_layers=layers, num_heads=heads, d_ff=2 * d, max_len=seq))
+  t = steps(a.size, a.batch, a.overtrain, a.tiny)
+  warmup = max(t // 20, 1)
+  c.seed, c.seq_len, c.steps = a.seed, seq, t
+  c.batch_size = a.batch // m  # per learner; dp: the whole global batch on one island
+  c.optimizer.update(dict(lr=a.lr, warmup_steps=warmup, decay_steps=t - warmup))
+  c.data.iid = True
+  c.outer.update(dict(inner_steps=min(H, t) if a.tiny else H, lr=a.outer_lr, momentum=0.9))
+  c.log_every = max(t // 20, 1)
+  c.eval_every = max(t // 4, 1)
+  c.checkpoint_every = t  # one checkpoint, at the end
+  c.progress_bar = False
+  c.timeline = False
+  if a.tiny:
+    c.outer.inner_steps = 3
+    c.data.eval_sequences, c.data.final_eval_sequences = 32, 64
+  return c
