@@ -1,0 +1,116 @@
+"""The scaling-laws study under the paper's protocol: its run config (configs/scaling_laws.py),
+its winners and edges (diloco/studies/scaling_protocol.py) and its four stage files, on rows
+written by hand."""
+
+import json
+
+import pytest
+
+from configs import scaling_laws
+from configs.sweeps import scaling_inner, scaling_outer, scaling_overtrain, scaling_seeds
+from diloco.config import checks
+from diloco.studies import scaling_protocol as sp
+
+
+@pytest.mark.parametrize("size", ["s", "m", "l", "t1", "t2"])
+def test_sizes_have_the_parameter_counts_the_budget_is_computed_from(size):
+  tiny = size.startswith("t")
+  c = scaling_laws.get_config(f"size={size},tiny={tiny}")
+  d, layers, heads, n = scaling_laws.sizes(tiny)[size]
+  assert checks.param_count(c) == n
+  assert (c.model.d_model, c.model.num_layers, c.model.num_heads) == (d, layers, heads)
+  assert d // heads == (8 if tiny else 32) or tiny  # heads of 32 dims
+
+
+def test_budget_is_20_bytes_per_parameter_split_over_the_learners():
+  # s: 20 x 28,960 = 579,200 bytes; batch 8 x 64 = 512 bytes a step: 1,131.25 -> 1,131 steps
+  c = scaling_laws.get_config("size=s,method=diloco,learners=4,batch=8,lr=0.01")
+  assert (c.steps, c.batch_size, c.seq_len, c.outer.learners) == (1131, 2, 64, 4)
+  assert (c.optimizer.lr, c.optimizer.warmup_steps, c.optimizer.decay_steps) == (0.01, 56, 1075)
+  assert (c.outer.inner_steps, c.outer.lr, c.outer.momentum) == (30, 0.6, 0.9)
+  assert (c.optimizer.b2, c.optimizer.min_lr_ratio, c.model.qk_norm) == (0.99, 0.05, True)
+  # m at 4x: 80 x 139,904 / (32 x 64) = 5,464.9 -> 5,465; dp trains the whole batch
+  dp = scaling_laws.get_config("size=m,method=dp,batch=32,overtrain=4")
+  assert (dp.steps, dp.batch_size, dp.outer.learners) == (5465, 32, 1)
+  with pytest.raises(ValueError, match="does not split over 8 learners"):
+    scaling_laws.get_config("method=diloco,learners=8,batch=4")
+
+
+def _row(size, method, lr, batch, loss, seed=0, outer_lr=0.6, overtrain=1):
+  return {**sp.point(size, method, lr, batch, seed, outer_lr, overtrain), "eval_loss": loss}
+
+
+ROWS = [  # size s, dp: best at the smallest rate and batch tried (two edges)
+    _row("s", "dp", 0.014142, 8, 2.00),
+    _row("s", "dp", 0.02, 8, 2.02),
+    _row("s", "dp", 0.014142, 16, 2.05),
+    _row("s", "dp", 0.02, 16, 2.07),
+    # M = 8: best at the middle rate and the smallest batch, which is M: nothing to extend
+    _row("s", 8, 0.014142, 8, 2.30),
+    _row("s", 8, 0.02, 8, 2.20),
+    _row("s", 8, 0.028284, 8, 2.25),
+    _row("s", 8, 0.02, 16, 2.40),
+    # stage (b) of M = 8 at its winner (0.02, 8): 0.8 wins; a run off the winner does not count
+    _row("s", 8, 0.02, 8, 2.10, outer_lr=0.8),
+    _row("s", 8, 0.02, 8, 2.15, outer_lr=1.0),
+    _row("s", 8, 0.02, 16, 1.00, outer_lr=0.8),
+    # seeds and overtraining of the winners
+    _row("s", "dp", 0.014142, 8, 2.04, seed=1),
+    _row("s", 8, 0.02, 8, 2.14, seed=1, outer_lr=0.8),
+    _row("s", 8, 0.02, 8, 1.90, outer_lr=0.8, overtrain=4),
+]
+
+
+def test_winners_and_the_edges_they_sit_on():
+  assert sp.inner_winner(ROWS, "s", "dp") == (0.014142, 8)
+  # lr 0.014142 / sqrt 2 = 0.01; batch 8 / 2 = 4 (>= 1 learner)
+  assert sp.edge_neighbours(ROWS, "s", "dp") == [(0.01, 8), (0.014142, 4)]
+  assert sp.inner_winner(ROWS, "s", 8) == (0.02, 8)
+  assert sp.edge_neighbours(ROWS, "s", 8) == []  # interior rate; batch 4 cannot split over 8
+  assert sp.outer_cells(ROWS, "s", 8) == {0.6: 2.20, 0.8: 2.10, 1.0: 2.15}
+  assert sp.outer_winner(ROWS, "s", 8) == 0.8 and sp.outer_winner(ROWS, "s", 2) is None
+  assert sp.winning_point(ROWS, "s", 8, seed=2) == sp.point("s", 8, 0.02, 8, 2, 0.8)
+
+
+def test_table_has_each_winning_cell_by_seed():
+  table = sp.table(ROWS, ["s"])
+  assert table == {("s", "dp"): [2.00, 2.04], ("s", 8): [2.10, 2.14]}
+  assert sp.table(ROWS, ["s"], overtrain=4) == {("s", "dp"): [], ("s", 8): [1.90]}
+  assert sp.mean([2.10, 2.14]) == pytest.approx(2.12) and sp.spread([2.10, 2.14]) == pytest.approx(
+      0.02
+  )
+  assert sp.gap(2.12, 2.00) == pytest.approx(6.0)
+
+
+def test_stage_files_build_their_points_from_the_rows(tmp_path):
+  path = tmp_path
+  lines = [json.dumps({**r, "status": "done", "name": f"run{i}"}) for i, r in enumerate(ROWS)]
+  (tmp_path / "inner.jsonl").write_text("\n".join(lines))
+  grid = scaling_inner.get_sweep("sizes=s")
+  assert len(grid) == 5 * 9  # 3 rates x 3 batches (8, 16, 32: each splits over M <= 8) x 5 methods
+  ext = scaling_inner.get_sweep(f"sizes=s,part=extend,results={path}")
+  assert [(p["method"], p["lr"], p["batch"]) for p in ext][:2] == [
+      ("dp", 0.01, 8),
+      ("dp", 0.014142, 4),
+  ]
+  with pytest.raises(ValueError, match="no stage-.a. rows of size s, M=1"):
+    scaling_outer.get_sweep(f"sizes=s,results={path}")
+  with pytest.raises(ValueError, match="no stage-.a. rows of size s and method 1"):
+    scaling_seeds.get_sweep(f"sizes=s,results={path}")  # every method's winner is needed
+  tiny = [_row(s, m, 0.02, 16, 2.0 + i) for i, (s, m) in enumerate([("t1", "dp"), ("t1", 2)])]
+  tiny += [_row("t2", m, lr, 8, 3.0 - lr) for m in ("dp", 2) for lr in (0.01, 0.02)]
+  tiny += [_row("t2", 2, 0.02, 8, 2.5, outer_lr=0.4)]
+  lines = [json.dumps({**r, "status": "done", "name": f"tiny{i}"}) for i, r in enumerate(tiny)]
+  (tmp_path / "tiny.jsonl").write_text("\n".join(lines))
+  seeds = scaling_seeds.get_sweep(f"tiny,results={path}")
+  assert [(p["size"], p["method"], p["lr"], p["batch"], p.get("outer_lr")) for p in seeds] == [
+      ("t1", "dp", 0.02, 16, None),
+      ("t1", "diloco", 0.02, 16, 0.6),  # stage (b) not run at t1: stage (a)'s outer lr
+      ("t2", "dp", 0.02, 8, None),
+      ("t2", "diloco", 0.02, 8, 0.4),  # 2.5 at outer lr 0.4 beats 2.98 at 0.6
+  ]
+  assert {p["seed"] for p in seeds} == {1}
+  over = scaling_overtrain.get_sweep(f"tiny,results={path}")
+  assert [p["overtrain"] for p in over] == [4] * 4 and over[3]["outer_lr"] == 0.4
+  c = scaling_inner.get_config("sizes=s/m,part=extend,results=x,size=m,method=dp")
+  assert c.steps == scaling_laws.steps("m", 16)
