@@ -114,3 +114,40 @@ def test_stage_files_build_their_points_from_the_rows(tmp_path):
   assert [p["overtrain"] for p in over] == [4] * 4 and over[3]["outer_lr"] == 0.4
   c = scaling_inner.get_config("sizes=s/m,part=extend,results=x,size=m,method=dp")
   assert c.steps == scaling_laws.steps("m", 16)
+
+
+def test_loss_findings_read_the_papers_claims_off_a_table():
+  # two sizes; at "a" M=1 is 0.01 above DP with seed half-ranges 0.02 and 0.005: it matches
+  tab = {
+      ("a", "dp"): [2.00, 2.01],
+      ("a", 1): [2.00, 2.04],
+      ("a", 2): [2.10],
+      ("a", 4): [2.20],
+      ("a", 8): [2.30],
+      ("b", "dp"): [1.00],
+      ("b", 1): [0.99],
+      ("b", 2): [1.02],
+      ("b", 4): [1.05],
+      ("b", 8): [1.04],  # M=8 below M=4: (2) fails at b
+  }
+  one, two, three = sp.loss_findings(tab, ["a", "b"])
+  assert one[1] == "shown" and "a: M=1 - DP = +0.0150 (seed half-range 0.0200)" in one[2]
+  assert two[1] == "not shown"
+  # gaps: a M=2 2.10/2.005 - 1 = +4.74%, b +2.00%; M=4 +9.73% -> +5.00%; M=8 +14.71% -> +4.00%
+  assert three[1] == "shown" and "M=2: +4.74% -> +2.00%" in three[2]
+  assert sp.loss_findings(tab, ["a"])[2][1] == "not decided"  # one size cannot show a trend
+
+
+def test_tuning_findings_read_the_winners():
+  rows = []
+  for m, outer, batch in ((1, 0.4, 8), (2, 0.6, 16), (4, 0.6, 16), (8, 0.8, 32)):
+    rows += [_row("a", m, 0.02, batch, 2.0), _row("a", m, 0.02, batch * 2, 2.1)]
+    rows += [_row("a", m, 0.02, batch, 1.9, outer_lr=outer)] if outer != 0.6 else []
+  rows += [_row("a", "dp", 0.02, 8, 2.0), _row("a", "dp", 0.02, 16, 2.1)]
+  four, five = sp.tuning_findings(rows, ["a"])
+  assert four == (
+      "(4) the best outer lr grows with M and not with N",
+      "shown",
+      "a: M=1 0.4, M=2 0.6, M=4 0.6, M=8 0.8",
+  )
+  assert five[1] == "shown" and five[2] == "a: DP 8, M=1 8, M=2 16, M=4 16, M=8 32"

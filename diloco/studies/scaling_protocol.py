@@ -169,3 +169,81 @@ def table(rows, sizes: Iterable[str], overtrain: int = 1) -> dict[tuple[str, Met
       if inner_winner(rows, s, method) is not None:
         out[(s, method)] = cell_losses(rows, s, method, overtrain)
   return out
+
+
+PAPER_TABLE4 = {  # Charles et al. 2025 (arXiv 2503.09799), Table 4: eval loss at D = 20N (C4)
+    35e6: {"dp": 3.485, 1: 3.482, 2: 3.508, 4: 3.554, 8: 3.621},
+    90e6: {"dp": 3.167, 1: 3.162, 2: 3.182, 4: 3.213, 8: 3.265},
+    180e6: {"dp": 2.950, 1: 2.943, 2: 2.957, 4: 2.981, 8: 3.019},
+}
+
+Finding = tuple[str, str, str]  # (claim, 'shown' | 'not shown' | 'not decided', the numbers)
+
+
+def _verdict(ok: bool | None) -> str:
+  return "not decided" if ok is None else ("shown" if ok else "not shown")
+
+
+def loss_findings(
+    tab: dict[tuple[str, Method], list[float]], sizes: Sequence[str]
+) -> list[Finding]:
+  """Findings (1)-(3) on a table of winning cells (losses by seed); a size missing a cell is
+  left out of the finding that needs it."""
+  mu = {k: mean(v) for k, v in tab.items() if v}
+  half = {k: spread(v) for k, v in tab.items() if v}
+  have = [s for s in sizes if all((s, m) in mu for m in METHODS)]
+  out = []
+  # (1) M = 1 matches (within the larger seed half-range of the two cells) or beats DP
+  rows = [(s, mu[(s, 1)] - mu[(s, "dp")], max(half[(s, 1)], half[(s, "dp")])) for s in have]
+  ok = all(d <= tol for _, d, tol in rows) if rows else None
+  nums = "; ".join(f"{s}: M=1 - DP = {d:+.4f} (seed half-range {tol:.4f})" for s, d, tol in rows)
+  out.append(("(1) M=1 matches or beats data-parallel at every size", _verdict(ok), nums))
+  # (2) loss grows with M
+  ok = all(mu[(s, 1)] < mu[(s, 2)] < mu[(s, 4)] < mu[(s, 8)] for s in have) if have else None
+  nums = "; ".join(f"{s}: " + " < ".join(f"{mu[(s, m)]:.4f}" for m in METHODS[1:]) for s in have)
+  out.append(("(2) the loss grows with M (M = 1, 2, 4, 8)", _verdict(ok), nums))
+  # (3) the relative gap of M >= 2 shrinks as N grows
+  gaps = {(s, m): gap(mu[(s, m)], mu[(s, "dp")]) for s in have for m in (2, 4, 8)}
+  ok = None
+  if len(have) >= 2:
+    ok = all(gaps[(a, m)] > gaps[(b, m)] for m in (2, 4, 8) for a, b in zip(have, have[1:]))
+  nums = "; ".join(
+      f"M={m}: " + " -> ".join(f"{gaps[(s, m)]:+.2f}%" for s in have) for m in (2, 4, 8)
+  )
+  out.append(("(3) the relative gap of M >= 2 to DP shrinks as N grows", _verdict(ok), nums))
+  return out
+
+
+def tuning_findings(rows, sizes: Sequence[str]) -> list[Finding]:
+  """Findings (4) and (5): the best outer lr against M and N, the best global batch against M."""
+  outer = {(s, m): outer_winner(rows, s, m) for s in sizes for m in METHODS[1:]}
+  tuned = [s for s in sizes if all(outer[(s, m)] is not None for m in METHODS[1:])]
+  grows = lambda xs: all(a <= b for a, b in zip(xs, xs[1:])) and xs[-1] > xs[0]
+  ok_m = all(grows([outer[(s, m)] for m in METHODS[1:]]) for s in tuned) if tuned else None
+  ok_n = None
+  if len(tuned) >= 2:  # within one step of the grid (0.2) from size to size
+    ok_n = all(
+        abs(outer[(a, m)] - outer[(b, m)]) <= 0.2 + 1e-9
+        for m in METHODS[1:]
+        for a, b in zip(tuned, tuned[1:])
+    )
+  ok = None if ok_m is None else (ok_m and ok_n is not False)
+  nums = "; ".join(
+      f"{s}: " + ", ".join(f"M={m} {outer[(s, m)]:g}" for m in METHODS[1:]) for s in tuned
+  )
+  out = [("(4) the best outer lr grows with M and not with N", _verdict(ok), nums)]
+  batch = {(s, m): (inner_winner(rows, s, m) or (None, None))[1] for s in sizes for m in METHODS}
+  have = [s for s in sizes if all(batch[(s, m)] is not None for m in METHODS)]
+  ok = None
+  if have:
+    ok = all(
+        all(batch[(s, m)] > batch[(s, "dp")] for m in (2, 4, 8))
+        and all(batch[(s, a)] <= batch[(s, b)] for a, b in zip(METHODS[1:], METHODS[2:]))
+        for s in have
+    )
+  nums = "; ".join(
+      f"{s}: " + ", ".join(f"{'DP' if m == 'dp' else f'M={m}'} {batch[(s, m)]}" for m in METHODS)
+      for s in have
+  )
+  out.append(("(5) DiLoCo's best global batch exceeds DP's and grows with M", _verdict(ok), nums))
+  return out
