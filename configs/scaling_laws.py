@@ -72,6 +72,16 @@ def sizes(tiny: bool) -> dict[str, tuple[int, int, int, int]]:
   return TINY_SIZES if tiny else SIZES
 
 
+def swept_sizes(named: str, tiny: bool) -> list[str]:
+  """A sweep file's `sizes` variant ('s/m', '': every size of the mode), checked."""
+  known = sizes(tiny)
+  out = named.split("/") if named else list(known)
+  bad = [s for s in out if s not in known]
+  if bad:
+    raise ValueError(f"unknown sizes {bad}; known{' (tiny)' * tiny}: {sorted(known)}")
+  return out
+
+
 def steps(size: str, batch: int, overtrain: int = 1, tiny: bool = False) -> int:
   """Inner steps T of a run: D = 20 N x overtrain bytes over global steps of `batch` x 64 bytes."""
   if tiny:

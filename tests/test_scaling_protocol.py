@@ -102,16 +102,15 @@ def test_stage_files_build_their_points_from_the_rows(tmp_path):
   tiny += [_row("t2", 2, 0.02, 8, 2.5, outer_lr=0.4)]
   lines = [json.dumps({**r, "status": "done", "name": f"tiny{i}"}) for i, r in enumerate(tiny)]
   (tmp_path / "tiny.jsonl").write_text("\n".join(lines))
-  seeds = scaling_seeds.get_sweep(f"tiny,results={path}")
+  seeds = scaling_seeds.get_sweep(f"tiny,sizes=t2,results={path}")
   assert [(p["size"], p["method"], p["lr"], p["batch"], p.get("outer_lr")) for p in seeds] == [
-      ("t1", "dp", 0.02, 16, None),
-      ("t1", "diloco", 0.02, 16, 0.6),  # stage (b) not run at t1: stage (a)'s outer lr
       ("t2", "dp", 0.02, 8, None),
       ("t2", "diloco", 0.02, 8, 0.4),  # 2.5 at outer lr 0.4 beats 2.98 at 0.6
   ]
   assert {p["seed"] for p in seeds} == {1}
-  over = scaling_overtrain.get_sweep(f"tiny,results={path}")
-  assert [p["overtrain"] for p in over] == [4] * 4 and over[3]["outer_lr"] == 0.4
+  assert sp.winning_point(sp.read_rows(path), "t1", 2)["outer_lr"] == 0.6  # no stage (b) at t1
+  over = scaling_overtrain.get_sweep(f"tiny,sizes=t2,results={path}")
+  assert [p["overtrain"] for p in over] == [4] * 2 and over[1]["outer_lr"] == 0.4
   c = scaling_inner.get_config("sizes=s/m,part=extend,results=x,size=m,method=dp")
   assert c.steps == scaling_laws.steps("m", 16)
 
@@ -151,3 +150,16 @@ def test_tuning_findings_read_the_winners():
       "a: M=1 0.4, M=2 0.6, M=4 0.6, M=8 0.8",
   )
   assert five[1] == "shown" and five[2] == "a: DP 8, M=1 8, M=2 16, M=4 16, M=8 32"
+
+
+def test_overtraining_finding_compares_the_verdicts_decided_at_both_budgets():
+  at_1x = [("(1) a", "shown", ""), ("(2) b", "not shown", ""), ("(3) c", "not decided", "")]
+  same = [("(1) a", "shown", "x"), ("(2) b", "not shown", "y"), ("(3) c", "shown", "z")]
+  assert sp.overtrain_finding(at_1x, same)[1] == "shown"  # (3) is not decided at 1x: not read
+  flipped = [("(1) a", "not shown", "x")] + same[1:]
+  assert sp.overtrain_finding(at_1x, flipped)[1] == "not shown"
+  assert sp.overtrain_finding(at_1x[2:], same[2:])[1] == "not decided"
+  assert (
+      sp.overtrain_finding(at_1x, same)[2]
+      == "(1) at 4x: shown (x); (2) at 4x: not shown (y); (3) at 4x: shown (z)"
+  )

@@ -16,7 +16,7 @@ best cell sits on an edge of what was tried, adds the neighbour past that edge
 over M learners and is not added. Run it until it adds no point (the sweep then refuses an empty
 list): every winner is interior or at that limit.
 
-`tiny`: sizes t1/t2, two rates, two batches, dp and M = 2 only, the test suite's version.
+`tiny`: sizes t1/t2, two rates, one batch, dp and M = 2 only, the test suite's version.
 """
 
 import math
@@ -34,7 +34,7 @@ SWEEP_ONLY = ("part", "sizes", "results")
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
-  return variants.parse_arg(arg, tiny=False, part="grid", sizes="s/m/l", results="")
+  return variants.parse_arg(arg, tiny=False, part="grid", sizes="", results="")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -45,16 +45,12 @@ def methods(tiny: bool = False) -> tuple[sp.Method, ...]:
   return ("dp", 2) if tiny else sp.METHODS
 
 
-def sizes(a: ml_collections.ConfigDict) -> list[str]:
-  return list(scaling_laws.sizes(True)) if a.tiny else a.sizes.split("/")
-
-
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
-  lrs, batches = (LRS[:2], BATCHES[:2]) if a.tiny else (LRS, BATCHES)
+  lrs, batches = (LRS[:2], BATCHES[:1]) if a.tiny else (LRS, BATCHES)
   out = []
   if a.part == "grid":
-    for s in sizes(a):
+    for s in scaling_laws.swept_sizes(a.sizes, a.tiny):
       for method in methods(a.tiny):
         m = 1 if method == "dp" else method
         out += [sp.point(s, method, lr, b, tiny=a.tiny) for lr in lrs for b in batches if b >= m]
@@ -64,7 +60,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
           "part=extend needs results=DIR, the sweep workdir whose tables (*.jsonl) hold the rows so far"
       )
     rows = sp.read_rows(a.results)
-    for s in sizes(a):
+    for s in scaling_laws.swept_sizes(a.sizes, a.tiny):
       for method in methods(a.tiny):
         out += [
             sp.point(s, method, lr, b, tiny=a.tiny) for lr, b in sp.edge_neighbours(rows, s, method)

@@ -14,7 +14,7 @@ best outer rate depends on M and not on N, is what makes the reuse sound, so the
 on the tuned sizes and the neighbour checks it on this one. `results`: the sweep
 workdir (every table in it is read).
 
-`tiny`: sizes t1/t2, M = 2, rates 0.4 and 0.8, the test suite's version.
+`tiny`: sizes t1/t2, M = 2, rates 0.6 (stage (a)'s run) and 0.8, the test suite's version.
 """
 
 import ml_collections
@@ -28,7 +28,7 @@ SWEEP_ONLY = ("part", "sizes", "results", "from")
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
-  return variants.parse_arg(arg, tiny=False, part="grid", sizes="s/m", results="", **{"from": "m"})
+  return variants.parse_arg(arg, tiny=False, part="grid", sizes="", results="", **{"from": "m"})
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -42,8 +42,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
         "needs results=DIR: the sweep workdir whose tables (*.jsonl) hold stage (a) (and (b) for reuse)"
     )
   rows = sp.read_rows(a.results)
-  sizes = list(scaling_laws.sizes(True)) if a.tiny else a.sizes.split("/")
-  learners, grid = ((2,), (0.4, 0.8)) if a.tiny else (sp.METHODS[1:], sp.OUTER_LRS)
+  sizes = scaling_laws.swept_sizes(a.sizes, a.tiny)
+  learners, grid = ((2,), (0.6, 0.8)) if a.tiny else (sp.METHODS[1:], sp.OUTER_LRS)
   out = []
   for s in sizes:
     for m in learners:

@@ -18,7 +18,7 @@ SWEEP_ONLY = ("sizes", "results")
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
-  return variants.parse_arg(arg, tiny=False, sizes="s/m", results="")
+  return variants.parse_arg(arg, tiny=False, sizes="", results="")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -32,6 +32,6 @@ def get_sweep(arg: str | None = None) -> list[dict]:
         "needs results=DIR: the sweep workdir whose tables (*.jsonl) hold stages (a) and (b)"
     )
   rows = sp.read_rows(a.results)
-  sizes = list(scaling_laws.sizes(True)) if a.tiny else a.sizes.split("/")
+  sizes = scaling_laws.swept_sizes(a.sizes, a.tiny)
   methods = ("dp", 2) if a.tiny else sp.METHODS
   return [sp.winning_point(rows, s, m, overtrain=4, tiny=a.tiny) for s in sizes for m in methods]

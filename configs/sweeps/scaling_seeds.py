@@ -20,7 +20,7 @@ SEEDS = (1, 2)
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
-  return variants.parse_arg(arg, tiny=False, sizes="s/m", results="")
+  return variants.parse_arg(arg, tiny=False, sizes="", results="")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -34,7 +34,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
         "needs results=DIR: the sweep workdir whose tables (*.jsonl) hold stages (a) and (b)"
     )
   rows = sp.read_rows(a.results)
-  sizes = list(scaling_laws.sizes(True)) if a.tiny else a.sizes.split("/")
+  sizes = scaling_laws.swept_sizes(a.sizes, a.tiny)
   methods, seeds = (("dp", 2), SEEDS[:1]) if a.tiny else (sp.METHODS, SEEDS)
   return [
       sp.winning_point(rows, s, method, seed=seed, tiny=a.tiny)

@@ -247,3 +247,11 @@ def tuning_findings(rows, sizes: Sequence[str]) -> list[Finding]:
   )
   out.append(("(5) DiLoCo's best global batch exceeds DP's and grows with M", _verdict(ok), nums))
   return out
+
+
+def overtrain_finding(at_1x: list[Finding], at_4x: list[Finding]) -> Finding:
+  """Finding (6): (1)-(3) get the same verdicts on the 4x-overtrained table (those decided at both)."""
+  pairs = [(a[1], b[1]) for a, b in zip(at_1x, at_4x) if "not decided" not in (a[1], b[1])]
+  ok = all(x == y for x, y in pairs) if pairs else None
+  nums = "; ".join(f"{claim[:3]} at 4x: {v} ({n})" for claim, v, n in at_4x)
+  return ("(6) findings (1)-(3) read the same overtrained 4x", _verdict(ok), nums)
