@@ -11,7 +11,7 @@ import collections
 import dataclasses
 from typing import Any
 
-from diloco.outer import protocol
+from diloco.outer import outcomes, protocol
 
 
 @dataclasses.dataclass
@@ -109,3 +109,38 @@ class Taints:
       self.stats.fate(kind, "lost")
     for kind, _ in self.down.values():
       self.stats.fate(kind, "lost")
+
+
+class PoisonFates:
+  """Poisoned uploads that entered a round, followed to their fate from the synchronizer's log
+  records (what a real-time runtime sees of it): its round rejects it, merges it, or merges a
+  newer upload of that learner and fragment that replaced it (superseded). An upload is told apart
+  from its successor by its base version and progress."""
+
+  def __init__(self, stats: ChaosStats):
+    self.stats = stats
+    self.pending: dict[tuple[int, int], tuple[str, int, int, int]] = {}  # (m, p) -> its marks
+
+  def entered(self, up: protocol.Upload, kind: str) -> None:
+    self.pending[(up.learner, up.fragment)] = (kind, up.base_version, up.steps, up.tokens)
+
+  def follow(self, record: dict) -> None:
+    if record["event"] == "reject" and outcomes.parse(record["code"]).at_merge:
+      key = (record["learner"], record["fragment"])
+      poisoned = self.pending.get(key)
+      if poisoned is not None and poisoned[1] == record.get("base_version"):
+        del self.pending[key]
+        self.stats.fate(poisoned[0], f"rejected ({record['code']})")
+    elif record["event"] == "merge":
+      for i, m in enumerate(record["learners"]):
+        poisoned = self.pending.pop((m, record["fragment"]), None)
+        if poisoned is None:
+          continue
+        base = record["version"] - 1 - record["staleness"][i]
+        same = poisoned[1:] == (base, record["steps"][i], record["tokens"][i])
+        self.stats.fate(poisoned[0], "merged" if same else "superseded")
+
+  def finish(self) -> None:
+    for poisoned in self.pending.values():
+      self.stats.fate(poisoned[0], "pending at the end")
+    self.pending.clear()

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from diloco.chaos import faults as fault_layer, schedule as chaos
-from diloco.chaos.stats import ChaosStats
+from diloco.chaos.stats import ChaosStats, PoisonFates
 from diloco.outer import protocol
 from diloco.runtime import link as link_lib, sync_host
 
@@ -91,8 +91,7 @@ class Shared:
     self.lock = threading.Lock()
     self.stats = ChaosStats(steps_lost=[0] * learners)
     self.rng = np.random.default_rng([seed, 0xC4A05])
-    # (m, p) -> (kind, base version, steps, tokens) of a poisoned upload in a round
-    self.poisoned: dict[tuple[int, int], tuple[str, int, int, int]] = {}
+    self.poisoned = PoisonFates(self.stats)  # poisoned uploads in a round, to their fate
 
   def fault(self, f: chaos.Fault) -> None:
     with self.lock:
@@ -276,12 +275,7 @@ class FaultyLink:
       raise
     if kind is not None and kind.startswith("poison"):  # its fate is decided at the merge
       with self.shared.lock:
-        self.shared.poisoned[(up.learner, up.fragment)] = (
-            kind,
-            up.base_version,
-            up.steps,
-            up.tokens,
-        )
+        self.shared.poisoned.entered(up, kind)
 
   # ---- taints ----
 

@@ -209,7 +209,8 @@ class _Records:
       self.merges.append({**record, "wall": time.monotonic()})
     elif record["event"] == "reject":
       self.rejected[record["code"]] += 1
-    threads_chaos.follow_poison(self.shared, record)
+    with self.shared.lock:
+      self.shared.poisoned.follow(record)
 
   def summary(self, sync: Synchronizer) -> dict[str, Any]:
     refusals: collections.Counter = collections.Counter()

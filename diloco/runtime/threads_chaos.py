@@ -32,7 +32,6 @@ from collections.abc import Callable
 import numpy as np
 
 from diloco.chaos import schedule as chaos
-from diloco.outer import outcomes
 from diloco.outer.learner import Learner
 from diloco.recovery import rejoin as recovery_lib, sync_checkpoint
 from diloco.runtime import sync_host
@@ -325,34 +324,11 @@ class Driver:
       self._sync_restart()
 
 
-def follow_poison(shared: Shared, record: dict) -> None:
-  """A poisoned upload's fate, from the synchronizer's log: its round rejects it, merges it, or
-  merges a newer upload of that learner and fragment that replaced it (superseded). An upload
-  is told apart from its successor by its base version and progress."""
-  with shared.lock:
-    if record["event"] == "reject" and outcomes.parse(record["code"]).at_merge:
-      key = (record["learner"], record["fragment"])
-      poisoned = shared.poisoned.get(key)
-      if poisoned is not None and poisoned[1] == record.get("base_version"):
-        del shared.poisoned[key]
-        shared.stats.fate(poisoned[0], f"rejected ({record['code']})")
-    elif record["event"] == "merge":
-      for i, m in enumerate(record["learners"]):
-        poisoned = shared.poisoned.pop((m, record["fragment"]), None)
-        if poisoned is None:
-          continue
-        base = record["version"] - 1 - record["staleness"][i]
-        same = poisoned[1:] == (base, record["steps"][i], record["tokens"][i])
-        shared.stats.fate(poisoned[0], "merged" if same else "superseded")
-
-
 def summary(driver: Driver, sync, events: list[dict]) -> dict:
   """The chaos keys of a threads run's summary (as the virtual runtime's, where they apply)."""
   st = driver.shared.stats
   with driver.shared.lock:
-    for poisoned in driver.shared.poisoned.values():
-      st.fate(poisoned[0], "pending at the end")
-    driver.shared.poisoned.clear()
+    driver.shared.poisoned.finish()
   crashes = st.crashes
   tainted = {k: dict(sorted(v.items())) for k, v in sorted(st.tainted.items())}
   unused = driver.clock.layer.unused + (driver._save_crash is not None)
