@@ -107,35 +107,39 @@ def label(m) -> str:
 # it, round after round, until every winner is interior or at the smallest batch M can split.
 
 # %%
-stage("inner", "part=grid", "inner")
-open_ = [] if TINY else SIZES  # tiny: edges not extended (time)
+grid_done = stage("inner", "part=grid", "inner")
+open_ = [] if TINY else grid_done  # tiny: edges not extended (time)
 for i in range(1, 10):  # extension rounds: a size leaves once its round has no point to add
   open_ = stage("inner", "part=extend", f"inner_extend{i}", open_)
   if RESULTS_ONLY or not open_:  # (checked-in rows hold every round: one pass reads them all)
     break
 rows = sp.read_rows(RESULTS)
-methods = [m for m in sp.METHODS if all(sp.inner_winner(rows, s, m) for s in SIZES)]
-for s in SIZES:
-  n = next(r["params"] for r in rows if r["size"] == s)
-  print(f"size {s} (N = {n:,}): eval loss (nats/byte) by inner lr x global batch; * = winner")
+methods = list(("dp", 2) if TINY else sp.METHODS)
+closed = lambda s: all(not sp.edge_neighbours(rows, s, m) for m in methods)
+SIZES_A = grid_done if TINY else [s for s in grid_done if closed(s)]  # stage (a) finished
+params = {r["size"]: r["params"] for r in rows}
+for s in [s for s in SIZES if any(sp.inner_cells(rows, s, m) for m in methods)]:
+  state = "" if s in SIZES_A else " (stage (a) not finished: left out of what follows)"
+  print(f"size {s} (N = {params[s]:,}): eval loss by inner lr x global batch; * = winner{state}")
   for m in methods:
-    cells = sp.inner_cells(rows, s, m)
-    best = sp.inner_winner(rows, s, m)
+    cells, best = sp.inner_cells(rows, s, m), sp.inner_winner(rows, s, m)
+    if not cells:
+      continue
     lrs, batches = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
     edge = sp.edge_neighbours(rows, s, m)
-    note = "open edge: " + str(edge) if edge else "closed"
+    note = f"open edge: {edge}" if edge else "closed"
     print(f"  {label(m):>4}  batch " + "".join(f"{b:>9}" for b in batches) + f"   [{note}]")
     for lr in lrs:
       line = "".join(
           f"{cells[(lr, b)]:>8.4f}{'*' if (lr, b) == best else ' '}"
           if (lr, b) in cells
-          else f"{'':>9}"
+          else " " * 9
           for b in batches
       )
       print(f"        {lr:<10g}{line}")
 print("\nwinners (inner lr, global batch):")
 for m in methods:
-  print(f"  {label(m):>4}: " + ", ".join(f"{s} {sp.inner_winner(rows, s, m)}" for s in SIZES))
+  print(f"  {label(m):>4}: " + ", ".join(f"{s} {sp.inner_winner(rows, s, m)}" for s in SIZES_A))
 
 # %% [markdown]
 # ## Stage (b): the outer learning rate against M and N
@@ -143,23 +147,23 @@ for m in methods:
 # At each (size, M)'s stage-(a) winner, seed 0.
 
 # %%
-stage("outer", "part=grid", "outer")
+SIZES_B = stage("outer", "part=grid", "outer", SIZES_A)
 rows = sp.read_rows(RESULTS)
 learners = [m for m in methods if m != "dp"]
-grid = sorted({lr for s in SIZES for m in learners for lr in sp.outer_cells(rows, s, m)})
-for s in SIZES:
+grid = sorted({lr for s in SIZES_B for m in learners for lr in sp.outer_cells(rows, s, m)})
+for s in SIZES_B:
   print(f"size {s}: eval loss by outer lr; * = winner")
   print("        " + "".join(f"{lr:>9g}" for lr in grid))
   for m in learners:
     got, best = sp.outer_cells(rows, s, m), sp.outer_winner(rows, s, m)
     cells = "".join(
-        f"{got[lr]:>8.4f}{'*' if lr == best else ' '}" if lr in got else f"{'':>9}" for lr in grid
+        f"{got[lr]:>8.4f}{'*' if lr == best else ' '}" if lr in got else " " * 9 for lr in grid
     )
     print(f"  {label(m):>4}  {cells}")
 print("\nbest outer lr (rows: M; columns: size)")
-print("      " + "".join(f"{s:>6}" for s in SIZES))
+print("      " + "".join(f"{s:>6}" for s in SIZES_B))
 for m in learners:
-  print(f"{label(m):>5} " + "".join(f"{sp.outer_winner(rows, s, m):>6g}" for s in SIZES))
+  print(f"{label(m):>5} " + "".join(f"{sp.outer_winner(rows, s, m):>6g}" for s in SIZES_B))
 
 # %% [markdown]
 # ## Stages (c) and (d): our Table 4 beside the paper's
@@ -168,28 +172,31 @@ for m in learners:
 # of the seeds in parentheses), and its relative gap to data-parallel at the same size.
 
 # %%
-stage("seeds", "", "seeds", SIZES[-1:] if TINY else SIZES)  # tiny: one size (time)
-stage("overtrain", "", "overtrain", SIZES[-1:] if TINY else SIZES)
+SIZES_C = stage("seeds", "", "seeds", SIZES_B[-1:] if TINY else SIZES_B)  # tiny: one size (time)
+SIZES_D = stage("overtrain", "", "overtrain", SIZES_C)
 rows = sp.read_rows(RESULTS)
-table = sp.table(rows, SIZES)
-over = sp.table(rows, SIZES, overtrain=4)
-params = {s: next(r["params"] for r in rows if r["size"] == s) for s in SIZES}
+table = sp.table(rows, SIZES_C)
+over = sp.table(rows, SIZES_D, overtrain=4)
 mu = {k: sp.mean(v) for k, v in table.items()}
 
 
-def show(title, tab):
+def show(title, tab, sizes):
   mean_ = {k: sp.mean(v) for k, v in tab.items() if v}
   print(f"{title}\n{'N':>9}" + "".join(f"{label(m):>24}" for m in methods))
-  for s in SIZES:
+  for s in sizes:
     line = f"{params[s]:>9,}"
     for m in methods:
-      v, h = mean_.get((s, m), math.nan), sp.spread(tab.get((s, m), []))
-      g = "" if m == "dp" else f" [{sp.gap(v, mean_.get((s, 'dp'), math.nan)):+.2f}%]"
+      v, h = mean_[(s, m)], sp.spread(tab[(s, m)])
+      g = "" if m == "dp" else f" [{sp.gap(v, mean_[(s, 'dp')]):+.2f}%]"
       line += f"{v:>9.4f} ({h:.4f}){g:>10}" if m != "dp" else f"{v:>14.4f} ({h:.4f})"
     print(line)
 
 
-show("ours: eval loss (nats/byte), mean of seeds (seed half-range) [relative gap to DP]", table)
+show(
+    "ours: eval loss (nats/byte), mean of seeds (seed half-range) [relative gap to DP]",
+    table,
+    SIZES_C,
+)
 print(f"seeds per cell: {sorted({len(v) for v in table.values()})}")
 print(
     f"\npaper (Table 4, C4): eval loss [relative gap to DP]\n{'N':>9}"
@@ -202,20 +209,15 @@ for n, ref in sp.PAPER_TABLE4.items():
     line += f"{ref[m]:>18.3f}{g:>6}" if m != "dp" else f"{ref[m]:>24.3f}"
   print(line)
 print()
-show("ours, overtrained 4x (seed 0, winners not re-tuned)", over)
+show("ours, overtrained 4x (seed 0, winners not re-tuned)", over, SIZES_D)
+print(f"\nsizes by stage: (a) {SIZES_A}, (b) {SIZES_B}, (c) {SIZES_C}, (d) {SIZES_D}")
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3.8))
-xs = [params[s] for s in SIZES]
+xs = [params[s] for s in SIZES_C]
 for m in methods:
-  ax.errorbar(
-      xs,
-      [mu[(s, m)] for s in SIZES],
-      yerr=[sp.spread(table[(s, m)]) for s in SIZES],
-      marker="o",
-      capsize=3,
-      label=label(m),
-  )
+  ys, err = [mu[(s, m)] for s in SIZES_C], [sp.spread(table[(s, m)]) for s in SIZES_C]
+  ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label(m))
 ax.set(
     xscale="log",
     xlabel="parameters N",
@@ -228,12 +230,10 @@ plt.show()
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3.8))
 for m in methods[1:]:
-  gaps = [sp.gap(mu[(s, m)], mu[(s, "dp")]) for s in SIZES]
-  ax.plot(xs, gaps, "o-", label=f"ours {label(m)}")
+  ax.plot(xs, [sp.gap(mu[(s, m)], mu[(s, "dp")]) for s in SIZES_C], "o-", label=f"ours {label(m)}")
   ref = [sp.gap(r[m], r["dp"]) for r in sp.PAPER_TABLE4.values()]
-  ax.plot(
-      list(sp.PAPER_TABLE4), ref, "x--", color=ax.lines[-1].get_color(), label=f"paper {label(m)}"
-  )
+  color = ax.lines[-1].get_color()
+  ax.plot(list(sp.PAPER_TABLE4), ref, "x--", color=color, label=f"paper {label(m)}")
 ax.axhline(0, color="grey", lw=0.5)
 ax.set(xscale="log", xlabel="parameters N", ylabel="gap to DP (%)", title="relative gap against N")
 ax.legend(fontsize=7, ncol=2)
@@ -243,13 +243,14 @@ plt.show()
 # ## The six findings, on our table
 
 # %%
-found = sp.loss_findings(table, SIZES) + sp.tuning_findings(rows, SIZES)
-again = sp.loss_findings({k: v[:1] for k, v in over.items()}, SIZES)
+found = sp.loss_findings(table, SIZES_C)
+found += sp.tuning_findings(rows, SIZES_B)[:1] + sp.tuning_findings(rows, SIZES_A)[1:]
+again = sp.loss_findings({k: v[:1] for k, v in over.items()}, SIZES_D)
 found.append(sp.overtrain_finding(found[:3], again))
 for claim, verdict, numbers in found:
   print(f"{verdict.upper()}: {claim}\n    {numbers}")
 if not TINY:
-  print("\nsize l (394k parameters) is not in this table yet: see BENCHMARKS.md for its status")
+  print("\nsize l (394k parameters) is not run yet: see BENCHMARKS.md for the study's status")
 
 # %% [markdown]
 # ## The DiLoCo paper's Table 2, analogue
