@@ -38,6 +38,7 @@ import ml_collections
 
 from configs import shakespeare
 from diloco.config import variants
+from diloco.studies import scaling_protocol as sp
 
 # name -> (d_model, num_layers, num_heads, parameters N with QK-norm: tests/test_scaling_protocol.py)
 SIZES = {"s": (32, 2, 1, 28_960), "m": (64, 3, 2, 139_904), "l": (96, 4, 3, 394_336)}
@@ -122,3 +123,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.outer.inner_steps = 3
     c.data.eval_sequences, c.data.final_eval_sequences = 32, 64
   return c
+
+
+def stage_rows(a: ml_collections.ConfigDict) -> tuple[list[dict], list[str]]:
+  """A later stage's rows (every table in its `results` workdir) and its sizes."""
+  if not a.results:
+    raise ValueError(
+        "needs results=DIR: the sweep workdir whose tables (*.jsonl) hold the stages so far"
+    )
+  return sp.read_rows(a.results), swept_sizes(a.sizes, a.tiny)
+
+
+def winner_points(arg: str | None, seeds: tuple[int, ...], overtrain: int) -> list[dict]:
+  """The points of every winning cell (data-parallel and each M at each size) at `seeds` and
+  `overtrain` x the tokens: stages (c) and (d). `tiny`: dp and M = 2, the first seed."""
+  a = variants.parse_arg(arg, tiny=False, sizes="", results="")
+  rows, sizes = stage_rows(a)
+  methods, seeds = (("dp", 2), seeds[:1]) if a.tiny else (sp.METHODS, seeds)
+  return [
+      sp.winning_point(rows, s, m, seed=seed, overtrain=overtrain, tiny=a.tiny)
+      for s in sizes
+      for m in methods
+      for seed in seeds
+  ]

@@ -37,12 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
-  if not a.results:
-    raise ValueError(
-        "needs results=DIR: the sweep workdir whose tables (*.jsonl) hold stage (a) (and (b) for reuse)"
-    )
-  rows = sp.read_rows(a.results)
-  sizes = scaling_laws.swept_sizes(a.sizes, a.tiny)
+  rows, sizes = scaling_laws.stage_rows(a)
   learners, grid = ((2,), (0.6, 0.8)) if a.tiny else (sp.METHODS[1:], sp.OUTER_LRS)
   out = []
   for s in sizes:

@@ -11,34 +11,13 @@ from stage (b)); seed 0 is the tuning run itself.
 import ml_collections
 
 from configs import scaling_laws
-from diloco.config import variants
-from diloco.studies import scaling_protocol as sp
 
 SWEEP_KEYS = ("eval_loss", "eval_bpb", "params", "tokens", "steps", "outer_steps", "wall_s")
-SWEEP_ONLY = ("sizes", "results")
-SEEDS = (1, 2)
-
-
-def _arg(arg: str | None) -> ml_collections.ConfigDict:
-  return variants.parse_arg(arg, tiny=False, sizes="", results="")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  return scaling_laws.run_config(arg, SWEEP_ONLY)
+  return scaling_laws.run_config(arg, ("sizes", "results"))
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-  a = _arg(arg)
-  if not a.results:
-    raise ValueError(
-        "needs results=DIR: the sweep workdir whose tables (*.jsonl) hold stages (a) and (b)"
-    )
-  rows = sp.read_rows(a.results)
-  sizes = scaling_laws.swept_sizes(a.sizes, a.tiny)
-  methods, seeds = (("dp", 2), SEEDS[:1]) if a.tiny else (sp.METHODS, SEEDS)
-  return [
-      sp.winning_point(rows, s, method, seed=seed, tiny=a.tiny)
-      for s in sizes
-      for method in methods
-      for seed in seeds
-  ]
+  return scaling_laws.winner_points(arg, seeds=(1, 2), overtrain=1)
