@@ -26,8 +26,8 @@
 # AdamW (beta2 0.99), warmup then cosine to 5%, weight decay 1/T, clip 1, QK-norm and z-loss
 # (recipe=charles2025); H = 30; outer Nesterov momentum 0.9. Tuned as they tuned: stage (a) the
 # inner learning rate (a sqrt(2) ladder) x the global batch (powers of 2) for each size and for
-# data-parallel and each M apart, grids extended until the winner is interior (or the batch is M
-# sequences, the least that splits over M learners); stage (b) the outer learning rate from
+# data-parallel and each M apart, grids extended until the winner beats its whole neighbourhood
+# (batches of at least M sequences, the least that splits over M learners); stage (b) the outer learning rate from
 # {0.2, 0.4, 0.6, 0.8, 1.0} for each (size, M); stage (c) three seeds of every winning cell;
 # stage (d) the winners at 4x the tokens, not re-tuned. Every run is scored on the whole
 # validation split (one evaluation set for every cell).
@@ -103,8 +103,9 @@ def label(m) -> str:
 # %% [markdown]
 # ## Stage (a): inner learning rate x global batch, per size and method
 #
-# At outer learning rate 0.6, seed 0. A grid whose winner sits on an edge gets the neighbour past
-# it, round after round, until every winner is interior or at the smallest batch M can split.
+# At outer learning rate 0.6, seed 0. Round after round, every cell of a winner's 3 x 3
+# neighbourhood (rate x sqrt(2) either way, batch x 2 either way, never below M sequences) is run
+# until each winner beats all its neighbours.
 
 # %%
 grid_done = stage("inner", "part=grid", "inner")

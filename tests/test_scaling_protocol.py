@@ -63,10 +63,18 @@ ROWS = [  # size s, dp: best at the smallest rate and batch tried (two edges)
 
 def test_winners_and_the_edges_they_sit_on():
   assert sp.inner_winner(ROWS, "s", "dp") == (0.014142, 8)
-  # lr 0.014142 / sqrt 2 = 0.01; batch 8 / 2 = 4 (>= 1 learner)
-  assert sp.edge_neighbours(ROWS, "s", "dp") == [(0.01, 8), (0.014142, 4)]
+  # the 3 x 3 around it: rates 0.01 (0.014142 / sqrt 2), 0.014142, 0.02; batches 4, 8, 16;
+  # tried: (0.02, 8), (0.014142, 16), (0.02, 16)
+  assert sp.edge_neighbours(ROWS, "s", "dp") == [
+      (0.01, 4),
+      (0.014142, 4),
+      (0.02, 4),
+      (0.01, 8),
+      (0.01, 16),
+  ]
   assert sp.inner_winner(ROWS, "s", 8) == (0.02, 8)
-  assert sp.edge_neighbours(ROWS, "s", 8) == []  # interior rate; batch 4 cannot split over 8
+  # batch 4 cannot split over 8 learners; at 16 the rates 0.014142 and 0.028284 are missing
+  assert sp.edge_neighbours(ROWS, "s", 8) == [(0.014142, 16), (0.028284, 16)]
   assert sp.outer_cells(ROWS, "s", 8) == {0.6: 2.20, 0.8: 2.10, 1.0: 2.15}
   assert sp.outer_winner(ROWS, "s", 8) == 0.8 and sp.outer_winner(ROWS, "s", 2) is None
   assert sp.winning_point(ROWS, "s", 8, seed=2) == sp.point("s", 8, 0.02, 8, 2, 0.8)
@@ -90,7 +98,7 @@ def test_stage_files_build_their_points_from_the_rows(tmp_path):
   assert len(grid) == 5 * 9  # 3 rates x 3 batches (8, 16, 32: each splits over M <= 8) x 5 methods
   ext = scaling_inner.get_sweep(f"sizes=s,part=extend,results={path}")
   assert [(p["method"], p["lr"], p["batch"]) for p in ext][:2] == [
-      ("dp", 0.01, 8),
+      ("dp", 0.01, 4),
       ("dp", 0.014142, 4),
   ]
   with pytest.raises(ValueError, match="no stage-.a. rows of size s, M=1"):

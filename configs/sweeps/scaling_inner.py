@@ -10,11 +10,12 @@ learning rate (0.6, the middle of the paper's grid), seed 0.
 
 `part=grid`: the learning rates LRS (a sqrt(2) ladder around 2e-2, the winner of the regime study at
 17 bytes per parameter) x BATCHES (powers of 2) for every (size, method). `part=extend`: reads the
-finished rows of every table in the sweep workdir `results` and, for every (size, method) whose
-best cell sits on an edge of what was tried, adds the neighbour past that edge
-(diloco/studies/scaling_protocol.py `edge_neighbours`); a batch below M sequences cannot be split
-over M learners and is not added. Run it until it adds no point (the sweep then refuses an empty
-list): every winner is interior or at that limit.
+finished rows of every table in the sweep workdir `results` and, for every (size, method), adds
+the cells of its winner's 3 x 3 neighbourhood (rate / sqrt(2), rate, rate x sqrt(2) at half, the
+same and twice the batch) not tried yet (diloco/studies/scaling_protocol.py `edge_neighbours`); a
+batch below M sequences cannot be split over M learners and is not added. Run it until it adds
+no point (the sweep then refuses an empty list): every winner then beats all its neighbours,
+diagonals included (a smaller batch wants a smaller rate: one axis at a time stops short).
 
 `tiny`: sizes t1/t2, two rates, one batch, dp and M = 2 only, the test suite's version.
 """

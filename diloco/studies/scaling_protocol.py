@@ -85,26 +85,20 @@ def inner_winner(rows, size: str, method: Method) -> tuple[float, int] | None:
 
 
 def edge_neighbours(rows, size: str, method: Method) -> list[tuple[float, int]]:
-  """The stage-(a) cells past the edges its winner sits on: the next rate of the sqrt(2) ladder
-  at the winning batch, the next power-of-2 batch at the winning rate (never below M)."""
+  """The cells around the stage-(a) winner not tried yet: its 3 x 3 neighbourhood of the sqrt(2)
+  rate ladder and the power-of-2 batches (never below M sequences). Empty: the winner beats every
+  neighbour, diagonals included (the best rate moves with the batch, so a search along one axis
+  at a time would stop short)."""
   best = inner_winner(rows, size, method)
   if best is None:
     return []
   got = inner_cells(rows, size, method)
   lr, batch = best
-  lrs = sorted(l for l, b in got if b == batch)
-  batches = sorted(b for l, b in got if l == lr)
   m = 1 if method == "dp" else method
-  out = []
-  if lr == lrs[0]:
-    out.append((round(lr / math.sqrt(2), 6), batch))
-  if lr == lrs[-1]:
-    out.append((round(lr * math.sqrt(2), 6), batch))
-  if batch == batches[0] and batch // 2 >= m:
-    out.append((lr, batch // 2))
-  if batch == batches[-1]:
-    out.append((lr, batch * 2))
-  return [c for c in out if c not in got]
+  rates = (round(lr / math.sqrt(2), 6), lr, round(lr * math.sqrt(2), 6))
+  batches = [b for b in (batch // 2, batch, batch * 2) if b >= m]  # (m >= 1: never 0)
+  near = [(r, b) for b in batches for r in rates if (r, b) != best]
+  return [c for c in near if c not in got]
 
 
 def outer_cells(rows, size: str, m: int) -> dict[float, float]:
