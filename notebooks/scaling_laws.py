@@ -92,7 +92,11 @@ def stage(name: str, arg: str, table: str, sizes: list[str] = SIZES) -> list[str
     except (FileNotFoundError, ValueError) as e:  # not run yet, or an earlier stage missing
       if not RESULTS_ONLY:
         raise
-      print(f"stage {name} at size {s}: not run yet ({str(e)[:80]}...)")
+      missing = str(e).partition(" for: ")[2]  # FileNotFoundError: the points without a summary
+      print(
+          f"stage {name} at size {s}: "
+          + (f"{len(missing.split(', '))} points not run yet" if missing else str(e))
+      )
   return done
 
 

@@ -20,15 +20,13 @@ diagonals included (a smaller batch wants a smaller rate: one axis at a time sto
 `tiny`: sizes t1/t2, two rates, one batch, dp and M = 2 only, the test suite's version.
 """
 
-import math
-
 import ml_collections
 
 from configs import scaling_laws
 from diloco.config import variants
 from diloco.studies import scaling_protocol as sp
 
-LRS = tuple(round(2e-2 * math.sqrt(2) ** k, 6) for k in (-1, 0, 1))  # 1.41e-2, 2e-2, 2.83e-2
+LRS = tuple(sp.rung(k) for k in (-1, 0, 1))  # 1.41e-2, 2e-2, 2.83e-2
 BATCHES = (8, 16, 32)
 SWEEP_KEYS = ("eval_loss", "eval_bpb", "params", "tokens", "steps", "outer_steps", "wall_s")
 SWEEP_ONLY = ("part", "sizes", "results")

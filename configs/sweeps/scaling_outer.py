@@ -44,7 +44,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     for m in learners:
       best = sp.inner_winner(rows, s, m)
       if best is None:
-        raise ValueError(f"no stage-(a) rows of size {s}, M={m} in {a.results}")
+        raise ValueError(f"no stage-(a) rows of size {s}, M={m}")
       if a.part == "grid":
         rates = grid
       elif a.part == "reuse":

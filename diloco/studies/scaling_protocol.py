@@ -22,6 +22,12 @@ STAGE_A_OUTER_LR = 0.6
 OUTER_LRS = (0.2, 0.4, 0.6, 0.8, 1.0)
 
 Method = str | int  # 'dp' or M
+LADDER_BASE = 2e-2  # the inner learning rates tried are 2e-2 x sqrt(2)^k
+
+
+def rung(k: int) -> float:
+  """Rate k of the inner learning-rate ladder, 2e-2 x sqrt(2)^k, to 6 decimals."""
+  return round(LADDER_BASE * math.sqrt(2) ** k, 6)
 
 
 def read_rows(workdir: str) -> list[dict[str, Any]]:
@@ -95,7 +101,9 @@ def edge_neighbours(rows, size: str, method: Method) -> list[tuple[float, int]]:
   got = inner_cells(rows, size, method)
   lr, batch = best
   m = 1 if method == "dp" else method
-  rates = (round(lr / math.sqrt(2), 6), lr, round(lr * math.sqrt(2), 6))
+  k = round(math.log(lr / LADDER_BASE, math.sqrt(2)))  # the winner's rung (a rate off the ladder
+  rates = tuple(rung(k + d) for d in (-1, 0, 1))  # is snapped to the nearest)
+  rates = tuple(lr if r == rung(k) else r for r in rates)
   batches = [b for b in (batch // 2, batch, batch * 2) if b >= m]  # (m >= 1: never 0)
   near = [(r, b) for b in batches for r in rates if (r, b) != best]
   return [c for c in near if c not in got]
