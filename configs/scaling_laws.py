@@ -139,7 +139,7 @@ def winner_points(arg: str | None, seeds: tuple[int, ...], overtrain: int) -> li
   `overtrain` x the tokens: stages (c) and (d). `tiny`: dp and M = 2, the first seed."""
   a = variants.parse_arg(arg, tiny=False, sizes="", results="")
   rows, sizes = stage_rows(a)
-  methods, seeds = (("dp", 2), seeds[:1]) if a.tiny else (sp.METHODS, seeds)
+  methods, seeds = (sp.TINY_METHODS, seeds[:1]) if a.tiny else (sp.METHODS, seeds)
   return [
       sp.winning_point(rows, s, m, seed=seed, overtrain=overtrain, tiny=a.tiny)
       for s in sizes

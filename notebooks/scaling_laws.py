@@ -119,7 +119,7 @@ for i in range(1, 10):  # extension rounds: a size leaves once its round has no 
   if RESULTS_ONLY or not open_:  # (checked-in rows hold every round: one pass reads them all)
     break
 rows = sp.read_rows(RESULTS)
-methods = list(("dp", 2) if TINY else sp.METHODS)
+methods = list(sp.TINY_METHODS if TINY else sp.METHODS)
 closed = lambda s: all(not sp.edge_neighbours(rows, s, m) for m in methods)
 SIZES_A = grid_done if TINY else [s for s in grid_done if closed(s)]  # stage (a) finished
 params = {r["size"]: r["params"] for r in rows}

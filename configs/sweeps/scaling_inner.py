@@ -41,7 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def methods(tiny: bool = False) -> tuple[sp.Method, ...]:
-  return ("dp", 2) if tiny else sp.METHODS
+  return sp.TINY_METHODS if tiny else sp.METHODS
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:

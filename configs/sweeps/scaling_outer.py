@@ -38,7 +38,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
   rows, sizes = scaling_laws.stage_rows(a)
-  learners, grid = ((2,), (0.6, 0.8)) if a.tiny else (sp.METHODS[1:], sp.OUTER_LRS)
+  learners, grid = (sp.TINY_METHODS[1:], (0.6, 0.8)) if a.tiny else (sp.METHODS[1:], sp.OUTER_LRS)
   out = []
   for s in sizes:
     for m in learners:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 METHODS = ("dp", 1, 2, 4, 8)
+TINY_METHODS = ("dp", 2)  # what the tiny modes of the stage files compare
 STAGE_A_OUTER_LR = 0.6
 OUTER_LRS = (0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -101,9 +102,8 @@ def edge_neighbours(rows, size: str, method: Method) -> list[tuple[float, int]]:
   got = inner_cells(rows, size, method)
   lr, batch = best
   m = 1 if method == "dp" else method
-  k = round(math.log(lr / LADDER_BASE, math.sqrt(2)))  # the winner's rung (a rate off the ladder
-  rates = tuple(rung(k + d) for d in (-1, 0, 1))  # is snapped to the nearest)
-  rates = tuple(lr if r == rung(k) else r for r in rates)
+  k = round(math.log(lr / LADDER_BASE, math.sqrt(2)))  # the nearest rung to the winner's rate
+  rates = (rung(k - 1), lr, rung(k + 1))
   batches = [b for b in (batch // 2, batch, batch * 2) if b >= m]  # (m >= 1: never 0)
   near = [(r, b) for b in batches for r in rates if (r, b) != best]
   return [c for c in near if c not in got]
