@@ -5,6 +5,7 @@ outer optimizer state, the residual and the encoded downlink update, all finite.
 the reason and leaves its state as it was (a round rejected as `non_finite_merge`).
 """
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import compression, merging, optimizers
+from diloco.outer import compression, merging, optimizers, parallel
 
 
 def outer_step(
@@ -30,6 +31,9 @@ def outer_step(
   """
   try:
     with np.errstate(over="ignore", invalid="ignore"):
+      fused = _fused(tx, merged, opt_state, old, residual, codec)
+      if fused is not None:
+        return fused
       raw, state = optimizers.host_step(tx, merged, opt_state, old, residual, in_place=False)
       encoded = compression.encode_tree(raw, codec)  # refuses NaN/Inf (but fp32 and bf16)
       new, finite = {}, True
@@ -42,6 +46,31 @@ def outer_step(
   if not finite or not (isinstance(tx, optimizers.SGD) or _finite_state(state)):
     return "the new global values or outer optimizer state are not finite (float32 overflow)"
   return new, state, raw, encoded
+
+
+def _fused(tx, merged, opt_state, old, residual, codec) -> tuple[dict, Any, dict, dict] | None:
+  """`outer_step`'s results for an `SGD` and an int8 or fp4 downlink, the step, encoding and
+  application done chunk by chunk while in cache, over (tensor, span) tasks on
+  `parallel.THREADS` threads: the same bits as the three passes. None when it does not apply or
+  a value is not finite (then the passes run and say why)."""
+  if not isinstance(tx, optimizers.SGD) or codec not in compression.FUSED:
+    return None
+  if any(np.asarray(old[k]).dtype != np.float32 for k in old):
+    return None
+  tensors, state = optimizers.sgd_tensors(tx, merged, opt_state, residual, in_place=False)
+  raw = {k: np.empty(np.shape(merged[k]), np.float32) for k in tensors}
+  jobs = {k: compression.EncodeApply(raw[k], np.asarray(old[k]), codec) for k in tensors}
+
+  def run(task: tuple[str, int, int]) -> bool | None:
+    k, c0, c1 = task
+    fill = functools.partial(optimizers.sgd_span, tx, *tensors[k], raw[k].reshape(-1))
+    return jobs[k].span(c0, c1, fill)
+
+  finite = parallel.run(run, [(k, *s) for k in tensors for s in jobs[k].spans()])
+  if None in finite or not all(finite):
+    return None
+  results = {k: job.result() for k, job in jobs.items()}
+  return {k: results[k][1] for k in old}, state, raw, {k: e for k, (e, _) in results.items()}
 
 
 def _finite_state(state: Any) -> bool:

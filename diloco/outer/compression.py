@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import ml_dtypes  # installed with jax
 import numpy as np
 
-from diloco.outer import low_bit
+from diloco.outer import low_bit, parallel
 
 CODECS = ("fp32", "bf16", "int8", "fp4", "2bit", "1bit")
 ROUNDINGS = low_bit.ROUNDINGS  # of fp4 values
@@ -127,11 +127,15 @@ def _as_f32(x: np.ndarray) -> np.ndarray:
 def _check_finite(amax: np.ndarray, x_N: np.ndarray) -> None:
   """ValueError if ``amax`` (max|x| of x_N or of its blocks; NaN propagates) is not all finite."""
   if amax.size and not np.isfinite(amax).all():
-    bad = int(np.count_nonzero(~np.isfinite(x_N)))
-    raise ValueError(
-        f"cannot encode non-finite values: {bad} of {x_N.size} are NaN or Inf "
-        "(after the cast to float32)"
-    )
+    _raise_non_finite(x_N)
+
+
+def _raise_non_finite(x_N: np.ndarray) -> None:
+  bad = int(np.count_nonzero(~np.isfinite(x_N)))
+  raise ValueError(
+      f"cannot encode non-finite values: {bad} of {x_N.size} are NaN or Inf "
+      "(after the cast to float32)"
+  )
 
 
 def _amax(x_N: np.ndarray) -> np.ndarray:
@@ -248,16 +252,34 @@ def encode(
   step = _chunk(block)
   tmp = np.empty(min(step, n), np.float32)
   for c0 in range(0, n, step):  # whole blocks per chunk, so scales and bytes split evenly
-    x_c, b0 = x_N[c0 : c0 + step], c0 // block
-    amax = _block_amax(x_c, block, tmp[: x_c.size])
-    _check_finite(amax, x_N)
-    amax = _usable_scale(amax)
-    scales[b0 : b0 + amax.size] = amax / np.float32(127) if codec == "int8" else amax
-    if codec == "int8":
-      _int8_codes(x_c, amax, block, tmp[: x_c.size], body[c0 : c0 + x_c.size].view(np.int8))
-    else:
-      _fp4_pack(x_c, amax, block, tmp[: x_c.size], body[c0 // 2 : (c0 + x_c.size + 1) // 2])
+    if not _encode_chunk(codec, x_N, c0, min(c0 + step, n), block, tmp, scales, body):
+      _raise_non_finite(x_N)
   return Encoded(codec, shape, out.tobytes(), block)
+
+
+def _encode_chunk(
+    codec: str,
+    x_N: np.ndarray,
+    c0: int,
+    c1: int,
+    block: int,
+    tmp: np.ndarray,
+    scales: np.ndarray,
+    body: np.ndarray,
+) -> bool:
+  """Encodes x[c0:c1] (int8 or log-rounded fp4; c0 a multiple of 2·block) into its blocks'
+  `scales` and its bytes of `body`; False, with nothing written, if a value is NaN or Inf."""
+  x_c, b0 = x_N[c0:c1], c0 // block
+  amax = _block_amax(x_c, block, tmp[: x_c.size])
+  if amax.size and not np.isfinite(amax).all():
+    return False
+  amax = _usable_scale(amax)
+  scales[b0 : b0 + amax.size] = amax / np.float32(127) if codec == "int8" else amax
+  if codec == "int8":
+    _int8_codes(x_c, amax, block, tmp[: x_c.size], body[c0:c1].view(np.int8))
+  else:
+    _fp4_pack(x_c, amax, block, tmp[: x_c.size], body[c0 // 2 : (c1 + 1) // 2])
+  return True
 
 
 def _chunk(block: int) -> int:
@@ -312,15 +334,32 @@ def decode_chunks(e: Encoded, out: np.ndarray | None = None) -> Iterator[tuple[i
   for c0 in range(0, n, step):
     size = min(step, n - c0)
     room = out[c0 : c0 + size + size % 2] if out is not None else scratch[: size + size % 2]
-    x_c = room[:size]
-    if e.codec == "int8":
-      x_c[:] = body[c0 : c0 + size].view(np.int8)
-    else:  # one gather of 8 bytes (two float32 values) per payload byte
-      pairs = room.view(np.uint64)
-      np.take(low_bit.FP4_PAIRS, body[c0 // 2 : c0 // 2 + pairs.size], out=pairs)
     b0 = c0 // e.block
-    _blockwise(np.multiply, x_c, scale[b0 : b0 + _num_blocks(size, e.block)], e.block, x_c)
-    yield c0, x_c
+    scale_c = scale[b0 : b0 + _num_blocks(size, e.block)]
+    yield c0, _decode_chunk(e.codec, body, scale_c, c0, size, e.block, room)
+
+
+def _decode_chunk(
+    codec: str,
+    body: np.ndarray,
+    scale_c: np.ndarray,
+    c0: int,
+    size: int,
+    block: int,
+    room: np.ndarray,
+) -> np.ndarray:
+  """Values c0..c0+size of an int8 or fp4 payload (`body` its bytes, `scale_c` float32 of their
+  blocks) decoded into `room` (float32, size + size % 2); its first `size` values."""
+  x_c = room[:size]
+  if codec == "int8":
+    x_c[:] = body[c0 : c0 + size].view(np.int8)
+  else:  # one gather of 8 bytes (two float32 values) per payload byte
+    pairs = room.view(np.uint64)
+    # A byte indexes FP4_PAIRS' 256 entries: "clip" never clips, and unlike "raise" it writes to
+    # `out` directly (no temporary the size of the chunk, freshly mapped on every call).
+    np.take(low_bit.FP4_PAIRS, body[c0 // 2 : c0 // 2 + pairs.size], out=pairs, mode="clip")
+  _blockwise(np.multiply, x_c, scale_c, block, x_c)
+  return x_c
 
 
 def error_bound(
@@ -361,8 +400,15 @@ def encode_tree(
     rounding: str = "log",
     rng: np.random.Generator | None = None,
 ) -> dict[str, Encoded]:
-  """Encodes every array of a path-keyed flat dict (``rounding``, ``rng``: as ``encode``)."""
-  return {path: encode(x, codec, block, rounding, rng) for path, x in arrays.items()}
+  """Encodes every array of a path-keyed flat dict (``rounding``, ``rng``: as ``encode``).
+
+  The arrays are encoded on `parallel.THREADS` threads, except with stochastic rounding (one
+  generator draws for all of them, in order).
+  """
+  if rounding == "stochastic":
+    return {path: encode(x, codec, block, rounding, rng) for path, x in arrays.items()}
+  coded = parallel.run(lambda x: encode(x, codec, block, rounding, rng), arrays.values())
+  return dict(zip(arrays, coded))
 
 
 def decode_tree(encoded: Mapping[str, Encoded]) -> dict[str, np.ndarray]:
@@ -398,3 +444,59 @@ def add_decoded(old: np.ndarray, update: Encoded, raw: np.ndarray, check: bool =
     if check and finite:
       finite = bool(np.isfinite(n).all() and np.isfinite(r).all())
   return (new, finite) if check else new
+
+
+FUSED = ("int8", "fp4")  # codecs of `EncodeApply` (log rounding)
+
+
+class EncodeApply:
+  """`encode` of raw, then `add_decoded` with `check`, in one pass over chunks in cache.
+
+  Built for one float32 tensor, run span by span (`span`, any spans of `spans()` in any order
+  or on several threads), then `result()`: the same bytes and values as the two calls, since
+  every operation is elementwise or within a block. A `fill(c0, c1)` passed to `span` writes
+  raw[c0:c1] just before that chunk is encoded.
+  """
+
+  def __init__(self, raw: np.ndarray, old: np.ndarray, codec: str, block: int = DEFAULT_BLOCK):
+    if codec not in FUSED:
+      raise ValueError(f"EncodeApply takes codecs {FUSED}, got {codec!r}")
+    _check_codec(codec, block)
+    if raw.dtype != np.float32 or old.dtype != np.float32 or raw.shape != old.shape:
+      raise ValueError(f"need float32 raw and old of one shape, got {raw.dtype}, {old.dtype}")
+    self.codec, self.block, self.shape = codec, block, tuple(int(d) for d in raw.shape)
+    self.step = _chunk(block)
+    self.raw_N, self.old_N = raw.reshape(-1), old.reshape(-1)
+    self.new = np.empty_like(old)
+    n, nb = self.raw_N.size, _num_blocks(self.raw_N.size, block)
+    self.out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
+    self.scales, self.body = self.out[: _SCALE_BYTES * nb].view(_F32), self.out[_SCALE_BYTES * nb :]
+
+  def spans(self) -> list[tuple[int, int]]:
+    return parallel.spans(self.raw_N.size, self.step)
+
+  def span(self, start: int, stop: int, fill: Callable[[int, int], None] | None = None):
+    """Values [start, stop) (start a multiple of the chunk): whether the new values and the
+    residual are all finite, or None if raw holds a NaN or Inf (`encode` would raise)."""
+    step, block, new_N = self.step, self.block, self.new.reshape(-1)
+    tmp = np.empty(min(step, stop - start) + 1, np.float32)
+    finite = True
+    for c0 in range(start, stop, step):
+      c1 = min(c0 + step, stop)
+      if fill is not None:
+        fill(c0, c1)
+      if not _encode_chunk(self.codec, self.raw_N, c0, c1, block, tmp, self.scales, self.body):
+        return None
+      size, b0 = c1 - c0, c0 // block
+      scale_c = self.scales[b0 : b0 + _num_blocks(size, block)].astype(np.float32)  # as on the wire
+      d = _decode_chunk(self.codec, self.body, scale_c, c0, size, block, tmp[: size + size % 2])
+      n, r = new_N[c0:c1], self.raw_N[c0:c1]
+      np.add(self.old_N[c0:c1], d, out=n)
+      np.subtract(r, d, out=r)
+      if finite:
+        finite = bool(np.isfinite(n).all() and np.isfinite(r).all())
+    return finite
+
+  def result(self) -> tuple[Encoded, np.ndarray]:
+    """The encoded tensor and old + its decoding (raw now holds raw − decoding)."""
+    return Encoded(self.codec, self.shape, self.out.tobytes(), self.block), self.new

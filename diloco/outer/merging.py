@@ -8,12 +8,13 @@ once (w·Σx rather than Σ w·x: fewer operations, different rounding).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from diloco.outer import fragments
+from diloco.outer import fragments, parallel
 
 RULES = ("mean", "rda")
 CHUNK = 1 << 17  # values per chunk: 512 KiB of float32
@@ -108,19 +109,26 @@ def _scaled(x_N: np.ndarray, c: float) -> tuple[np.ndarray, float]:
   return np.ldexp(x_N, k).astype(np.float32), math.ldexp(c, -k)
 
 
-def _combine(terms: list[tuple[np.ndarray, float]], out_N: np.ndarray) -> bool:
+def _combine(
+    terms: list[tuple[np.ndarray, float]],
+    out_N: np.ndarray,
+    start: int = 0,
+    stop: int | None = None,
+) -> bool:
   """out = Σ c·x over ``terms``, chunk by chunk, in float32; whether all of out is finite.
 
   Equal coefficients (a plain mean) are applied once to the sum, c·Σx, half the operations of
-  Σ c·x; a chunk where that sum overflows is done again as Σ c·x.
+  Σ c·x; a chunk where that sum overflows is done again as Σ c·x. Only out[start:stop] is
+  written (start a multiple of CHUNK: the chunks, hence the results, are those of the whole).
   """
-  n = min(CHUNK, out_N.size)
+  stop = out_N.size if stop is None else stop
+  n = min(CHUNK, stop - start)
   tmp, finite = np.empty(n, np.float32), np.empty(n, bool)
   plans = [(x, _factors(c)) for x, c in terms]
   factored_once = len(plans) > 1 and all(f == plans[0][1] for _, f in plans)
   all_finite = True
-  for c0 in range(0, out_N.size, CHUNK):
-    acc = out_N[c0 : c0 + CHUNK]
+  for c0 in range(start, stop, CHUNK):
+    acc = out_N[c0 : min(c0 + CHUNK, stop)]
     ok = finite[: acc.size]
     if factored_once:
       with np.errstate(over="ignore"):  # redone below
@@ -129,8 +137,9 @@ def _combine(terms: list[tuple[np.ndarray, float]], out_N: np.ndarray) -> bool:
           acc += x[c0 : c0 + CHUNK]
         for f in plans[0][1]:
           acc *= f
-    if not factored_once or not np.isfinite(acc, out=ok).all():
-      _products(plans, c0, acc, tmp[: acc.size])
+      if np.isfinite(acc, out=ok).all():
+        continue
+    _products(plans, c0, acc, tmp[: acc.size])
     all_finite = all_finite and bool(np.isfinite(acc, out=ok).all())
   return all_finite
 
@@ -230,19 +239,32 @@ def merge_checked(
       )
   # Normalised twice, as merging each leaf on its own (`weighted_mean`, `rda`) does.
   w = _normalised(_normalised(weights, len(deltas)), len(deltas))
-  merged, suspects = {}, {m for m, wm in enumerate(w) if wm == 0}
+  suspects = {m for m, wm in enumerate(w) if wm == 0}
+  # Tasks for `parallel.run`: a span of chunks of a mean, or a whole RDA (its norms are sums
+  # over the whole leaf, kept in their order).
+  shapes, tasks = {}, []
   for path in paths:
-    shape, flats = _flat_f32([d[path] for d in deltas])
+    shapes[path], flats = _flat_f32([d[path] for d in deltas])
     if rule == "mean" or is_embedding(path):
-      out = np.empty(math.prod(shape), np.float32)
-      if not _combine([(x, wm) for x, wm in zip(flats, w) if wm > 0], out):
-        suspects.update(m for m, wm in enumerate(w) if wm > 0)
+      terms = [(x, wm) for x, wm in zip(flats, w) if wm > 0]
+      out = np.empty(math.prod(shapes[path]), np.float32)
+      tasks += [(path, out, functools.partial(_combine, terms, out, *s)) for s in _spans(out.size)]
     else:
-      out, norms = _rda(flats, w)
+      tasks.append((path, None, functools.partial(_rda, flats, w)))
+  merged = {}
+  for (path, out, _), result in zip(tasks, parallel.run(lambda t: t[2](), tasks)):
+    if out is None:
+      out, norms = result
       suspects.update(m for m, n in enumerate(norms) if not math.isfinite(n))
-    merged[path] = out.reshape(shape)
+    elif not result:
+      suspects.update(m for m, wm in enumerate(w) if wm > 0)
+    merged[path] = out.reshape(shapes[path])
   bad = [m for m in sorted(suspects) if not all(all_finite(x) for x in deltas[m].values())]
   return merged, bad
+
+
+def _spans(size: int) -> list[tuple[int, int]]:
+  return parallel.spans(size, CHUNK)
 
 
 def all_finite(x: np.ndarray) -> bool:

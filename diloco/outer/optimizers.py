@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from diloco.outer import parallel
+
 NAMES = ("nesterov", "sgd", "delayed_nesterov")
 CHUNK = 1 << 17  # values per chunk of the host step: 512 KiB of float32
 
@@ -73,6 +75,25 @@ def host_step(
   if not isinstance(tx, SGD):
     updates, state = tx.update(grads, state, params)
     return {k: np.asarray(updates[k], np.float32) + plus[k] for k in plus}, state
+  tensors, state = sgd_tensors(tx, grads, state, plus, in_place)
+  out = {k: np.empty(np.shape(grads[k]), np.float32) for k in tensors}
+  spans = [(k, *s) for k, (g, _, _) in tensors.items() for s in parallel.spans(g.size, CHUNK)]
+  parallel.run(lambda a: sgd_span(tx, *tensors[a[0]], out[a[0]].reshape(-1), a[1], a[2]), spans)
+  return out, state
+
+
+Trace = tuple[np.ndarray, np.ndarray] | None  # flat (old momentum, new momentum), or no momentum
+
+
+def sgd_tensors(
+    tx: SGD,
+    grads: Mapping[str, np.ndarray],
+    state: Any,
+    plus: Mapping[str, np.ndarray],
+    in_place: bool = True,
+) -> tuple[dict[str, tuple[np.ndarray, Trace, np.ndarray]], Any]:
+  """The operands of `host_step` for an `SGD`, flat float32 by path: (gradient, trace, plus); and
+  the new state, whose momentum buffers `sgd_span` fills (see `host_step` for `in_place`)."""
   paths = sorted(grads)
   leaves, treedef = jax.tree.flatten(state)
   if len(leaves) != (len(paths) if tx.momentum else 0):
@@ -83,41 +104,43 @@ def host_step(
       for x in olds
       if x is not None
   ] or [None] * len(paths)
-  out = {}
-  for k, t_old, t in zip(paths, olds, traces):
-    out[k] = np.empty(np.shape(grads[k]), np.float32)
-    _sgd_tensor(
-        tx,
-        np.asarray(grads[k], np.float32).reshape(-1),
-        None if t is None else (t_old.reshape(-1), t.reshape(-1)),
-        np.asarray(plus[k], np.float32).reshape(-1),
-        out[k].reshape(-1),
-    )
-  return out, jax.tree.unflatten(treedef, traces if tx.momentum else [])
+  tensors = {
+      k: (
+          np.asarray(grads[k], np.float32).reshape(-1),
+          None if t is None else (t_old.reshape(-1), t.reshape(-1)),
+          np.asarray(plus[k], np.float32).reshape(-1),
+      )
+      for k, t_old, t in zip(paths, olds, traces)
+  }
+  return tensors, jax.tree.unflatten(treedef, traces if tx.momentum else [])
 
 
-def _sgd_tensor(
+def sgd_span(
     tx: SGD,
     g: np.ndarray,
-    t: tuple[np.ndarray, np.ndarray] | None,
+    t: Trace,
     plus: np.ndarray,
     out: np.ndarray,
+    start: int,
+    stop: int,
 ) -> None:
   """optax's trace (t_new ← g + μ·t_old; Nesterov: g + μ·t_new) and scale (·(−lr)), then + plus,
-  into `out`; `t` is (t_old, t_new), the same array to update in place."""
+  into `out`, for values [start, stop); `t` is (t_old, t_new), the same array to update in place.
+  Elementwise, so any split into spans gives the same bits."""
   mu, scale = np.float32(tx.momentum), np.float32(-tx.lr)
-  for c0 in range(0, g.size, CHUNK):
-    gc, o = g[c0 : c0 + CHUNK], out[c0 : c0 + CHUNK]
+  for c0 in range(start, stop, CHUNK):
+    c1 = min(c0 + CHUNK, stop)
+    gc, o = g[c0:c1], out[c0:c1]
     if t is None:
       np.multiply(gc, scale, out=o)
     else:
-      tc = t[1][c0 : c0 + CHUNK]
-      np.multiply(t[0][c0 : c0 + CHUNK], mu, out=tc)
+      tc = t[1][c0:c1]
+      np.multiply(t[0][c0:c1], mu, out=tc)
       tc += gc
       np.multiply(tc, mu, out=o)
       o += gc
       o *= scale
-    o += plus[c0 : c0 + CHUNK]
+    o += plus[c0:c1]
 
 
 class DelayedNesterovState(NamedTuple):
