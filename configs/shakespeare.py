@@ -246,6 +246,11 @@ def _outer() -> dict:
           Auto(0),
           "synchronizer checkpoints every N merges (0 = none; preset " "with chaos: P)",
       ),
+      sync_shards=(
+          1,
+          "S synchronizer shards: each owns the fragments given it (balanced by bytes), "
+          "merges, checkpoints and restarts on its own",
+      ),
       stack_learners=(True, "virtual runtime: learners' states stacked, stepped together"),
       stack_step=("auto", "stacked: vmap | map (one after the other) | auto (map on CPU)"),
   )

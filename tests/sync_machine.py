@@ -122,7 +122,9 @@ class SyncMachine(RuleBasedStateMachine):
     self.checkpoint = None
     self.rng = np.random.default_rng(0)
     for m in range(LEARNERS):  # as a run starts: everyone joins holding version 0
-      self.copies[m] = [(0, 0, {k: v.copy() for k, v in g.items()}) for g in self.sync.globals]
+      self.copies[m] = [
+          (0, 0, {k: v.copy() for k, v in g.items()}) for g in self.sync.globals.values()
+      ]
       self.live.add(m)
       self._handle(Join(m, 0.0, (0,) * FRAG.num_fragments))
 
@@ -316,9 +318,9 @@ class SyncMachine(RuleBasedStateMachine):
 
   @invariant()
   def finite_state(self):
-    for g in self.sync.globals:
+    for g in self.sync.globals.values():
       assert all(np.isfinite(v).all() for v in g.values())
-    for s in (f.opt_state for f in self.sync.fragments):
+    for s in (f.opt_state for f in self.sync.fragments.values()):
       for x in jax.tree.leaves(s):
         x = np.asarray(x)
         assert not np.issubdtype(x.dtype, np.floating) or np.isfinite(x).all()

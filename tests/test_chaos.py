@@ -222,7 +222,7 @@ def _sync(learners=2, screen=None, tx=None) -> Synchronizer:
 def _bits(sync: Synchronizer):
   return (
       {k: v.copy() for k, v in sync.global_params().items()},
-      [np.array(x) for x in jax.tree.leaves([f.opt_state for f in sync.fragments])],
+      [np.array(x) for x in jax.tree.leaves([f.opt_state for f in sync.fragments.values()])],
       sync.state_dict(),
   )
 
@@ -452,7 +452,7 @@ def _learner() -> Learner:
   learner = Learner(0, None, FRAG, sched, "fp32", 0.0, 8, state="not used here")
   learner.global_copy = [fragments.extract(PARAMS, FRAG, p) for p in range(2)]
   learner.versions, learner.generations = [3, 0], [1, 0]
-  learner.sync_generation = 1
+  learner.sync_generations = [1]
   return learner
 
 
@@ -479,7 +479,7 @@ def test_a_learner_applies_only_intact_sends_based_on_what_it_holds():
   learner.receive = Learner.receive.__get__(learner)
   learner._write = lambda values: None  # no device state in this test
   learner.receive(full(1, 2))
-  assert (learner.versions[0], learner.generations[0], learner.sync_generation) == (1, 2, 2)
+  assert (learner.versions[0], learner.generations[0], learner.sync_generations) == (1, 2, [2])
   assert learner.accepts(update(5)) == "old_generation"
   np.testing.assert_array_equal(learner.global_copy[0][E], PARAMS["embed"]["embedding"])
 

@@ -29,6 +29,10 @@ class Held:
   c_steps: list = dataclasses.field(default_factory=lambda: [0] * P)
   steps: int = 0
 
+  def heard_generation(self, p):
+    del p  # one synchronizer
+    return self.sync_generation
+
   def step(self):
     self.steps += 1
     self.c_steps = [c + 1 for c in self.c_steps]

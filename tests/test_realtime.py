@@ -18,6 +18,9 @@ class _Learner:
     self.versions, self.generations, self.c_steps = [0] * 4, [0] * 4, [0] * 4
     self.sync_generation, self.steps, self.received = 0, 0, []
 
+  def heard_generation(self, p):
+    return self.sync_generation
+
   def receive(self, send):
     self.received.append(send)
 

@@ -88,7 +88,7 @@ class Watch:
     )
 
     def remember(sync):
-      for p, g in enumerate(sync.globals):
+      for p, g in sync.globals.items():
         watch.history[(sync.generation, p, sync.versions[p])] = {k: v.copy() for k, v in g.items()}
 
     def recorded_sync_init(sync, *args, **kwargs):

@@ -84,10 +84,10 @@ def _merges(actions) -> list[dict]:
 def _snapshot(sync: Synchronizer):
   """Deep copy of everything a rejected event must leave alone."""
   return (
-      [{k: v.copy() for k, v in g.items()} for g in sync.globals],
-      [np.array(x) for x in jax.tree.leaves([f.opt_state for f in sync.fragments])],
+      [{k: v.copy() for k, v in g.items()} for g in sync.globals.values()],
+      [np.array(x) for x in jax.tree.leaves([f.opt_state for f in sync.fragments.values()])],
       list(sync.versions),
-      [{k: v.copy() for k, v in r.items()} for r in (f.residual for f in sync.fragments)],
+      [{k: v.copy() for k, v in r.items()} for r in (f.residual for f in sync.fragments.values())],
   )
 
 

@@ -21,10 +21,11 @@ import optax
 from diloco import data as data_lib
 from diloco.chaos import schedule as chaos
 from diloco.inner import island as island_lib, sharding, stacked
-from diloco.outer import fragments, integrity, optimizers, policies
+from diloco.outer import fragments, integrity, optimizers, ownership, policies
 from diloco.outer.learner import Learner
 from diloco.outer.stacked_learner import StackedLearner
 from diloco.outer.uplink import Uplink
+from diloco.outer.sharded import ShardedSynchronizer
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import rejoin
 
@@ -139,6 +140,11 @@ class Parts:
   sync_cls: type[Synchronizer] = Synchronizer  # a test may record what its synchronizer does
   syncs: list[Synchronizer] = dataclasses.field(default_factory=list)  # made so far, in order
   rows: dict[int, tuple[stacked.Stack, int]] = dataclasses.field(default_factory=dict)
+  owner_of: tuple[int, ...] = ()  # each fragment's synchronizer shard (`outer.sync_shards`)
+
+  def __post_init__(self):
+    sizes = [self.frag.nbytes(p, self.params0) for p in range(self.frag.num_fragments)]
+    self.owner_of = ownership.owners(sizes, int(self.config.outer.sync_shards))
 
   def make_learner(self, m: int, holds_start: bool = False) -> Learner:
     """Learner m with a fresh state, holding no fragment (versions -1: its Join fetches all),
@@ -151,6 +157,7 @@ class Parts:
         uplink=Uplink(o.codec, o.fp4_rounding, o.error_feedback, seed=(self.config.seed, m)),
         holds_nothing=not holds_start,
         start=self.params0 if holds_start else None,
+        owner_of=self.owner_of,
     )
     if m in self.rows:
       stack, row = self.rows[m]
@@ -187,12 +194,25 @@ class Parts:
         "occupancy": steps / slots if slots else 0.0,
     }
 
-  def make_sync(self, min_checkpoint_every: int = 0) -> Synchronizer:
-    """A synchronizer at the initial parameters; it asks for a checkpoint every
-    max(`outer.sync_checkpoint_every`, `min_checkpoint_every`) merges (0: never)."""
+  def make_sync(self, min_checkpoint_every: int = 0) -> Synchronizer | ShardedSynchronizer:
+    """A synchronizer at the initial parameters (with `outer.sync_shards` > 1, every shard
+    driven as one); it asks for a checkpoint every max(`outer.sync_checkpoint_every`,
+    `min_checkpoint_every`) merges of a shard (0: never)."""
+    shards = max(self.owner_of) + 1
+    if shards == 1:
+      sync = self.make_shard(0, min_checkpoint_every)
+    else:
+      made = [self.make_shard(s, min_checkpoint_every) for s in range(shards)]
+      sync = ShardedSynchronizer(made, self.owner_of)
+    self.syncs.append(sync)
+    return sync
+
+  def make_shard(self, shard: int, min_checkpoint_every: int = 0) -> Synchronizer:
+    """Synchronizer shard `shard`, over the fragments it owns (all of them with one shard)."""
     o = self.config.outer
     every = max(int(o.sync_checkpoint_every), min_checkpoint_every)
-    sync = self.sync_cls(
+    owned = ownership.owned(self.owner_of, shard)
+    return self.sync_cls(
         self.params0,
         self.frag,
         policies.from_config(self.config),
@@ -200,9 +220,8 @@ class Parts:
         downlink_codec=o.downlink_codec or o.codec,
         screen=outlier_screen(o),
         checkpoint_every=every,
+        owned=None if len(owned) == self.frag.num_fragments else owned,
     )
-    self.syncs.append(sync)
-    return sync
 
   def checkpoints_on(self, faults_on: bool) -> bool:
     """Whether learners and synchronizer checkpoint: with faults, or when an interval is set."""

@@ -379,13 +379,17 @@ def _shape_problems(c) -> Problems:
   except (ValueError, TypeError) as e:
     return out + [("model", str(e))]
   if c.mode != "dp":
-    from diloco.outer import fragments
+    from diloco.outer import fragments, ownership
 
     try:
       fragments.make(c.outer.fragment_kind, shapes, c.outer.fragments)
     except ValueError as e:
       n = len(fragments.flatten(shapes))
       out.append(("outer.fragments", f"the model has {n} parameter tensors ({e}); lower it"))
+    try:
+      ownership.check(c.outer.get("sync_shards", 1), c.outer.fragments)
+    except ValueError as e:
+      out.append(("outer.sync_shards", str(e)))
   return out
 
 

@@ -45,12 +45,14 @@ def known(history: History, p: int, generation: int, version: int) -> bool:
 
 
 def invalid(
-    up: Upload, fragments: Sequence[Fragment], history: History, max_staleness: int
+    up: Upload, fragments: Mapping[int, Fragment], history: History, max_staleness: int
 ) -> tuple[Code, str] | None:
-  """(code, reason) of the first check the upload fails, or None. `fragments`: each
+  """(code, reason) of the first check the upload fails, or None. `fragments`: each owned
   fragment's global values (their paths and shapes) and who contributed on which base."""
   p = up.fragment
-  if not 0 <= p < len(fragments):
+  if p not in fragments:
+    if isinstance(p, int) and 0 <= p < len(history.versions):
+      return Code.UNKNOWN_FRAGMENT, f"fragment {p} is owned by another synchronizer shard"
     return Code.UNKNOWN_FRAGMENT, f"unknown fragment {p}"
   if not up.checksum_ok():
     return Code.CHECKSUM, f"checksum mismatch: payload of fragment {p} corrupted in transit"

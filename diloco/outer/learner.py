@@ -7,8 +7,9 @@ resets p's counters. With DyLU (outer.dylu) a received fragment may carry this l
 inner steps between syncs, H_m (see dylu.py): its schedule follows it from then on.
 
 It also keeps the synchronizer generation of each fragment version it holds (see protocol), and
-`accepts` decides whether a Send can be applied: intact, from a synchronizer generation not older
-than one already heard from, and (for an update) based on exactly the version held.
+`accepts` decides whether a Send can be applied: intact, from a generation not older than one
+already heard from that fragment's synchronizer shard (`owner_of`: shards restart, hence count
+generations, on their own), and (for an update) based on exactly the version held.
 `checkpoint_state`/`load_checkpoint_state` are what survives a crash of this learner.
 """
 
@@ -39,7 +40,8 @@ class Learner:
   global_copy: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
   generations: list[int] = dataclasses.field(default_factory=list)
-  sync_generation: int = 0  # the newest synchronizer generation heard from
+  owner_of: tuple[int, ...] = ()  # each fragment's synchronizer shard; (): one synchronizer
+  sync_generations: list[int] = dataclasses.field(default_factory=list)  # newest, per shard
   c_steps: list[int] = dataclasses.field(default_factory=list)
   c_tokens: list[int] = dataclasses.field(default_factory=list)
   steps: int = 0
@@ -54,6 +56,10 @@ class Learner:
     n = self.frag.num_fragments
     self.versions, self.c_steps, self.c_tokens = [0] * n, [0] * n, [0] * n
     self.generations = [0] * n
+    self.owner_of = tuple(self.owner_of) or (0,) * n
+    if len(self.owner_of) != n:
+      raise ValueError(f"owner_of names {len(self.owner_of)} fragments' shards, expected {n}")
+    self.sync_generations = [0] * (max(self.owner_of) + 1)
     if self.holds_nothing:
       self.versions, self.global_copy = [-1] * n, [{} for _ in range(n)]
     if self.state is None:
@@ -66,6 +72,10 @@ class Learner:
       ]
       self.versions = [0] * n
       self._write({k: v for g in self.global_copy for k, v in g.items()})
+
+  def heard_generation(self, p: int) -> int:
+    """The newest generation heard from the synchronizer shard that owns fragment p."""
+    return self.sync_generations[self.owner_of[p]]
 
   def host_params(self) -> dict[str, np.ndarray]:
     """All parameters as a path-keyed dict of host arrays."""
@@ -128,7 +138,8 @@ class Learner:
     new = protocol.apply_send(self.global_copy[p], send)
     self.global_copy[p], self.versions[p] = new, send.version
     self.generations[p] = send.generation
-    self.sync_generation = max(self.sync_generation, send.generation)
+    s = self.owner_of[p]
+    self.sync_generations[s] = max(self.sync_generations[s], send.generation)
     if send.inner_steps and send.inner_steps != self.schedule.inner_steps:
       self.schedule = fragments.Schedule(self.frag.num_fragments, send.inner_steps)
     if self.alpha > 0 and not held_nothing:  # nothing local worth keeping otherwise
@@ -144,7 +155,7 @@ class Learner:
         "generations": self.generations,
         "c_steps": self.c_steps,
         "c_tokens": self.c_tokens,
-        "counters": [self.steps, self.tokens, self.sync_generation],
+        "counters": [self.steps, self.tokens, *self.sync_generations],
     }
     host = {k: np.asarray(v, np.int64) for k, v in host.items()}
     for p in range(self.frag.num_fragments):
@@ -160,7 +171,7 @@ class Learner:
     """The shapes of `checkpoint_state()` (a restore target), from this learner's island."""
     n, params = self.frag.num_fragments, fragments.flatten(self.island.abstract_state().params)
     host = {k: np.zeros(n, np.int64) for k in ("versions", "generations", "c_steps", "c_tokens")}
-    host["counters"] = np.zeros(3, np.int64)
+    host["counters"] = np.zeros(2 + len(self.sync_generations), np.int64)
     for p in range(n):
       for i, k in enumerate(self.frag.paths[p]):
         host[f"global.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
@@ -176,7 +187,8 @@ class Learner:
         [int(x) for x in host[k]] for k in ("versions", "generations")
     )
     self.c_steps, self.c_tokens = ([int(x) for x in host[k]] for k in ("c_steps", "c_tokens"))
-    self.steps, self.tokens, self.sync_generation = (int(x) for x in host["counters"])
+    self.steps, self.tokens, *gens = (int(x) for x in host["counters"])
+    self.sync_generations = gens
     self.global_copy = [
         {k: np.array(host[f"global.{p}.{i}"], np.float32) for i, k in enumerate(self.frag.paths[p])}
         for p in range(n)

@@ -13,8 +13,8 @@ The rules:
   real-time loop always skipped it; the virtual runtime sent it again until 2026-12-02).
 - **Blocking.** A blocking learner (synchronous modes) does not start step s+τ+1 while a fragment
   it sent after step s is unanswered.
-- **Merged fragments.** One is applied only if intact, from a synchronizer generation not older
-  than one already heard from, and (an update) built on exactly the version held (`verdict`).
+- **Merged fragments.** One is applied only if intact, from a generation not older than one
+  already heard from its synchronizer (shard), and (an update) built on exactly the version held (`verdict`).
   A corrupt one or a gap (messages were lost) makes the learner re-join; a duplicate or an old
   generation's is dropped.
 - **Refused uploads** (`outcomes.Code`): nothing comes back for them, so they stop being waited
@@ -45,9 +45,11 @@ class Holdings(Protocol):
 
   versions: list[int]
   generations: list[int]
-  sync_generation: int
   c_steps: list[int]
   steps: int
+
+  def heard_generation(self, p: int) -> int:
+    """The newest generation heard from the synchronizer (shard) that owns fragment p."""
 
 
 # ---- decisions (actions out) ----
@@ -104,7 +106,7 @@ def verdict(send: protocol.Send, held: Holdings, num_fragments: int) -> Code | N
     raise ValueError(f"got fragment {p} of {num_fragments}")
   if not send.checksum_ok():
     return Code.CHECKSUM
-  if send.generation < held.sync_generation:
+  if send.generation < held.heard_generation(p):
     return Code.OLD_GENERATION
   have = (held.generations[p], held.versions[p])
   if send.update is not None:

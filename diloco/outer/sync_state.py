@@ -38,9 +38,11 @@ class FragmentState:
 
 def state_dict(sync) -> dict[str, Any]:
   """{'arrays': name -> np.ndarray, 'meta': JSON-able} of a `Synchronizer`."""
-  frags = sync.fragments
-  arrays: dict[str, np.ndarray] = {"versions": np.asarray([f.version for f in frags], np.int64)}
-  for p, f in enumerate(frags):
+  frags = sync.fragments  # owned fragment -> its state, in index order
+  arrays: dict[str, np.ndarray] = {
+      "versions": np.asarray([f.version for f in frags.values()], np.int64)
+  }
+  for p, f in frags.items():
     for i, k in enumerate(sync.frag.paths[p]):
       arrays[f"global.{p}.{i}"] = np.array(f.values[k], np.float32)
       arrays[f"residual.{p}.{i}"] = np.array(f.residual[k], np.float32)
@@ -49,18 +51,25 @@ def state_dict(sync) -> dict[str, Any]:
   meta = {
       "generation": sync.generation,
       "lineage": [[g, list(v)] for g, v in sorted(sync.lineage.items())],
-      "contributed": [sorted(f.contributed.items()) for f in frags],
-      "norms": [list(f.norms) for f in frags],
+      "contributed": [sorted(f.contributed.items()) for f in frags.values()],
+      "norms": [list(f.norms) for f in frags.values()],
       "rms": list(sync.rms),
       "members": sorted(sync.members),
       "ema": [sync.ema_step.value, sync.ema_quorum.value, sync.ema_sync.value],
   }
+  if len(frags) < sync.frag.num_fragments:  # a shard (all fragments: no key, as before shards)
+    meta["owned"] = list(frags)
   return {"arrays": arrays, "meta": json.loads(json.dumps(meta))}
 
 
 def load_state_dict(sync, state: Mapping[str, Any]) -> None:
   """Puts `state` into `sync`; ValueError naming the array that does not fit its model."""
   arrays, meta = state["arrays"], state["meta"]
+  owned = list(sync.fragments)
+  if meta.get("owned", owned) != owned:
+    raise ValueError(
+        f"synchronizer state of fragments {meta['owned']}, but this shard owns {owned}"
+    )
   want = state_dict(sync)["arrays"]
   if sorted(arrays) != sorted(want):
     raise ValueError(
@@ -73,7 +82,7 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
       raise ValueError(
           f"synchronizer state {name}: {got.dtype}{got.shape}, expected {x.dtype}{x.shape}"
       )
-  for p, f in enumerate(sync.fragments):
+  for i_p, (p, f) in enumerate(list(sync.fragments.items())):
     paths = sync.frag.paths[p]
     treedef = jax.tree.structure(f.opt_state)
     leaves = [np.array(arrays[f"opt.{p}.{i}"]) for i in range(treedef.num_leaves)]
@@ -81,9 +90,9 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
         values={k: np.array(arrays[f"global.{p}.{i}"]) for i, k in enumerate(paths)},
         opt_state=jax.tree.unflatten(treedef, leaves),
         residual={k: np.array(arrays[f"residual.{p}.{i}"]) for i, k in enumerate(paths)},
-        version=int(arrays["versions"][p]),
-        contributed={int(m): int(v) for m, v in meta["contributed"][p]},
-        norms=[float(x) for x in meta["norms"][p]],
+        version=int(arrays["versions"][i_p]),
+        contributed={int(m): int(v) for m, v in meta["contributed"][i_p]},
+        norms=[float(x) for x in meta["norms"][i_p]],
     )
   sync.generation = int(meta["generation"])
   sync.lineage = {int(g): [int(x) for x in v] for g, v in meta["lineage"]}

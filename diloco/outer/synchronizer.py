@@ -36,7 +36,7 @@ rebuilt from learners' Joins and new uploads. With `checkpoint_every=N` a `Check
 the runtime to save the state after every N-th merge.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -63,6 +63,7 @@ class Synchronizer:
       *,
       screen: integrity.OutlierScreen | None = None,
       checkpoint_every: int = 0,
+      owned: Sequence[int] | None = None,
   ):
     if downlink_codec not in compression.CODECS:
       raise ValueError(f"unknown downlink codec {downlink_codec!r}")
@@ -74,13 +75,20 @@ class Synchronizer:
     self.frag, self.policy, self.tx, self.codec = frag, policy, outer_tx, downlink_codec
     self._cpu = jax.devices("cpu")[0]
     num = frag.num_fragments
+    self.owned = tuple(range(num)) if owned is None else tuple(owned)
+    if (
+        not self.owned
+        or list(self.owned) != sorted(set(self.owned))
+        or not (0 <= self.owned[0] and self.owned[-1] < num)
+    ):
+      raise ValueError(f"owned fragments {self.owned} must be sorted, distinct and in 0..{num - 1}")
     with jax.default_device(self._cpu):
-      self.fragments = [  # each fragment's durable state
-          sync_state.FragmentState.fresh(
+      self.fragments = {  # each owned fragment's durable state
+          p: sync_state.FragmentState.fresh(
               {k: np.array(flat[k], np.float32) for k in frag.paths[p]}, outer_tx
           )
-          for p in range(num)
-      ]
+          for p in self.owned
+      }
     self.generation = 0
     self.lineage: dict[int, list[int]] = {}  # earlier generation -> versions shared with ours
     self.rms: list[float] = []  # recent finite Δ norm / sqrt(values), any fragment
@@ -89,7 +97,7 @@ class Synchronizer:
     self.live: set[int] = set()
     self.held: dict[int, list[int]] = {}  # fragment versions each learner was sent
     self.held_gen: dict[int, list[int]] = {}  # ... and their generations
-    self.rounds = [rounds.Round() for _ in range(num)]  # each fragment's round in progress
+    self.rounds = {p: rounds.Round() for p in self.owned}  # each fragment's round in progress
     self.ema_step = policies.Ema(policy.ema_decay)
     self.ema_quorum = policies.Ema(policy.ema_decay)
     self.ema_sync = policies.Ema(policy.ema_decay)
@@ -109,7 +117,7 @@ class Synchronizer:
       return self._join(event)
     if isinstance(event, Leave):
       self.live.discard(event.learner)
-      return [a for p in range(self.frag.num_fragments) for a in self._maybe_merge(p, event.time)]
+      return [a for p in self.owned for a in self._maybe_merge(p, event.time)]
     raise TypeError(f"unknown event {event!r}")
 
   def _join(self, event: Join) -> list[Action]:
@@ -141,14 +149,15 @@ class Synchronizer:
     self.held[event.learner] = list(event.versions)
     self.held_gen[event.learner] = list(gens)
     actions: list[Action] = [Log({"event": "join", "learner": event.learner, "time": event.time})]
-    for p, (v, g) in enumerate(zip(event.versions, gens)):
+    for p in self.owned:
+      v, g = event.versions[p], gens[p]
       if v != self.fragments[p].version or not admission.known(self._history(), p, g, v):
         actions.append(self._send(event.learner, p))
     # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
     # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
     late = [
         p
-        for p in range(num)
+        for p in self.owned
         if returning
         and not self.policy.quorum.of_members
         and self.rounds[p].pending
@@ -180,7 +189,7 @@ class Synchronizer:
 
   def _tick(self, now: float) -> list[Action]:
     actions: list[Action] = []
-    for p, rnd in enumerate(self.rounds):
+    for p, rnd in self.rounds.items():
       if rnd.deadline_s is not None and rnd.deadline_s <= now:
         actions += self._merge(p, now)
     return actions
@@ -342,7 +351,7 @@ class Synchronizer:
     """Replaces the durable state with `state` (from `state_dict`); learners must re-join."""
     sync_state.load_state_dict(self, state)
     self.live, self.held, self.held_gen = set(), {}, {}
-    for p in range(self.frag.num_fragments):
+    for p in self.owned:
       self._reset_round(p)
 
   def restart(self, state: Mapping[str, Any], generation: int) -> None:
@@ -371,22 +380,24 @@ class Synchronizer:
 
   @property
   def versions(self) -> list[int]:
-    """Each fragment's version (a copy)."""
-    return [f.version for f in self.fragments]
+    """Each fragment's version (a copy); 0 for a fragment another shard owns."""
+    return [
+        f.version if (f := self.fragments.get(p)) else 0 for p in range(self.frag.num_fragments)
+    ]
 
   @property
-  def globals(self) -> list[dict[str, np.ndarray]]:
-    """Each fragment's global values (the state's own dicts: read, never write)."""
-    return [f.values for f in self.fragments]
+  def globals(self) -> dict[int, dict[str, np.ndarray]]:
+    """Each owned fragment's global values (the state's own dicts: read, never write)."""
+    return {p: f.values for p, f in self.fragments.items()}
 
   @property
   def pending(self) -> list[dict[int, Upload]]:
-    """Each fragment's uploads waiting for its merge (the rounds' own dicts)."""
-    return [r.pending for r in self.rounds]
+    """Each owned fragment's uploads waiting for its merge (the rounds' own dicts)."""
+    return [r.pending for r in self.rounds.values()]
 
   def global_params(self) -> dict[str, np.ndarray]:
-    """All global fragments as one path-keyed dict."""
-    return {k: v for f in self.fragments for k, v in f.values.items()}
+    """All owned global fragments as one path-keyed dict."""
+    return {k: v for f in self.fragments.values() for k, v in f.values.items()}
 
   @property
   def merges(self) -> int:

@@ -26,16 +26,19 @@ import numpy as np
 
 from diloco.outer.learner import Learner
 from diloco.outer.stacked_learner import StackedLearner
+from diloco.outer.sharded import ShardedSynchronizer
 from diloco.outer.synchronizer import Synchronizer
 from diloco.runtime import preemption, virtual
 
 FILE = "virtual_run.pkl"  # under WORKDIR/checkpoints
-FORMAT = 3  # 2: learners' protocol state in "machines" (was in the clocks); 3: sync "fragments"
+FORMAT = 4  # 2: learners' protocol state in "machines" (was in the clocks); 3: sync "fragments";
+# 4: learners' "sync_generations" per synchronizer shard
 _LEARNER_FIELDS = (
     "global_copy",
     "versions",
     "generations",
-    "sync_generation",
+    "owner_of",
+    "sync_generations",
     "c_steps",
     "c_tokens",
     "steps",
@@ -44,7 +47,7 @@ _LEARNER_FIELDS = (
     "schedule",
 )
 # The synchronizer's configuration (rebuilt from the config), and the arrays of its state_dict.
-_SYNC_BUILT = ("tx", "_cpu", "policy", "frag", "screen", "codec", "checkpoint_every")
+_SYNC_BUILT = ("tx", "_cpu", "policy", "frag", "screen", "codec", "checkpoint_every", "owned")
 _SYNC_ARRAYS = ("fragments",)  # restored by its state_dict
 _RUNTIME_FIELDS = (
     "now",
@@ -81,13 +84,20 @@ def load_learner(learner: Learner, state: Mapping[str, Any]) -> None:
     setattr(learner, k, state[k])
 
 
-def sync_state(sync: Synchronizer) -> dict[str, Any]:
-  """`state_dict()` and every other attribute that is not built from the config."""
+def sync_state(sync: Synchronizer | ShardedSynchronizer) -> dict[str, Any]:
+  """`state_dict()` and every other attribute that is not built from the config (of each
+  shard, when sharded)."""
+  if isinstance(sync, ShardedSynchronizer):
+    return {"shards": [sync_state(shard) for shard in sync.shards]}
   rest = {k: v for k, v in vars(sync).items() if k not in _SYNC_BUILT + _SYNC_ARRAYS}
   return {"state_dict": sync.state_dict(), "rest": rest}
 
 
-def load_sync(sync: Synchronizer, state: Mapping[str, Any]) -> None:
+def load_sync(sync: Synchronizer | ShardedSynchronizer, state: Mapping[str, Any]) -> None:
+  if isinstance(sync, ShardedSynchronizer):
+    for shard, sub in zip(sync.shards, state["shards"], strict=True):
+      load_sync(shard, sub)
+    return
   sync.load_state_dict(state["state_dict"])
   for k, v in state["rest"].items():
     setattr(sync, k, v)

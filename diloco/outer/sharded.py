@@ -1,0 +1,107 @@
+"""S synchronizer shards in one process, driven as one synchronizer (the virtual runtime).
+
+Each shard is a whole `Synchronizer` over the fragments it owns (`ownership.py`): its own
+state, rounds, EMAs, generation and checkpoints. An upload goes to its fragment's owner; a Join,
+a Leave and a timer's Tick go to every shard, whose actions come back in shard order. Nothing
+passes between shards, so with the same events the merges of a fragment are those of one
+synchronizer, except where a shard's decision reads what it saw of other fragments: the adaptive
+grace window (its EMAs see only its own uploads), the outlier screen's cross-fragment norm
+history, DyLU's step-time estimates, and `checkpoint_every` (counted in the shard's own merges).
+"""
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from diloco.outer import protocol
+from diloco.outer.protocol import Action, Event
+from diloco.outer.synchronizer import Synchronizer
+
+SEP = "/"  # a shard's arrays in the joint state_dict: "shard{s}/{name}"
+
+
+class ShardedSynchronizer:
+  """Shards owning `owner_of[p]` of each fragment p, behind the `Synchronizer` interface."""
+
+  def __init__(self, shards: Sequence[Synchronizer], owner_of: Sequence[int]):
+    self.shards, self.owner_of = list(shards), tuple(owner_of)
+    for s, shard in enumerate(self.shards):
+      mine = tuple(p for p, o in enumerate(self.owner_of) if o == s)
+      if shard.owned != mine:
+        raise ValueError(f"shard {s} owns fragments {shard.owned}, the ownership says {mine}")
+    self.frag, self.policy = self.shards[0].frag, self.shards[0].policy
+
+  def handle(self, event: Event) -> list[Action]:
+    if isinstance(event, protocol.Upload) and 0 <= event.fragment < len(self.owner_of):
+      return self.shards[self.owner_of[event.fragment]].handle(event)
+    if isinstance(event, protocol.Upload):
+      return self.shards[0].handle(event)  # refused there: an unknown fragment
+    return [a for shard in self.shards for a in shard.handle(event)]
+
+  # ---- views (what runtimes and summaries read of a synchronizer) ----
+
+  @property
+  def versions(self) -> list[int]:
+    return [self.shards[s].versions[p] for p, s in enumerate(self.owner_of)]
+
+  @property
+  def globals(self) -> dict[int, dict[str, np.ndarray]]:
+    return {p: g for shard in self.shards for p, g in shard.globals.items()}
+
+  @property
+  def pending(self) -> list[dict]:
+    return [r for shard in self.shards for r in shard.pending]
+
+  @property
+  def merges(self) -> int:
+    return sum(shard.merges for shard in self.shards)
+
+  @property
+  def rounds_skipped(self) -> int:
+    return sum(shard.rounds_skipped for shard in self.shards)
+
+  @property
+  def generation(self) -> int:
+    return max(shard.generation for shard in self.shards)
+
+  @property
+  def live(self) -> set[int]:
+    return set.intersection(*(shard.live for shard in self.shards))
+
+  def global_params(self) -> dict[str, np.ndarray]:
+    return dict(sorted((k, v) for shard in self.shards for k, v in shard.global_params().items()))
+
+  # ---- restarts: every shard at once (one process holding them all) ----
+
+  def state_dict(self) -> dict[str, Any]:
+    states = [shard.state_dict() for shard in self.shards]
+    arrays = {
+        f"shard{s}{SEP}{k}": x for s, st in enumerate(states) for k, x in st["arrays"].items()
+    }
+    return {"arrays": arrays, "meta": {"shards": [st["meta"] for st in states]}}
+
+  def _split(self, state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    metas = state["meta"].get("shards", [])
+    if len(metas) != len(self.shards):
+      raise ValueError(
+          f"synchronizer state of {len(metas)} shards, this run has {len(self.shards)}"
+      )
+    out = [{"arrays": {}, "meta": meta} for meta in metas]
+    for name, x in state["arrays"].items():
+      head, _, rest = name.partition(SEP)
+      out[int(head.removeprefix("shard"))]["arrays"][rest] = x
+    return out
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    for shard, sub in zip(self.shards, self._split(state)):
+      shard.load_state_dict(sub)
+
+  def restart(self, state: Mapping[str, Any], generation: int) -> None:
+    for shard, sub in zip(self.shards, self._split(state)):
+      shard.restart(sub, generation)
+
+  def digest(self) -> str:
+    """sha256 over the shards' digests, in shard order."""
+    return hashlib.sha256("".join(s.digest() for s in self.shards).encode()).hexdigest()
