@@ -17,7 +17,12 @@ from diloco.rpc import learner_main
 _TOKEN = cli.define_token_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP)
 _ID = flags.DEFINE_integer("learner_id", None, "This learner's index m in 0..outer.learners-1.")
-_SYNC = flags.DEFINE_string("synchronizer", None, "HOST:PORT of the synchronizer service.")
+_SYNC = flags.DEFINE_string(
+    "synchronizer",
+    None,
+    "HOST:PORT of the synchronizer service; with outer.sync_shards=S, S of them, comma-separated "
+    "in shard order.",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "This learner's outputs and checkpoints.")
 _COORD = flags.DEFINE_string(
     "coordinator",

@@ -1,5 +1,8 @@
 """The synchronizer process: python -m experiments.synchronizer --config=configs/shakespeare.py:...
---workdir=DIR [--config.deploy.port=PORT] (token in $DILOCO_TOKEN, or --token_from).
+--workdir=DIR [--config.deploy.port=PORT] [--shard=s] (token in $DILOCO_TOKEN, or --token_from).
+
+With --config.outer.sync_shards=S > 1, run S of them, --shard=0..S-1, each with its own workdir
+(its checkpoints, generation and status): shard s owns the fragments `ownership.owners` gives it.
 
 Where it listens, TLS and limits come from the config's `deploy` section (diloco/config/deploy.py),
 overridden as usual with --config.deploy.KEY=VALUE: it binds deploy.bind (127.0.0.1 unless told
@@ -17,6 +20,9 @@ _TOKEN = cli.define_token_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and summary.json.")
 _PORT = flags.DEFINE_integer("port", None, "Shorthand for --config.deploy.port.")
+_SHARD = flags.DEFINE_integer(
+    "shard", None, "With outer.sync_shards=S > 1: the shard this process serves, 0..S-1."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -29,8 +35,15 @@ def main(argv):
   config = _CONFIG.value
   if _PORT.value is not None:
     config.deploy.port = _PORT.value
-  s = sync_main.run(config, _WORKDIR.value, token=token)
-  print(f"synchronizer: {s['merges']} merges, generation {s['generation']}", flush=True)
+  try:
+    s = sync_main.run(config, _WORKDIR.value, token=token, shard=_SHARD.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  print(
+      f"synchronizer shard {s['shard']} (fragments {s['owned']}): {s['merges']} merges, "
+      f"generation {s['generation']}",
+      flush=True,
+  )
 
 
 if __name__ == "__main__":

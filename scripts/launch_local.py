@@ -1,4 +1,4 @@
-"""Starts a synchronizer and M learner processes on this machine, waits, and stops them all.
+"""Starts a synchronizer (or its shards) and M learner processes on this machine, waits, stops all.
 
   python scripts/launch_local.py --config=configs/shakespeare.py:mode=decoupled,runlocal \
       --learners=4 --workdir=runs/local [--config.deploy.KEY=VALUE ...]
@@ -10,6 +10,8 @@ WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>.
 A `chaos` schedule (--config.chaos.schedule='straggle learner 1 at t=0s for 1e6s x3; ...') acts
 inside the learner processes (diloco/rpc/learner_faults.py); a learner that a `crash` fault ends
 is started again here, waits out the crash and resumes from its checkpoint.
+With --config.outer.sync_shards=S, S synchronizer processes start (WORKDIR/sync0..sync<S-1>, each
+owning its fragments, checkpointing and restartable on its own) and every learner talks to all.
 Ctrl-C (or --timeout_s) stops every process: SIGTERM, then SIGKILL after a grace period.
 """
 
@@ -56,10 +58,12 @@ def main() -> None:
       devices_per_learner=args.devices_per_learner,
       processes_per_learner=args.processes_per_learner,
       absent_after_s=config.deploy.absent_after_s,
+      shards=config.outer.sync_shards,
   )
   try:
     c.start()
-    print(f"synchronizer on 127.0.0.1:{c.port}; logs in {c.workdir}/logs", flush=True)
+    where = ", ".join(f"{c.sync_name(s)} on 127.0.0.1:{p}" for s, p in sorted(c.ports.items()))
+    print(f"{where}; logs in {c.workdir}/logs", flush=True)
     codes = c.wait(args.timeout_s, restart_crashed=True)
     print("exit codes:", codes, flush=True)
   except KeyboardInterrupt:

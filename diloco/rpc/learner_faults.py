@@ -57,6 +57,11 @@ class ProcessLink(FaultyLink):
   def _gone(self, link) -> bool:
     return False
 
+  def take_refused(self) -> list[int]:
+    """What the inner link hands back as unanswered (a sharded link's down shards)."""
+    take = getattr(self.inner, "take_refused", None)
+    return take() if take is not None else []
+
   def close(self) -> None:
     super().close()
     self.inner.close()

@@ -30,7 +30,7 @@ from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost
-from diloco.runtime import async_link, learner_loop
+from diloco.runtime import async_link, learner_loop, sharded_link
 from diloco.watch import progress as progress_lib
 
 
@@ -141,6 +141,7 @@ def run(
     cluster: Cluster = Cluster(),
 ) -> dict[str, Any]:
   config = checks.prepare(config)
+  targets = shard_targets(target, config.outer.sync_shards)
   _join_job(config, cluster)
   os.makedirs(workdir, exist_ok=True)
   faults = _faults(config, learner_id, workdir)
@@ -161,17 +162,8 @@ def run(
     counts = multihost.follow(learner, next_batch, after_step)
     ckpt.close()
     return _finish(learner, workdir, {"role": "follower", "ops": counts, **restored_state})
-  link = client_lib.GrpcLink(
-      target,
-      learner_id,
-      token,
-      limits=limits_lib.Limits.from_deploy(config.deploy),
-      ca_cert=config.deploy.ca_cert,
-  )
   progress = _Progress(config, workdir, learner_id, restored_state, learner.steps)
-  link.report = lambda: dict(
-      total_steps=learner.steps, total_tokens=learner.tokens, loss=progress.last_loss
-  )
+  link = connect(config, learner, targets, token, progress)
 
   def on_step(lrn, device_metrics) -> None:
     progress(lrn, device_metrics)
@@ -185,6 +177,40 @@ def run(
   ckpt.close()
   return _finish(
       learner, workdir, _summary(learner, link, workdir, result, wall, tokens0, restored_state)
+  )
+
+
+def shard_targets(target: str, shards: int) -> list[str]:
+  """HOST:PORT of each synchronizer shard, in shard order, from `--synchronizer` (one per shard,
+  comma-separated); ValueError unless there are `outer.sync_shards` of them."""
+  targets = [t.strip() for t in target.split(",") if t.strip()]
+  if len(targets) != shards:
+    raise ValueError(
+        f"--synchronizer names {len(targets)} synchronizer(s) ({target!r}) but "
+        f"outer.sync_shards={shards}: give one HOST:PORT per shard, in shard order"
+    )
+  return targets
+
+
+def connect(config, learner, targets: list[str], token: str, progress: "_Progress"):
+  """The learner's link: to its synchronizer, or to every shard (`sharded_link.ShardedLink`)."""
+  links = []
+  for target in targets:
+    link = client_lib.GrpcLink(
+        target,
+        learner.index,
+        token,
+        limits=limits_lib.Limits.from_deploy(config.deploy),
+        ca_cert=config.deploy.ca_cert,
+    )
+    link.report = lambda: dict(
+        total_steps=learner.steps, total_tokens=learner.tokens, loss=progress.last_loss
+    )
+    links.append(link)
+  if len(links) == 1:
+    return links[0]
+  return sharded_link.ShardedLink(
+      links, learner.owner_of, learner, max_backoff_s=config.deploy.absent_after_s
   )
 
 
@@ -207,6 +233,7 @@ def _summary(
       "wire_bytes_received": link.bytes_received,
       "codec_bytes_sent": link.codec_bytes_sent,
       "codec_bytes_received": link.codec_bytes_received,
+      "shards_down": list(getattr(link, "downs", [])),  # times each shard was found down
   }
 
 

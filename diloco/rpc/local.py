@@ -2,7 +2,9 @@
 
 Used by scripts/launch_local.py, scripts/chaos_local.py and the tests. Every process writes its log
 to WORKDIR/logs/<name>.log (appended across restarts); the synchronizer binds 127.0.0.1 on a port
-it picks itself and writes to WORKDIR/sync/port, which the learners are then pointed at. Settings
+it picks itself and writes to WORKDIR/sync/port, which the learners are then pointed at (with
+`shards` S > 1, S synchronizer processes sync0..sync{S-1}, each in its own WORKDIR/sync<s>, and
+every learner is pointed at all of them). Settings
 of the deployment reach every process as --config.deploy.KEY=VALUE overrides (`overrides`). With
 `processes_per_learner` > 1 each learner is one JAX job of that many local processes (process 0,
 named learner<m>, talks to the synchronizer; learner<m>.p<i> follow it), meeting at a coordinator
@@ -36,6 +38,15 @@ class LocalCluster:
   procs: dict = dataclasses.field(default_factory=dict)
   port: int | None = None
   starts: dict = dataclasses.field(default_factory=dict)
+  shards: int = 1  # outer.sync_shards: synchronizer processes
+  ports: dict = dataclasses.field(default_factory=dict)  # shard -> its port
+
+  def sync_name(self, shard: int = 0) -> str:
+    """The process (and workdir) name of synchronizer shard `shard`: sync, or sync<s>."""
+    return "sync" if self.shards == 1 else f"sync{shard}"
+
+  def _shard_args(self) -> list[str]:
+    return [] if self.shards == 1 else [f"--config.outer.sync_shards={self.shards}"]
 
   def _env(self, devices: int) -> dict:
     env = dict(
@@ -63,15 +74,17 @@ class LocalCluster:
     self.starts[name] = self.starts.get(name, 0) + 1
     return proc
 
-  def start_sync(self, timeout_s: float = 120.0) -> int:
-    """Starts (or restarts) the synchronizer and waits for its port."""
-    sync_dir = os.path.join(self.workdir, "sync")
+  def start_sync(self, timeout_s: float = 120.0, shard: int = 0) -> int:
+    """Starts (or restarts) the synchronizer (shard `shard`) and waits for its port."""
+    name = self.sync_name(shard)
+    sync_dir = os.path.join(self.workdir, name)
     port_file = os.path.join(sync_dir, "port")
     if os.path.exists(port_file):
       os.remove(port_file)
-    port = self.port or 0  # a restart reuses the port the learners know
+    port = self.ports.get(shard, 0)  # a restart reuses the port the learners know
+    shard_flag = [] if self.shards == 1 else [f"--shard={shard}"]
     proc = self._spawn(
-        "sync",
+        name,
         [
             "-m",
             "experiments.synchronizer",
@@ -79,6 +92,8 @@ class LocalCluster:
             f"--workdir={sync_dir}",
             f"--config.deploy.port={port}",
             f"--config.deploy.absent_after_s={self.absent_after_s}",
+            *shard_flag,
+            *self._shard_args(),
         ],
         1,
     )
@@ -86,14 +101,15 @@ class LocalCluster:
     while not os.path.exists(port_file):
       if proc.poll() is not None:
         raise RuntimeError(
-            f"synchronizer exited with {proc.returncode}; see {self.workdir}/logs/sync.log"
+            f"synchronizer exited with {proc.returncode}; see {self.workdir}/logs/{name}.log"
         )
       if time.monotonic() > deadline:
-        raise TimeoutError("synchronizer did not write its port in time")
+        raise TimeoutError(f"{name} did not write its port in time")
       time.sleep(0.1)
     with open(port_file) as f:
-      self.port = int(f.read())
-    return self.port
+      self.ports[shard] = int(f.read())
+    self.port = self.ports[0] if 0 in self.ports else None
+    return self.ports[shard]
 
   def learner_names(self, m: int) -> list[str]:
     """The process names of learner m: learner<m>, then its followers learner<m>.p<i>."""
@@ -101,16 +117,18 @@ class LocalCluster:
 
   def start_learner(self, m: int) -> subprocess.Popen:
     """Starts (or restarts) every process of learner m; returns its process 0."""
-    if self.port is None:
-      raise ValueError("start the synchronizer first")
+    if len(self.ports) < self.shards:
+      raise ValueError("start the synchronizer (every shard) first")
+    targets = ",".join(f"127.0.0.1:{self.ports[s]}" for s in range(self.shards))
     args = [
         "-m",
         "experiments.learner",
         f"--config={self.config}",
         f"--learner_id={m}",
-        f"--synchronizer=127.0.0.1:{self.port}",
+        f"--synchronizer={targets}",
         f"--workdir={os.path.join(self.workdir, f'learner{m}')}",
         f"--config.deploy.absent_after_s={self.absent_after_s}",
+        *self._shard_args(),
     ]
     n = self.processes_per_learner
     if n == 1:
@@ -127,7 +145,8 @@ class LocalCluster:
     return procs[0]
 
   def start(self) -> None:
-    self.start_sync()
+    for shard in range(self.shards):
+      self.start_sync(shard=shard)
     for m in range(self.learners):
       self.start_learner(m)
 

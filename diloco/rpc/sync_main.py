@@ -28,11 +28,25 @@ from diloco.runtime import sync_host
 from diloco.watch import progress
 
 
-def make_synchronizer(config: ml_collections.ConfigDict) -> Synchronizer:
-  """The config's synchronizer, at the initial parameters every learner builds; it checkpoints
-  after every merge unless `outer.sync_checkpoint_every` says less often (a process must be able
-  to restart)."""
-  return build.synchronizer_only(config).make_sync(min_checkpoint_every=1)
+def make_synchronizer(config: ml_collections.ConfigDict, shard: int = 0) -> Synchronizer:
+  """The config's synchronizer (shard `shard` of `outer.sync_shards`: the fragments it owns),
+  at the initial parameters every learner builds; it checkpoints after every merge unless
+  `outer.sync_checkpoint_every` says less often (a process must be able to restart)."""
+  return build.synchronizer_only(config).make_shard(shard, min_checkpoint_every=1)
+
+
+def check_shard(config: ml_collections.ConfigDict, shard: int | None) -> int:
+  """The shard this process serves; ValueError if `outer.sync_shards` needs one named."""
+  shards = config.outer.sync_shards
+  if shard is None and shards > 1:
+    raise ValueError(
+        f"outer.sync_shards={shards}: start one synchronizer per shard with --shard=0.."
+        f"{shards - 1}, each with its own --workdir (scripts/launch_local.py starts them all)"
+    )
+  shard = shard or 0
+  if not 0 <= shard < shards:
+    raise ValueError(f"--shard={shard} is not in 0..{shards - 1} (outer.sync_shards={shards})")
+  return shard
 
 
 def _restore(sync: Synchronizer, ckpt: sync_checkpoint.SyncCheckpointer) -> dict[str, Any]:
@@ -58,14 +72,14 @@ def _write_port(workdir: str, port: int, name: str = "port") -> None:
 
 
 def _serve_until_settled(
-    host: sync_host.SyncHost, sync: Synchronizer, max_s: float, show: bool
+    host: sync_host.SyncHost, sync: Synchronizer, max_s: float, show: bool, name: str
 ) -> None:
   """Returns once every learner finished and left and every merge went out, on SIGTERM, or after
   `max_s` seconds; a progress bar of merges meanwhile (on a terminal, when `show`)."""
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
   t0 = time.monotonic()
-  bar = progress.bar(show, desc=f"synchronizer gen {sync.generation}", unit="merge")
+  bar = progress.bar(show, desc=f"{name} gen {sync.generation}", unit="merge")
   while not stop.wait(0.2) and time.monotonic() - t0 < max_s:
     with host.cond:
       merges, live, finished = host.merges, len(sync.live), len(host.finished)
@@ -90,6 +104,7 @@ def _summary(
   return {
       "runtime": "grpc",
       "role": "synchronizer",
+      "owned": list(sync.owned),
       "merges": sync.merges,
       "generation": sync.generation,
       "restored_from": restored_from,
@@ -148,14 +163,21 @@ def _start_status(deploy, board, token: str, workdir: str):
 
 
 def run(
-    config: ml_collections.ConfigDict, workdir: str, *, token: str, max_s: float = 3600.0
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    token: str,
+    max_s: float = 3600.0,
+    shard: int | None = None,
 ) -> dict[str, Any]:
-  """Serves on config.deploy's bind:port (TLS when deploy.cert/key are set) until settled."""
+  """Serves on config.deploy's bind:port (TLS when deploy.cert/key are set) until settled: the
+  whole synchronizer, or shard `shard` of `outer.sync_shards` (its own workdir)."""
   config = checks.prepare(config)
+  shard = check_shard(config, shard)
   deploy = config.deploy
   limits = limits_lib.Limits.from_deploy(deploy)
   os.makedirs(workdir, exist_ok=True)
-  sync = make_synchronizer(config)
+  sync = make_synchronizer(config, shard)
   ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
   restored_from = ckpt.latest_step()
   restored = _restore(sync, ckpt)
@@ -186,7 +208,8 @@ def run(
   status = _start_status(deploy, board, token, workdir)
   _write_port(workdir, bound)
   t0 = time.monotonic()
-  _serve_until_settled(host, sync, max_s, config.get("progress_bar", True))
+  name = "synchronizer" if config.outer.sync_shards == 1 else f"synchronizer shard {shard}"
+  _serve_until_settled(host, sync, max_s, config.get("progress_bar", True), name)
   if status is not None:
     status.close()
   server.stop(1.0).wait()
@@ -194,6 +217,7 @@ def run(
   with host.cond:
     ckpt.save(sync.merges, sync.state_dict())
     summary = _summary(sync, board, svc, bound, restored_from, restored, time.monotonic() - t0)
+    summary["shard"] = shard
   ckpt.close()
   writer.close()
   metrics.write_summary(workdir, summary)

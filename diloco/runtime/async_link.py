@@ -116,10 +116,12 @@ class BackgroundLink:
     return got
 
   def take_refused(self) -> list[int]:
-    """The fragments of uploads refused since the last call (no answer will come for them)."""
+    """The fragments of uploads refused since the last call (no answer will come for them),
+    with those the inner link hands back (a sharded link's down shards)."""
     with self._cond:
       got, self._refused_fragments = self._refused_fragments, []
-    return got
+    take = getattr(self.inner, "take_refused", None)
+    return got + (take() if take is not None else [])
 
   def pending_uploads(self) -> int:
     with self._cond:
