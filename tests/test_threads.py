@@ -38,6 +38,22 @@ def test_threads_matches_virtual_bit_for_bit(both_runs):
   assert threads.max_abs_diff(sync.global_params(), run_globals) > 1e-4
 
 
+def test_threads_with_two_synchronizer_shards_match_one_bit_for_bit(both_runs):
+  """Two shard hosts, each learner linked to both: the same merges and bits as one host."""
+  config, virtual, virtual_globals, _ = both_runs
+  sharded = config.copy_and_resolve_references()
+  sharded.outer.fragments, sharded.outer.fragment_kind, sharded.outer.sync_shards = 2, "balanced", 2
+  one = config.copy_and_resolve_references()
+  one.outer.fragments, one.outer.fragment_kind = 2, "balanced"
+  (run1, globals1, _), (run2, globals2, copies2) = threads.train(one), threads.train(sharded)
+  assert run2["merges"] == run1["merges"] == 4  # two fragments merged twice
+  assert [r["decisions"] for r in run2["per_learner"]] == [
+      r["decisions"] for r in run1["per_learner"]
+  ]
+  assert threads.max_abs_diff(globals1, globals2) == 0.0
+  assert all(threads.max_abs_diff(globals2, c) == 0.0 for c in copies2)
+
+
 def test_split_devices_gives_disjoint_sub_meshes():
   import jax
 

@@ -10,6 +10,10 @@ A fault schedule (the `chaos` section, as in the virtual runtime) applies in rea
 is an InProcessLink wrapped in a `faulty_link.FaultyLink` (delays, partitions, corrupted and
 poisoned messages, a synchronizer that is down), and `threads_chaos.Driver` crashes and restarts
 learners and the synchronizer from their checkpoints; see tests/test_threads_chaos.py.
+
+With `outer.sync_shards` S > 1 each shard has its own host and every learner a link to each,
+routed by fragment (`sharded_link.ShardedLink`); fault schedules are not run with shards here (the
+virtual runtime and the gRPC processes run them).
 """
 
 import collections
@@ -26,7 +30,7 @@ from diloco.config import build
 from diloco.outer import protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
-from diloco.runtime import faulty_link, learner_loop, sync_host, threads_chaos
+from diloco.runtime import faulty_link, learner_loop, sharded_link, sync_host, threads_chaos
 
 
 class InProcessLink:
@@ -84,8 +88,22 @@ def train(
   records = _Records(shared, absent_s)
   clock = faulty_link.FaultClock(faults, float(config.deploy.get("chaos_time_scale", 1.0)))
   sync = parts.make_sync()
-  slot = faulty_link.HostSlot(records.make_host(sync))
-  links = [faulty_link.FaultyLink(slot, m, clock, shared, InProcessLink) for m in range(m_count)]
+  shards = getattr(sync, "shards", [sync])
+  if len(shards) > 1 and faults:
+    raise ValueError(
+        f"the threads runtime runs outer.sync_shards={len(shards)} without a fault schedule: "
+        "run the faults on the virtual runtime or as gRPC processes (scripts/chaos_local.py)"
+    )
+  slots = [faulty_link.HostSlot(records.make_host(shard)) for shard in shards]
+  slot = slots[0]
+  links = [
+      _link(
+          parts,
+          learners[m],
+          [faulty_link.FaultyLink(s, m, clock, shared, InProcessLink) for s in slots],
+      )
+      for m in range(m_count)
+  ]
   driver = records.driver = threads_chaos.Driver(
       clock=clock,
       slot=slot,
@@ -107,12 +125,21 @@ def train(
   driver.finish()
   for link in links:
     link.close()
-  slot.host.close()
+  for s in slots:
+    s.host.close()
   if recover is not None:
     recover.close()
-  summary = {**_summary(config, learners, results, wall), **records.summary(slot.host.sync)}
+  sync = slot.host.sync if len(slots) == 1 else sync
+  summary = {**_summary(config, learners, results, wall), **records.summary(sync)}
   copies = [{k: v for g in l.global_copy for k, v in g.items()} for l in learners]
-  return summary, slot.host.sync.global_params(), copies
+  return summary, sync.global_params(), copies
+
+
+def _link(parts: build.Parts, learner: Learner, links: list):
+  """Learner m's link: to the one host, or to every shard's host (routed by fragment)."""
+  if len(links) == 1:
+    return links[0]
+  return sharded_link.ShardedLink(links, parts.owner_of, learner)
 
 
 def _summary(
