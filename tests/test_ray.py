@@ -1,7 +1,8 @@
-"""A real local Ray cluster (started here, stopped at the end): the synchronizer and two learners of
-the tiny model in mode=decoupled under experiments.launch_ray. One learner's process and then the
-synchronizer's are SIGKILLed by PID; Ray's driver brings both back, the learner resumes from its
-checkpoint and merges again, and the restarted synchronizer holds exactly its checkpoint."""
+"""A real local Ray cluster (started here, stopped at the end): two synchronizer shards and two
+learners of the tiny model in mode=decoupled under experiments.launch_ray. One learner's process
+and then one shard's are SIGKILLed by PID; Ray's driver brings both back, the learner resumes from
+its checkpoint and merges again, the other shard merges on through the outage, and the restarted
+shard holds exactly its checkpoint and merges its fragments again."""
 
 import json
 import os
@@ -19,6 +20,9 @@ FLAGS = (
     "--config.outer.learner_checkpoint_every=20",
     "--config.deploy.restart_backoff_s=0.5",
     "--config.deploy.absent_after_s=3",
+    "--config.outer.sync_shards=2",
+    "--config.outer.fragments=4",
+    "--config.outer.fragment_kind=balanced",
 )
 
 
@@ -26,13 +30,21 @@ def _progress(wd: str, m: int) -> int:
   return max((r["step"] for r in ray_local.rows(f"{wd}/learner{m}/progress.jsonl")), default=0)
 
 
-def _merged_after(wd: str, t: float, m: int | None = None) -> bool:
-  return any(r["time"] > t and (m is None or m in r["learners"]) for r in ray_local.merges(wd))
+def _merged_after(wd: str, t: float, m: int | None = None, role: str = "sync1") -> bool:
+  return any(
+      r["time"] > t and (m is None or m in r["learners"]) for r in ray_local.merges(wd, role)
+  )
+
+
+def _all_merges(wd: str) -> list[dict]:
+  return sorted(
+      ray_local.merges(wd, "sync0") + ray_local.merges(wd, "sync1"), key=lambda r: r["time"]
+  )
 
 
 def _run_with_kills(wd: str, log: str, jax_cache: str) -> list[dict]:
-  """Kills learner 1 once it checkpointed, then the synchronizer as soon as learner 1's new process
-  has restored its checkpoint; waits for learner 1's first merge with the new synchronizer."""
+  """Kills learner 1 once it checkpointed, then shard 1 as soon as learner 1's new process has
+  restored its checkpoint; waits for learner 1's first merge with the new shard 1."""
   kills = []
   with ray_local.cluster(num_cpus=4, jax_cache=jax_cache) as address:
     proc = ray_local.launch(address, CONFIG, 2, wd, *FLAGS, log=log)
@@ -43,9 +55,9 @@ def _run_with_kills(wd: str, log: str, jax_cache: str) -> list[dict]:
           lambda: ray_local.rows(f"{wd}/learner1/starts.jsonl")[1:], 90, proc=proc
       )
       assert starts[0]["restored_step"] is not None
-      kills.append(ray_local.kill(wd, "sync"))
+      kills.append(ray_local.kill(wd, "sync1"))
       ray_local.wait_for(
-          lambda: ray_local.state(wd)["procs"]["sync"]["pid"] != kills[1]["pid"], 60, proc=proc
+          lambda: ray_local.state(wd)["procs"]["sync1"]["pid"] != kills[1]["pid"], 60, proc=proc
       )
       ray_local.wait_for(lambda: _merged_after(wd, kills[1]["time"], 1), 60, proc=proc)
       assert proc.wait(timeout=180) == 0
@@ -60,9 +72,9 @@ def test_ray_brings_back_a_killed_learner_and_synchronizer(tmp_path):
   kills = _run_with_kills(wd, str(tmp_path / "launch.log"), str(tmp_path / "jax_cache"))
   with open(os.path.join(wd, "ray_report.json")) as f:
     report = json.load(f)
-  assert report["restarts"] == {"sync": 1, "learner0": 0, "learner1": 1}
+  assert report["restarts"] == {"sync0": 0, "sync1": 1, "learner0": 0, "learner1": 1}
   failed = [(e["role"], e["error"]) for e in report["events"] if e["event"] == "failed"]
-  assert [role for role, _ in failed] == ["learner1", "sync"], failed
+  assert [role for role, _ in failed] == ["learner1", "sync1"], failed
   # The learner came back in a new process from its newest checkpoint (every 20 steps, killed
   # after step 30), and finished every step.
   starts = ray_local.rows(f"{wd}/learner1/starts.jsonl")
@@ -70,14 +82,20 @@ def test_ray_brings_back_a_killed_learner_and_synchronizer(tmp_path):
   assert starts[1]["restored_step"] is not None and starts[1]["restored_step"] >= 20
   assert report["learners"][1]["restored_step"] == starts[1]["restored_step"]
   assert [r["steps"] for r in report["learners"]] == [600, 600]
-  # The synchronizer restarted as generation 1 from its checkpoint, arrays equal to it.
-  sync = report["sync"]
-  assert sync["generation"] == 1 and sync["restored_from"] is not None
-  assert sync["restored_arrays_equal"] is True
-  rec = recovery_times.recovery(ray_local.merges(wd), kills, ray_local.starts(wd, 2), learners=2)
-  assert rec["learner_kills"][0]["first_merge_s"] > rec["learner_kills"][0]["restart_s"] > 0
+  # Shard 1 restarted as its own generation 1 from its checkpoint, arrays equal to it; shard 0
+  # never restarted, and merged its own fragments while shard 1 was away.
+  shard0, shard1 = report["shards"]
+  assert shard1["generation"] == 1 and shard1["restored_from"] is not None
+  assert shard1["restored_arrays_equal"] is True
+  assert shard0["generation"] == 0 and not set(shard0["owned"]) & set(shard1["owned"])
+  back = min(r["time"] for r in ray_local.merges(wd, "sync1") if r["time"] > kills[1]["time"])
+  outage = [r for r in ray_local.merges(wd, "sync0") if kills[1]["time"] < r["time"] < back]
+  assert outage and {r["fragment"] for r in outage} <= set(shard0["owned"]), outage
+  shard_kill = {**kills[1], "process": "sync"}  # shard 1's merges, as one synchronizer's
+  rec = recovery_times.recovery(ray_local.merges(wd, "sync1"), [shard_kill], {}, learners=2)
   assert rec["sync_kills"][0]["first_merge_s"] > 0
-  # Learner 1's first merge after its restart waited for the new synchronizer.
-  lk = rec["learner_kills"][0]
-  assert lk["killed_at"] + lk["first_merge_s"] > kills[1]["time"]
-  assert 0 < lk["survivors_longest_pause_s"] <= lk["first_merge_s"]
+  rec = recovery_times.recovery(_all_merges(wd), kills[:1], ray_local.starts(wd, 2), learners=2)
+  assert rec["learner_kills"][0]["first_merge_s"] > rec["learner_kills"][0]["restart_s"] > 0
+  # The restarted learner merged again with both shards (with shard 1 after its restart).
+  assert _merged_after(wd, starts[1]["time"], 1, "sync0")
+  assert _merged_after(wd, kills[1]["time"], 1, "sync1")

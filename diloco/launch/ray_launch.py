@@ -1,6 +1,7 @@
 """Ray: the synchronizer and M learners as Ray tasks, each group restarted when it fails.
 
-The driver (experiments.launch_ray) submits the synchronizer, waits for its address, then one task
+The driver (experiments.launch_ray) submits the synchronizer (with outer.sync_shards=S, one task
+per shard, roles sync0..sync<S-1>, each restarted on its own), waits for its address, then one task
 per learner, or on TPU one task per host of a slice through Ray's TPU support
 (`ray.util.tpu.run_on_slice`), each learner a multi-host JAX job (--config.distributed=True) on a
 slice of its own. When a task fails (its process died or was killed, its node went away, or it
@@ -28,6 +29,7 @@ class Plan:
   """What the driver schedules, decided from the config before Ray is touched."""
 
   learners: int
+  shards: int = 1  # outer.sync_shards: one synchronizer task per shard
   hosts_per_learner: int = 1
   topology: str = ""  # on TPU, with the generation: where run_on_slice places a learner
   generation: str = ""
@@ -46,13 +48,14 @@ def plan(config, learners: int, tpu: bool) -> Plan:
         "(set both, e.g. with the `learners=` variant)"
     )
   policy = supervisor.Policy(d.max_restarts, d.restart_backoff_s, max(300.0, d.restart_backoff_s))
+  shards = config.outer.sync_shards
   if not tpu:
-    return Plan(learners, policy=policy)
+    return Plan(learners, shards, policy=policy)
   pod = tpu_types.parse(d.tpu.accelerator_type)
   if not d.tpu.topology:
     raise ValueError("deploy.tpu.topology is required with --tpu (e.g. 2x2x1 for v4-8)")
   topology = tpu_types.check_topology(pod, d.tpu.topology)
-  return Plan(learners, pod.hosts, topology, pod.generation, policy)
+  return Plan(learners, shards, pod.hosts, topology, pod.generation, policy)
 
 
 @dataclasses.dataclass
@@ -82,9 +85,12 @@ class Driver:
     self._sync_fn = ray.remote(**task)(ray_tasks.synchronizer)
     self._learner_fn = ray.remote(**task)(ray_tasks.learner)
     self.directory = ray.remote(ray_tasks.Directory).options(num_cpus=0).remote()
-    self.sync = Group("sync", delay=p.policy.backoff_s)
+    roles = ["sync"] if p.shards == 1 else [f"sync{s}" for s in range(p.shards)]
+    self.syncs = [Group(role, delay=p.policy.backoff_s) for role in roles]
     self.learners = [Group(f"learner{m}", delay=p.policy.backoff_s) for m in range(p.learners)]
-    self.sync_options = self._sync_placement()
+    placement = self._sync_placement()
+    self.sync_options = {role: dict(placement) for role in roles}  # pinned once each listens
+    self.sync_ports: dict[str, str] = {}  # role -> the port its restarts bind
 
   def _sync_placement(self) -> dict:
     """On the node marked with NODE_RESOURCE when the cluster has one, else anywhere (the first
@@ -99,14 +105,19 @@ class Driver:
   def _submit(self, g: Group) -> None:
     g.started, g.due = time.monotonic(), None
     self._event("submit", g.role, restarts=g.restarts)
-    if g.role == "sync":
+    if g.role.startswith("sync"):
+      shard = None if g.role == "sync" else int(g.role[len("sync") :])
+      port = (
+          (f"--config.deploy.port={self.sync_ports[g.role]}",) if g.role in self.sync_ports else ()
+      )
       g.refs = [
-          self._sync_fn.options(num_cpus=1, **self.sync_options).remote(
+          self._sync_fn.options(num_cpus=1, **self.sync_options[g.role]).remote(
               self.spec,
-              self.overrides,
-              os.path.join(self.workdir, "sync"),
+              (*self.overrides, *port),
+              os.path.join(self.workdir, g.role),
               self.token,
               self.directory,
+              shard,
           )
       ]
       return
@@ -148,24 +159,32 @@ class Driver:
     g.due, g.restarts = time.monotonic() + g.delay, g.restarts + 1
     g.delay = min(2 * g.delay, self.plan.policy.max_backoff_s)
 
-  def _pin_sync(self, state: dict) -> None:
-    """Once the synchronizer listens: its address goes to the learners, and its restarts reuse
-    its port and (unless a node is marked for it) its node."""
+  def _pin_sync(self, state: dict) -> bool:
+    """Once a synchronizer process listens, its restarts reuse its port and (unless a node is
+    marked for it) its node; once every one does, their addresses (in shard order) go to the
+    learners. Whether they all do."""
     from ray.util.scheduling_strategies import (  # pylint: disable=import-outside-toplevel
         NodeAffinitySchedulingStrategy,
     )
 
-    self.target = state["sync_address"]
-    self.overrides = (*self.overrides, f"--config.deploy.port={self.target.rsplit(':', 1)[1]}")
-    if not self.sync_options:
-      node = state["procs"]["sync"]["node_id"]
-      self.sync_options = {
-          "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-      }
-    self._event("sync_address", "sync", address=self.target)
+    addresses = state["sync_addresses"]
+    for g in self.syncs:
+      if g.role in self.sync_ports or g.role not in addresses:
+        continue
+      self.sync_ports[g.role] = addresses[g.role].rsplit(":", 1)[1]
+      if not self.sync_options[g.role]:
+        node = state["procs"][g.role]["node_id"]
+        self.sync_options[g.role] = {
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        }
+      self._event("sync_address", g.role, address=addresses[g.role])
+    if len(self.sync_ports) < len(self.syncs):
+      return False
+    self.target = ",".join(addresses[g.role] for g in self.syncs)
+    return True
 
   def _groups(self) -> list[Group]:
-    return [self.sync, *self.learners]
+    return [*self.syncs, *self.learners]
 
   def _poll(self) -> None:
     """Collects finished and failed tasks; submits groups whose restart is due."""
@@ -189,7 +208,7 @@ class Driver:
         self._event("finished", g.role)
     now = time.monotonic()
     for g in self._groups():
-      if g.due is not None and g.due <= now and (g.role == "sync" or self.target):
+      if g.due is not None and g.due <= now and (g.role.startswith("sync") or self.target):
         self._submit(g)
 
   def write_state(self) -> dict:
@@ -210,15 +229,15 @@ class Driver:
     """Runs until the synchronizer and every learner finished; the report."""
     os.makedirs(self.workdir, exist_ok=True)
     t0 = time.monotonic()
-    self._submit(self.sync)
+    for g in self.syncs:
+      self._submit(g)
     try:
       while not all(g.done for g in self._groups()):
         if time.monotonic() - t0 > max_s:
           raise TimeoutError(f"the run did not finish in {max_s} s")
         self._poll()
         state = self.write_state()
-        if not self.target and state["sync_address"]:
-          self._pin_sync(state)
+        if not self.target and self._pin_sync(state):
           for g in self.learners:
             self._submit(g)
     finally:
@@ -231,7 +250,8 @@ class Driver:
     report = {
         "wall_s": round(wall_s, 1),
         "restarts": {g.role: g.restarts for g in self._groups()},
-        "sync": self.sync.result,
+        "sync": self.syncs[0].result if len(self.syncs) == 1 else None,
+        "shards": [g.result for g in self.syncs],
         "learners": [g.result for g in self.learners],
         "events": self.events,
     }

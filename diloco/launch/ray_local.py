@@ -99,11 +99,12 @@ def state(workdir: str) -> dict:
     return {}
 
 
-def merges(workdir: str) -> list[dict]:
-  """{time (wall), learners} of every merge the synchronizer logged."""
+def merges(workdir: str, role: str = "sync") -> list[dict]:
+  """{time (wall), learners, fragment} of every merge the synchronizer (or shard `role`,
+  sync<s>) logged."""
   return [
-      {"time": r["wall_time"], "learners": r["learners"]}
-      for r in rows(os.path.join(workdir, "sync", "metrics.jsonl"))
+      {"time": r["wall_time"], "learners": r["learners"], "fragment": r["fragment"]}
+      for r in rows(os.path.join(workdir, role, "metrics.jsonl"))
       if r.get("event") == "merge"
   ]
 

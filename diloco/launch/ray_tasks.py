@@ -12,21 +12,25 @@ import time
 
 
 class Directory:
-  """A Ray actor: the processes of the run (role -> pid, node, start time) and the synchronizer's
-  address once it listens."""
+  """A Ray actor: the processes of the run (role -> pid, node, start time) and each synchronizer
+  process's address once it listens (role sync, or sync<s> for shard s)."""
 
   def __init__(self):
     self.procs: dict[str, dict] = {}
-    self.sync_address: str | None = None
+    self.sync_addresses: dict[str, str] = {}
 
   def started(self, role: str, pid: int, host: str, node_id: str) -> None:
     self.procs[role] = {"pid": pid, "host": host, "node_id": node_id, "time": time.time()}
 
-  def sync_at(self, address: str) -> None:
-    self.sync_address = address
+  def sync_at(self, address: str, role: str = "sync") -> None:
+    self.sync_addresses[role] = address
 
   def state(self) -> dict:
-    return {"procs": dict(self.procs), "sync_address": self.sync_address}
+    return {
+        "procs": dict(self.procs),
+        "sync_address": self.sync_addresses.get("sync"),
+        "sync_addresses": dict(self.sync_addresses),
+    }
 
 
 def _announce(directory, role: str) -> str:
@@ -38,31 +42,35 @@ def _announce(directory, role: str) -> str:
   return ray.util.get_node_ip_address()
 
 
-def _report_port(workdir: str, ip: str, directory) -> None:
+def _report_port(workdir: str, ip: str, directory, role: str) -> None:
   """Waits for WORKDIR/port (removed before this start) and sends ip:port to the directory."""
   path = os.path.join(workdir, "port")
   while True:
     if os.path.exists(path):
       with open(path) as f:
-        directory.sync_at.remote(f"{ip}:{int(f.read())}")
+        directory.sync_at.remote(f"{ip}:{int(f.read())}", role)
       return
     time.sleep(0.05)
 
 
-def synchronizer(spec: str, overrides: tuple, workdir: str, token: str, directory) -> dict:
-  """The synchronizer process (sync_main.run), bound to this node's address unless the config
-  binds elsewhere; it restores its newest checkpoint when there is one."""
+def synchronizer(
+    spec: str, overrides: tuple, workdir: str, token: str, directory, shard: int | None = None
+) -> dict:
+  """The synchronizer process (sync_main.run; shard `shard` of outer.sync_shards), bound to this
+  node's address unless the config binds elsewhere; it restores its newest checkpoint when there
+  is one."""
   from diloco.rpc import local, sync_main  # pylint: disable=import-outside-toplevel
 
-  ip = _announce(directory, "sync")
+  role = "sync" if shard is None else f"sync{shard}"
+  ip = _announce(directory, role)
   config = local.load_config(spec, overrides)
   if config.deploy.bind == "127.0.0.1":
     config.deploy.bind = ip
   os.makedirs(workdir, exist_ok=True)
   if os.path.exists(os.path.join(workdir, "port")):
     os.remove(os.path.join(workdir, "port"))
-  threading.Thread(target=_report_port, args=(workdir, ip, directory), daemon=True).start()
-  return sync_main.run(config, workdir, token=token)
+  threading.Thread(target=_report_port, args=(workdir, ip, directory, role), daemon=True).start()
+  return sync_main.run(config, workdir, token=token, shard=shard)
 
 
 def learner(
