@@ -336,6 +336,47 @@ def test_xpk_workloads_read_the_token_from_a_kubernetes_secret(tmp_path):
     assert "--synchronizer=diloco-sync-slice-job-0-0.diloco-sync:6000" in command
 
 
+def test_synchronizer_shards_on_cpu_hosts_gcloud_and_xpk(tmp_path):
+  spec = "configs/shakespeare.py:mode=decoupled"
+  shards = ("--config.outer.sync_shards=2",)
+  stage = staging.Stage(str(tmp_path / "stage"))
+  # gcloud, two CPU VMs: each created and given the code, then its shard started on deploy.port.
+  flags = (
+      TPU_FLAGS[:-1]
+      + shards
+      + (
+          "--config.deploy.tpu.sync_host=10.0.0.2,10.0.0.3",
+          "--config.deploy.tpu.sync_vm=dsync0,dsync1",
+      )
+  )
+  cmds = gcloud.commands(spec, _config(*flags), flags, "/w", stage)
+  starts = [c for c in cmds if c[:3] == ["gcloud", "compute", "ssh"]]
+  assert [c[3] for c in starts] == ["dsync0", "dsync1"]
+  for s, start in enumerate(starts):
+    words = shlex.split(_remote(start).rsplit("setsid nohup ", 1)[1].split(" >> ")[0])
+    assert f"--shard={s}" in words and f"--workdir=/w/sync{s}" in words
+    assert f"--config.deploy.bind=10.0.0.{2 + s}" in words and "--config.deploy.port=6000" in words
+  learner = _remote(cmds[-1])
+  assert "--synchronizer=10.0.0.2:6000,10.0.0.3:6000" in learner
+  # One host for both shards: ports 6000 and 6001 there.
+  flags = TPU_FLAGS + shards
+  cmds = gcloud.commands(spec, _config(*flags), flags, "/w", stage)
+  assert "--synchronizer=10.0.0.2:6000,10.0.0.2:6001" in _remote(cmds[-1])
+  bad = TPU_FLAGS[:-1] + shards + ("--config.deploy.tpu.sync_host=10.0.0.2,10.0.0.3,10.0.0.4",)
+  with pytest.raises(ValueError, match="names 3 addresses .* for outer.sync_shards=2"):
+    gcloud.commands(spec, _config(*bad), bad, "/w", stage)
+  # xpk: a CPU workload per shard, learners given both JobSet addresses.
+  flags = TPU_FLAGS + shards + ("--config.deploy.xpk.cluster=c1",)
+  cmds = xpk.commands(spec, _config(*flags), flags, "/data/d", stage)
+  sync0, sync1, *learners = cmds[5:]
+  assert "--workload=diloco-sync0" in sync0 and "--workload=diloco-sync1" in sync1
+  assert "--shard=1" in _remote(sync1) and "--workdir=/data/d/sync1" in _remote(sync1)
+  assert len(learners) == 2 and (
+      "--synchronizer=diloco-sync0-slice-job-0-0.diloco-sync0:6000,"
+      "diloco-sync1-slice-job-0-0.diloco-sync1:6000"
+  ) in _remote(learners[0])
+
+
 # ---- Ray's plan ----
 
 

@@ -6,7 +6,10 @@ needs (diloco/launch/staging.py); TPU workers install the `tpu` extra and learne
 deploy.expect_platform=tpu, so a worker whose JAX cannot see its chips stops with an error
 instead of training on the host's CPU. Each process runs under experiments.supervise. The
 synchronizer runs on the launching machine, or on the CPU VM deploy.tpu.sync_vm (created with
-the internal address deploy.tpu.sync_host).
+the internal address deploy.tpu.sync_host). With outer.sync_shards=S, shard s runs as its own
+supervised process (--shard=s, WORKDIR/sync<s>): sync_host and sync_vm may list S addresses and
+VMs (one shard per CPU host, each on deploy.port), or name one (every shard there, on deploy.port
++ s); learners are given every shard's address.
 """
 
 import shlex
@@ -49,7 +52,28 @@ def check(config, *, synchronizer: bool = True) -> list[str]:
       raise ValueError("deploy.tpu.sync_host is required: the synchronizer's internal address")
     if not d.port:
       raise ValueError("deploy.port must be set: learners on other hosts connect to it")
+    sync_places(config)
   return names
+
+
+def sync_places(config) -> list[tuple[str, str, int]]:
+  """(VM or '' for this machine, internal address, port) of each synchronizer shard."""
+  d, t, shards = config.deploy, config.deploy.tpu, config.outer.sync_shards
+  hosts = [h.strip() for h in t.sync_host.split(",")]
+  vms = [v.strip() for v in t.sync_vm.split(",")] if t.sync_vm else [""] * len(hosts)
+  if len(hosts) not in (1, shards) or not all(hosts):
+    raise ValueError(
+        f"deploy.tpu.sync_host names {len(hosts)} addresses ({t.sync_host!r}) for "
+        f"outer.sync_shards={shards}: give one (every shard there) or one per shard"
+    )
+  if len(vms) != len(hosts) or (t.sync_vm and not all(vms)):
+    raise ValueError(
+        f"deploy.tpu.sync_vm names {len(vms)} VMs ({t.sync_vm!r}) for {len(hosts)} sync_host "
+        "address(es): one VM per address"
+    )
+  if len(hosts) == 1:
+    return [(vms[0], hosts[0], d.port + s) for s in range(shards)]
+  return [(vm, host, d.port) for vm, host in zip(vms, hosts)]
 
 
 def _where(t) -> list[str]:
@@ -76,40 +100,46 @@ def _slice(t, name: str, stage: staging.Stage) -> list[list[str]]:
 
 
 def _sync(config, flags_: str, workdir: str, stage: staging.Stage) -> list[list[str]]:
-  """The synchronizer under its supervisor, on deploy.tpu.sync_vm or on this machine."""
-  d, t = config.deploy, config.deploy.tpu
-  # Loopback is unreachable from the slices: bind the internal address unless told otherwise.
-  bind = f" --config.deploy.bind={shlex.quote(t.sync_host)}" if d.bind == "127.0.0.1" else ""
-  log = f"{workdir}/sync.supervisor.jsonl"
-  if not t.sync_vm:
-    command = f"experiments.synchronizer {flags_}{bind} --workdir={workdir}/sync"
-    return [
-        [
-            "bash",
-            "-c",
-            f"mkdir -p {workdir} && "
-            + staging.supervised(command, d, log, f"{workdir}/sync.log", python="python"),
-        ]
-    ]
-  exists = shlex.join(VM + ["instances", "describe", t.sync_vm] + _where(t))
+  """Each synchronizer shard under its supervisor, on its VM or on this machine (a VM is
+  created and given the code once, however many shards it runs)."""
+  d, t, shards = config.deploy, config.deploy.tpu, config.outer.sync_shards
+  cmds, ready = [], set()
+  for s, (vm, host, port) in enumerate(sync_places(config)):
+    name = "sync" if shards == 1 else f"sync{s}"
+    # Loopback is unreachable from the slices: bind the internal address unless told otherwise.
+    bind = f" --config.deploy.bind={shlex.quote(host)}" if d.bind == "127.0.0.1" else ""
+    shard = "" if shards == 1 else f" --shard={s} --config.deploy.port={port}"
+    log = f"{workdir}/{name}.supervisor.jsonl"
+    command = f"experiments.synchronizer {flags_}{bind}{shard}"
+    if not vm:
+      command += f" --workdir={workdir}/{name}"
+      line = staging.supervised(command, d, log, f"{workdir}/{name}.log", python="python")
+      cmds.append(["bash", "-c", f"mkdir -p {workdir} && " + line])
+      continue
+    if vm not in ready:
+      cmds += _sync_vm(t, vm, host, stage)
+      ready.add(vm)
+    command += f" {staging.token_flag(t.repo_dir)} --workdir={workdir}/{name}"
+    remote = f"{staging.unpack(t.repo_dir)}; mkdir -p {workdir}; " + staging.supervised(
+        command, d, log, f"{workdir}/{name}.log"
+    )
+    cmds.append(VM + ["ssh", vm] + _where(t) + [f"--command={remote}"])
+  return cmds
+
+
+def _sync_vm(t, vm: str, host: str, stage: staging.Stage) -> list[list[str]]:
+  """Creates CPU VM `vm` at internal address `host` unless it exists; copies the code there."""
+  exists = shlex.join(VM + ["instances", "describe", vm] + _where(t))
   create = shlex.join(
       VM
-      + ["instances", "create", t.sync_vm, f"--machine-type={t.sync_machine_type}"]
+      + ["instances", "create", vm, f"--machine-type={t.sync_machine_type}"]
       + ["--image-family=debian-12", "--image-project=debian-cloud"]
-      + [f"--private-network-ip={t.sync_host}"]
+      + [f"--private-network-ip={host}"]
       + _where(t)
-  )
-  command = (
-      f"experiments.synchronizer {flags_}{bind} {staging.token_flag(t.repo_dir)} "
-      f"--workdir={workdir}/sync"
-  )
-  remote = f"{staging.unpack(t.repo_dir)}; mkdir -p {workdir}; " + staging.supervised(
-      command, d, log, f"{workdir}/sync.log"
   )
   return [
       ["bash", "-c", f"{exists} >/dev/null 2>&1 || {create}"],
-      VM + ["scp", stage.code, stage.token, f"{t.sync_vm}:~"] + _where(t),
-      VM + ["ssh", t.sync_vm] + _where(t) + [f"--command={remote}"],
+      VM + ["scp", stage.code, stage.token, f"{vm}:~"] + _where(t),
   ]
 
 
@@ -139,11 +169,12 @@ def commands(
   flags_ = _flags(spec, overrides)
   cmds = [staging.pack(stage)] if pack else []
   cmds += _sync(config, flags_, workdir, stage)
+  targets = ",".join(f"{host}:{port}" for _, host, port in sync_places(config))
   for m, name in enumerate(names):
     learner = (
         f"experiments.learner {flags_} --config.distributed=True "
         f"--config.deploy.expect_platform=tpu --learner_id={m} "
-        f"--synchronizer={t.sync_host}:{d.port} {staging.token_flag(t.repo_dir)} "
+        f"--synchronizer={targets} {staging.token_flag(t.repo_dir)} "
         f"--workdir={workdir}/learner{m}"
     )
     cmds += _slice(t, name, stage)

@@ -8,7 +8,9 @@ deploy.xpk.base_image and the staged code (no .venv, runs or caches). JobSet res
 whose pod fails (`--max-restarts`, counting failures of our code too), and a learner resumes from
 its checkpoint when WORKDIR outlives the pod (storage attached with `xpk storage attach`, or a
 gs:// bucket mounted by GCS FUSE). Learners reach the synchronizer at its pod's JobSet DNS name,
-`<workload>-slice-job-0-0.<workload>`, unless deploy.xpk.sync_address says otherwise.
+`<workload>-slice-job-0-0.<workload>`, unless deploy.xpk.sync_address says otherwise. With
+outer.sync_shards=S, each shard is its own CPU workload `<prefix>-sync<s>` (--shard=s), restarted
+on its own, and learners are given every shard's address (sync_address: S of them, comma-separated).
 """
 
 import shlex
@@ -32,7 +34,22 @@ def check(config) -> list[str]:
   tpu_types.parse(d.tpu.accelerator_type)
   if not d.port:
     raise ValueError("deploy.port must be set: learners in other pods connect to it")
+  sync_addresses(config)
   return gcloud.slice_names(config)
+
+
+def sync_addresses(config) -> list[tuple[str, str]]:
+  """(workload, address) of each synchronizer shard (one workload when unsharded)."""
+  x, shards = config.deploy.xpk, config.outer.sync_shards
+  sync = f"{config.deploy.tpu.name_prefix}-sync"
+  names = [sync] if shards == 1 else [f"{sync}{s}" for s in range(shards)]
+  given = [a.strip() for a in x.sync_address.split(",")] if x.sync_address else []
+  if given and (len(given) != shards or not all(given)):
+    raise ValueError(
+        f"deploy.xpk.sync_address names {len(given)} addresses ({x.sync_address!r}) but "
+        f"outer.sync_shards={shards}: one per shard, in shard order"
+    )
+  return [(n, given[s] if given else f"{n}-slice-job-0-0.{n}") for s, n in enumerate(names)]
 
 
 def _apply(create: list[str]) -> list[str]:
@@ -82,8 +99,8 @@ def commands(
   """Every command of the deployment, in order, as argument lists (none holds the token)."""
   names = check(config)
   d, x, t = config.deploy, config.deploy.xpk, config.deploy.tpu
-  sync = f"{t.name_prefix}-sync"
-  address = x.sync_address or f"{sync}-slice-job-0-0.{sync}"
+  syncs = sync_addresses(config)
+  targets = ",".join(f"{address}:{d.port}" for _, address in syncs)
   flags_ = " ".join(shlex.quote(a) for a in (f"--config={spec}", *overrides))
   token = f"--token_from=k8s:{x.namespace}/{x.token_secret}/token"
   src = shlex.quote(f"{stage.dir}/src")
@@ -93,16 +110,18 @@ def commands(
       *secret_commands(config, stage),
   ]
   bind = " --config.deploy.bind=0.0.0.0" if d.bind == "127.0.0.1" else ""
-  cmds.append(
-      _workload(
-          config,
-          sync,
-          [f"--device-type={x.sync_device_type}", "--num-nodes=1"],
-          f"pip install -q -e . && python -m experiments.synchronizer {flags_}{bind} {token} "
-          f"--workdir={workdir}/sync",
-          stage,
-      )
-  )
+  for s, (name, _) in enumerate(syncs):
+    shard = f" --shard={s}" if len(syncs) > 1 else ""
+    cmds.append(
+        _workload(
+            config,
+            name,
+            [f"--device-type={x.sync_device_type}", "--num-nodes=1"],
+            f"pip install -q -e . && python -m experiments.synchronizer {flags_}{bind}{shard} "
+            f"{token} --workdir={workdir}/{name.removeprefix(t.name_prefix + '-')}",
+            stage,
+        )
+    )
   for m, name in enumerate(names):
     cmds.append(
         _workload(
@@ -111,7 +130,7 @@ def commands(
             [f"--tpu-type={t.accelerator_type}", "--num-slices=1"],
             f"pip install -q -e '.[tpu]' && python -m experiments.learner {flags_} "
             f"--config.distributed=True --config.deploy.expect_platform=tpu --learner_id={m} "
-            f"--synchronizer={address}:{d.port} {token} --workdir={workdir}/learner{m}",
+            f"--synchronizer={targets} {token} --workdir={workdir}/learner{m}",
             stage,
         )
     )
