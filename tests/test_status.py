@@ -121,6 +121,21 @@ def test_metrics_parse_as_prometheus_text(live):
     assert samples[("diloco_fragment_version", (("fragment", str(p)),))] == v
 
 
+def test_a_shards_metrics_and_page_carry_its_shard(live):
+  _finished(live)
+  live["board"].shard = 1
+  try:
+    _, _, body = _get(live["port"], "/metrics")
+    _, _, page = _get(live["port"], "/")
+  finally:
+    live["board"].shard = None
+  samples = [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
+  assert samples and all(s.labels.get("shard") == "1" for s in samples)
+  merges = [s for s in samples if s.name == "diloco_sync_merges_total"]
+  assert [m.value for m in merges] == [live["sync"].merges]
+  assert b"<h1>DiLoCo synchronizer shard 1</h1>" in page
+
+
 @pytest.mark.parametrize("token", [None, "wrong", ""])
 @pytest.mark.parametrize("path", ["/", "/status", "/metrics"])
 def test_every_path_needs_the_token(live, path, token):

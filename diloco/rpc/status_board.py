@@ -34,6 +34,7 @@ class StatusBoard:
     self._loss: dict[int, collections.deque] = {}
     self._merges = 0
     self._refused: dict[str, int] = {}  # refusals of the status service itself
+    self.shard: int | None = None  # this process's shard of outer.sync_shards > 1
 
   def count(self, code: str) -> None:
     """A refused status request (never the host's lock: the status service must not wait)."""
@@ -98,7 +99,9 @@ class StatusBoard:
       loss = {m: list(d) for m, d in self._loss.items()}
     ids = sorted(set(reports) | set(held) | live)
     window = [t for t, _ in merge_times if t >= now - RATE_WINDOW_S]
+    owned = set(getattr(sync, "owned", range(len(versions))))
     return {
+        "shard": self.shard,
         "generation": sync.generation,
         "uptime_s": self.clock() - self.t0,
         "time_s": now,
@@ -115,6 +118,7 @@ class StatusBoard:
                 "recent": recent.get(p, []),
             }
             for p, v in enumerate(versions)
+            if p in owned
         ],
         "history": {
             "merges": [[t, n] for t, n in merge_times],

@@ -205,6 +205,7 @@ def run(
       key=deploy.key,
   )
   board.service = svc
+  board.shard = shard if config.outer.sync_shards > 1 else None
   status = _start_status(deploy, board, token, workdir)
   _write_port(workdir, bound)
   t0 = time.monotonic()

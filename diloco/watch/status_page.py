@@ -81,10 +81,28 @@ class _Collector:
     yield from counters.values()
 
 
+class _ShardLabel:
+  """Every sample of `inner` with the label shard="s" (a synchronizer shard's process)."""
+
+  def __init__(self, inner, shard: int):
+    self.inner, self.shard = inner, str(shard)
+
+  def collect(self):
+    for family in self.inner.collect():
+      family.samples = [
+          sample._replace(labels={**sample.labels, "shard": self.shard})
+          for sample in family.samples
+      ]
+      yield family
+
+
 def metrics_text(snapshot: dict[str, Any]) -> bytes:
-  """The snapshot in the Prometheus text format (version 0.0.4)."""
+  """The snapshot in the Prometheus text format (version 0.0.4); a shard's samples are labelled
+  with its shard."""
   registry = CollectorRegistry(auto_describe=False)
-  registry.register(_Collector(snapshot))
+  collector = _Collector(snapshot)
+  shard = snapshot.get("shard")
+  registry.register(collector if shard is None else _ShardLabel(collector, shard))
   return generate_latest(registry)
 
 
@@ -198,10 +216,11 @@ def html(snapshot: dict[str, Any]) -> str:
       f'<span>live learners <b>{sum(r["live"] for r in s["learners"])}</b> of '
       f'{len(s["learners"])}</span><span>refusals: {html_lib.escape(refusals)}</span></div>'
   )
+  name = "synchronizer" if s.get("shard") is None else f"synchronizer shard {s['shard']}"
   return (
       f'<!doctype html><html><head><meta charset="utf-8">'
-      f'<meta http-equiv="refresh" content="{REFRESH_S}"><title>DiLoCo synchronizer</title>'
-      f"<style>{_STYLE}</style></head><body><h1>DiLoCo synchronizer</h1>{glance}"
+      f'<meta http-equiv="refresh" content="{REFRESH_S}"><title>DiLoCo {name}</title>'
+      f"<style>{_STYLE}</style></head><body><h1>DiLoCo {name}</h1>{glance}"
       f'<div>{_svg(merges, "merges")}{_svg(loss, "learner loss")}</div>'
       f"<h2>Learners</h2>{learner_rows}<h2>Fragments</h2>{fragments}"
       f"</body></html>"
