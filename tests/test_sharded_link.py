@@ -68,8 +68,8 @@ def test_a_down_shard_holds_back_only_its_own_fragments():
   assert (shards[0].uploads, shards[1].uploads) == ([0], [3])
 
   shards[1].down = True  # killed
-  link.upload(_up(1))  # found down: handed back, not raised
-  assert link.up == [True, False] and link.downs == [0, 1] and link.take_refused() == [1]
+  link.upload(_up(1))  # found down: its fragments (3 unanswered) and this upload handed back
+  assert link.up == [True, False] and link.downs == [0, 1] and link.take_refused() == [1, 3, 1]
   link.upload(_up(2))  # shard 0 still takes its fragments
   link.upload(_up(3))  # not sent: shard 1 is down (backoff 0.1 s not passed)
   assert shards[0].uploads == [0, 2] and link.take_refused() == [3]

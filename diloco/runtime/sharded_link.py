@@ -3,11 +3,12 @@
 Each fragment's uploads go to the shard that owns it (`ownership.py`) and its merged versions
 come from it; a Join and every heartbeat go to every shard. A shard that cannot be reached holds
 back only its own fragments: the link marks it down and keeps serving the others, so the learner
-keeps training and syncing them; an upload of a down shard's fragment is handed back as unsent
-(`take_refused`, so the learner's machine stops waiting for its answer: the next scheduled upload
-carries the progress), and the shard is joined again, with the versions the learner then holds,
-once its backoff has passed. When it is back, its fragments' uploads still unanswered are handed
-back too: a restarted shard forgot them. Only when no shard can be reached does a call raise
+keeps training and syncing them. The down shard's fragments are handed back as unanswered
+(`take_refused`: the learner's machine stops waiting for them, so a blocking learner does not
+wait for a dead shard either, and the next scheduled upload carries the progress), as is every
+upload of them while it is down; the shard is joined again, with the versions the learner then
+holds, once its backoff has passed, and its fragments are handed back once more then (a
+restarted shard forgot what it was sent). Only when no shard can be reached does a call raise
 `Unreachable` (the learner loop then backs off and joins every shard again).
 
 Each shard's link polls in its own thread (`async_link.BackgroundLink`), so `poll` waits on what
@@ -58,7 +59,11 @@ class ShardedLink:
     return [p for p, o in enumerate(self.owner_of) if o == s]
 
   def _down(self, s: int) -> None:
-    self.downs[s] += self.up[s]
+    """Shard s stopped answering: nothing it was sent will be answered (its fragments are
+    handed back, so even a blocking learner trains on), and it is tried again after a backoff."""
+    if self.up[s]:
+      self.downs[s] += 1
+      self._unsent += self._fragments_of(s)
     self.up[s] = False
     self.retry_at[s] = self.clock() + self.backoff[s]
     self.backoff[s] = min(2 * self.backoff[s], self.max_backoff_s)
