@@ -15,11 +15,15 @@ generations, whether its last restart restored exactly the checkpointed arrays, 
 counted, whether every logged loss is finite, and how long recovery took
 (diloco/chaos/recovery_times.py: per kill, seconds to the first merge after it; the survivors'
 longest pause between merges; `scripts/chaos_ray.py` reports the same under Ray).
+With --config.outer.sync_shards=S, a synchronizer kill picks one shard (seeded, the learners'
+plan unchanged) and the report has each shard's generation, merges and versions; a shard kill's
+recovery is counted in that shard's own merges.
 """
 
 import argparse
 import json
 import os
+import random
 import sys
 import time
 
@@ -55,6 +59,19 @@ def _resumes(learner_dir):
   return out
 
 
+def _recovery(merges_of: dict, kills: list, starts: dict, learners: int) -> dict:
+  """recovery_times.recovery: learner kills against every merge; a synchronizer (shard) kill
+  against its own merges."""
+  times = lambda rows: [{"time": r["wall_time"], "learners": r["learners"]} for r in rows]
+  every = sorted((r for rows in merges_of.values() for r in rows), key=lambda r: r["wall_time"])
+  learner_kills = [k for k in kills if not k["process"].startswith("sync")]
+  out = recovery_times.recovery(times(every), learner_kills, starts, learners)
+  for name, rows in merges_of.items():
+    mine = [{**k, "process": "sync"} for k in kills if k["process"] == name]
+    out["sync_kills"] += recovery_times.recovery(times(rows), mine, starts, learners)["sync_kills"]
+  return out
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--config", default="configs/shakespeare.py:mode=decoupled,runlocal")
@@ -73,16 +90,21 @@ def main() -> None:
   )
   overrides = (f"--config.outer.learner_checkpoint_every={args.learner_checkpoint_every}", *extra)
   absent = local.load_config(config, overrides).deploy.absent_after_s
+  shards = local.load_config(config, overrides).outer.sync_shards
   c = local.LocalCluster(
       config,
       args.learners,
       os.path.abspath(args.workdir),
       overrides=overrides,
       absent_after_s=absent,
+      shards=shards,
   )
   plan = recovery_times.kill_plan(
       args.seed, args.duration_s, args.kills, args.learners, args.sync_share
   )
+  if shards > 1:  # which shard each synchronizer kill hits (its own stream: the plan is as before)
+    pick = random.Random(f"{args.seed}-shards")
+    plan = [(t, f"sync{pick.randrange(shards)}" if n == "sync" else n) for t, n in plan]
   kills, report = [], {}
   t0 = time.monotonic()
   try:
@@ -92,7 +114,10 @@ def main() -> None:
       was_alive, killed_at = c.alive(name), time.time()
       c.kill(name)
       time.sleep(args.down_s)
-      (c.start_sync() if name == "sync" else c.start_learner(int(name[7:])))
+      if name.startswith("sync"):
+        c.start_sync(shard=int(name[4:] or 0))
+      else:
+        c.start_learner(int(name[7:]))
       kills.append(
           {
               "t_s": round(time.monotonic() - t0, 1),
@@ -109,8 +134,14 @@ def main() -> None:
     alive = {n: c.alive(n) for n in c.procs}
   finally:
     c.stop(grace_s=15.0)
-  sync_rows = _rows(os.path.join(c.workdir, "sync", "metrics.jsonl"))
-  merges = [r for r in sync_rows if r.get("event") == "merge"]
+  names = [c.sync_name(s) for s in range(shards)]
+  merges_of = {
+      n: [
+          r for r in _rows(os.path.join(c.workdir, n, "metrics.jsonl")) if r.get("event") == "merge"
+      ]
+      for n in names
+  }
+  merges = sorted((r for rows in merges_of.values() for r in rows), key=lambda r: r["wall_time"])
   steps = {
       m: [r["step"] for r in _rows(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))]
       for m in range(args.learners)
@@ -120,20 +151,22 @@ def main() -> None:
       for m in range(args.learners)
       for r in _rows(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))
   ]
-  with open(os.path.join(c.workdir, "sync", "summary.json")) as f:
-    sync = json.load(f)
+  syncs = {}
+  for n in names:
+    with open(os.path.join(c.workdir, n, "summary.json")) as f:
+      syncs[n] = json.load(f)
   resumes = {m: _resumes(os.path.join(c.workdir, f"learner{m}")) for m in range(args.learners)}
   starts = {
       m: [r["time"] for r in _rows(os.path.join(c.workdir, f"learner{m}", "starts.jsonl"))]
       for m in range(args.learners)
   }
-  merge_times = [{"time": r["wall_time"], "learners": r["learners"]} for r in merges]
-  recovery = recovery_times.recovery(merge_times, kills, starts, args.learners)
+  recovery = _recovery(merges_of, kills, starts, args.learners)
+  sync = syncs[names[0]]
   report = {
       "duration_s": round(time.monotonic() - t0, 1),
       "kills": kills,
       "kills_total": len(kills),
-      "sync_kills": sum(k["process"] == "sync" for k in kills),
+      "sync_kills": sum(k["process"].startswith("sync") for k in kills),
       "every_killed_process_back": all(k["back"] for k in kills),
       "alive_before_stop": alive,
       "merges_logged": len(merges),
@@ -151,6 +184,17 @@ def main() -> None:
       "all_losses_finite": all(l == l and abs(l) != float("inf") for l in losses),
       "loss_first_last": [losses[0], losses[-1]] if losses else None,
       "refusals": sync.get("refusals"),
+      **(
+          {}
+          if shards == 1
+          else {
+              "shards": {
+                  n: {k: s.get(k) for k in ("owned", "generation", "merges", "versions")}
+                  | {"restored_arrays_equal": s.get("restored_arrays_equal")}
+                  for n, s in syncs.items()
+              }
+          }
+      ),
       "recovery": recovery,
       "recovery_worst": recovery_times.worst(recovery),
   }
