@@ -167,3 +167,38 @@ def test_shards_give_one_synchronizers_merges_and_bits(tmp_path, mode):
     assert log == log1, f"S={shards}: merge log differs"
     assert s["params_sha256"] == one["params_sha256"], f"S={shards}"
     assert s["learner_decisions"] == one["learner_decisions"], f"S={shards}"
+
+
+def test_one_shard_crashes_alone_on_the_virtual_clock(tmp_path):
+  """Shard 1 of 2 loses its memory at t=8 s for 6 s: shard 0 merges through the outage, shard 1
+  comes back from the newest checkpoint as its own generation 1 and merges again."""
+  c = shakespeare.get_config(
+      "runlocal,mode=decoupled,learners=2,chaos=sync_crash shard 1 at t=8s for 6s"
+  )
+  c.progress_bar = False
+  c.update_from_flattened_dict(
+      {"steps": 30, "outer.fragments": 4, "outer.fragment_kind": "balanced", "outer.sync_shards": 2}
+  )
+  summary = train.train_and_evaluate(c, str(tmp_path / "run"))
+  with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  owned = ownership.owned(build_owner_of(c), 1)
+  merges = [r for r in rows if r.get("event") == "merge"]
+  during = [r for r in merges if 8.0 <= r["time"] < 14.0]
+  assert during and all(r["fragment"] not in owned for r in during), during
+  after = [r for r in merges if r["time"] >= 14.0 and r["fragment"] in owned]
+  assert after, "shard 1 never merged again"
+  restarts = [r for r in rows if r.get("event") == "sync_restart"]
+  assert [(r["shard"], r["generation"]) for r in restarts] == [(1, 1)]
+  assert summary["synchronizer_restarts"] == 1 and summary["faults"] == {"sync_crash": 1}
+  assert summary["chaos"]["global_params_finite"]
+  with pytest.raises(ValueError, match="has no shard 2 to crash alone"):
+    bad = shakespeare.get_config("runlocal,mode=decoupled,chaos=sync_crash shard 2 at t=8s for 6s")
+    bad.outer.sync_shards, bad.outer.fragments, bad.outer.fragment_kind = 2, 4, "balanced"
+    train.prepare(bad)
+
+
+def build_owner_of(config) -> tuple[int, ...]:
+  from diloco.config import build  # pylint: disable=import-outside-toplevel
+
+  return build.synchronizer_only(config).owner_of

@@ -14,6 +14,8 @@ One fault per line (or separated by ';'), times and durations in simulated secon
   sync_crash at t=200s for 20s [save]         the synchronizer loses its memory and restarts from
                                               its last checkpoint after 20 s (`save`: it dies
                                               during its next checkpoint write instead)
+  sync_crash shard 1 at t=200s for 20s        only shard 1 of outer.sync_shards crashes (the
+                                              virtual runtime; the others merge on)
 
 `generate` draws a schedule: per learner, faults arrive as a Poisson process with mean time between
 failures `mtbf_s` (a learner's next fault is drawn after its previous one ends), of a kind drawn
@@ -65,6 +67,7 @@ class Fault:
   duration_s: float = 0.0
   factor: float = 0.0  # 0: the kind's default
   mode: str = ""  # '': the kind's first mode
+  shard: int | None = None  # sync_crash: one synchronizer shard (None: the whole synchronizer)
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -76,6 +79,10 @@ class Fault:
           f"{self.kind}: "
           + ("takes no learner" if self.kind == "sync_crash" else "needs a learner")
       )
+    if self.shard is not None and (self.kind != "sync_crash" or self.shard < 0):
+      raise ValueError(f"{self.kind}: only sync_crash takes a shard (>= 0), got {self.shard}")
+    if self.shard is not None and self.mode == "save":
+      raise ValueError("sync_crash of one shard: mode 'save' is not simulated (use 'now')")
     if self.learner is not None and self.learner < 0:
       raise ValueError(f"{self.kind}: learner must be >= 0, got {self.learner}")
     if self.kind in TIMED and not (math.isfinite(self.duration_s) and self.duration_s > 0):
@@ -104,6 +111,7 @@ class Fault:
   def describe(self) -> str:
     """The schedule line of this fault (`parse` reads it back)."""
     words = [self.kind] + ([f"learner {self.learner}"] if self.learner is not None else [])
+    words += [f"shard {self.shard}"] if self.shard is not None else []
     words.append(f"at t={self.time_s:g}s")
     if self.duration_s:
       words.append(f"for {self.duration_s:g}s")
@@ -132,6 +140,8 @@ def parse_line(line: str) -> Fault:
       nxt = words[i + 1] if i + 1 < len(words) else ""
       if w == "learner" and re.fullmatch(r"[0-9]+", nxt):
         fields["learner"], i = int(nxt), i + 2
+      elif w == "shard" and re.fullmatch(r"[0-9]+", nxt):
+        fields["shard"], i = int(nxt), i + 2
       elif w == "at" and (m := re.fullmatch(rf"t={_NUM}s", nxt)):
         fields["time_s"], i = float(m.group(1)), i + 2
       elif w == "for" and (m := re.fullmatch(rf"{_NUM}s", nxt)):

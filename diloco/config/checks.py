@@ -316,6 +316,16 @@ def _chaos(c) -> Problems:
     return [("chaos.schedule", str(e))]
   if any(f.kind == "sync_crash" for f in faults) and not c.outer.sync_checkpoint_every:
     return [("outer.sync_checkpoint_every", "sync_crash faults need synchronizer checkpoints")]
+  shards = c.outer.sync_shards
+  for f in faults:
+    if f.shard is not None and (shards < 2 or f.shard >= shards):
+      return [
+          (
+              "chaos.schedule",
+              f"{f.describe()!r}: outer.sync_shards={shards} has no shard {f.shard} to crash "
+              "alone (shards 0..S-1 of S >= 2)",
+          )
+      ]
   return []
 
 

@@ -276,6 +276,13 @@ class LearnerMachine:
     resend = [Resend(p, None) for p in sorted(self.inflight)]
     return [self._rejoin("sync_restart")] + resend
 
+  def shard_restarted(self, fragments: list[int]) -> list[Decision]:
+    """One synchronizer shard came back as a new generation: join (every shard; the others
+    answer what changed), and send again the unanswered uploads of the fragments it owns."""
+    self.join_inflight = False
+    resend = [Resend(p, None) for p in sorted(self.inflight) if p in fragments]
+    return [self._rejoin("shard_restart")] + resend
+
   def sync_lost(self) -> None:
     """The synchronizer went down: a Join on its way to it is lost."""
     self.join_inflight = False

@@ -32,13 +32,33 @@ class ShardedSynchronizer:
       if shard.owned != mine:
         raise ValueError(f"shard {s} owns fragments {shard.owned}, the ownership says {mine}")
     self.frag, self.policy = self.shards[0].frag, self.shards[0].policy
+    self.down: set[int] = set()  # crashed shards (a chaos schedule's): they get no event
 
   def handle(self, event: Event) -> list[Action]:
-    if isinstance(event, protocol.Upload) and 0 <= event.fragment < len(self.owner_of):
-      return self.shards[self.owner_of[event.fragment]].handle(event)
+    """An upload to its fragment's owner (lost if that shard is down), anything else to every
+    shard that is up."""
     if isinstance(event, protocol.Upload):
-      return self.shards[0].handle(event)  # refused there: an unknown fragment
-    return [a for shard in self.shards for a in shard.handle(event)]
+      known = 0 <= event.fragment < len(self.owner_of)
+      s = self.owner_of[event.fragment] if known else min(set(range(len(self.shards))) - self.down)
+      return [] if s in self.down else self.shards[s].handle(event)  # (unknown: refused there)
+    return [
+        a for s, shard in enumerate(self.shards) if s not in self.down for a in shard.handle(event)
+    ]
+
+  def fragments_of(self, s: int) -> list[int]:
+    return [p for p, o in enumerate(self.owner_of) if o == s]
+
+  def crash(self, s: int, successor: Synchronizer) -> None:
+    """Shard s loses its memory; `successor` (restarted from its checkpoint) takes its place
+    but no event until `revive`: meanwhile its state is what the checkpoint held (what a save of
+    the shards writes, and what an evaluation reads)."""
+    if successor.owned != self.shards[s].owned:
+      raise ValueError(f"shard {s} owns {self.shards[s].owned}, its successor {successor.owned}")
+    self.shards[s] = successor
+    self.down.add(s)
+
+  def revive(self, s: int) -> None:
+    self.down.discard(s)
 
   # ---- views (what runtimes and summaries read of a synchronizer) ----
 
@@ -80,7 +100,8 @@ class ShardedSynchronizer:
     arrays = {
         f"shard{s}{SEP}{k}": x for s, st in enumerate(states) for k, x in st["arrays"].items()
     }
-    return {"arrays": arrays, "meta": {"shards": [st["meta"] for st in states]}}
+    metas = [st["meta"] for st in states]
+    return {"arrays": arrays, "meta": {"generation": self.generation, "shards": metas}}
 
   def _split(self, state: Mapping[str, Any]) -> list[dict[str, Any]]:
     metas = state["meta"].get("shards", [])
@@ -99,8 +120,17 @@ class ShardedSynchronizer:
       shard.load_state_dict(sub)
 
   def restart(self, state: Mapping[str, Any], generation: int) -> None:
+    """Every shard from its part of `state`, as `generation` or its own next one if later."""
     for shard, sub in zip(self.shards, self._split(state)):
-      shard.restart(sub, generation)
+      shard.restart(sub, max(generation, int(sub["meta"]["generation"]) + 1))
+
+  def restart_shard(self, s: int, state: Mapping[str, Any], generation: int) -> Synchronizer:
+    """Shard s alone from its part of a joint `state`, beginning `generation` (or its own next
+    one if later); the others' parts are not read."""
+    sub = self._split(state)[s]
+    shard = self.shards[s]
+    shard.restart(sub, max(generation, int(sub["meta"]["generation"]) + 1))
+    return shard
 
   def digest(self) -> str:
     """sha256 over the shards' digests, in shard order."""

@@ -13,6 +13,7 @@ restart can find a checkpoint of an earlier run.
 import os
 import shutil
 from collections.abc import Callable
+from typing import Any
 
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
@@ -88,6 +89,16 @@ class Recovery:
     state = self.sync_ckpt.restore(sync.state_dict())
     sync.restart(state, max(generation, state["meta"]["generation"] + 1))
     return sync
+
+  def restore_shard(self, make_sync: Callable[[], Any], shard: int, generation: int):
+    """Synchronizer shard `shard` alone from the newest joint checkpoint of a virtual run's
+    shards, beginning `generation` (or its own next one)."""
+    if self.sync_ckpt is None:
+      raise ValueError("a shard cannot restart: synchronizer checkpoints are off")
+    joint = make_sync()
+    self.sync_ckpt.reopen()
+    state = self.sync_ckpt.restore(joint.state_dict())
+    return joint.restart_shard(shard, state, generation)
 
   def close(self) -> None:
     for ckpt in self.learner_ckpts:

@@ -96,7 +96,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
       return True
     if not self._budget_left():
       return False
-    if not self.sync_up or not all(self.up):
+    if not self.sync_up or not all(self.up) or getattr(self.sync, "down", None):
       return bool(self._queue)  # something is down: its recovery is on the way
     return self._break_stall()
 
@@ -131,6 +131,9 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     if f.kind == "crash":
       if self.up[m]:
         return self._crash(m, f)
+    elif f.kind == "sync_crash" and f.shard is not None:
+      if self.sync_up and f.shard not in getattr(self.sync, "down", {f.shard}):
+        return self._shard_crash(f)
     elif f.kind == "sync_crash":
       if self.sync_up and f.mode == "now":
         return self._sync_crash(f)
@@ -296,6 +299,35 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     for m in range(len(self.learners)):
       if self.up[m]:  # join it, and send again every unanswered upload, computed afresh
         self._decide(m, self.machines[m].sync_restarted())
+
+  def _shard_crash(self, f: chaos.Fault) -> None:
+    """Shard f.shard alone loses its memory (open rounds, messages on their way to it); the
+    other shards merge on. It comes back from the run's newest checkpoint of the shards."""
+    s, sync = f.shard, self.sync
+    self.stats.faults["sync_crash"] += 1
+    self.stats.merges_skipped += sum(1 for pending in sync.shards[s].pending if pending)
+    self.stats.restarts.append(
+        {"time": self.now, "back": self.now + f.duration_s, "merges": sync.merges, "shard": s}
+        | {"restored": None, "mode": f.mode}
+    )
+    self._log({"event": "fault", "kind": "sync_crash", "fault": f.describe(), "shard": s})
+    restarts = sum(r.get("shard") == s for r in self.stats.restarts)
+    sync.crash(s, self.recovery.restore_shard(self.make_sync, s, generation=restarts))
+    self._push(self.now + f.duration_s, FAULT, "shard_restart", s, background=True)
+
+  def _on_shard_restart(self, s: int) -> None:
+    self.sync.revive(s)
+    shard = self.sync.shards[s]
+    record = [r for r in self.stats.restarts if r.get("shard") == s][-1]
+    record["restored"] = self.sync.merges
+    self._log(
+        {"event": "sync_restart", "shard": s, "generation": shard.generation}
+        | {"merges": self.sync.merges, "merges_lost": record["merges"] - self.sync.merges}
+    )
+    fragments = self.sync.fragments_of(s)
+    for m in range(len(self.learners)):
+      if self.up[m]:  # join it, and send again its fragments' unanswered uploads
+        self._decide(m, self.machines[m].shard_restarted(fragments))
 
   def _checkpoint(self, action: protocol.Checkpoint) -> None:
     if self._crash_on_save is None:
