@@ -26,7 +26,7 @@ from absl import app, flags
 
 from diloco import timing
 from diloco.outer import commit, compression, fragments, integrity, merging, optimizers, parallel
-from diloco.outer import policies
+from diloco.outer import memory, policies
 from diloco.outer.protocol import Join, Upload
 from diloco.outer.synchronizer import Synchronizer
 
@@ -37,6 +37,9 @@ _DOWNLINK = flags.DEFINE_enum("downlink", "fp4", list(compression.CODECS), "Down
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds; the fastest is reported.")
 _THREADS = flags.DEFINE_integer(
     "threads", None, "Threads of the merge round (default: parallel.THREADS, the machine's cores)."
+)
+_KEEP = flags.DEFINE_bool(
+    "keep_freed", True, "Malloc keeps freed arrays for reuse, as the synchronizer process does."
 )
 LEAVES = 4
 
@@ -55,6 +58,7 @@ def main(argv):
   m, reps = _LEARNERS.value, _REPEATS.value
   if _THREADS.value is not None:
     parallel.set_threads(_THREADS.value)
+  kept = _KEEP.value and memory.keep_freed_arrays()
   params = make_fragment(_MBYTES.value)
   frag = fragments.balanced(params, 1)
   nbytes = sum(x.nbytes for x in params.values())
@@ -103,7 +107,8 @@ def main(argv):
   print(
       f"fragment {nbytes / 2**20:.0f} MiB ({LEAVES} leaves of {flat.shape}), {m} learners, "
       f"merge={_MERGE.value}, outer nesterov, downlink {_DOWNLINK.value}, best of {reps}, "
-      f"{parallel.THREADS} thread{'s' if parallel.THREADS > 1 else ''}"
+      f"{parallel.THREADS} thread{'s' if parallel.THREADS > 1 else ''}, freed arrays "
+      f"{'kept' if kept else 'returned'}"
   )
   print(f"memcpy {memcpy * 1e3:8.2f} ms  ({copy_bw / 1e9:.2f} GB/s)")
   print(f"round  {t_round * 1e3:8.2f} ms  ({merged_bw / 1e9:.2f} GB/s of uploads merged)")

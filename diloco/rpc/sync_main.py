@@ -20,6 +20,7 @@ import numpy as np
 
 from diloco import metrics
 from diloco.config import build, checks
+from diloco.outer import memory
 from diloco.outer.sync_state import arrays_digest
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
@@ -174,6 +175,7 @@ def run(
   whole synchronizer, or shard `shard` of `outer.sync_shards` (its own workdir)."""
   config = checks.prepare(config)
   shard = check_shard(config, shard)
+  memory.keep_freed_arrays()  # a merge round reuses the last one's arrays (outer/memory.py)
   deploy = config.deploy
   limits = limits_lib.Limits.from_deploy(deploy)
   os.makedirs(workdir, exist_ok=True)
