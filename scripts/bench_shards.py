@@ -15,7 +15,8 @@ throughput: a synthetic model of --fragments fragments of --mbytes MiB; M=--lear
 round; each process merges the fragments it owns round after round for --seconds (rounds as in
 scripts/bench_sync.py: checksums verified, merge, outer Nesterov step, fp4 downlink, sends). The
 S processes start together; the line `shards_vs_one=X.XX` is their merges per second summed over
-one process's, measured in the same run.
+one process's, measured in the same run. --threads: the merge round's threads in each process
+(0: diloco.outer.parallel's default, the machine's cores).
 """
 
 from __future__ import annotations
@@ -107,11 +108,13 @@ def merge_loop(a) -> dict:
   import numpy as np
 
   from diloco.outer import compression, fragments, integrity, memory, optimizers, ownership
-  from diloco.outer import policies
+  from diloco.outer import parallel, policies
   from diloco.outer.protocol import Join, Upload
   from diloco.outer.synchronizer import Synchronizer
 
   memory.keep_freed_arrays()  # as the synchronizer process does
+  if a.threads:
+    parallel.set_threads(a.threads)
   rng = np.random.default_rng(0)
   rows = a.mbytes * 2**20 // 4 // 1024
   params = {
@@ -169,6 +172,7 @@ def throughput(a) -> None:
                 f"--fragments={a.fragments}",
                 f"--mbytes={a.mbytes}",
                 f"--learners={a.learners}",
+                f"--threads={a.threads}",
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -182,7 +186,8 @@ def throughput(a) -> None:
     per = ", ".join(f"shard {r['shard']} {r['merges'] / r['wall_s']:.2f}/s" for r in rows)
     print(
         f"S={shards}: {rate:.2f} merges/s ({per}); fragments of {a.mbytes} MiB, "
-        f"{a.learners} learners, fp4 downlink, {os.cpu_count()} cores"
+        f"{a.learners} learners, fp4 downlink, {os.cpu_count()} cores, "
+        f"{a.threads or 'default'} merge threads per process"
     )
   print(f"shards_vs_one={runs[2] / runs[1]:.2f}")
 
@@ -197,6 +202,7 @@ def main() -> None:
   ap.add_argument("--fragments", type=int, default=8)
   ap.add_argument("--mbytes", type=int, default=8)
   ap.add_argument("--learners", type=int, default=4)
+  ap.add_argument("--threads", type=int, default=0, help="merge threads per process (0: default)")
   a = ap.parse_args()
   if a.part == "memory":
     memory()

@@ -48,6 +48,10 @@ def test_ownership_balances_bytes_by_hand():
     ownership.owners([1, 1], 3)
   with pytest.raises(ValueError, match="positive integer"):
     ownership.owners([1, 1], 0)
+  assert ownership.checked_owned(None, 3) == (0, 1, 2)
+  for bad in ((2, 1), (1, 1), (), (0, 4)):
+    with pytest.raises(ValueError, match="sorted, distinct and in 0..3"):
+      ownership.checked_owned(bad, 4)
 
 
 PARAMS = {f"w{i}": np.full(4, float(i), np.float32) for i in range(4)}

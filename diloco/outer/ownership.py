@@ -42,5 +42,12 @@ def owned(owner_of: Sequence[int], shard: int) -> tuple[int, ...]:
   return mine
 
 
-def num_shards(owner_of: Sequence[int]) -> int:
-  return max(owner_of) + 1 if owner_of else 1
+def checked_owned(owned: Sequence[int] | None, num_fragments: int) -> tuple[int, ...]:
+  """A synchronizer's owned fragments (None: all of them); ValueError unless sorted, distinct,
+  non-empty and in range."""
+  out = tuple(range(num_fragments)) if owned is None else tuple(owned)
+  if not out or list(out) != sorted(set(out)) or not 0 <= out[0] <= out[-1] < num_fragments:
+    raise ValueError(
+        f"owned fragments {out} must be sorted, distinct and in 0..{num_fragments - 1}"
+    )
+  return out

@@ -43,7 +43,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, policies, protocol, rounds, screening, sync_state
+from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, ownership, policies, protocol, rounds, screening, sync_state
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, Tick, Upload
 
@@ -75,13 +75,7 @@ class Synchronizer:
     self.frag, self.policy, self.tx, self.codec = frag, policy, outer_tx, downlink_codec
     self._cpu = jax.devices("cpu")[0]
     num = frag.num_fragments
-    self.owned = tuple(range(num)) if owned is None else tuple(owned)
-    if (
-        not self.owned
-        or list(self.owned) != sorted(set(self.owned))
-        or not (0 <= self.owned[0] and self.owned[-1] < num)
-    ):
-      raise ValueError(f"owned fragments {self.owned} must be sorted, distinct and in 0..{num - 1}")
+    self.owned = ownership.checked_owned(owned, num)
     with jax.default_device(self._cpu):
       self.fragments = {  # each owned fragment's durable state
           p: sync_state.FragmentState.fresh(
