@@ -6,6 +6,7 @@ the reason and leaves its state as it was (a round rejected as `non_finite_merge
 """
 
 import functools
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import compression, merging, optimizers, parallel
+from diloco.outer import compression, kernels, merging, optimizers, parallel
 
 
 def outer_step(
@@ -50,21 +51,25 @@ def outer_step(
 
 def _fused(tx, merged, opt_state, old, residual, codec) -> tuple[dict, Any, dict, dict] | None:
   """`outer_step`'s results for an `SGD` and an int8 or fp4 downlink, the step, encoding and
-  application done chunk by chunk while in cache, over (tensor, span) tasks on
-  `parallel.THREADS` threads: the same bits as the three passes. None when it does not apply or
-  a value is not finite (then the passes run and say why)."""
+  application done chunk by chunk while in cache (fp4: one compiled loop, `kernels`), over
+  (tensor, span) tasks on `parallel.THREADS` threads: the same bits as the three passes. None
+  when it does not apply or a value is not finite (then the passes run and say why)."""
   if not isinstance(tx, optimizers.SGD) or codec not in compression.FUSED:
     return None
   if any(np.asarray(old[k]).dtype != np.float32 for k in old):
     return None
   tensors, state = optimizers.sgd_tensors(tx, merged, opt_state, residual, in_place=False)
   raw = {k: np.empty(np.shape(merged[k]), np.float32) for k in tensors}
-  jobs = {k: compression.EncodeApply(raw[k], np.asarray(old[k]), codec) for k in tensors}
+  if codec == "fp4" and sys.byteorder == "little":  # one compiled loop (the wire is little-endian)
+    jobs = {k: kernels.SgdFp4(tx, *tensors[k], np.asarray(old[k]), raw[k]) for k in tensors}
+    run = lambda task: jobs[task[0]].span(task[1], task[2])
+  else:
+    jobs = {k: compression.EncodeApply(raw[k], np.asarray(old[k]), codec) for k in tensors}
 
-  def run(task: tuple[str, int, int]) -> bool | None:
-    k, c0, c1 = task
-    fill = functools.partial(optimizers.sgd_span, tx, *tensors[k], raw[k].reshape(-1))
-    return jobs[k].span(c0, c1, fill)
+    def run(task: tuple[str, int, int]) -> bool | None:
+      k, c0, c1 = task
+      fill = functools.partial(optimizers.sgd_span, tx, *tensors[k], raw[k].reshape(-1))
+      return jobs[k].span(c0, c1, fill)
 
   finite = parallel.run(run, [(k, *s) for k in tensors for s in jobs[k].spans()])
   if None in finite or not all(finite):

@@ -88,7 +88,7 @@ def _check_codec(codec: str, block: int) -> None:
     raise ValueError(f"block must be a positive integer, got {block!r}")
 
 
-def _num_blocks(num_values: int, block: int) -> int:
+def num_blocks(num_values: int, block: int) -> int:
   return -(-num_values // block)
 
 
@@ -101,7 +101,7 @@ def encoded_nbytes(codec: str, num_values: int, block: int = DEFAULT_BLOCK) -> i
     return 4 * num_values
   if codec == "bf16":
     return 2 * num_values
-  scales = _SCALE_BYTES * _num_blocks(num_values, block)
+  scales = _SCALE_BYTES * num_blocks(num_values, block)
   if codec == "int8":
     return scales + num_values
   if codec == "fp4":
@@ -157,7 +157,7 @@ def _block_amax(x_N: np.ndarray, block: int, scratch: np.ndarray | None = None) 
   ``scratch`` (float32, x's size) when given."""
   a_N = np.abs(x_N, out=scratch)
   a_BxK, tail = _blocks(a_N, block)
-  amax = np.empty(_num_blocks(x_N.size, block), np.float32)
+  amax = np.empty(num_blocks(x_N.size, block), np.float32)
   if a_BxK.size:
     a_BxK.max(axis=1, out=amax[: a_BxK.shape[0]])
   if tail is not None:
@@ -246,10 +246,10 @@ def encode(
     nibbles = low_bit.fp4_magnitude_codes(x_N, scale, block, rounding, rng)
     payload = scale.astype(_F32).tobytes() + low_bit.pack_nibbles(nibbles).tobytes()
     return Encoded(codec, shape, payload, block)
-  nb = _num_blocks(n, block)
+  nb = num_blocks(n, block)
   out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
   scales, body = out[: _SCALE_BYTES * nb].view(_F32), out[_SCALE_BYTES * nb :]
-  step = _chunk(block)
+  step = chunk_values(block)
   tmp = np.empty(min(step, n), np.float32)
   for c0 in range(0, n, step):  # whole blocks per chunk, so scales and bytes split evenly
     if not _encode_chunk(codec, x_N, c0, min(c0 + step, n), block, tmp, scales, body):
@@ -282,7 +282,7 @@ def _encode_chunk(
   return True
 
 
-def _chunk(block: int) -> int:
+def chunk_values(block: int) -> int:
   """Values per chunk: an even number of whole blocks' values, about CHUNK."""
   step = max(CHUNK // block, 1) * block
   return step * (1 + step % 2)
@@ -323,19 +323,19 @@ def decode_chunks(e: Encoded, out: np.ndarray | None = None) -> Iterator[tuple[i
         np.float32
     )
     return
-  nb = _num_blocks(n, e.block)
+  nb = num_blocks(n, e.block)
   scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
   body = buf[_SCALE_BYTES * nb :]
   if e.codec in ("2bit", "1bit"):
     yield 0, low_bit.decode(body, scale, e.codec, n, e.block)
     return
-  step = _chunk(e.block)
+  step = chunk_values(e.block)
   scratch = np.empty(min(step, n + n % 2), np.float32) if out is None else None
   for c0 in range(0, n, step):
     size = min(step, n - c0)
     room = out[c0 : c0 + size + size % 2] if out is not None else scratch[: size + size % 2]
     b0 = c0 // e.block
-    scale_c = scale[b0 : b0 + _num_blocks(size, e.block)]
+    scale_c = scale[b0 : b0 + num_blocks(size, e.block)]
     yield c0, _decode_chunk(e.codec, body, scale_c, c0, size, e.block, room)
 
 
@@ -465,10 +465,10 @@ class EncodeApply:
     if raw.dtype != np.float32 or old.dtype != np.float32 or raw.shape != old.shape:
       raise ValueError(f"need float32 raw and old of one shape, got {raw.dtype}, {old.dtype}")
     self.codec, self.block, self.shape = codec, block, tuple(int(d) for d in raw.shape)
-    self.step = _chunk(block)
+    self.step = chunk_values(block)
     self.raw_N, self.old_N = raw.reshape(-1), old.reshape(-1)
     self.new = np.empty_like(old)
-    n, nb = self.raw_N.size, _num_blocks(self.raw_N.size, block)
+    n, nb = self.raw_N.size, num_blocks(self.raw_N.size, block)
     self.out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
     self.scales, self.body = self.out[: _SCALE_BYTES * nb].view(_F32), self.out[_SCALE_BYTES * nb :]
 
@@ -488,7 +488,7 @@ class EncodeApply:
       if not _encode_chunk(self.codec, self.raw_N, c0, c1, block, tmp, self.scales, self.body):
         return None
       size, b0 = c1 - c0, c0 // block
-      scale_c = self.scales[b0 : b0 + _num_blocks(size, block)].astype(np.float32)  # as on the wire
+      scale_c = self.scales[b0 : b0 + num_blocks(size, block)].astype(np.float32)  # as on the wire
       d = _decode_chunk(self.codec, self.body, scale_c, c0, size, block, tmp[: size + size % 2])
       n, r = new_N[c0:c1], self.raw_N[c0:c1]
       np.add(self.old_N[c0:c1], d, out=n)
