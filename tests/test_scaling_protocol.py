@@ -117,6 +117,16 @@ def test_stage_files_build_their_points_from_the_rows(tmp_path):
   ]
   assert {p["seed"] for p in seeds} == {1}
   assert sp.winning_point(sp.read_rows(path), "t1", 2)["outer_lr"] == 0.6  # no stage (b) at t1
+  # a larger size starts at the smaller one's winners: (0.02, 16) for both methods at t1
+  moved = scaling_inner.get_sweep(f"tiny,sizes=t2,part=transfer,donor=t1,results={path}")
+  assert [(p["size"], p["method"], p["lr"], p["batch"]) for p in moved] == [
+      ("t2", "dp", 0.02, 16),
+      ("t2", "diloco", 0.02, 16),
+  ]
+  with pytest.raises(ValueError, match="no stage-.a. rows of size s and method 1 to transfer"):
+    scaling_inner.get_sweep(f"sizes=m,part=transfer,donor=s,results={path}")
+  with pytest.raises(ValueError, match="donor=SIZE, one of"):
+    scaling_inner.get_sweep(f"sizes=m,part=transfer,results={path}")
   over = scaling_overtrain.get_sweep(f"tiny,sizes=t2,results={path}")
   assert [p["overtrain"] for p in over] == [4] * 2 and over[1]["outer_lr"] == 0.4
   c = scaling_inner.get_config("sizes=s/m,part=extend,results=x,size=m,method=dp")
