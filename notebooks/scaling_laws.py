@@ -66,7 +66,7 @@ from diloco.studies import scaling_protocol as sp, scaling_table as st, sweep, s
 RESULTS = (
     tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "scaling_paper")
 )
-SIZES = list(scaling_laws.sizes(True)) if TINY else ["s", "m"]  # l: not run yet (see below)
+SIZES = list(scaling_laws.sizes(True)) if TINY else ["s", "m"]  # l: stage (a) not finished
 OPTIONS = dict(parallel=0 if TINY else 2, progress=not TINY)
 if TINY:  # which interpreter runs the kernel (the test checks it)
   print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
@@ -255,7 +255,10 @@ found.append(sp.overtrain_finding(found[:3], again))
 for claim, verdict, numbers in found:
   print(f"{verdict.upper()}: {claim}\n    {numbers}")
 if not TINY:
-  print("\nsize l (394k parameters) is not run yet: see BENCHMARKS.md for the study's status")
+  print(
+      "\nsize l (394k parameters): stage (a) started at size m's winners (part=transfer), not"
+      " finished: see BENCHMARKS.md for the study's status"
+  )
 
 # %% [markdown]
 # ## The DiLoCo paper's Table 2, analogue
