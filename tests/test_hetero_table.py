@@ -53,7 +53,7 @@ def test_points_grow_from_the_winners(tmp_path):
   (tmp_path / "tune.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
   ext = het.get_sweep(f"part=extend,results={tmp_path}")
   assert ext == [dict(domain="text", policy="wait_all", outer_lr=0.1, seed=0)]
-  seeds = het.get_sweep(f"part=seeds,results={tmp_path}")
+  seeds = het.get_sweep(f"part=seeds,seeds=3,results={tmp_path}")
   assert len(seeds) == 12 and {p["seed"] for p in seeds} == {1, 2}
   assert {p["outer_lr"] for p in seeds if p["policy"] == "k1"} == {0.4}
   with pytest.raises(ValueError, match="no finished seed-0 rows"):
