@@ -53,35 +53,49 @@ EVAL_SEQS = 1024
 BASE = dict(learners=8, merge="rda", codec="fp4", rounding="log", ef=0, frag="balanced")
 BASE.update(quorum=1, grace=1, outer_lr=0.4)
 FRAGS = {"balanced": ("balanced", 24), "layer": ("strided", 4), "strided": ("strided", 2)}
+# budget=regime (configs/sweeps/ablations_regime.py): the tiny decoder has 14 tensors in 2 blocks.
+REGIME_FRAGS = {"balanced": ("balanced", 4), "layer": ("strided", 2), "fine": ("balanced", 8)}
 TINY_LEARNERS = (8, 16)  # the merge table's; tiny skips the cells at any other M
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
-  return variants.parse_arg(arg, tiny=False, part="all", seeds=1, seed=0, **BASE)
+  return variants.parse_arg(arg, tiny=False, part="all", seeds=1, seed=0, budget="small300", **BASE)
 
 
-def _budget(tiny: bool) -> dict:
+def _budget(tiny: bool, budget: str) -> dict:
+  """small300: this file's table (a global batch split over M); regime: the README main job's
+  regime for every learner (16 sequences of 64 bytes per learner step, H = 20, 2,000 steps: 100
+  syncs of each fragment), the tiny decoder at its tuned Decoupled rate 1e-2."""
+  if budget not in ("small300", "regime"):
+    raise ValueError(f"budget={budget!r}: expected small300 or regime")
   if tiny:
     return dict(model="tiny", batch=16, seq=32, steps=12, inner_steps=6, fragments=4, warmup=2)
+  if budget == "regime":
+    return dict(model="tiny", per_learner=16, seq=64, steps=2000, inner_steps=20, warmup=100)
   return dict(model="small", batch=16, seq=64, steps=300, inner_steps=24, fragments=24, warmup=20)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = _arg(arg)
-  b = _budget(a.tiny)
-  if a.frag not in FRAGS:
-    raise ValueError(f"frag={a.frag!r}: expected one of {sorted(FRAGS)}")
-  if b["batch"] % a.learners:
-    raise ValueError(f"the global batch {b['batch']} does not split over {a.learners} learners")
-  per = b["batch"] // a.learners
+  b = _budget(a.tiny, a.budget)
+  regime = a.budget == "regime" and not a.tiny
+  frags = REGIME_FRAGS if regime else FRAGS
+  if a.frag not in frags:
+    raise ValueError(f"frag={a.frag!r}: expected one of {sorted(frags)}")
+  if regime:
+    per, lr = b["per_learner"], 1e-2
+  else:
+    if b["batch"] % a.learners:
+      raise ValueError(f"the global batch {b['batch']} does not split over {a.learners} learners")
+    per, lr = b["batch"] // a.learners, 5e-3
   c = shakespeare.get_config(f"mode=decoupled,model={b['model']},learners={a.learners}")
   c.seed, c.seq_len, c.steps, c.batch_size = a.seed, b["seq"], b["steps"], per
   c.model.max_len = b["seq"]
-  c.optimizer.update(dict(lr=5e-3, warmup_steps=b["warmup"], decay_steps=b["steps"] - b["warmup"]))
+  c.optimizer.update(dict(lr=lr, warmup_steps=b["warmup"], decay_steps=b["steps"] - b["warmup"]))
   c.data.iid = True
-  c.data.eval_sequences = EVAL_SEQS if not a.tiny else 32
-  c.data.final_eval_sequences = 0 if not a.tiny else 64
-  kind, p = FRAGS[a.frag]
+  c.data.eval_sequences = 32 if a.tiny else (0 if regime else EVAL_SEQS)
+  c.data.final_eval_sequences = 64 if a.tiny else 0  # 0: the whole validation split
+  kind, p = frags[a.frag]
   if a.tiny:
     p = min(p, b["fragments"], 2 if kind == "strided" else b["fragments"])
   c.outer.update(dict(inner_steps=b["inner_steps"], fragments=p, fragment_kind=kind))

@@ -39,7 +39,7 @@ import ml_collections
 
 from configs import digits, shakespeare
 from diloco.config import variants
-from diloco.studies import scaling_protocol as sp
+from diloco.studies import outer_lr_search as search, scaling_protocol as sp
 
 SWEEP_KEYS = ("eval_loss", "eval_accuracy", "goodput", "sim_time_s", "merges", "mean_quorum")
 SWEEP_ONLY = ("part", "results", "seeds")
@@ -109,20 +109,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return c
 
 
+KEYS = ("domain", "policy")  # a cell of the table
+
+
 def winners(rows: list[dict]) -> dict[tuple[str, str], float]:
   """(domain, policy) -> the outer lr of its lowest seed-0 eval loss, over the cells run so far."""
-  best: dict[tuple[str, str], tuple[float, float]] = {}
-  for r in rows:
-    if int(r.get("seed", 0)) != 0:
-      continue
-    key, lr = (r["domain"], r["policy"]), float(r["outer_lr"])
-    if key not in best or r["eval_loss"] < best[key][1]:
-      best[key] = (lr, r["eval_loss"])
-  return {k: v[0] for k, v in best.items()}
-
-
-def _tried(rows: list[dict], key: tuple[str, str]) -> set[float]:
-  return {float(r["outer_lr"]) for r in rows if (r["domain"], r["policy"]) == key}
+  return search.winners(rows, KEYS)
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
@@ -136,20 +128,16 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   if not a.results:
     raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
   rows = sp.read_rows(a.results)
-  best = winners(rows)
-  missing = [c for c in cells if c not in best]
-  if missing:
-    raise ValueError(f"no finished seed-0 rows for (domain, policy) {missing} in {a.results}")
-  out = []
-  for key in cells:
-    lr = best[key]
-    if a.part == "seeds":
-      out += [dict(domain=key[0], policy=key[1], outer_lr=lr, seed=s) for s in range(1, a.seeds)]
-      continue
-    if a.tiny:  # one rate, not extended (time)
-      continue
-    tried = _tried(rows, key)
-    for nxt in (lr / 2, lr * 2):  # a winner on the edge of what was tried: one rung further
-      if nxt not in tried and (nxt < min(tried) or nxt > max(tried)):
-        out.append(dict(domain=key[0], policy=key[1], outer_lr=nxt, seed=0))
-  return out
+  best = search.need_winners(rows, KEYS, cells, a.results)
+  if a.part == "seeds":
+    return [
+        dict(domain=d, policy=p, outer_lr=best[(d, p)], seed=s)
+        for d, p in cells
+        for s in range(1, a.seeds)
+    ]
+  if a.tiny:  # one rate, not extended (time)
+    return []
+  return [
+      dict(domain=d, policy=p, outer_lr=lr, seed=0)
+      for d, p, lr in search.past_edges(rows, KEYS, cells)
+  ]

@@ -1,0 +1,100 @@
+r"""Decoupled DiLoCo's ablations again, in the README main job's regime and each row at its own best
+outer learning rate (issue 32; configs/sweeps/ablations.py has the first table's design).
+
+  python -m experiments.sweep --config=configs/sweeps/ablations_regime.py:part=tune \
+      --workdir=runs/ablations_regime --table=tune --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/ablations_regime.py:part=extend,results=runs/ablations_regime \
+      --workdir=runs/ablations_regime --table=extend1 --parallel=2     # until it adds no point
+  python -m experiments.sweep --config=configs/sweeps/ablations_regime.py:part=fragments,results=runs/ablations_regime \
+      --workdir=runs/ablations_regime --table=fragments --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/ablations_regime.py:part=seeds,results=runs/ablations_regime \
+      --workdir=runs/ablations_regime --table=seeds --parallel=2
+
+Every point is ablations.py's Decoupled preset at budget=regime: the tiny decoder (28,832
+parameters), 16 sequences of 64 bytes per learner step (1 KB), H = 20, 2,000 steps per learner
+(100 syncs of each fragment; 16.4 MB and 568 bytes per parameter at M = 8, twice at M = 16), inner
+lr 1e-2 (the main job's tuned Decoupled rate), P = 4 balanced fragments, equal speeds with a 10%
+step jitter, scored on the whole validation split. The first table ran at 0.35 bytes per parameter
+with one outer lr for every row, where whatever shortens the outer step wins.
+
+Cells (changes from the baseline, M = 8 with RDA and the fp4 uplink):
+  tuned     the merge rule at M = 8 and 16 (mean, RDA) and the uplink codecs that change the
+            update's length (fp32, 2-bit, 1-bit): the outer lr from OUTER_LRS at seed 0
+            (part=tune), one rung past any winner on an edge (part=extend)
+  fragments by layer (strided, P = 2: one block each) and finer (balanced, P = 8), at the
+            baseline's winning outer lr (the fragmentation does not change the update's length)
+part=seeds: seed 1 of every cell at its outer lr (seeds=3: seeds 1 and 2, for cells whose paired
+difference sits within the seed spread). `tiny`: the test suite's version (tiny budgets, one rate).
+"""
+
+import ml_collections
+
+from configs.sweeps import ablations
+from diloco.config import variants
+from diloco.studies import outer_lr_search as search, scaling_protocol as sp
+
+SWEEP_KEYS = ablations.SWEEP_KEYS
+SWEEP_ONLY = ("part", "results", "seeds")
+OUTER_LRS = (0.2, 0.4, 0.8)
+KEYS = ("learners", "merge", "codec", "frag")  # a cell
+BASE_CELL = (8, "rda", "fp4", "balanced")
+TUNED = (
+    BASE_CELL,
+    (8, "mean", "fp4", "balanced"),
+    (16, "rda", "fp4", "balanced"),
+    (16, "mean", "fp4", "balanced"),
+    (8, "rda", "fp32", "balanced"),
+    (8, "rda", "2bit", "balanced"),
+    (8, "rda", "1bit", "balanced"),
+)
+FRAGMENTS = ((8, "rda", "fp4", "layer"), (8, "rda", "fp4", "fine"))
+
+
+def _arg(arg: str | None) -> ml_collections.ConfigDict:
+  return variants.parse_arg(
+      arg,
+      tiny=False,
+      part="tune",
+      results="",
+      seeds=2,
+      learners=8,
+      merge="rda",
+      codec="fp4",
+      frag="balanced",
+      outer_lr=0.4,
+      seed=0,
+  )
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  kept = [t for t in (arg or "").split(",") if t.strip().partition("=")[0] not in SWEEP_ONLY]
+  a = _arg(",".join(kept))
+  point = f"learners={a.learners},merge={a.merge},codec={a.codec},frag={a.frag}"
+  point += f",outer_lr={a.outer_lr},seed={a.seed}" + (",tiny" if a.tiny else "")
+  return ablations.get_config(point + ",budget=regime")
+
+
+def _points(cells, lr_of, seeds=(0,)) -> list[dict]:
+  return [dict(zip(KEYS, cell), outer_lr=lr_of(cell), seed=s) for cell in cells for s in seeds]
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+  a = _arg(arg)
+  tuned = [c for c in TUNED if not a.tiny or c[0] == 8]  # tiny: M = 16 compiles its own step
+  if a.part == "tune":
+    lrs = OUTER_LRS[1:2] if a.tiny else OUTER_LRS
+    return [p for lr in lrs for p in _points(tuned, lambda c, lr=lr: lr)]
+  if a.part not in ("extend", "fragments", "seeds"):
+    raise ValueError(f"unknown part {a.part!r}; known: tune, extend, fragments, seeds")
+  if not a.results:
+    raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
+  rows = sp.read_rows(a.results)
+  best = search.need_winners(rows, KEYS, tuned, a.results)
+  if a.part == "extend":
+    edges = [] if a.tiny else search.past_edges(rows, KEYS, tuned)
+    return [dict(zip(KEYS, e[:-1]), outer_lr=e[-1], seed=0) for e in edges]
+  frags = [c for c in FRAGMENTS if not a.tiny or c[3] == "layer"]  # tiny: P <= 2, no "fine"
+  if a.part == "fragments":
+    return _points(frags, lambda c: best[BASE_CELL])
+  lr_of = lambda c: best[c] if c in best else best[BASE_CELL]
+  return _points(tuned + frags, lr_of, range(1, a.seeds))

@@ -1,0 +1,58 @@
+"""Each cell of a study at its own best outer learning rate: the winners among a sweep's finished
+rows, the next rung past a winner on the edge of what was tried, and the seeds to run at winners.
+
+A cell is a tuple of a row's values under `keys` (e.g. ("domain", "policy")); rows are a sweep
+table's (diloco/studies/sweep_run.py), with `outer_lr`, `seed` and `eval_loss` columns. The ladder
+doubles: a winner at the lowest rate tried gets half of it next, at the highest twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Row = dict[str, Any]
+Cell = tuple[Any, ...]
+
+
+def cell_of(row: Row, keys: Sequence[str]) -> Cell:
+  return tuple(row[k] for k in keys)
+
+
+def winners(rows: Sequence[Row], keys: Sequence[str]) -> dict[Cell, float]:
+  """cell -> the outer lr of its lowest seed-0 eval loss."""
+  best: dict[Cell, tuple[float, float]] = {}
+  for r in rows:
+    if int(r.get("seed", 0)) != 0:
+      continue
+    cell, lr = cell_of(r, keys), float(r["outer_lr"])
+    if cell not in best or r["eval_loss"] < best[cell][1]:
+      best[cell] = (lr, r["eval_loss"])
+  return {c: v[0] for c, v in best.items()}
+
+
+def tried(rows: Sequence[Row], keys: Sequence[str], cell: Cell) -> set[float]:
+  return {float(r["outer_lr"]) for r in rows if cell_of(r, keys) == cell}
+
+
+def need_winners(rows: Sequence[Row], keys: Sequence[str], cells: Sequence[Cell], where: str):
+  """`winners` of `cells`; ValueError naming the cells without a finished seed-0 row."""
+  best = winners(rows, keys)
+  missing = [c for c in cells if c not in best]
+  if missing:
+    raise ValueError(f"no finished seed-0 rows for {tuple(keys)} {missing} in {where}")
+  return best
+
+
+def past_edges(rows: Sequence[Row], keys: Sequence[str], cells: Sequence[Cell]) -> list[Cell]:
+  """(cell..., outer lr) one rung past every winner that sits on the edge of its tried rates."""
+  best = winners(rows, keys)
+  out = []
+  for cell in cells:
+    if cell not in best:
+      continue
+    lr, got = best[cell], tried(rows, keys, cell)
+    for nxt in (lr / 2, lr * 2):
+      if nxt not in got and (nxt < min(got) or nxt > max(got)):
+        out.append((*cell, nxt))
+  return out

@@ -1,0 +1,71 @@
+"""Each row at its own outer lr: the search over a sweep's rows, and the regime ablations' parts."""
+
+import json
+import os
+
+import pytest
+
+from configs.sweeps import ablations_regime as ar
+from diloco.studies import outer_lr_search as search, sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _row(cell, lr, loss, seed=0):
+  learners, merge, codec, frag = cell
+  return dict(
+      name=f"{cell}+{lr}+{seed}",
+      status="done",
+      learners=learners,
+      merge=merge,
+      codec=codec,
+      frag=frag,
+      outer_lr=lr,
+      seed=seed,
+      eval_loss=loss,
+  )
+
+
+def test_winners_edges_and_missing_cells():
+  keys = ("k",)
+  rows = [dict(k="a", outer_lr=lr, seed=0, eval_loss=l) for lr, l in ((0.2, 2.0), (0.4, 1.9))]
+  rows += [dict(k="a", outer_lr=0.8, seed=1, eval_loss=0.1)]  # seed 1 never picks the winner
+  rows += [dict(k="b", outer_lr=lr, seed=0, eval_loss=l) for lr, l in ((0.2, 1.5), (0.4, 1.6))]
+  rows += [dict(k="c", outer_lr=lr, seed=0, eval_loss=l) for lr, l in ((0.2, 1.6), (0.4, 1.5))]
+  rows += [dict(k="c", outer_lr=0.8, seed=0, eval_loss=1.7)]
+  assert search.winners(rows, keys) == {("a",): 0.4, ("b",): 0.2, ("c",): 0.4}
+  # a: 0.4 is the highest seed-0 rate tried (0.8 ran only at seed 1, so it counts as tried);
+  # b: 0.2 is the lowest: 0.1 next; c: interior
+  assert search.past_edges(rows, keys, [("a",), ("b",), ("c",)]) == [("b", 0.1)]
+  with pytest.raises(ValueError, match=r"no finished seed-0 rows for \('k',\) \[\('d',\)\]"):
+    search.need_winners(rows, keys, [("a",), ("d",)], "DIR")
+
+
+def test_regime_ablation_parts(tmp_path):
+  tune = ar.get_sweep("part=tune")
+  assert len(tune) == 3 * 7 and {p["outer_lr"] for p in tune} == {0.2, 0.4, 0.8}
+  loss = {0.2: 2.1, 0.4: 2.0, 0.8: 2.2}
+  rows = [_row(c, lr, loss[lr]) for c in ar.TUNED for lr in ar.OUTER_LRS]
+  rows[-3] = _row(ar.TUNED[-1], 0.2, 1.0)  # 1-bit's winner at the lowest rate
+  (tmp_path / "tune.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  res = f"results={tmp_path}"
+  assert ar.get_sweep(f"part=extend,{res}") == [
+      dict(learners=8, merge="rda", codec="1bit", frag="balanced", outer_lr=0.1, seed=0)
+  ]
+  frags = ar.get_sweep(f"part=fragments,{res}")
+  assert [(p["frag"], p["outer_lr"]) for p in frags] == [("layer", 0.4), ("fine", 0.4)]
+  seeds = ar.get_sweep(f"part=seeds,{res}")
+  assert len(seeds) == 9 and {p["seed"] for p in seeds} == {1}
+  assert [p["outer_lr"] for p in seeds if p["codec"] == "1bit"] == [0.2]
+  # the regime: 16 sequences of 64 bytes per learner step whatever M, 2,000 steps, H = 20
+  c = ar.get_config("learners=16,merge=mean,outer_lr=0.8,part=seeds,results=x")
+  assert (c.batch_size, c.seq_len, c.steps, c.outer.inner_steps) == (16, 64, 2000, 20)
+  assert (c.outer.learners, c.outer.merge, c.outer.lr, c.optimizer.lr) == (16, "mean", 0.8, 1e-2)
+  assert (c.outer.fragments, c.outer.fragment_kind) == (4, "balanced")
+  assert ar.get_config("frag=fine").outer.fragments == 8
+
+
+def test_every_tiny_point_builds():
+  spec = os.path.join(REPO, "configs", "sweeps", "ablations_regime.py") + ":tiny,part=tune"
+  points = sweep.points(spec, sweep.load_module(sweep.split_spec(spec)[0]))
+  assert [p.values["outer_lr"] for p in points] == [0.4] * 5  # the five M = 8 cells, one rate
