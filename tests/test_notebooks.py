@@ -28,10 +28,11 @@ NOTEBOOKS = {
     "bandwidth": (2, "largest |ratio - 1| over the 50-95% columns"),
     "scaling_laws": (2, "(6) findings (1)-(3) read the same overtrained 4x"),
     "decoupled_ablations": (2, "RDA beats the plain average at M=8 and M=16"),
+    "heterogeneous": (1, "the grace window recovers it"),
     "async_local_sgd": (1, "Delayed Nesterov + DyLU closes the gap"),
     "regime": (1, "regime: DiLoCo M=4 vs data-parallel"),
 }
-TRAINING = ("scaling_laws", "decoupled_ablations", "async_local_sgd")  # tiny mode runs a sweep
+TRAINING = ("scaling_laws", "decoupled_ablations", "heterogeneous", "async_local_sgd")  # sweeps
 
 
 def _cells(nb) -> list[tuple[str, str, list]]:
