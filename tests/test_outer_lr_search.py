@@ -69,3 +69,47 @@ def test_every_tiny_point_builds():
   spec = os.path.join(REPO, "configs", "sweeps", "ablations_regime.py") + ":tiny,part=tune"
   points = sweep.points(spec, sweep.load_module(sweep.split_spec(spec)[0]))
   assert [p.values["outer_lr"] for p in points] == [0.4] * 5  # the five M = 8 cells, one rate
+
+
+def test_async_regime_parts_start_from_the_pretrained_run(tmp_path):
+  from configs.sweeps import async_regime as asr
+
+  assert asr.get_sweep("part=pretrain") == [dict(stage="pretrain")]
+  pre = asr.get_config("stage=pretrain")
+  assert (pre.mode, pre.batch_size, pre.steps, pre.optimizer.lr) == ("dp", 64, 1000, 2e-2)
+  with pytest.raises(ValueError, match="where part=pretrain finished"):
+    asr.get_sweep(f"part=tune,results={tmp_path}")
+  for where in ("a", "b"):
+    (tmp_path / where / asr.PRETRAIN).mkdir(parents=True)
+    (tmp_path / where / asr.PRETRAIN / "summary.json").write_text("{}")
+  spec = os.path.join(REPO, "configs", "sweeps", "async_regime.py")
+  names = {}
+  for where in ("a", "b"):
+    pts = sweep.points(f"{spec}:part=tune,results={tmp_path / where}", sweep.load_module(spec))
+    names[where] = [p.name for p in pts]
+    assert pts[0].overrides["init_from"] == str(tmp_path / where / asr.PRETRAIN)
+  # 5 methods x 4 levels x 3 rates; the names do not depend on where the sweep ran
+  assert names["a"] == names["b"] and len(names["a"]) == 60
+  assert names["a"][0] == "method=sync+hetero=none+outer_lr=0.1+seed=0"
+  rows = [dict(stage="pretrain", name="p", status="done")]
+  for m, lv in asr._cells(False):
+    for lr, loss in ((0.1, 2.1), (0.2, 2.0), (0.4, 2.05 if m != "async" else 1.9)):
+      rows.append(
+          dict(
+              name=f"{m}{lv}{lr}",
+              status="done",
+              method=m,
+              hetero=lv,
+              outer_lr=lr,
+              seed=0,
+              eval_loss=loss,
+          )
+      )
+  (tmp_path / "a" / "tune.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  ext = asr.get_sweep(f"part=extend,results={tmp_path / 'a'}")
+  assert {(p["method"], p["outer_lr"]) for p in ext} == {("async", 0.8)}  # 0.4 won: the high edge
+  seeds = asr.get_sweep(f"part=seeds,results={tmp_path / 'a'}")
+  assert len(seeds) == 3 * 4 * 2 and {p["method"] for p in seeds} == {"sync", "async", "dn_dylu"}
+  c = asr.get_config("method=dn_dylu,hetero=very,outer_lr=0.2")
+  assert (c.outer.learners, c.batch_size, c.steps, c.outer.inner_steps) == (4, 16, 2000, 20)
+  assert (c.outer.optimizer, c.outer.lr, c.sim.speeds) == ("delayed_nesterov", 0.2, "1,1.3,2.6,5.7")

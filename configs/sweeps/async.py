@@ -61,14 +61,32 @@ EVAL_SEQS = 1024
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
   return variants.parse_arg(
-      arg, tiny=False, seeds=1, method="sync", hetero="none", seed=0, outer_lr=0.4, check=False
+      arg,
+      tiny=False,
+      seeds=1,
+      method="sync",
+      hetero="none",
+      seed=0,
+      outer_lr=0.4,
+      check=False,
+      budget="small300",
   )
 
 
-def _budget(tiny: bool) -> dict:
+def _budget(tiny: bool, budget: str) -> dict:
+  """small300: this file's table (a global batch of 16 split over the k learners); regime: the
+  README main job's regime for every learner (16 sequences of 64 bytes per learner step, H = 20,
+  2,000 steps' tokens per learner: 100 syncs at equal speed), the tiny decoder at inner lr 1e-2
+  (configs/sweeps/async_regime.py starts it from a pretrained model)."""
+  if budget not in ("small300", "regime"):
+    raise ValueError(f"budget={budget!r}: expected small300 or regime")
   if tiny:
-    return dict(model="tiny", batch=8, seq=32, steps=12, inner_steps=6, warmup=2)
-  return dict(model="small", batch=16, seq=64, steps=300, inner_steps=20, warmup=20)
+    return dict(model="tiny", batch=8, seq=32, steps=12, inner_steps=6, warmup=2, lr=5e-3)
+  if budget == "regime":
+    return dict(
+        model="tiny", per_learner=16, seq=64, steps=2000, inner_steps=20, warmup=100, lr=1e-2
+    )
+  return dict(model="small", batch=16, seq=64, steps=300, inner_steps=20, warmup=20, lr=5e-3)
 
 
 def _method(c: ml_collections.ConfigDict, method: str, h: int) -> None:
@@ -93,15 +111,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"method={a.method!r}: expected one of {METHODS}")
   if a.hetero not in HETERO:
     raise ValueError(f"hetero={a.hetero!r}: expected one of {sorted(HETERO)}")
-  b = _budget(a.tiny)
+  b = _budget(a.tiny, a.budget)
+  regime = "per_learner" in b
   mode = "decoupled" if a.method == "decoupled" else "diloco"
   c = shakespeare.get_config(f"mode={mode},model={b['model']},learners={LEARNERS}")
-  per = b["batch"] // LEARNERS
+  per = b["per_learner"] if regime else b["batch"] // LEARNERS
   c.seed, c.seq_len, c.steps, c.batch_size = a.seed, b["seq"], b["steps"], per
   c.model.max_len = b["seq"]
-  c.optimizer.update(dict(lr=5e-3, warmup_steps=b["warmup"], decay_steps=b["steps"] - b["warmup"]))
+  c.optimizer.update(
+      dict(lr=b["lr"], warmup_steps=b["warmup"], decay_steps=b["steps"] - b["warmup"])
+  )
   c.data.iid = True
-  c.data.eval_sequences = 32 if a.tiny else EVAL_SEQS
+  c.data.eval_sequences = 32 if a.tiny else (0 if regime else EVAL_SEQS)
   c.data.final_eval_sequences = 64 if a.tiny else 0
   c.outer.update(dict(lr=a.outer_lr, momentum=0.9))
   _method(c, a.method, b["inner_steps"])

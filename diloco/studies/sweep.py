@@ -121,9 +121,13 @@ def points(spec: str, module: ModuleType | None = None) -> list[Point]:
   bad = [i for i, values in enumerate(raw) if not isinstance(values, dict)]
   if bad:
     raise SweepError(f"point {bad[0]} of {path} is a {type(raw[bad[0]]).__name__}, not a dict")
-  shared = shared_keys(raw)
+  # A file's UNNAMED_KEYS stay out of the directory names (a path that depends on where the sweep
+  # runs, such as `config.init_from` under its workdir): the names, hence the results, travel.
+  unnamed = tuple(getattr(module, "UNNAMED_KEYS", ()))
+  named = [{k: v for k, v in values.items() if k not in unnamed} for values in raw]
+  shared = shared_keys(named)
   for i, values in enumerate(raw):
-    name = point_name(values, shared)
+    name = point_name(named[i], shared)
     if name in seen:
       raise SweepError(f"points {seen[name]} and {i} are the same run ({name})")
     seen[name] = i

@@ -1,0 +1,114 @@
+r"""The Async Local-SGD table (Liu et al. 2024, arXiv 2401.09135) again, from a pretrained model as
+theirs starts, in the README main job's regime, and each method at its own outer learning rate
+(issue 32; configs/sweeps/async.py has the first table's design).
+
+  W=runs/async_regime
+  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=pretrain --workdir=$W --table=pretrain
+  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=tune,results=$W --workdir=$W --table=tune --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=extend,results=$W --workdir=$W --table=extend1 --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=seeds,results=$W --workdir=$W --table=seeds --parallel=2
+
+part=pretrain: one point, data-parallel on the tiny decoder (28,832 parameters), 1,000 steps of 64
+sequences of 64 bytes (4.1 MB, 142 bytes per parameter) at inner lr 0.02 (the main job's tuned
+data-parallel rate). Every other point starts from its final parameters (`init_from`, with a fresh
+inner optimizer and schedule).
+Then async.py's methods (sync, async, dn, dn_dylu, decoupled) with k = 4 learners at its four
+heterogeneity levels, at async.py's budget=regime: 16 sequences of 64 bytes per learner step
+(1 KB), H = 20, 4 x 2,000 steps' tokens (8.2 MB, whoever trains them), inner lr 1e-2, the whole
+validation split. part=tune: every (method, level) at OUTER_LRS, seed 0, momentum 0.9 (the
+paper's; not tuned here); part=extend: one rung past any winner on an edge (run until it adds
+none); part=seeds: seeds 1 and 2 of the cells that decide the paper's findings (sync, async,
+dn_dylu) at their winners. `tiny`: the test suite's version (tiny budgets, one rate, the none and
+very levels).
+"""
+
+import importlib
+import os
+
+import ml_collections
+
+from configs import shakespeare
+from diloco.config import variants
+from diloco.studies import outer_lr_search as search, scaling_protocol as sp
+
+base = importlib.import_module("configs.sweeps.async")  # `async` is a keyword
+
+SWEEP_KEYS = base.SWEEP_KEYS
+SWEEP_ONLY = ("part", "results", "seeds")
+OUTER_LRS = (0.1, 0.2, 0.4)  # the first table's 0.4 made naive async diverge
+KEYS = ("method", "hetero")
+PRETRAIN = "stage=pretrain"  # the pretraining point's directory in the sweep's workdir
+UNNAMED_KEYS = ("config.init_from",)  # a path under the workdir: not in the points' names
+
+
+def _arg(arg: str | None) -> ml_collections.ConfigDict:
+  return variants.parse_arg(
+      arg,
+      tiny=False,
+      part="tune",
+      results="",
+      seeds=3,
+      stage="train",
+      method="sync",
+      hetero="none",
+      outer_lr=0.4,
+      seed=0,
+  )
+
+
+def _pretrain(tiny: bool) -> ml_collections.ConfigDict:
+  c = shakespeare.get_config("mode=dp,model=tiny")
+  steps, batch, seq = (12, 8, 32) if tiny else (1000, 64, 64)
+  c.seq_len, c.batch_size, c.steps, c.model.max_len = seq, batch, steps, seq
+  warmup = 2 if tiny else 50
+  c.optimizer.update(dict(lr=2e-2, warmup_steps=warmup, decay_steps=steps - warmup))
+  c.data.iid = True
+  c.data.eval_sequences = 32 if tiny else 0
+  c.data.final_eval_sequences = 64 if tiny else 0
+  c.eval_every = c.checkpoint_every = steps
+  return c
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  kept = [t for t in (arg or "").split(",") if t.strip().partition("=")[0] not in SWEEP_ONLY]
+  a = _arg(",".join(kept))
+  if a.stage == "pretrain":
+    return _pretrain(a.tiny)
+  if a.stage != "train":
+    raise ValueError(f"stage={a.stage!r}: expected pretrain or train")
+  point = f"method={a.method},hetero={a.hetero},outer_lr={a.outer_lr},seed={a.seed}"
+  return base.get_config(point + ",budget=regime" + (",tiny" if a.tiny else ""))
+
+
+def _cells(tiny: bool) -> list[tuple[str, str]]:
+  levels = ("none", "very") if tiny else tuple(base.HETERO)
+  return [(m, lv) for lv in levels for m in base.METHODS]
+
+
+def _point(cell, lr: float, seed: int, results: str) -> dict:
+  start = {"config.init_from": os.path.join(os.path.abspath(results), PRETRAIN)}
+  return dict(zip(KEYS, cell), outer_lr=lr, seed=seed, **start)
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+  a = _arg(arg)
+  if a.part == "pretrain":
+    return [dict(stage="pretrain")]
+  if a.part not in ("tune", "extend", "seeds"):
+    raise ValueError(f"unknown part {a.part!r}; known: pretrain, tune, extend, seeds")
+  if not a.results or not os.path.isfile(os.path.join(a.results, PRETRAIN, "summary.json")):
+    raise ValueError(
+        f"part={a.part} needs results=DIR, the sweep workdir where part=pretrain finished"
+        f" ({PRETRAIN}/summary.json); got {a.results!r}"
+    )
+  cells = _cells(a.tiny)
+  if a.part == "tune":
+    lrs = OUTER_LRS[2:] if a.tiny else OUTER_LRS
+    return [_point(c, lr, 0, a.results) for c in cells for lr in lrs]
+  rows = [r for r in sp.read_rows(a.results) if r.get("stage", "train") != "pretrain"]
+  best = search.need_winners(rows, KEYS, cells, a.results)
+  if a.part == "extend":
+    edges = [] if a.tiny else search.past_edges(rows, KEYS, cells)
+    return [_point(e[:-1], e[-1], 0, a.results) for e in edges]
+  deciding = [c for c in cells if c[0] in base.DECIDING]
+  return [_point(c, best[c], s, a.results) for c in deciding for s in range(1, a.seeds)]
