@@ -65,8 +65,7 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
 
 def run_config(arg: str | None, sweep_keys: tuple[str, ...]) -> ml_collections.ConfigDict:
   """get_config of a sweep file: its own variants (`sweep_keys`: which points to run) dropped."""
-  kept = [t for t in (arg or "").split(",") if t.strip().partition("=")[0] not in sweep_keys]
-  return get_config(",".join(kept))
+  return get_config(variants.drop(arg, sweep_keys))
 
 
 def sizes(tiny: bool) -> dict[str, tuple[int, int, int, int]]:

@@ -67,8 +67,7 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  kept = [t for t in (arg or "").split(",") if t.strip().partition("=")[0] not in SWEEP_ONLY]
-  a = _arg(",".join(kept))
+  a = _arg(variants.drop(arg, SWEEP_ONLY))
   point = f"learners={a.learners},merge={a.merge},codec={a.codec},frag={a.frag}"
   point += f",outer_lr={a.outer_lr},seed={a.seed}" + (",tiny" if a.tiny else "")
   return ablations.get_config(point + ",budget=regime")

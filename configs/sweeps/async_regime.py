@@ -70,8 +70,7 @@ def _pretrain(tiny: bool) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  kept = [t for t in (arg or "").split(",") if t.strip().partition("=")[0] not in SWEEP_ONLY]
-  a = _arg(",".join(kept))
+  a = _arg(variants.drop(arg, SWEEP_ONLY))
   if a.stage == "pretrain":
     return _pretrain(a.tiny)
   if a.stage != "train":

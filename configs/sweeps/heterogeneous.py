@@ -73,8 +73,7 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  kept = [t for t in (arg or "").split(",") if t.strip().partition("=")[0] not in SWEEP_ONLY]
-  a = _arg(",".join(kept))
+  a = _arg(variants.drop(arg, SWEEP_ONLY))
   if a.policy not in POLICIES:
     raise ValueError(f"policy={a.policy!r}: expected one of {POLICIES}")
   if a.domain not in DOMAINS:

@@ -81,6 +81,12 @@ def apply(c: ml_collections.ConfigDict, arg: str | None, aliases: dict[str, str]
     node[leaf] = _convert(name, raw, node[leaf])
 
 
+def drop(arg: str | None, names) -> str:
+  """`arg` ('a=1,b=x') without the variants in `names`: a sweep file's own variants (which points
+  to run), which its get_config does not take."""
+  return ",".join(t for t in (arg or "").split(",") if t.strip().partition("=")[0] not in names)
+
+
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   """Parses 'a=1,b=x,flag' into a ConfigDict typed like `defaults`; bare words set True.
 
