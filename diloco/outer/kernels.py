@@ -32,14 +32,30 @@ _kernel = None
 
 
 def _compiled():
-  """The numba kernel, compiled on first use (numba's import alone takes about half a second;
-  the compiled code is cached on disk next to this file)."""
+  """The numba kernel, compiled on first use for the one signature every call takes (inputs
+  read-only, so optimizer state from jax or a checkpoint does not compile a second version);
+  numba's import takes about half a second, the compiled code is cached on disk next to this
+  file. `warm_up` calls this before a process serves, so no merge waits on a compile."""
   global _kernel
   if _kernel is None:
     import numba  # pylint: disable=import-outside-toplevel
+    from numba import types  # pylint: disable=import-outside-toplevel
 
-    _kernel = numba.njit(nogil=True, cache=True)(_sgd_fp4_span)
+    f32 = types.Array(types.float32, 1, "C")
+    f32_in = types.Array(types.float32, 1, "C", readonly=True)
+    u8 = types.Array(types.uint8, 1, "C")
+    i64 = types.int64
+    signature = types.int64(
+        f32_in, f32_in, f32, f32_in, f32_in, f32, f32, f32, u8,
+        types.float32, types.float32, types.boolean, i64, i64, i64,
+    )  # fmt: skip
+    _kernel = numba.njit(signature, nogil=True, cache=True)(_sgd_fp4_span)
   return _kernel
+
+
+def warm_up() -> None:
+  """Compiles (or loads) the kernel now rather than in the first merge round."""
+  _compiled()
 
 
 def _sgd_fp4_span(g, t_old, t_new, plus, old, raw, new, scales, body, mu, scale, momentum,
@@ -134,7 +150,8 @@ class SgdFp4:
     self.raw = raw.reshape(-1)
     if not (self.raw.dtype == np.float32 and self.raw.flags.c_contiguous):
       raise ValueError("raw must be a C-contiguous float32 array")
-    self.trace = (self.g, self.g) if trace is None else (flat(trace[0]), trace[1].reshape(-1))
+    unused = np.empty(0, np.float32)  # no momentum: the trace arguments are never read
+    self.trace = (unused, unused) if trace is None else (flat(trace[0]), trace[1].reshape(-1))
     self.momentum = trace is not None
     self.mu, self.scale = np.float32(tx.momentum), np.float32(-tx.lr)
     self.new = np.empty(self.old.size, np.float32)

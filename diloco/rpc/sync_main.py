@@ -20,7 +20,7 @@ import numpy as np
 
 from diloco import metrics
 from diloco.config import build, checks
-from diloco.outer import memory
+from diloco.outer import kernels, memory, optimizers
 from diloco.outer.sync_state import arrays_digest
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
@@ -180,6 +180,8 @@ def run(
   limits = limits_lib.Limits.from_deploy(deploy)
   os.makedirs(workdir, exist_ok=True)
   sync = make_synchronizer(config, shard)
+  if sync.codec == "fp4" and isinstance(sync.tx, optimizers.SGD):
+    kernels.warm_up()  # its merges run the compiled commit: compile before serving, not mid-run
   ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
   restored_from = ckpt.latest_step()
   restored = _restore(sync, ckpt)
