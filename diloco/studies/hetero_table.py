@@ -119,8 +119,8 @@ def findings(table: dict[tuple[str, str], Cell]) -> list[tuple[str, str, str]]:
 
     def say(p: str) -> str:
       v, s, _ = q[p]
-      shown = f"{100 * v:.2f}% (±{100 * s:.2f})" if domain == "vision" else f"{v:.4f} (±{s:.4f})"
-      return f"{p} {shown}"
+      text = f"{100 * v:.2f}% (±{100 * s:.2f})" if domain == "vision" else f"{v:.4f} (±{s:.4f})"
+      return f"{p} {text}"
 
     lower = q["k1"][2]
     k1_vs_all = _compare(q["k1"][0], q["wait_all"][0], max(q["k1"][1], q["wait_all"][1]), lower)
