@@ -41,6 +41,20 @@ def test_winners_edges_and_missing_cells():
     search.need_winners(rows, keys, [("a",), ("d",)], "DIR")
 
 
+def test_rows_at_winners_and_differences_that_count():
+  keys = ("k",)
+  rows = [dict(k="a", outer_lr=0.4, seed=s, eval_loss=l) for s, l in ((1, 1.95), (0, 1.9))]
+  rows += [dict(k="a", outer_lr=0.2, seed=s, eval_loss=l) for s, l in ((0, 2.0), (1, 1.0))]
+  lr, at = search.at_winners(rows, keys)[("a",)]
+  assert lr == 0.4 and [r["eval_loss"] for r in at] == [1.9, 1.95]  # seed order, winner's rate
+  assert search.half_range([1.9, 1.95, 1.92]) == pytest.approx(0.025)
+  assert search.half_range([1.9]) == 0.0
+  # 1.90 against 2.00: better by 0.10, which counts past a spread of 0.05 and not past 0.12
+  assert search.compare(1.90, 2.00, 0.05) == 1 and search.compare(2.00, 1.90, 0.05) == -1
+  assert search.compare(1.90, 2.00, 0.12) == 0
+  assert search.compare(0.91, 0.90, 0.005, lower_is_better=False) == 1  # accuracies
+
+
 def test_regime_ablation_parts(tmp_path):
   tune = ar.get_sweep("part=tune")
   assert len(tune) == 3 * 7 and {p["outer_lr"] for p in tune} == {0.2, 0.4, 0.8}

@@ -19,7 +19,7 @@ validation split. part=tune: every (method, level) at OUTER_LRS, seed 0, momentu
 paper's; not tuned here); part=extend: one rung past any winner on an edge (run until it adds
 none); part=seeds: seeds 1 and 2 of the cells that decide the paper's findings (sync, async,
 dn_dylu) at their winners. `tiny`: the test suite's version (tiny budgets, one rate, the none and
-very levels).
+very levels, seeds at very only).
 """
 
 import importlib
@@ -109,5 +109,5 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   if a.part == "extend":
     edges = [] if a.tiny else search.past_edges(rows, KEYS, cells)
     return [_point(e[:-1], e[-1], 0, a.results) for e in edges]
-  deciding = [c for c in cells if c[0] in base.DECIDING]
+  deciding = [c for c in cells if c[0] in base.DECIDING and (c[1] == "very" or not a.tiny)]
   return [_point(c, best[c], s, a.results) for c in deciding for s in range(1, a.seeds)]

@@ -111,11 +111,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 KEYS = ("domain", "policy")  # a cell of the table
 
 
-def winners(rows: list[dict]) -> dict[tuple[str, str], float]:
-  """(domain, policy) -> the outer lr of its lowest seed-0 eval loss, over the cells run so far."""
-  return search.winners(rows, KEYS)
-
-
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
   lrs = OUTER_LRS[1:2] if a.tiny else OUTER_LRS

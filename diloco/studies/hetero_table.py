@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from configs.sweeps import heterogeneous as het
+from diloco.studies import outer_lr_search as search
 
 Row = dict[str, Any]
 
@@ -41,19 +42,15 @@ class Cell:
 
   @property
   def loss_spread(self) -> float:
-    return _half_range(self.losses)
+    return search.half_range(self.losses)
 
   @property
   def accuracy_spread(self) -> float:
-    return _half_range(self.accuracies)
+    return search.half_range(self.accuracies)
 
 
 def _mean(xs: Sequence[float]) -> float:
   return sum(xs) / len(xs) if xs else math.nan
-
-
-def _half_range(xs: Sequence[float]) -> float:
-  return (max(xs) - min(xs)) / 2 if len(xs) > 1 else 0.0
 
 
 def tuning(rows: Sequence[Row]) -> dict[tuple[str, str], dict[float, float]]:
@@ -67,13 +64,8 @@ def tuning(rows: Sequence[Row]) -> dict[tuple[str, str], dict[float, float]]:
 
 def cells(rows: Sequence[Row]) -> dict[tuple[str, str], Cell]:
   """Every (domain, policy) with a seed-0 row, at its winning outer lr (lowest seed-0 loss)."""
-  best = het.winners(list(rows))
   out = {}
-  for key, lr in best.items():
-    at = sorted(
-        (r for r in rows if (r["domain"], r["policy"]) == key and float(r["outer_lr"]) == lr),
-        key=lambda r: int(r["seed"]),
-    )
+  for key, (lr, at) in search.at_winners(rows, het.KEYS).items():
     accuracy = tuple(r["eval_accuracy"] for r in at if r.get("eval_accuracy") not in (None, ""))
     out[key] = Cell(
         lr,
@@ -82,12 +74,6 @@ def cells(rows: Sequence[Row]) -> dict[tuple[str, str], Cell]:
         tuple(r["goodput"] for r in at),
     )
   return out
-
-
-def _compare(a: float, b: float, spread: float, lower_is_better: bool) -> int:
-  """+1 if a is better than b by more than `spread`, -1 if worse, 0 if they match."""
-  d = (b - a) if lower_is_better else (a - b)
-  return 0 if abs(d) <= spread else (1 if d > 0 else -1)
 
 
 def quality(cell: Cell, domain: str) -> tuple[float, float, bool]:
@@ -123,7 +109,9 @@ def findings(table: dict[tuple[str, str], Cell]) -> list[tuple[str, str, str]]:
       return f"{p} {text}"
 
     lower = q["k1"][2]
-    k1_vs_all = _compare(q["k1"][0], q["wait_all"][0], max(q["k1"][1], q["wait_all"][1]), lower)
+    k1_vs_all = search.compare(
+        q["k1"][0], q["wait_all"][0], max(q["k1"][1], q["wait_all"][1]), lower
+    )
     out.append(
         (
             f"{domain}: K=1 without the grace window is worse than waiting for all ({unit})",
@@ -131,10 +119,10 @@ def findings(table: dict[tuple[str, str], Cell]) -> list[tuple[str, str, str]]:
             f"{say('k1')} vs {say('wait_all')}; paper {paper['k1']} vs {paper['wait_all']}",
         )
     )
-    g_vs_all = _compare(
+    g_vs_all = search.compare(
         q["k1_grace"][0], q["wait_all"][0], max(q["k1_grace"][1], q["wait_all"][1]), lower
     )
-    g_vs_k1 = _compare(q["k1_grace"][0], q["k1"][0], max(q["k1_grace"][1], q["k1"][1]), lower)
+    g_vs_k1 = search.compare(q["k1_grace"][0], q["k1"][0], max(q["k1_grace"][1], q["k1"][1]), lower)
     out.append(
         (
             f"{domain}: the grace window recovers it: K=1 with grace matches or beats waiting for all,"

@@ -56,3 +56,23 @@ def past_edges(rows: Sequence[Row], keys: Sequence[str], cells: Sequence[Cell]) 
       if nxt not in got and (nxt < min(got) or nxt > max(got)):
         out.append((*cell, nxt))
   return out
+
+
+def at_winners(rows: Sequence[Row], keys: Sequence[str]) -> dict[Cell, tuple[float, list[Row]]]:
+  """cell -> (its winning outer lr, its finished rows at that lr in seed order)."""
+  out = {}
+  for cell, lr in winners(rows, keys).items():
+    at = [r for r in rows if cell_of(r, keys) == cell and float(r["outer_lr"]) == lr]
+    out[cell] = (lr, sorted(at, key=lambda r: int(r.get("seed", 0))))
+  return out
+
+
+def half_range(xs: Sequence[float]) -> float:
+  """Half of max - min over seeds: the spread a difference must exceed to count."""
+  return (max(xs) - min(xs)) / 2 if len(xs) > 1 else 0.0
+
+
+def compare(a: float, b: float, spread: float, lower_is_better: bool = True) -> int:
+  """+1 if a is better than b by more than `spread`, -1 if worse, 0 if they match."""
+  d = (b - a) if lower_is_better else (a - b)
+  return 0 if abs(d) <= spread else (1 if d > 0 else -1)
