@@ -31,9 +31,10 @@ def test_tuned_cells_pick_each_winner_and_its_seeds():
   table = at.tuned(rows)
   cell = table[("async", "none")]
   # seed 0 chose 0.1; its seeds are 1.90 and 1.94 (seed 1 at 0.2 is not in the cell)
-  assert (cell.outer_lr, cell.losses, cell.merges) == (0.1, (1.90, 1.94), 100)
+  assert (cell.outer_lr, cell.losses, cell.rows[0]["merges"]) == (0.1, (1.90, 1.94), 100)
   assert cell.loss == pytest.approx(1.92) and cell.spread == pytest.approx(0.02)
-  assert table[("sync", "none")] == at.Tuned(0.4, (1.80,), 7)
+  sync = table[("sync", "none")]
+  assert (sync.outer_lr, sync.losses, sync.rows[0]["merges"]) == (0.4, (1.80,), 7)
   with pytest.raises(ValueError, match="different evaluation sets"):
     at.tuned(rows + [dict(_row("dn", "none", 0.1, 1.8), eval_set="other")])
 

@@ -47,6 +47,9 @@ def test_rows_at_winners_and_differences_that_count():
   rows += [dict(k="a", outer_lr=0.2, seed=s, eval_loss=l) for s, l in ((0, 2.0), (1, 1.0))]
   lr, at = search.at_winners(rows, keys)[("a",)]
   assert lr == 0.4 and [r["eval_loss"] for r in at] == [1.9, 1.95]  # seed order, winner's rate
+  won = search.tuned(rows, keys)[("a",)]
+  assert (won.outer_lr, won.losses) == (0.4, (1.9, 1.95))
+  assert won.loss == pytest.approx(1.925) and won.spread == pytest.approx(0.025)
   assert search.half_range([1.9, 1.95, 1.92]) == pytest.approx(0.025)
   assert search.half_range([1.9]) == 0.0
   # 1.90 against 2.00: better by 0.10, which counts past a spread of 0.05 and not past 0.12

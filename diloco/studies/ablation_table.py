@@ -1,13 +1,19 @@
 """Decoupled DiLoCo's ablation tables from a sweep's rows, beside the published ones, and findings.
 
-Rows are those of experiments.sweep over configs/sweeps/ablations.py: a point's variants (only
-those that differ from the Decoupled preset at M=8), its `seed`, and the run's `eval_loss`. A cell
+Rows are those of experiments.sweep over configs/sweeps/ablations.py (the first table, one outer lr
+for every row): a point's variants (only those that differ from the Decoupled preset at M=8), its
+`seed`, and the run's `eval_loss`. A cell
 is a point without its seed ("" is the preset itself); its losses are one per seed. The paper
 reports text-benchmark average accuracy (higher is better) and, for precision, validation loss;
 we report validation loss (lower is better), so each table compares relative changes against its
 own baseline row. Seeds move every cell together (seed 1 was 3-4% worse than seed 0 in every cell
 of our full table), so a change is taken seed by seed against the baseline's run of the same seed
 and then averaged (`paired`): the baseline's noise cancels.
+
+The regime rerun (configs/sweeps/ablations_regime.py, `regime_*`) keys a cell by (learners, merge,
+codec, frag), each at its own best outer lr, so seeds no longer pair across cells (a seed's run at
+another outer lr is another run): a difference counts there when it exceeds the larger seed
+half-range of the two cells.
 """
 
 import math
@@ -15,7 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from diloco.studies import eval_sets
+from diloco.studies import eval_sets, outer_lr_search as search
 
 # Decoupled DiLoCo (arXiv 2604.21428) as secondary sources agree on it: text-benchmark average.
 PAPER_MERGE = {("mean", 8): 54.1, ("mean", 16): 52.7, ("rda", 8): 55.4, ("rda", 16): 54.5}
@@ -138,3 +144,79 @@ def findings(table: dict[str, list[float]]) -> list[tuple[str, bool, str]]:
       )
   )
   return out
+
+
+# The regime rerun's rows: label -> cell (learners, merge, codec, frag).
+REGIME_KEYS = ("learners", "merge", "codec", "frag")
+REGIME_BASE = (8, "rda", "fp4", "balanced")
+REGIME_MERGE = {
+    ("mean", 8): (8, "mean", "fp4", "balanced"),
+    ("rda", 8): REGIME_BASE,
+    ("mean", 16): (16, "mean", "fp4", "balanced"),
+    ("rda", 16): (16, "rda", "fp4", "balanced"),
+}
+REGIME_PRECISION = {
+    "fp32": (8, "rda", "fp32", "balanced"),
+    "fp4": REGIME_BASE,
+    "2bit": (8, "rda", "2bit", "balanced"),
+    "1bit": (8, "rda", "1bit", "balanced"),
+}
+REGIME_FRAGMENTATION = {
+    "balanced, P=4": REGIME_BASE,
+    "by layer, P=2": (8, "rda", "fp4", "layer"),
+    "balanced, P=8": (8, "rda", "fp4", "fine"),
+}
+Table = dict[tuple, search.Winner]
+
+
+def regime_cells(rows: Iterable[dict[str, Any]]) -> Table:
+  """Every cell with a seed-0 row, at its winning outer lr, over its seeds (finished rows)."""
+  done = [r for r in eval_sets.same(rows, "ablation table") if r.get("status") == "done"]
+  return search.tuned(done, REGIME_KEYS)
+
+
+def _vs(table: Table, a: tuple, b: tuple) -> tuple[float, float]:
+  """a's relative change of loss against b, and the larger seed half-range relative to b."""
+  x, y = table[a], table[b]
+  return rel(x.loss, y.loss), max(x.spread, y.spread) / y.loss
+
+
+def regime_findings(table: Table) -> list[tuple[str, str, str]]:
+  """(claim, shown or not shown, the numbers) for each published finding whose cells have run."""
+  say = lambda d, s: f"{100 * d:+.2f}% (±{100 * s:.2f}%)"  # noqa: E731
+  out = []
+  merge = [REGIME_MERGE[(m, n)] for m in ("mean", "rda") for n in (8, 16)]
+  if all(c in table for c in merge):
+    vs = {n: _vs(table, REGIME_MERGE[("rda", n)], REGIME_MERGE[("mean", n)]) for n in (8, 16)}
+    shown = all(d < -s for d, s in vs.values())
+    numbers = "; ".join(f"M={n}: RDA {say(*v)} against the mean" for n, v in vs.items())
+    out.append(("RDA beats the plain average at M=8 and M=16", _verdict(shown), numbers))
+  if all(c in table for c in REGIME_PRECISION.values()):
+    full = REGIME_PRECISION["fp32"]
+    vs = {k: _vs(table, REGIME_PRECISION[k], full) for k in ("fp4", "2bit", "1bit")}
+    close = abs(vs["fp4"][0]) <= max(CLOSE, vs["fp4"][1])
+    far = all(vs[k][0] >= FAR and vs[k][0] > vs[k][1] for k in ("2bit", "1bit"))
+    out.append(
+        (
+            f"4-bit is within {100 * CLOSE:g}% of full precision (or of the seed spread); 2- and"
+            f" 1-bit are far worse (>= {100 * FAR:g}%, past the spread)",
+            _verdict(close and far),
+            ", ".join(f"{k} {say(*v)}" for k, v in vs.items()) + " against fp32",
+        )
+    )
+  if all(c in table for c in REGIME_FRAGMENTATION.values()):
+    base = REGIME_FRAGMENTATION["balanced, P=4"]
+    vs = {k: _vs(table, c, base) for k, c in REGIME_FRAGMENTATION.items() if c != base}
+    out.append(
+        (
+            f"fragmentation barely matters (within {100 * CLOSE:g}% of balanced, or of the seed"
+            " spread)",
+            _verdict(all(abs(d) <= max(CLOSE, s) for d, s in vs.values())),
+            ", ".join(f"{k} {say(*v)}" for k, v in vs.items()) + " against balanced, P=4",
+        )
+    )
+  return out
+
+
+def _verdict(shown: bool) -> str:
+  return "shown" if shown else "not shown"

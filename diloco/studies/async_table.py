@@ -9,7 +9,6 @@ byte. In the tuned table a difference counts when it exceeds the larger seed hal
 cells.
 """
 
-import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -93,23 +92,6 @@ def findings(table: dict[Cell, list[float]]) -> list[tuple[str, bool, str]]:
   ]
 
 
-@dataclasses.dataclass(frozen=True)
-class Tuned:
-  """One (method, level) at its winning outer lr, over its seeds."""
-
-  outer_lr: float
-  losses: tuple[float, ...]
-  merges: int | None  # seed 0's
-
-  @property
-  def loss(self) -> float:
-    return mean(self.losses)
-
-  @property
-  def spread(self) -> float:
-    return search.half_range(self.losses)
-
-
 def tuning(rows: Iterable[dict[str, Any]]) -> dict[Cell, dict[float, float]]:
   """(method, level) -> {outer lr: seed-0 eval loss}, finished rows on one evaluation set."""
   out: dict[Cell, dict[float, float]] = {}
@@ -119,14 +101,9 @@ def tuning(rows: Iterable[dict[str, Any]]) -> dict[Cell, dict[float, float]]:
   return out
 
 
-def tuned(rows: Iterable[dict[str, Any]]) -> dict[Cell, Tuned]:
+def tuned(rows: Iterable[dict[str, Any]]) -> dict[Cell, search.Winner]:
   """Every (method, level) with a seed-0 row, at its winning outer lr (lowest seed-0 loss)."""
-  out = {}
-  for cell, (lr, at) in search.at_winners(_done(rows), KEYS).items():
-    merges = at[0].get("merges") if int(at[0].get("seed", 0)) == 0 else None
-    losses = tuple(float(r["eval_loss"]) for r in at)
-    out[cell] = Tuned(lr, losses, int(merges) if merges not in (None, "") else None)
-  return out
+  return search.tuned(_done(rows), KEYS)
 
 
 def _done(rows) -> list[dict[str, Any]]:
@@ -135,14 +112,14 @@ def _done(rows) -> list[dict[str, Any]]:
   return eval_sets.same(rows, "async table")
 
 
-def _vs_sync(table: dict[Cell, Tuned], method: str, level: str) -> tuple[int, str]:
+def _vs_sync(table: dict[Cell, search.Winner], method: str, level: str) -> tuple[int, str]:
   """How `method` compares with sync at `level` (+1 better, 0 within the spread, -1 worse)."""
   a, b = table[(method, level)], table[("sync", level)]
   verdict = search.compare(a.loss, b.loss, max(a.spread, b.spread))
   return verdict, f"{level} {pct(ppl_change(a.loss, b.loss))} (±{max(a.spread, b.spread):.4f} nats)"
 
 
-def tuned_findings(table: dict[Cell, Tuned]) -> list[tuple[str, str, str]]:
+def tuned_findings(table: dict[Cell, search.Winner]) -> list[tuple[str, str, str]]:
   """(claim, verdict, numbers) for the paper's two findings on the tuned table."""
   levels = [lv for lv in LEVELS if all((m, lv) in table for m in ("sync", "async", "dn_dylu"))]
   naive = [_vs_sync(table, "async", lv) for lv in levels]

@@ -8,6 +8,8 @@ doubles: a winner at the lowest rate tried gets half of it next, at the highest 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +67,31 @@ def at_winners(rows: Sequence[Row], keys: Sequence[str]) -> dict[Cell, tuple[flo
     at = [r for r in rows if cell_of(r, keys) == cell and float(r["outer_lr"]) == lr]
     out[cell] = (lr, sorted(at, key=lambda r: int(r.get("seed", 0))))
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Winner:
+  """One cell at its winning outer lr: its finished rows there, in seed order."""
+
+  outer_lr: float
+  rows: tuple[Row, ...]
+
+  @property
+  def losses(self) -> tuple[float, ...]:
+    return tuple(float(r["eval_loss"]) for r in self.rows)
+
+  @property
+  def loss(self) -> float:
+    return sum(self.losses) / len(self.losses) if self.rows else math.nan
+
+  @property
+  def spread(self) -> float:
+    return half_range(self.losses)
+
+
+def tuned(rows: Sequence[Row], keys: Sequence[str]) -> dict[Cell, Winner]:
+  """cell -> its `Winner` (every cell with a seed-0 row)."""
+  return {c: Winner(lr, tuple(at)) for c, (lr, at) in at_winners(rows, keys).items()}
 
 
 def half_range(xs: Sequence[float]) -> float:
