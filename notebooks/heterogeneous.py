@@ -52,7 +52,7 @@ if REPO not in sys.path:  # the config file imports configs.*
 import matplotlib.pyplot as plt
 
 from configs.sweeps import heterogeneous as het
-from diloco.studies import hetero_table as ht, scaling_protocol as sp, sweep, sweep_run
+from diloco.studies import hetero_table as ht, scaling_protocol as sp, sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "heterogeneous.py")
 RESULTS = (
@@ -67,15 +67,8 @@ else:
 
 def stage(arg: str, table: str) -> bool:
   """Runs or loads one stage of the sweep; False when it has no point (a closed grid)."""
-  try:
-    sweep_run.load_or_run(
-        f"{SPEC}:{'tiny,' * TINY}{arg}", RESULTS, RESULTS_ONLY, **OPTIONS, table=table
-    )
-    return True
-  except sweep.SweepError as e:
-    if "non-empty" not in str(e):
-      raise
-    return False
+  spec = f"{SPEC}:{'tiny,' * TINY}{arg}"
+  return sweep_run.stage(spec, RESULTS, RESULTS_ONLY, **OPTIONS, table=table)
 
 
 # %% [markdown]

@@ -25,6 +25,8 @@ def get_config(arg=None):  # the toy's own variants (bad, typo, variant) select 
   return scaling.get_config(",".join(kept))
 
 def get_sweep(arg=None):
+  if arg and "empty" in arg:  # a staged sweep's closed grid
+    return []
   points = [
       {"size": "d8l1", "method": "dp", "seed": 0},
       {"size": "d8l1", "method": "diloco", "learners": 2, "config.outer.lr": 0.5, "seed": 0},
@@ -111,6 +113,15 @@ def test_unknown_key_fails_before_anything_runs(sweep_file, tmp_path, monkeypatc
     sweep_run.run(_spec(sweep_file, variant), str(workdir), parallel=0, progress=False)
   assert "point 2" in str(e.value) and named in str(e.value)
   assert not calls and not workdir.exists()
+  with pytest.raises(sweep.SweepError, match=named):  # a notebook's stage: the same error
+    sweep_run.stage(_spec(sweep_file, variant), str(workdir), False, parallel=0, progress=False)
+
+
+def test_a_stage_without_points_says_so_and_writes_nothing(sweep_file, tmp_path):
+  workdir = tmp_path / "w"
+  assert sweep_run.stage(_spec(sweep_file, "empty"), str(workdir), False, progress=False) is False
+  assert sweep_run.stage(_spec(sweep_file, "empty"), str(workdir), True) is False
+  assert not workdir.exists()
 
 
 def test_two_points_run_then_are_skipped(sweep_file, tmp_path, monkeypatch):

@@ -85,6 +85,18 @@ def load_or_run(spec: str, workdir: str, results_only: bool, **options) -> list[
   return out
 
 
+def stage(spec: str, workdir: str, results_only: bool, **options) -> bool:
+  """One stage of a staged sweep in a notebook, through `load_or_run`; False when the stage has no
+  point (its grid closed: no winner left on an edge)."""
+  try:
+    load_or_run(spec, workdir, results_only, **options)
+    return True
+  except sweep.SweepError as e:
+    if "non-empty" not in str(e):
+      raise
+    return False
+
+
 def run(
     spec: str,
     workdir: str,
