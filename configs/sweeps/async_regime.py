@@ -6,7 +6,7 @@ theirs starts, in the README main job's regime, and each method at its own outer
   python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=pretrain --workdir=$W --table=pretrain
   python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=tune,results=$W --workdir=$W --table=tune --parallel=2
   python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=extend,results=$W --workdir=$W --table=extend1 --parallel=2
-  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=seeds,results=$W --workdir=$W --table=seeds --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=seeds,seeds=2,results=$W --workdir=$W --table=seeds --parallel=2
 
 part=pretrain: one point, data-parallel on the tiny decoder (28,832 parameters), 1,000 steps of 64
 sequences of 64 bytes (4.1 MB, 142 bytes per parameter) at inner lr 0.02 (the main job's tuned
@@ -17,9 +17,9 @@ heterogeneity levels, at async.py's budget=regime: 16 sequences of 64 bytes per 
 (1 KB), H = 20, 4 x 2,000 steps' tokens (8.2 MB, whoever trains them), inner lr 1e-2, the whole
 validation split. part=tune: every (method, level) at OUTER_LRS, seed 0, momentum 0.9 (the
 paper's; not tuned here); part=extend: one rung past any winner on an edge (run until it adds
-none); part=seeds: seeds 1 and 2 of the cells that decide the paper's findings (sync, async,
-dn_dylu) at their winners. `tiny`: the test suite's version (tiny budgets, one rate, the none and
-very levels, seeds at very only).
+none); part=seeds: seed 1 (seeds=2; seeds=3 adds seed 2) of the cells that decide the paper's
+findings (sync, async, dn_dylu) at their winners. `tiny`: the test suite's version (tiny budgets,
+one rate, the none and very levels, seeds at very only).
 """
 
 import importlib
