@@ -2,11 +2,10 @@
 
 Rows are those of experiments.sweep over configs/sweeps/ablations.py (the first table, one outer lr
 for every row): a point's variants (only those that differ from the Decoupled preset at M=8), its
-`seed`, and the run's `eval_loss`. A cell
-is a point without its seed ("" is the preset itself); its losses are one per seed. The paper
-reports text-benchmark average accuracy (higher is better) and, for precision, validation loss;
-we report validation loss (lower is better), so each table compares relative changes against its
-own baseline row. Seeds move every cell together (seed 1 was 3-4% worse than seed 0 in every cell
+`seed`, and the run's `eval_loss`. A cell is a point without its seed ("" is the preset itself);
+its losses are one per seed. The paper reports text-benchmark average accuracy (higher is better)
+and, for precision, validation loss; we report validation loss (lower is better), so each table
+compares relative changes against its own baseline row. Seeds move every cell together (seed 1 was 3-4% worse than seed 0 in every cell
 of our full table), so a change is taken seed by seed against the baseline's run of the same seed
 and then averaged (`paired`): the baseline's noise cancels.
 

@@ -94,11 +94,7 @@ def findings(table: dict[Cell, list[float]]) -> list[tuple[str, bool, str]]:
 
 def tuning(rows: Iterable[dict[str, Any]]) -> dict[Cell, dict[float, float]]:
   """(method, level) -> {outer lr: seed-0 eval loss}, finished rows on one evaluation set."""
-  out: dict[Cell, dict[float, float]] = {}
-  for r in _done(rows):
-    if int(r.get("seed", 0)) == 0:
-      out.setdefault((r["method"], r["hetero"]), {})[float(r["outer_lr"])] = float(r["eval_loss"])
-  return out
+  return search.tuning(_done(rows), KEYS)
 
 
 def tuned(rows: Iterable[dict[str, Any]]) -> dict[Cell, search.Winner]:

@@ -55,11 +55,7 @@ def _mean(xs: Sequence[float]) -> float:
 
 def tuning(rows: Sequence[Row]) -> dict[tuple[str, str], dict[float, float]]:
   """(domain, policy) -> {outer lr: seed-0 eval loss}."""
-  out: dict[tuple[str, str], dict[float, float]] = {}
-  for r in rows:
-    if int(r["seed"]) == 0:
-      out.setdefault((r["domain"], r["policy"]), {})[float(r["outer_lr"])] = r["eval_loss"]
-  return out
+  return search.tuning(rows, het.KEYS)
 
 
 def cells(rows: Sequence[Row]) -> dict[tuple[str, str], Cell]:

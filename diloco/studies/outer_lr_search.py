@@ -33,6 +33,15 @@ def winners(rows: Sequence[Row], keys: Sequence[str]) -> dict[Cell, float]:
   return {c: v[0] for c, v in best.items()}
 
 
+def tuning(rows: Sequence[Row], keys: Sequence[str]) -> dict[Cell, dict[float, float]]:
+  """cell -> {outer lr: seed-0 eval loss}: the grid each winner was picked from."""
+  out: dict[Cell, dict[float, float]] = {}
+  for r in rows:
+    if int(r.get("seed", 0)) == 0:
+      out.setdefault(cell_of(r, keys), {})[float(r["outer_lr"])] = float(r["eval_loss"])
+  return out
+
+
 def tried(rows: Sequence[Row], keys: Sequence[str], cell: Cell) -> set[float]:
   return {float(r["outer_lr"]) for r in rows if cell_of(r, keys) == cell}
 
