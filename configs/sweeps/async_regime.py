@@ -6,7 +6,7 @@ theirs starts, in the README main job's regime, and each method at its own outer
   python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=pretrain --workdir=$W --table=pretrain
   python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=tune,results=$W --workdir=$W --table=tune --parallel=2
   python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=extend,results=$W --workdir=$W --table=extend1 --parallel=2
-  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=seeds,seeds=2,results=$W --workdir=$W --table=seeds --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=seeds,seeds=3,results=$W --workdir=$W --table=seeds --parallel=2
 
 part=pretrain: one point, data-parallel on the tiny decoder (28,832 parameters), 1,000 steps of 64
 sequences of 64 bytes (4.1 MB, 142 bytes per parameter) at inner lr 0.02 (the main job's tuned
