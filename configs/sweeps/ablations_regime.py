@@ -70,7 +70,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = _arg(variants.drop(arg, SWEEP_ONLY))
   point = f"learners={a.learners},merge={a.merge},codec={a.codec},frag={a.frag}"
   point += f",outer_lr={a.outer_lr},seed={a.seed}" + (",tiny" if a.tiny else "")
-  return ablations.get_config(point + ",budget=regime")
+  c = ablations.get_config(point + ",budget=regime")
+  # Learners one after the other: at 16 x 64 bytes per learner the stacked step ran this sweep's
+  # M = 8 Decoupled run at 0.57x of sequential (scripts/bench_stacked.py, BENCHMARKS.md).
+  c.outer.stack_learners = False
+  return c
 
 
 def _points(cells, lr_of, seeds=(0,)) -> list[dict]:
