@@ -55,7 +55,8 @@ if REPO not in sys.path:  # the config file imports configs.*
 
 import matplotlib.pyplot as plt
 
-from diloco.studies import async_table as at, scaling_protocol as sp, sweep_run
+from diloco.studies import async_table as at, outer_lr_search as search, scaling_protocol as sp
+from diloco.studies import sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "async_regime.py")
 RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "async_regime")
@@ -65,11 +66,8 @@ if TINY:  # which interpreter runs the kernel (the test checks it)
 else:
   print(f"results: {os.path.relpath(RESULTS, REPO)}")
 
-
-def stage(arg: str, table: str) -> bool:
-  """Runs or loads one stage of the sweep; False when it has no point (a closed grid)."""
-  spec = f"{SPEC}:{'tiny,' * TINY}{arg}"
-  return sweep_run.stage(spec, RESULTS, RESULTS_ONLY, **OPTIONS, table=table)
+# stage(arg, table): one stage of the sweep, run or loaded; False when it has no point
+stage = sweep_run.stager(SPEC, RESULTS, RESULTS_ONLY, tiny=TINY, **OPTIONS)
 
 
 # %% [markdown]
@@ -92,20 +90,9 @@ for path in sorted(glob.glob(os.path.join(RESULTS, "pretrain*.jsonl"))):  # one 
       f"pretrained start ({os.path.basename(path)}): eval loss {start['eval_loss']:.4f} nats/byte"
   )
 grid = at.tuning(rows)
-lrs = sorted({lr for v in grid.values() for lr in v})
 print("\neval loss at each outer lr (seed 0); * = winner")
-print(f"{'':>36}" + "".join(f"{lr:>9g}" for lr in lrs))
-for m in at.LABELS:
-  for lv in at.LEVELS:
-    losses = grid.get((m, lv))
-    if not losses:
-      continue
-    best = min(losses, key=losses.get)
-    line = "".join(
-        f"{losses[lr]:>8.4f}{'*' if lr == best else ' '}" if lr in losses else f"{'':>9}"
-        for lr in lrs
-    )
-    print(f"{at.LABELS[m]:>26} {lv:>9}" + line)
+cells = [(m, lv) for m in at.LABELS for lv in at.LEVELS]
+print(search.grid_text(grid, lambda c: f"{at.LABELS[c[0]]:>26} {c[1]:>9}", cells))
 
 # %% [markdown]
 # ## Our table beside the paper's Table 1

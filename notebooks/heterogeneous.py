@@ -52,7 +52,8 @@ if REPO not in sys.path:  # the config file imports configs.*
 import matplotlib.pyplot as plt
 
 from configs.sweeps import heterogeneous as het
-from diloco.studies import hetero_table as ht, scaling_protocol as sp, sweep_run
+from diloco.studies import hetero_table as ht, outer_lr_search as search, scaling_protocol as sp
+from diloco.studies import sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "heterogeneous.py")
 RESULTS = (
@@ -64,11 +65,8 @@ if TINY:  # which interpreter runs the kernel (the test checks it)
 else:
   print(f"results: {os.path.relpath(RESULTS, REPO)}")
 
-
-def stage(arg: str, table: str) -> bool:
-  """Runs or loads one stage of the sweep; False when it has no point (a closed grid)."""
-  spec = f"{SPEC}:{'tiny,' * TINY}{arg}"
-  return sweep_run.stage(spec, RESULTS, RESULTS_ONLY, **OPTIONS, table=table)
+# stage(arg, table): one stage of the sweep, run or loaded; False when it has no point
+stage = sweep_run.stager(SPEC, RESULTS, RESULTS_ONLY, tiny=TINY, **OPTIONS)
 
 
 # %% [markdown]
@@ -84,16 +82,8 @@ for i in range(1, 6):
 stage(f"part=seeds,seeds={2 if TINY else 3},results={RESULTS}", "seeds")
 rows = sp.read_rows(RESULTS)
 grid = ht.tuning(rows)
-lrs = sorted({lr for v in grid.values() for lr in v})
 print("eval loss at each outer lr (seed 0); * = winner")
-print(f"{'':>18}" + "".join(f"{lr:>9g}" for lr in lrs))
-for key, losses in sorted(grid.items()):
-  best = min(losses, key=losses.get)
-  line = "".join(
-      f"{losses[lr]:>8.4f}{'*' if lr == best else ' '}" if lr in losses else f"{'':>9}"
-      for lr in lrs
-  )
-  print(f"{key[0]:>7} {key[1]:>10}" + line)
+print(search.grid_text(grid, lambda c: f"{c[0]:>7} {c[1]:>10}"))
 
 # %% [markdown]
 # ## The table, each cell at its own outer learning rate

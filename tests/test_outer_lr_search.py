@@ -179,3 +179,16 @@ def test_findings_wait_for_their_cells():
       ("RDA beats the plain average at M=8", "shown"),
       ("fragmentation barely matters (within 0.2% of balanced, or of the seed spread)", "shown"),
   ]
+
+
+def test_grid_text_has_a_column_per_rate_and_stars_each_winner():
+  grid = {("b",): {0.2: 1.5, 0.4: 1.25}, ("a",): {0.1: 2.0, 0.2: 1.75}, ("c",): {}}
+  text = search.grid_text(grid, lambda c: f"cell {c[0]}")
+  # widths: the longest label "cell a" (6) + 2; each rate right-aligned in 9; a loss in 8 + mark.
+  assert text.split("\n") == [
+      " " * 8 + "      0.1      0.2      0.4",
+      "  cell a  2.0000   1.7500*",  # sorted cells; "c" tried nothing: no line
+      "  cell b           1.5000   1.2500*",
+  ]
+  first = search.grid_text(grid, lambda c: c[0], cells=[("b",), ("a",)]).split("\n")[1]
+  assert first == "  b           1.5000   1.2500*"  # the order asked for

@@ -234,3 +234,15 @@ def test_export_copies_finished_summaries_without_their_workdir(tmp_path):
   assert sweep_run.export(str(src), str(dest)) == 1  # a=2 has not finished
   assert json.loads((dest / "a=1" / "summary.json").read_text()) == {"eval_loss": 2.5}
   assert not (dest / "a=2").exists()
+
+
+def test_a_notebooks_stager_prefixes_tiny_and_names_the_table(sweep_file, tmp_path, monkeypatch):
+  calls = []
+  monkeypatch.setattr(sweep_run, "stage", lambda spec, *a, **k: calls.append((spec, a, k)) or True)
+  path = str(sweep_file)
+  sweep_run.stager(path, "W", True, tiny=True, parallel=0)("part=tune", "tune")
+  sweep_run.stager(path, "W", False)("part=seeds", "seeds")
+  assert calls == [
+      (f"{path}:tiny,part=tune", ("W", True), dict(parallel=0, table="tune")),
+      (f"{path}:part=seeds", ("W", False), dict(table="seeds")),
+  ]

@@ -42,6 +42,25 @@ def tuning(rows: Sequence[Row], keys: Sequence[str]) -> dict[Cell, dict[float, f
   return out
 
 
+def grid_text(
+    grid: dict[Cell, dict[float, float]], label, cells: Sequence[Cell] | None = None
+) -> str:
+  """The tuning grid as text: one line per cell (`label(cell)`; `cells`' order, else sorted), one
+  column per outer lr tried anywhere, each cell's winner starred."""
+  cells = [c for c in (sorted(grid) if cells is None else cells) if grid.get(c)]
+  lrs = sorted({lr for c in cells for lr in grid[c]})
+  names = [label(c) for c in cells]
+  width = max(map(len, names), default=0) + 2
+  lines = [" " * width + "".join(f"{lr:>9g}" for lr in lrs)]
+  for cell, name in zip(cells, names):
+    losses, best = grid[cell], min(grid[cell], key=grid[cell].get)
+    line = "".join(
+        f"{losses[lr]:>8.4f}{'*' if lr == best else ' '}" if lr in losses else " " * 9 for lr in lrs
+    )
+    lines.append(f"{name:>{width}}{line}".rstrip())
+  return "\n".join(lines)
+
+
 def tried(rows: Sequence[Row], keys: Sequence[str], cell: Cell) -> set[float]:
   return {float(r["outer_lr"]) for r in rows if cell_of(r, keys) == cell}
 

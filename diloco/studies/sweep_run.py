@@ -97,6 +97,17 @@ def stage(spec: str, workdir: str, results_only: bool, **options) -> bool:
     return False
 
 
+def stager(path: str, workdir: str, results_only: bool, tiny: bool = False, **options):
+  """A notebook's `stage(arg, table)`: `stage` of the sweep file at `path` with `arg` (after "tiny,"
+  in a tiny notebook), its rows in `workdir`'s `table`."""
+
+  def run_stage(arg: str, table: str) -> bool:
+    spec = f"{path}:{'tiny,' * tiny}{arg}"
+    return stage(spec, workdir, results_only, **options, table=table)
+
+  return run_stage
+
+
 def run(
     spec: str,
     workdir: str,

@@ -80,11 +80,8 @@ if TINY:  # which interpreter runs the kernel (the test checks it)
 else:
   print(f"results: {os.path.relpath(RESULTS, REPO)}")
 
-
-def stage(arg: str, table: str) -> bool:
-  """Runs or loads one stage of the sweep; False when it has no point (a closed grid)."""
-  spec = f"{SPEC}:{'tiny,' * TINY}{arg}"
-  return sweep_run.stage(spec, RESULTS, RESULTS_ONLY, **OPTIONS, table=table)
+# stage(arg, table): one stage of the sweep, run or loaded; False when it has no point
+stage = sweep_run.stager(SPEC, RESULTS, RESULTS_ONLY, tiny=TINY, **OPTIONS)
 
 
 # %% [markdown]
@@ -102,16 +99,8 @@ stage(f"part=fragments,results={RESULTS}", "fragments")
 stage(f"part=seeds,seeds=2,results={RESULTS}", "seeds")
 rows = sp.read_rows(RESULTS)
 grid = search.tuning([r for r in rows if r.get("status") == "done"], at.REGIME_KEYS)
-lrs = sorted({lr for v in grid.values() for lr in v})
 print("eval loss at each outer lr (seed 0); * = winner")
-print(f"{'':>28}" + "".join(f"{lr:>9g}" for lr in lrs))
-for cell, losses in sorted(grid.items()):
-  best = min(losses, key=losses.get)
-  line = "".join(
-      f"{losses[lr]:>8.4f}{'*' if lr == best else ' '}" if lr in losses else f"{'':>9}"
-      for lr in lrs
-  )
-  print(f"{'M=%d %s %s %s' % cell:>28}" + line)
+print(search.grid_text(grid, lambda c: "M=%d %s %s %s" % c))
 
 # %% [markdown]
 # ## The tables, each row at its own outer learning rate
