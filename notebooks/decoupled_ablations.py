@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Decoupled DiLoCo's ablations, reproduced at small scale
+# # Decoupled DiLoCo's ablations in the main job's regime, each row at its own outer learning rate
 #
 # The Decoupled DiLoCo paper (arXiv 2604.21428) backs its design with ablations. The figures that
 # secondary sources agree on are text-benchmark average accuracies (higher is better): the merge
@@ -22,20 +22,24 @@
 # and the number of learners at 1.2M chips (goodput 70 / 82 / 88 / 93% and text average 54.4 / 55.0
 # / 55.4 / 53.4 for M = 2 / 4 / 8 / 16).
 #
-# This notebook runs (or, when its results are checked in, loads) the sweep
-# `configs/sweeps/ablations.py` through `experiments.sweep`'s runner. Every point is the project's
-# Decoupled preset at M = 8 with one thing changed; the file's docstring has the design: the
-# `small` decoder (0.89M parameters) on Shakespeare bytes, 300 inner steps of a global batch of 16
-# sequences of 64 bytes split over the learners (307,200 bytes per run), equal learner speeds with
-# a 10% step jitter, evaluation on the first 1,024 validation sequences. We have no text benchmarks
-# at this scale: our tables compare validation loss (nats per byte, lower is better) as relative
-# changes against each table's baseline row, beside the paper's relative changes of accuracy.
+# This notebook runs (or, when its results are checked in, loads) `configs/sweeps/ablations_regime.py`,
+# whose docstring has the design: the project's Decoupled preset (M = 8, RDA, the fp4 uplink, P = 4
+# balanced fragments, K = 1 with the grace window) with one thing changed, the tiny decoder in the
+# README main job's regime (1 KB per learner step, H = 20, 2,000 steps per learner: 100 syncs of
+# each fragment), equal learner speeds with a 10% step jitter, the whole validation split. Each
+# merge rule and each codec that changes the update's length runs at its own best outer learning
+# rate (a doubling ladder extended until every winner is interior); the fragmentations at the
+# baseline's. We have no text benchmarks at this scale: our tables compare eval loss (nats per
+# byte, lower is better) as relative changes against each table's baseline row, beside the paper's
+# relative changes of accuracy.
 #
-# Set `DILOCO_NOTEBOOK_TINY=1` to rerun a few-second version (the test suite does). The full
-# results were produced by the commands at the top of `configs/sweeps/ablations.py`; the outputs
-# stored in the .ipynb by `python scripts/render_notebooks.py decoupled_ablations`, which loads them
-# from `notebooks/results/ablations/` (`DILOCO_NOTEBOOK_RESULTS_ONLY=1`: a missing run is an error,
-# never trained).
+# The first table (`configs/sweeps/ablations.py`, 0.35 bytes per parameter, one outer lr for every
+# row) is in BENCHMARKS.md as history; its M, quorum and grace-window rows, which the rerun does
+# not repeat, are loaded at the end from `notebooks/results/ablations/`.
+#
+# Set `DILOCO_NOTEBOOK_TINY=1` for a few-second version (the test suite does);
+# `DILOCO_NOTEBOOK_RESULTS_ONLY=1` loads `notebooks/results/ablations_regime/` and never trains
+# (`python scripts/render_notebooks.py decoupled_ablations` writes the .ipynb that way).
 
 # %%
 import math
@@ -47,168 +51,183 @@ TINY = os.environ.get("DILOCO_NOTEBOOK_TINY") == "1"  # a few-second version of 
 RESULTS_ONLY = os.environ.get("DILOCO_NOTEBOOK_RESULTS_ONLY") == "1"  # load, never train
 here = os.getcwd()
 REPO = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
-if REPO not in sys.path:  # the config file imports configs.shakespeare
+if REPO not in sys.path:  # the config file imports configs.*
   sys.path.insert(0, REPO)
 
 import matplotlib.pyplot as plt
 
 from diloco.sim import calibration, goodput
-from diloco.studies import ablation_table as at, sweep_run
+from diloco.studies import ablation_table as at, outer_lr_search as search, scaling_protocol as sp
+from diloco.studies import sweep_run
 
-SPEC = os.path.join(REPO, "configs", "sweeps", "ablations.py")
-RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "ablations")
+SPEC = os.path.join(REPO, "configs", "sweeps", "ablations_regime.py")
+RESULTS = (
+    tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "ablations_regime")
+)
+FIRST = os.path.join(REPO, "configs", "sweeps", "ablations.py")  # the first table, as history
+FIRST_RESULTS = os.path.join(REPO, "notebooks", "results", "ablations")  # loaded, never trained
+OPTIONS = dict(parallel=0 if TINY else 2, progress=not TINY)
 if TINY:  # which interpreter runs the kernel (the test checks it)
   print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
 else:
   print(f"results: {os.path.relpath(RESULTS, REPO)}")
 
+# stage(arg, table): one stage of the sweep, run or loaded; False when it has no point
+stage = sweep_run.stager(SPEC, RESULTS, RESULTS_ONLY, tiny=TINY, **OPTIONS)
 
-# A missing point trains first, or with RESULTS_ONLY is an error (sweep_run.load_or_run).
-OPTIONS = dict(parallel=0 if TINY else 2, progress=not TINY)
 
+# %% [markdown]
+# ## Each tuned row's outer learning rate, seed 0
+#
+# A doubling ladder from {0.2, 0.4} (0.8 left the grid once every cell run at both rates did better
+# at 0.2), extended one rung past any winner on its edge until none is; then the fragmentations at
+# the baseline's winner and seeds 1 and 2 of every row (tiny: seed 1).
 
-arg = "tiny,part=all" if TINY else "part=all,seeds=2"
-rows = sweep_run.load_or_run(f"{SPEC}:{arg}", RESULTS, RESULTS_ONLY, **OPTIONS)
-table = at.cells(rows)
-mu = {k: at.mean(v) for k, v in table.items()}
-print(
-    f"{len(rows)} runs in {len(table)} cells; seeds per cell: {sorted({len(v) for v in table.values()})}"
-)
-print(f"largest seed-to-seed spread of a cell: {100 * at.spread(table):.2f}% of its loss")
-print("changes 'vs base' are paired: each seed against the baseline's run of the same seed")
+# %%
+stage("part=tune", "tune")
+for i in range(1, 6):
+  if not stage(f"part=extend,results={RESULTS}", f"extend{i}"):
+    break
+stage(f"part=fragments,results={RESULTS}", "fragments")
+stage(f"part=seeds,seeds={2 if TINY else 3},results={RESULTS}", "seeds")
+rows = sp.read_rows(RESULTS)
+grid = search.tuning([r for r in rows if r.get("status") == "done"], at.REGIME_KEYS)
+print("eval loss at each outer lr (seed 0); * = winner")
+print(search.grid_text(grid, lambda c: "M=%d %s %s %s" % c))
+
+# %% [markdown]
+# ## The tables, each row at its own outer learning rate
+#
+# Mean over the seeds (± half their range); the change against the table's baseline row, and the
+# paper's change of text accuracy against its own baseline.
+
+# %%
+table = at.regime_cells(rows)
+print(f"{len(rows)} runs; seeds per cell: {sorted({len(c.rows) for c in table.values()})}")
 
 
 def show(title: str, labels: dict, base, paper: dict | None = None, paper_base=None) -> None:
-  """Prints one table: our loss (mean of seeds, each seed) and its change against `base` seed by
-  seed (`at.paired`), beside the paper's figure and its change against `paper_base`."""
-  ours = at.rows_of(table, labels)
-  b = ours.get(base, [])
-  print(
-      f"\n{title}\n{'':>22}{'eval loss':>10}{'vs base':>9}  {'seeds':<18}{'paper':>7}{'vs base':>9}"
-  )
-  for label, losses in ours.items():
-    name = f"{label[0]}, M={label[1]}" if isinstance(label, tuple) else str(label)
-    line = f"{name:>22}{at.mean(losses):>10.4f}{100 * at.paired(losses, b):>+8.2f}%  "
-    line += f"{' '.join(f'{x:.4f}' for x in losses):<18}"
+  """One table: label, outer lr, loss ± seed half-range, change vs `base`, each seed, the paper."""
+  if not any(c in table for c in labels.values()):
+    return
+  print(f"\n{title}\n{'':>16}{'outer lr':>9}{'eval loss':>18}{'vs base':>9}  {'seeds':<16}", end="")
+  print(f"{'paper':>7}{'vs base':>9}" if paper else "")
+  b = table.get(labels[base])
+  for label, cell in labels.items():
+    c = table.get(cell)
+    if c is None:
+      continue
+    name = f"{label[0]}, M={label[1]}" if isinstance(label, tuple) else label
+    d = at.rel(c.loss, b.loss) if b else math.nan
+    line = f"{name:>16}{c.outer_lr:>9g}{c.loss:>10.4f} ±{c.spread:.4f}{100 * d:>+8.2f}%  "
+    line += f"{' '.join(f'{x:.4f}' for x in c.losses):<16}"
     if paper and label in paper:
       line += f"{paper[label]:>7.1f}{100 * (paper[label] / paper[paper_base] - 1):>+8.2f}%"
     print(line)
 
 
-# %% [markdown]
-# ## Merge rule: plain average against RDA, at M = 8 and 16
-
-# %%
+for m in (8, 16):
+  labels = {k: v for k, v in at.REGIME_MERGE.items() if k[1] == m}
+  show(f"merge rule at M={m} (paper: text average)", labels, ("rda", m), at.PAPER_MERGE, ("rda", m))
+paper_prec = {"fp32": at.PAPER_PRECISION["bf16"]}  # the paper's full precision is bf16
+paper_prec.update({k: at.PAPER_PRECISION[k] for k in ("fp4", "2bit", "1bit")})
 show(
-    "merge rule (ours: loss, lower is better; paper: text average, higher is better)",
-    at.MERGE_ROWS,
-    ("rda", 8),
-    at.PAPER_MERGE,
-    ("rda", 8),
+    "outer-gradient precision (paper: text average)",
+    at.REGIME_PRECISION,
+    "fp32",
+    paper_prec,
+    "fp32",
 )
-
-# %% [markdown]
-# ## Outer-gradient precision, and fp4's rounding and error feedback
-#
-# The paper's 4-bit is our fp4 (E3M0 with a per-block scale). fp4 rounds to the nearest level in
-# log space by default; linear-nearest and stochastic (unbiased) rounding, each with and without
-# error feedback on the learner's uplink, are the candidates for that default.
-
-# %%
-paper_prec = {"bf16": at.PAPER_PRECISION["bf16"], "fp4 log": at.PAPER_PRECISION["fp4"]}
-paper_prec.update({k: at.PAPER_PRECISION[k] for k in ("2bit", "1bit")})
-show("precision (paper: text average)", at.PRECISION_ROWS, "fp32", paper_prec, "bf16")
 print(
-    "\npaper's validation loss vs bf16: "
+    "paper's validation loss vs bf16: "
     + ", ".join(f"{k} {100 * v:+.2f}%" for k, v in at.PAPER_PRECISION_LOSS.items())
 )
-prec = at.rows_of(table, at.PRECISION_ROWS)
-print("fp4 variants against log rounding, seed by seed:")
-for k in [k for k in prec if k.startswith("fp4") and k != "fp4 log"]:
-  pairs = " ".join(f"{100 * at.rel(a, b):+.2f}%" for a, b in zip(prec[k], prec["fp4 log"]))
-  print(f"  {k:>20}: {pairs}  (mean {100 * at.paired(prec[k], prec['fp4 log']):+.2f}%)")
+paper_frag = {"balanced, P=4": 55.4, "by layer, P=2": 55.3}
+show(
+    "fragmentation (paper: text average)",
+    at.REGIME_FRAGMENTATION,
+    "balanced, P=4",
+    paper_frag,
+    "balanced, P=4",
+)
 
-fig, ax = plt.subplots(figsize=(8, 3.5))
-names = list(prec)
-full = prec.get("fp32", [math.nan])
-ax.bar(range(len(names)), [100 * at.paired(prec[n], full) for n in names])
-for i, n in enumerate(names):
-  ax.plot(
-      [i] * min(len(prec[n]), len(full)),
-      [100 * at.rel(a, b) for a, b in zip(prec[n], full)],
-      "k.",
-      ms=4,
-  )
-ax.set_xticks(range(len(names)), names, rotation=40, ha="right")
-ax.set(ylabel="eval loss vs fp32 (%)", title="outer-gradient precision, seed by seed (bars: mean)")
-ax.axhline(0, color="gray", lw=0.5)
+# %%
+groups = [("merge", at.REGIME_MERGE), ("precision", at.REGIME_PRECISION)]
+groups.append(("fragments", at.REGIME_FRAGMENTATION))
+fig, ax = plt.subplots(figsize=(9, 3.6))
+names, ys, errs = [], [], []
+for group, labels in groups:
+  for label, cell in labels.items():
+    if cell in table:
+      name = f"{label[0]} M={label[1]}" if isinstance(label, tuple) else label
+      names.append(f"{name}\n@{table[cell].outer_lr:g}")
+      ys.append(table[cell].loss)
+      errs.append(table[cell].spread)
+ax.bar(range(len(names)), ys, yerr=errs, capsize=3)
+ax.set_xticks(range(len(names)), names, fontsize=7)
+ax.set_ylim(min(ys) - 0.02, max(ys) + 0.02)
+ax.set(
+    ylabel="eval loss (nats/byte)",
+    title="each row at its own outer lr (error bars: seed half-range)",
+)
 plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## Fragmentation, quorum and the grace window
+# ## The published findings on our table
+#
+# A difference counts when it is larger than the larger seed half-range of the two cells.
 
 # %%
-show(
-    "fragmentation (paper: text average; its 'by tensor' has no row here)",
-    at.FRAGMENTATION_ROWS,
-    "balanced, P=24",
-    {"balanced, P=24": 55.4, "by layer, P=4": 55.3},
-    "balanced, P=24",
-)
-show("minimum quorum K", at.QUORUM_ROWS, "K=1")
-show("adaptive grace window", at.GRACE_ROWS, "grace on")
+for claim, verdict, numbers in at.regime_findings(table):
+  print(f"{verdict.upper()}: {claim}\n    {numbers}")
 
 # %% [markdown]
-# ## A check: the outer learning rate
+# ## History: the first table's learners, quorum and grace-window rows
 #
-# Added once the first table was in. The plain mean and 1-bit both shorten the merged update (the
-# mean of nearly orthogonal outer gradients by about 1/√quorum, 1-bit a Gaussian by 2/π), and
-# both did better than RDA and fp32 at outer lr 0.4; if 0.4 is too large here, a smaller outer lr
-# should help RDA and fp32 as much. 0.25 is 0.4 × 2/π. This is a check of our explanation, not a
-# retuned table: every other row keeps 0.4.
+# Not rerun, and loaded in every mode (tiny too) from `notebooks/results/ablations/`: the first
+# table (0.35 bytes per parameter, outer lr 0.4 for every row), beside the calibrated cluster
+# simulator's goodput for M learners of 1.2M chips with a one-year MTBI per chip
+# (notebooks/goodput.py). Read the losses with that table's caveats (BENCHMARKS.md).
 
 # %%
-show("outer learning rate (Nesterov, momentum 0.9)", at.OUTER_LR_ROWS, "RDA, lr 0.4")
-
-# %% [markdown]
-# ## Learners M: loss at equal tokens beside the simulator's goodput at 1.2M chips
-#
-# The goodput column is the calibrated cluster simulator's (notebooks/goodput.py) for M learners of
-# 1.2M chips with a one-year MTBI per chip; the loss column is ours at equal tokens (no failures).
-
-# %%
+first = at.cells(sweep_run.load(f"{FIRST}:part=all,seeds=2", FIRST_RESULTS))
 cluster = calibration.calibrated_cluster(days=0.05 if TINY else 1.0)
 timing = calibration.calibrated_timing()
-ms = sorted(at.rows_of(table, at.LEARNER_ROWS))
+ours = at.rows_of(first, at.LEARNER_ROWS)
+ms = sorted(ours)
 sims = goodput.simulate_many(
     cluster,
     [goodput.make_policy("decoupled", learners=m, **timing) for m in ms],
     range(2 if TINY else 5),
 )
 good = {m: r.goodput for m, r in zip(ms, sims)}
-ours = at.rows_of(table, at.LEARNER_ROWS)
 print(f"{'M':>4}{'goodput':>9}{'paper':>7}{'eval loss':>11}{'vs M=8':>8}{'paper text avg':>16}")
 for m in ms:
   pg, pt = at.PAPER_LEARNERS.get(m, (math.nan, math.nan))
   loss, vs8 = at.mean(ours[m]), at.paired(ours[m], ours[8])
-  line = f"{m:>4}{100 * good[m]:>8.1f}%{100 * pg:>6.0f}%{loss:>11.4f}{100 * vs8:>+7.2f}%"
-  print(f"{line}{pt:>16.1f}")
+  print(f"{m:>4}{100 * good[m]:>8.1f}%{100 * pg:>6.0f}%{loss:>11.4f}{100 * vs8:>+7.2f}%{pt:>16.1f}")
+for title, labels, base in (
+    ("quorum", at.QUORUM_ROWS, "K=1"),
+    ("grace", at.GRACE_ROWS, "grace on"),
+):
+  got = at.rows_of(first, labels)
+  print(
+      f"{title}: "
+      + ", ".join(
+          f"{k} {at.mean(v):.4f} ({100 * at.paired(v, got[base]):+.2f}%)" for k, v in got.items()
+      )
+  )
 
 fig, ax1 = plt.subplots(figsize=(5.5, 3.5))
 ax1.plot(ms, [100 * good[m] for m in ms], "o-", label="goodput (simulator)")
 ax1.set(xscale="log", xlabel="learners M", ylabel="goodput at 1.2M chips (%)")
 ax1.set_xticks(ms, [str(m) for m in ms])
 ax2 = ax1.twinx()
-ax2.plot(ms, [at.mean(ours[m]) for m in ms], "s--", color="tab:red", label="eval loss (ours)")
+ax2.plot(
+    ms, [at.mean(ours[m]) for m in ms], "s--", color="tab:red", label="eval loss (first table)"
+)
 ax2.set_ylabel("eval loss, equal tokens (nats/byte)")
 fig.legend(loc="upper center", ncol=2, fontsize=8)
 plt.tight_layout()
 plt.show()
-
-# %% [markdown]
-# ## The published findings on our table
-
-# %%
-for claim, holds, numbers in at.findings(table):
-  print(f"[{'reproduced' if holds else 'NOT reproduced'}] {claim}: {numbers}")

@@ -27,7 +27,7 @@ NOTEBOOKS = {
     "goodput": (2, "largest |model - published|"),
     "bandwidth": (2, "largest |ratio - 1| over the 50-95% columns"),
     "scaling_laws": (2, "(6) findings (1)-(3) read the same overtrained 4x"),
-    "decoupled_ablations": (2, "RDA beats the plain average at M=8 and M=16"),
+    "decoupled_ablations": (2, "RDA beats the plain average at M=8"),
     "heterogeneous": (1, "the grace window recovers it"),
     "async_local_sgd": (1, "Delayed Nesterov + DyLU closes the gap"),
     "regime": (1, "regime: DiLoCo M=4 vs data-parallel"),

@@ -24,7 +24,8 @@ Cells (changes from the baseline, M = 8 with RDA and the fp4 uplink):
   fragments by layer (strided, P = 2: one block each) and finer (balanced, P = 8), at the
             baseline's winning outer lr (the fragmentation does not change the update's length)
 part=seeds: seed 1 of every cell at its outer lr (seeds=3: seeds 1 and 2, for cells whose paired
-difference sits within the seed spread). `tiny`: the test suite's version (tiny budgets, one rate).
+difference sits within the seed spread). `tiny`: the test suite's version (tiny budgets, one rate,
+M = 8 only, seeds of the merge rule's two cells only).
 """
 
 import ml_collections
@@ -102,4 +103,5 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   if a.part == "fragments":
     return _points(frags, lambda c: best[BASE_CELL])
   lr_of = lambda c: best[c] if c in best else best[BASE_CELL]
-  return _points(tuned + frags, lr_of, range(1, a.seeds))
+  cells = TUNED[:2] if a.tiny else tuned + frags  # tiny: the merge rule's two cells (time)
+  return _points(cells, lr_of, range(1, a.seeds))
