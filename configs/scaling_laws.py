@@ -22,15 +22,17 @@ The protocol, as the paper's:
   * i.i.d. data (every learner samples the whole corpus); every run scored on the whole
     validation split (one evaluation set for every cell).
 
-Sizes (byte-level decoders, heads of 32 dims: heads of 8 run several times slower per parameter on
-this CPU; depth and width grown together as in the paper's Table 3; d_ff = 2 d):
+Sizes (byte-level decoders, heads of 32 dims but xs's 16: heads of 8 run several times slower per
+parameter on this CPU; depth and width grown together as in the paper's Table 3; d_ff = 2 d):
+  xs: d 16, 1 layer, 1 head   N = 6,736                  D = 134,720 bytes (the smallest size, so
+                                                          that the three tuned sizes span 20.8x)
   s: d 32, 2 layers, 1 head   N = 28,960 (with QK-norm)   D = 579,200 bytes
-  m: d 64, 3 layers, 2 heads  N = 140,096                 D = 2,801,920 bytes
-  l: d 96, 4 layers, 3 heads  N = 394,848                 D = 7,896,960 bytes (1.6 passes over
+  m: d 64, 3 layers, 2 heads  N = 139,904                 D = 2,798,080 bytes
+  l: d 96, 4 layers, 3 heads  N = 394,336                 D = 7,886,720 bytes (1.6 passes over
                                                           the 4.9 MB training split; 6.4 at 4x)
 `tiny`: sizes t1/t2 (d 8 and 16, one layer), 32-byte sequences and 12 steps, for the tests.
 
-Variants: size=s|m|l, method=dp|diloco, learners=M, lr=X (peak inner), batch=B (global sequences),
+Variants: size=xs|s|m|l, method=dp|diloco, learners=M, lr=X (peak inner), batch=B (global sequences),
 outer_lr=X, seed=S, overtrain=1|4, tiny.
 """
 
@@ -41,7 +43,12 @@ from diloco.config import variants
 from diloco.studies import scaling_protocol as sp
 
 # name -> (d_model, num_layers, num_heads, parameters N with QK-norm: tests/test_scaling_protocol.py)
-SIZES = {"s": (32, 2, 1, 28_960), "m": (64, 3, 2, 139_904), "l": (96, 4, 3, 394_336)}
+SIZES = {
+    "xs": (16, 1, 1, 6_736),
+    "s": (32, 2, 1, 28_960),
+    "m": (64, 3, 2, 139_904),
+    "l": (96, 4, 3, 394_336),
+}
 TINY_SIZES = {"t1": (8, 1, 1, 2_728), "t2": (16, 1, 1, 6_736)}
 SEQ, TINY_SEQ, TINY_STEPS = 64, 32, 12
 H = 30

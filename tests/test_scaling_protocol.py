@@ -12,14 +12,14 @@ from diloco.config import checks
 from diloco.studies import scaling_protocol as sp
 
 
-@pytest.mark.parametrize("size", ["s", "m", "l", "t1", "t2"])
+@pytest.mark.parametrize("size", ["xs", "s", "m", "l", "t1", "t2"])
 def test_sizes_have_the_parameter_counts_the_budget_is_computed_from(size):
   tiny = size.startswith("t")
   c = scaling_laws.get_config(f"size={size},tiny={tiny}")
   d, layers, heads, n = scaling_laws.sizes(tiny)[size]
   assert checks.param_count(c) == n
   assert (c.model.d_model, c.model.num_layers, c.model.num_heads) == (d, layers, heads)
-  assert d // heads == (8 if tiny else 32) or tiny  # heads of 32 dims
+  assert d // heads == (16 if size == "xs" else 32) or tiny  # heads of 32 dims but the smallest
 
 
 def test_budget_is_20_bytes_per_parameter_split_over_the_learners():
