@@ -36,6 +36,7 @@ EXTRAS_REQUIRE = {
     "wandb": ["wandb>=0.31"],
     "dev": [
         "pytest>=9.0",
+        "pytest-xdist>=3.8",  # the README's test command runs the suite on 2 workers
         "hypothesis>=6.170",  # the synchronizer's property-based state machine
         "jupytext>=1.19",
         "nbclient>=0.11",

@@ -4,7 +4,9 @@ one data cache; one compilation cache."""
 import os
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Implicit broadcasting between arrays of different ranks is an error in tests (and in the learner
 # and synchronizer processes they start, which inherit it), as in nanodo's tests.

@@ -49,9 +49,11 @@ def test_a_straggle_window_slows_the_learner_process_by_its_factor(tmp_path):
   events = read_jsonl(str(tmp_path / "learner1" / learner_faults.LOG_FILE))
   assert [e["event"] for e in events] == ["straggle"] and events[0]["factor"] == 3.0
   before, during, after = (_speed(tmp_path, 1, a, b) for a, b in ((2.5, 4), (4.1, 8), (8.1, 11)))
-  # 4.24 in a quiet CI run on 2026-12-03 (26.9 against 6.3 steps/s): the window's steps also lose
-  # the core to the other processes, so the ratio overshoots 3 more than it undershoots
-  assert 2.2 < before / during < 5.0, (before, during, after)
+  # The window's steps also lose the cores to the other processes (and, under `pytest -n 2`, to
+  # the other worker's tests), so the ratio overshoots 3 more than it undershoots: 4.24 in a quiet
+  # CI run, 6.9 beside another worker (23.5 against 3.4 steps/s). The upper bound only catches a
+  # stretch applied twice (9).
+  assert 2.2 < before / during < 8.5, (before, during, after)
   assert after / during > 2.2, (before, during, after)  # back to speed (learner 0 may be done)
 
 

@@ -252,10 +252,11 @@ def test_synchronizer_crashes_restore_the_last_checkpoint():
   """Two synchronizer crashes (one while writing a checkpoint) and a learner that starts over."""
   # A long run: learners that send while their next step runs can finish 400 steps in under
   # 4 s of schedule time, and a fault after the end is ignored; the 'save' crash needs a
-  # checkpoint write between 0.2 s and 3 s.
+  # checkpoint write between 0.2 s and 4 s, and the synchronizer back up by 5 s (at 3 s, a
+  # save crash that fired after 2 s on a loaded machine left it down and the 'now' one ignored).
   config = _config(
       "mode=decoupled,runlocal,learners=2,steps=1000,chaos=sync_crash at t=0.2s "
-      "for 1s save; sync_crash at t=3s for 0.5s; crash learner 1 at t=4s for 0.5s",
+      "for 1s save; sync_crash at t=5s for 0.5s; crash learner 1 at t=6s for 0.5s",
       learner_checkpoint_every=0,
   )
   run, globals_, copies = threads.train(config)
