@@ -69,3 +69,13 @@ def test_killed_learner_resumes_from_its_checkpoint(cluster):
   assert any(1 in r["learners"] and r["wall_time"] > killed_at for r in merges)
   sync = _json(os.path.join(c.workdir, "sync", "summary.json"))
   assert summary["versions"] == sync["versions"]
+
+
+def test_a_started_process_keeps_the_parents_xla_flags_with_its_own_device_count():
+  # The learner and synchronizer processes compile with the flags of the process that starts
+  # them (the tests' -O0: a learner at another level drifts by an ulp from the in-process run).
+  flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+  assert local.xla_flags(4, flags) == (
+      "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=4"
+  )
+  assert local.xla_flags(2, "") == "--xla_force_host_platform_device_count=2"

@@ -25,7 +25,8 @@ At sizes s and m the winners sat at 0.25-1x the grid's lowest rate and 1/8-1x it
 found after 8 and 5 extension rounds (14-33 cells per method), which a size of 8x the compute per
 run cannot afford to repeat; where the optimum moves, the extension rounds follow it as before.
 
-`tiny`: sizes t1/t2, two rates, one batch, dp and M = 2 only, the test suite's version.
+`tiny`: sizes t1/t2, one rate, one batch, dp and M = 2 only, the test suite's version (each
+rate is a train step of its own to compile).
 """
 
 import ml_collections
@@ -54,7 +55,7 @@ def methods(tiny: bool = False) -> tuple[sp.Method, ...]:
 
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
-  lrs, batches = (LRS[:2], BATCHES[:1]) if a.tiny else (LRS, BATCHES)
+  lrs, batches = (LRS[1:2], BATCHES[:1]) if a.tiny else (LRS, BATCHES)
   out = []
   if a.part == "grid":
     for s in scaling_laws.swept_sizes(a.sizes, a.tiny):

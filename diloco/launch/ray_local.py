@@ -38,7 +38,7 @@ def env(devices: int = 1, jax_cache: str = "", token_path: str = "") -> dict:
       **AUTH,
       **extra,
       JAX_PLATFORMS="cpu",
-      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+      XLA_FLAGS=local.xla_flags(devices),
       PYTHONPATH=staging.REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
   )
 

@@ -53,7 +53,7 @@ class LocalCluster:
         os.environ,
         DILOCO_TOKEN=self.token,
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=xla_flags(devices),
         PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     return env
@@ -223,6 +223,14 @@ def load_config(spec: str, overrides: tuple[str, ...] = ()):
   config = values.config
   deploy_lib.check(config.deploy)
   return config
+
+
+def xla_flags(devices: int, inherited: str | None = None) -> str:
+  """XLA_FLAGS for a process of `devices` CPU devices: this process's other flags (e.g. the
+  tests' optimisation level, which must match for bit-identical runs) and the device count."""
+  flags = (os.environ.get("XLA_FLAGS", "") if inherited is None else inherited).split()
+  kept = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count=")]
+  return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
 def free_port() -> int:
