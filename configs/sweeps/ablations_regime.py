@@ -24,8 +24,8 @@ Cells (changes from the baseline, M = 8 with RDA and the fp4 uplink):
   fragments by layer (strided, P = 2: one block each) and finer (balanced, P = 8), at the
             baseline's winning outer lr (the fragmentation does not change the update's length)
 part=seeds: seed 1 of every cell at its outer lr (seeds=3: seeds 1 and 2 of every cell, the run to
-make when a paired difference sits within the seed spread, as it did here). `tiny`: the test suite's version (tiny budgets, one rate,
-M = 8 only, seeds of the merge rule's two cells only).
+make when a paired difference sits within the seed spread, as it did here). `tiny`: the test
+suite's version (tiny budgets, one rate, M = 8 only, seeds of the merge rule's two cells only).
 """
 
 import ml_collections
