@@ -26,3 +26,45 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # (pytest-xdist workers inher
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="diloco-test-jax-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+# pytest-xdist's `--dist loadfile` hands out whole files in collection order (with
+# `--no-loadscope-reorder`; by default it puts the files with the most tests first, which left the
+# one-test files of a minute or more to the end while the other worker idled). The longest files go
+# first, so the last ones are short and the two workers finish together. Seconds of one file on one
+# of two workers (the 2-core machine, 2026-12-03; BENCHMARKS.md, "The test suite's time"); files
+# not listed follow in their own order.
+LONGEST_FIRST = (
+    "test_notebooks.py",  # 296 s
+    "test_stacked.py",  # 128 s
+    "test_threads_chaos.py",  # 122 s
+    "test_multihost.py",  # 117 s
+    "test_learner_faults.py",  # 114 s
+    "test_recovery.py",  # 109 s
+    "test_preemption.py",  # 106 s
+    "test_grpc.py",  # 104 s
+    "test_ray.py",  # 96 s
+    "test_sharded_sync.py",  # 73 s
+    "test_moe.py",  # 72 s
+    "test_grpc_shards.py",  # 72 s
+    "test_train.py",  # 57 s
+    "test_determinism.py",  # 56 s
+    "test_vision.py",  # 43 s
+    "test_sweep.py",  # 43 s
+    "test_own_experiments.py",  # 39 s
+    "test_step.py",  # 37 s
+    "test_decoupled.py",  # 36 s
+    "test_learner_process.py",  # 36 s
+    "test_islands.py",  # 32 s
+    "test_checkpoint_integrity.py",  # 30 s
+    "test_model.py",  # 25 s
+    "test_evaluate.py",  # 25 s
+    "test_recipe.py",  # 21 s
+    "test_sync_properties.py",  # 21 s
+    "test_status.py",  # 19 s
+)
+
+
+def pytest_collection_modifyitems(items):
+  """Longest files first (a stable sort: tests keep their order inside a file)."""
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
