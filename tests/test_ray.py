@@ -69,7 +69,10 @@ def _run_with_kills(wd: str, log: str, jax_cache: str) -> list[dict]:
 
 def test_ray_brings_back_a_killed_learner_and_synchronizer(tmp_path):
   wd = str(tmp_path / "run")
-  kills = _run_with_kills(wd, str(tmp_path / "launch.log"), str(tmp_path / "jax_cache"))
+  # The suite's compilation cache (tests/conftest.py) where there is one, so programs that other
+  # tests of the same tiny model compiled are not compiled again; restarted processes read theirs.
+  cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path / "jax_cache")
+  kills = _run_with_kills(wd, str(tmp_path / "launch.log"), cache)
   with open(os.path.join(wd, "ray_report.json")) as f:
     report = json.load(f)
   assert report["restarts"] == {"sync0": 0, "sync1": 1, "learner0": 0, "learner1": 1}
