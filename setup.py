@@ -26,7 +26,8 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    # Cloud TPU VMs: JAX with libtpu (from PyPI); every TPU launch path installs it.
+    # Cloud TPU VMs: JAX with libtpu (from PyPI); every TPU launch path installs it. libtpu also
+    # compiles plans for TPU slices on a machine without one (experiments.plan).
     "tpu": ["jax[tpu]>=0.10.2"],
     # NVIDIA GPUs (CUDA 12 wheels from PyPI: the plugin brings its CUDA and cuDNN libraries).
     "gpu": ["jax[cuda12]>=0.10.2"],
@@ -47,6 +48,8 @@ EXTRAS_REQUIRE = {
         "ray>=2.60",  # tests/test_ray.py starts a real local Ray cluster
         "wandb>=0.31",  # tests/test_trackers.py reads an offline run back
         "pyink==26.5.1",  # the formatter .ci/run checks with (pinned: its output is the style)
+        # tests/test_plan.py compiles plans with the TPU compiler (libtpu: Linux x86-64 wheels)
+        "jax[tpu]>=0.10.2; sys_platform == 'linux' and platform_machine == 'x86_64'",
     ],
 }
 

@@ -10,8 +10,10 @@ node started with `--resources='{"diloco_sync": 1}'` if there is one (a CPU node
 fails is submitted again after a backoff, up to deploy.max_restarts times
 (diloco/launch/ray_launch.py): learners resume from their checkpoints, the synchronizer restores
 its own. WORKDIR must be the same path on every node (shared storage) for a restart on another
-node to find its checkpoint. The token comes from --token_from (default env:DILOCO_TOKEN; a
-random one when unset) and reaches the tasks as an argument, never a command line. Expected: the
+node to find its checkpoint. With --tpu, one learner is planned on its slice before Ray starts
+(diloco/launch/preflight.py; --noplan skips it): one that does not fit stops the launch, exit 2.
+The token comes from --token_from (default env:DILOCO_TOKEN; a random one when unset) and reaches
+the tasks as an argument, never a command line. Expected: the
 run ends with WORKDIR/ray_report.json (restarts per role, the synchronizer's and each learner's
 summary) and exit 0.
 """
@@ -24,7 +26,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from diloco.config import cli as config_cli
-from diloco.launch import cli, ray_launch, staging, tokens
+from diloco.launch import cli, preflight, ray_launch, staging, tokens
 from diloco.rpc import local
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP)
@@ -35,6 +37,7 @@ _TPU = flags.DEFINE_bool("tpu", False, "Each learner on a TPU slice of its own."
 _SHIP = flags.DEFINE_bool("ship_code", False, "Send this checkout to the workers (working_dir).")
 _TOKEN = cli.define_token_flag()
 _MAX_S = flags.DEFINE_float("max_s", 24 * 3600.0, "Give up (and cancel everything) after this.")
+cli.define_plan_flag()
 flags.mark_flags_as_required(["config", "learners", "workdir"])
 
 
@@ -56,6 +59,8 @@ def main(argv):
     raise app.UsageError("Ray is not installed: pip install -e '.[ray]'") from err
   spec, overrides = cli.config_spec(sys.argv[1:]), cli.config_overrides(sys.argv[1:])
   p = ray_launch.plan(_CONFIG.value, _LEARNERS.value, _TPU.value)
+  if _TPU.value:  # before Ray starts: a learner that does not fit its slice stops here (exit 2)
+    preflight.preflight(_CONFIG.value, _CONFIG.value.deploy.tpu.accelerator_type, flags.FLAGS.plan)
   env = None
   if _SHIP.value:
     env = {"working_dir": staging.REPO, "excludes": list(staging.EXCLUDED) + ["notebooks", "tests"]}

@@ -47,6 +47,7 @@ LONGEST_FIRST = (
     "test_moe.py",  # 72 s
     "test_grpc_shards.py",  # 72 s
     "test_train.py",  # 57 s
+    "test_plan.py",  # 45 s (alone, 2026-12-04: TPU compiles and three launcher dry runs)
     "test_determinism.py",  # 56 s
     "test_vision.py",  # 43 s
     "test_sweep.py",  # 43 s

@@ -19,6 +19,7 @@ LAYERS = (
     ("diloco.outer",),  # protocol, synchronizer, policies, merging, optimizers, fragments, codecs
     ("diloco.recovery", "diloco.chaos", "diloco.sim"),
     ("diloco.config",),  # variants, presets, deploy section, and build.py over all of the above
+    ("diloco.plan",),  # a learner compiled for a TPU slice before launch: memory, FLOPs, roofline
     ("diloco.runtime",),  # virtual clock, threads, fault drivers, links, synchronizer host
     ("diloco.rpc",),  # gRPC service, client, learner and synchronizer processes
     ("diloco.runners",),  # dp, islands, compare

@@ -60,17 +60,17 @@ def run(main: Callable[[list[str]], None]) -> None:
   """app.run(main), with config mistakes reported as one message and exit code USAGE_ERROR."""
   message = unknown_override(sys.argv)
   if message:
-    _fail(message)
+    fail(message)
 
   def checked(argv):
     try:
       return main(argv)
     except (checks.ConfigError, workdir_lib.WorkdirError) as e:
-      _fail(str(e))
+      fail(str(e))
 
   app.run(checked)
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(USAGE_ERROR)

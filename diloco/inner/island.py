@@ -43,9 +43,13 @@ class Island:
     return state, step
 
 
-def model_config(config: ml_collections.ConfigDict, data) -> transformer.ModelConfig:
+def model_config(
+    config: ml_collections.ConfigDict, data, backend: str | None = None
+) -> transformer.ModelConfig:
   """The model's config: the decoder with the vocabulary the tokenizer actually has, or for image
-  data the ViT with the images' size, channels and classes."""
+  data the ViT with the images' size, channels and classes. `backend` names the platform the
+  step is compiled for when it is not JAX's default (a plan for a TPU, made on a CPU): `auto`
+  attention is then resolved for it."""
   model = {k: v for k, v in config.model.to_dict().items() if k != "size"}  # a shape preset
   if data.image_shape:
     h, w, c = data.image_shape
@@ -54,9 +58,12 @@ def model_config(config: ml_collections.ConfigDict, data) -> transformer.ModelCo
     fields = {**model, "image_size": h, "channels": c}
     return vit.VitConfig(**{**fields, "num_classes": data.vocab_size})
   cfg = transformer.ModelConfig(**{**model, "vocab_size": data.vocab_size})
-  if cfg.attention == "cudnn" and jax.default_backend() != "gpu":
+  if backend is not None:
+    cfg = dataclasses.replace(cfg, attention=transformer.attention_kind(cfg.attention, backend))
+  backend = backend or jax.default_backend()
+  if cfg.attention == "cudnn" and backend != "gpu":
     raise ValueError(
-        f"model.attention='cudnn' needs a GPU (this backend is {jax.default_backend()!r});"
+        f"model.attention='cudnn' needs a GPU (this backend is {backend!r});"
         " use 'dot_product_attention' or 'einsum'"
     )
   return cfg
@@ -64,6 +71,24 @@ def model_config(config: ml_collections.ConfigDict, data) -> transformer.ModelCo
 
 def optimizer_config(config: ml_collections.ConfigDict) -> step_lib.OptimizerConfig:
   return step_lib.OptimizerConfig(**config.optimizer.to_dict())
+
+
+def island_mesh(config: ml_collections.ConfigDict, devices: Sequence[jax.Device]):
+  """The island's mesh over `devices`, shaped by the config's `mesh` section."""
+  return sharding.make_island_mesh(
+      devices, config.mesh.data, config.mesh.fsdp, config.mesh.get("expert", 1)
+  )
+
+
+def step_fns(
+    config: ml_collections.ConfigDict, mesh, data, backend: str | None = None
+) -> tuple[transformer.ModelConfig, step_lib.StepFns]:
+  """The model's config and the island's jitted steps; `data` needs only `vocab_size` and
+  `image_shape` (a plan passes what its tokenizer would give, without reading the corpus)."""
+  model_cfg = model_config(config, data, backend)
+  if config.seq_len > model_cfg.max_len:
+    raise ValueError(f"seq_len={config.seq_len} exceeds model.max_len={model_cfg.max_len}")
+  return model_cfg, step_lib.build_step_fns(model_cfg, optimizer_config(config), mesh)
 
 
 def build_island(
@@ -79,9 +104,7 @@ def build_island(
   `splits` (from diloco.data.load_splits) and `init_params` (an island's already built) avoid
   reading the corpus and the warm start's checkpoint again for every island.
   """
-  mesh = sharding.make_island_mesh(
-      devices, config.mesh.data, config.mesh.fsdp, config.mesh.get("expert", 1)
-  )
+  mesh = island_mesh(config, devices)
   splits = data_lib.load_splits(config.data) if splits is None else splits
   data = data_lib.make_datasets(
       splits,
@@ -92,10 +115,7 @@ def build_island(
       shard_index=shard_index,
       num_shards=num_shards,
   )
-  model_cfg = model_config(config, data)
-  if config.seq_len > model_cfg.max_len:
-    raise ValueError(f"seq_len={config.seq_len} exceeds model.max_len={model_cfg.max_len}")
-  fns = step_lib.build_step_fns(model_cfg, optimizer_config(config), mesh)
+  model_cfg, fns = step_fns(config, mesh, data)
   shapes = jax.eval_shape(fns.init, jax.random.key(0))
   if init_params is None and config.get("init_from"):
     init_params = warm_start.load_params(

@@ -49,14 +49,21 @@ def make_island_mesh(
 ) -> Mesh:
   """A ('data', 'fsdp') mesh over exactly these devices, with an 'expert' axis when expert > 1;
   -1 takes what is left."""
-  n = len(devices)
+  shape, names = island_shape(len(devices), data, fsdp, expert)
+  auto = (jax.sharding.AxisType.Auto,) * len(names)  # the compiler propagates shardings
+  return jax.make_mesh(shape, names, axis_types=auto, devices=list(devices))
+
+
+def island_shape(
+    n: int, data: int = -1, fsdp: int = 1, expert: int = 1
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+  """The shape and axis names of an island's mesh over n devices (`make_island_mesh`)."""
   if expert < 1 or n % expert:
     raise ValueError(f"mesh.expert={expert} does not divide {n} devices")
   shape, names = _tile(n // expert, data, fsdp), (DATA, FSDP)
   if expert > 1:
     shape, names = (*shape, expert), (*names, EXPERT)
-  auto = (jax.sharding.AxisType.Auto,) * len(names)  # the compiler propagates shardings
-  return jax.make_mesh(shape, names, axis_types=auto, devices=list(devices))
+  return shape, names
 
 
 def make_stacked_mesh(

@@ -55,12 +55,23 @@ def read_token(holder: flags.FlagHolder) -> str:
 
 
 def define_launcher_flags(workdir: str, workdir_help: str) -> None:
-  """--config, --run, --workdir and --stage_dir of the TPU scripts (defined when they run, not at
-  import, so that tests can import them)."""
+  """--config, --run, --workdir, --stage_dir and --plan of the TPU scripts (defined when they
+  run, not at import, so that tests can import them)."""
   config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)).")
   flags.DEFINE_bool("run", False, "Run the commands instead of printing them.")
   flags.DEFINE_string("workdir", workdir, workdir_help)
   flags.DEFINE_string("stage_dir", staging.Stage().dir, "Local directory for the pack and token.")
+  define_plan_flag()
+
+
+def define_plan_flag() -> None:
+  """--plan: compile a learner for its slice before anything is created (launch/preflight.py)."""
+  flags.DEFINE_bool(
+      "plan",
+      True,
+      "Plan a learner on its TPU slice before creating anything; a plan that does not fit stops "
+      "the launch (--noplan skips it, saying so).",
+  )
 
 
 def launcher_args(argv: list[str]) -> tuple[staging.Stage, str, tuple[str, ...]]:

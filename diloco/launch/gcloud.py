@@ -15,7 +15,8 @@ VMs (one shard per CPU host, each on deploy.port), or name one (every shard ther
 import shlex
 
 from diloco.config import checks
-from diloco.launch import staging, tpu_types
+from diloco.launch import staging
+from diloco.plan import tpu as tpu_types
 
 TPU = ["gcloud", "compute", "tpus", "tpu-vm"]
 VM = ["gcloud", "compute"]

@@ -19,7 +19,8 @@ import os
 import time
 
 from diloco.config import checks
-from diloco.launch import ray_tasks, supervisor, tpu_types
+from diloco.launch import ray_tasks, supervisor
+from diloco.plan import tpu as tpu_types
 
 NODE_RESOURCE = "diloco_sync"  # `ray start --resources='{"diloco_sync": 1}'` marks the sync's node
 

@@ -16,7 +16,8 @@ on its own, and learners are given every shard's address (sync_address: S of the
 import shlex
 
 from diloco.config import checks
-from diloco.launch import gcloud, staging, tpu_types
+from diloco.launch import gcloud, staging
+from diloco.plan import tpu as tpu_types
 
 XPK = ["xpk", "workload", "create"]
 READER = "diloco-token-reader"

@@ -8,7 +8,11 @@
 
 Everything comes from the config's `deploy` section (diloco/config/deploy.py), overridden with
 --config.KEY=VALUE flags; those overrides are passed on to the synchronizer and every learner.
-Without --run it prints the commands (a dry run; tests/test_launch.py checks them). With --run the
+Before anything is created, one learner is planned on its slice (diloco/launch/preflight.py:
+experiments.plan's summary on stderr): a learner that does not fit its chips stops the launch with
+exit code 2, naming the keys that lower its memory; --noplan skips the plan, saying so; without
+libtpu the launch goes on after one line saying how to install it. Without --run it prints the
+commands (a dry run; tests/test_cluster_launch.py checks them). With --run the
 token is taken from $DILOCO_TOKEN and written to the stage's mode-600 file, which goes to each host
 beside a pack of the code (diloco/launch/staging.py); it is never on a command line. Slices are
 created if absent; each worker installs the package with the `tpu` extra; every learner (one
@@ -28,7 +32,8 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from diloco.launch import cli, gcloud  # noqa: E402
+from diloco.config import cli as config_cli  # noqa: E402
+from diloco.launch import cli, gcloud, preflight  # noqa: E402
 
 
 def _define_flags() -> None:
@@ -38,13 +43,19 @@ def _define_flags() -> None:
 
 def main(argv):
   stage, spec, overrides = cli.launcher_args(argv)
+  config = flags.FLAGS.config
   if flags.FLAGS.sweep:
     cmds = gcloud.sweep_commands(spec, overrides, flags.FLAGS.workdir, stage)
+    print(
+        "# plan: not run for --sweep; plan a point with python -m experiments.plan", file=sys.stderr
+    )
   else:
-    cmds = gcloud.commands(spec, flags.FLAGS.config, overrides, flags.FLAGS.workdir, stage)
+    cmds = gcloud.commands(spec, config, overrides, flags.FLAGS.workdir, stage)
+    preflight.preflight(config, config.deploy.tpu.accelerator_type, flags.FLAGS.plan)
   cli.run_or_print(cmds, flags.FLAGS.run, stage)
 
 
 if __name__ == "__main__":
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the plan compiles for a TPU; JAX runs nothing
   _define_flags()
-  app.run(main)
+  config_cli.run(main)

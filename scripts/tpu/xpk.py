@@ -8,7 +8,8 @@ synchronizer), printed as a dry run or run with --run.
       --workdir=/data/diloco [--run]
 
 The cluster comes from `xpk cluster create`; WORKDIR must outlive a pod (attached storage) for a
-restarted learner to resume from its checkpoint. With --run the token is taken from $DILOCO_TOKEN,
+restarted learner to resume from its checkpoint. Before anything is created, one learner is planned on
+its slice as scripts/tpu/commands.py does (--noplan skips it). With --run the token is taken from $DILOCO_TOKEN,
 written to the stage's mode-600 file and put into the Kubernetes secret deploy.xpk.token_secret
 from that file; no command holds it (diloco/launch/xpk.py).
 """
@@ -20,7 +21,8 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from diloco.launch import cli, xpk  # noqa: E402
+from diloco.config import cli as config_cli  # noqa: E402
+from diloco.launch import cli, preflight, xpk  # noqa: E402
 
 
 def _define_flags() -> None:
@@ -29,10 +31,13 @@ def _define_flags() -> None:
 
 def main(argv):
   stage, spec, overrides = cli.launcher_args(argv)
-  cmds = xpk.commands(spec, flags.FLAGS.config, overrides, flags.FLAGS.workdir, stage)
+  config = flags.FLAGS.config
+  cmds = xpk.commands(spec, config, overrides, flags.FLAGS.workdir, stage)
+  preflight.preflight(config, config.deploy.tpu.accelerator_type, flags.FLAGS.plan)
   cli.run_or_print(cmds, flags.FLAGS.run, stage)
 
 
 if __name__ == "__main__":
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the plan compiles for a TPU; JAX runs nothing
   _define_flags()
-  app.run(main)
+  config_cli.run(main)
