@@ -38,7 +38,7 @@ SETTINGS = {
         "model.dtype": "bfloat16",
         "model.remat": "block",
         "mesh.data": "1",
-        "mesh.fsdp": "-1",
+        "mesh.fsdp": "CHIPS",
     },
 }
 
@@ -47,7 +47,7 @@ def config_for(preset: str, chips: int, setting: str):
   c = shakespeare.get_config(f"model={preset}")
   keys = {"seq_len": str(_SEQ.value), "batch_size": str(_PER_CHIP.value * chips)}
   for key, raw in {**keys, **SETTINGS[setting]}.items():
-    sweep.set_from_text(c, key, raw)
+    sweep.set_from_text(c, key, raw.replace("CHIPS", str(chips)))
   return c
 
 

@@ -4,7 +4,9 @@ throughput at an MFU, and what M such learners need (bandwidth) and get (goodput
 The roofline step time is max(FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth) of the compiled
 train step on one chip: a lower bound that ignores collectives over the interconnect and any
 stall; the step at an MFU is the model's FLOPs (6N plus attention, `transformer.flops_per_token`)
-at that fraction of the chip's peak, which is what a run's throughput is usually quoted as.
+at that fraction of the chip's peak, which is what a run's throughput is usually quoted as. The
+predicted step is the slower of the two, since no MFU beats the roofline; tokens/s and the
+bandwidth model use it.
 """
 
 import dataclasses
@@ -77,8 +79,13 @@ class Plan:
     return self.model_flops_per_chip / (self.mfu * self.chip.peak_bf16_flops)
 
   @property
+  def predicted_step_s(self) -> float:
+    """The step at `mfu`, or the roofline where that is slower (no MFU beats the roofline)."""
+    return max(self.step_s, self.roofline_s)
+
+  @property
   def tokens_per_s_per_chip(self) -> float:
-    return self.learner.tokens_per_step / self.step_s / self.pod.chips
+    return self.learner.tokens_per_step / self.predicted_step_s / self.pod.chips
 
   @property
   def compile_s(self) -> float:
@@ -86,10 +93,10 @@ class Plan:
 
 
 def bandwidth_rows(plan: Plan, outer) -> list[tuple[str, dict[str, float]]]:
-  """Gbit/s per learner each method needs between M learners of this step time, per target
+  """Gbit/s per learner each method needs between M learners of the predicted step, per target
   utilisation; every method with the config's H, P, tau and codec (data-parallel: bf16)."""
   cfg = plan.learner.model_cfg
-  work = Workload(plan.learner.param_count, cfg.num_layers, plan.step_s)
+  work = Workload(plan.learner.param_count, cfg.num_layers, plan.predicted_step_s)
   m = plan.learners
   rows = []
   for name in bandwidth.METHODS:
@@ -173,6 +180,7 @@ def format_plan(plan: Plan, config, bandwidth_table, goodput_table) -> str:
         "beyond the parameters); a receive's program above"
     )
   verdict = "fits" if plan.fits else "DOES NOT FIT"
+  bound = plan.roofline_s > plan.step_s
   out += [
       f"peak: {gib(plan.peak_bytes)} GiB per chip of {c.hbm_bytes / tpu.GiB:.1f}: {verdict}",
       f"train step per chip: {plan.train.flops / 1e12:.3f} TFLOP compiled, model "
@@ -182,8 +190,15 @@ def format_plan(plan: Plan, config, bandwidth_table, goodput_table) -> str:
       f"roofline step: {1e3 * plan.roofline_s:.2f} ms (compute {1e3 * plan.compute_s:.2f} ms, "
       f"HBM {1e3 * plan.memory_s:.2f} ms; collectives not counted)",
       f"at MFU {plan.mfu:g}{' (' + MFU_SOURCE + ')' if plan.mfu == DEFAULT_MFU else ''}: step "
-      f"{1e3 * plan.step_s:.2f} ms, {plan.tokens_per_s_per_chip:,.0f} tokens/s per chip, "
-      f"{plan.tokens_per_s_per_chip * plan.pod.chips:,.0f} per slice",
+      f"{1e3 * plan.step_s:.2f} ms"
+      + (f", slower than the roofline: {1e3 * plan.roofline_s:.2f} ms" if bound else "")
+      + f"; {plan.tokens_per_s_per_chip:,.0f} tokens/s per chip, "
+      f"{plan.tokens_per_s_per_chip * plan.pod.chips:,.0f} per slice"
+      + (
+          " (float32 compute: the peak is bf16's, float32 matmuls reach a fraction of it)"
+          if cfg.dtype == "float32"
+          else ""
+      ),
       f"bandwidth per learner between M={plan.learners} such learners, Gbit/s to reach "
       f"{'/'.join(f'{100 * t:g}' for t in bandwidth.TARGETS)}% compute utilisation (H="
       f"{config.outer.inner_steps}, P={config.outer.fragments}, tau={config.outer.overlap}, "
@@ -224,6 +239,7 @@ def figures(plan: Plan) -> dict:
       "roofline_s": plan.roofline_s,
       "mfu": plan.mfu,
       "step_s": plan.step_s,
+      "predicted_step_s": plan.predicted_step_s,
       "tokens_per_s_per_chip": plan.tokens_per_s_per_chip,
       "compile_s": plan.compile_s,
   }
