@@ -1,7 +1,7 @@
 """The plan table of BENCHMARKS.md: presets x TPU slices, with the project's defaults and with the
 best memory settings it offers, each compiled by libtpu's TPU compiler on this CPU machine.
 
-  python scripts/plan_table.py --out=runs/plan_table.jsonl [--presets=35m,90m,180m]
+  python scripts/plan_table.py --out=runs/plan_table.jsonl [--presets=35m,180m]
       [--topologies=v5e-8,v5p-8,v5p-64,v6e-8] [--per_chip=8] [--seq_len=2048]
 
 Every row is `experiments.plan`'s figures (diloco/plan) for mode=dp on one slice, 8 sequences of
@@ -27,7 +27,7 @@ from diloco.plan import make, report, tpu  # noqa: E402
 from diloco.studies import sweep  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/plan_table.jsonl", "Rows, one JSON object per line.")
-_PRESETS = flags.DEFINE_list("presets", ["35m", "90m", "180m"], "model sizes")
+_PRESETS = flags.DEFINE_list("presets", ["35m", "180m"], "model sizes (180m: the largest preset)")
 _TOPOLOGIES = flags.DEFINE_list("topologies", ["v5e-8", "v5p-8", "v5p-64", "v6e-8"], "slices")
 _PER_CHIP = flags.DEFINE_integer("per_chip", 8, "sequences per chip per step")
 _SEQ = flags.DEFINE_integer("seq_len", 2048, "sequence length")

@@ -2,8 +2,8 @@
 throughput at an MFU, and what M such learners need (bandwidth) and get (goodput).
 
 The roofline step time is max(FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth) of the compiled
-train step on one chip: a lower bound that ignores collectives over the interconnect and any
-stall; the step at an MFU is the model's FLOPs (6N plus attention, `transformer.flops_per_token`)
+train step on one chip (FLOPs: the compiler's count or the model's, whichever is larger): a lower
+bound that ignores collectives over the interconnect and any stall; the step at an MFU is the model's FLOPs (6N plus attention, `transformer.flops_per_token`)
 at that fraction of the chip's peak, which is what a run's throughput is usually quoted as. The
 predicted step is the slower of the two, since no MFU beats the roofline; tokens/s and the
 bandwidth model use it.
@@ -67,7 +67,9 @@ class Plan:
 
   @property
   def compute_s(self) -> float:
-    return self.train.flops / self.chip.peak_bf16_flops
+    """The step's FLOPs at the chip's peak: the compiler's count, or the model's where that is
+    larger (under FSDP the compiler's count per chip fell to 0.77 of the model's: BENCHMARKS)."""
+    return max(self.train.flops, self.model_flops_per_chip) / self.chip.peak_bf16_flops
 
   @property
   def memory_s(self) -> float:
