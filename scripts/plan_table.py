@@ -77,10 +77,10 @@ def table(rows: list[dict]) -> str:
     fits = "" if r["fits"] else " (does not fit)"
     # A program the compiler refused has only its temporaries' size, and no FLOPs to roof.
     roof = "refused" if r["refused"] else f"{1e3 * r['roofline_s']:.1f}"
+    tokens = "-" if r["refused"] else f"{r['tokens_per_s_per_chip']:,.0f}"
     lines.append(
         f"| {r['preset']} | {r['topology']} | {r['setting']} | {r['peak_bytes'] / tpu.GiB:.2f}"
-        f"{fits} | {share:.0%} | {r['compile_s']:.0f} | {roof} | "
-        f"{r['tokens_per_s_per_chip']:,.0f} |"
+        f"{fits} | {share:.0%} | {r['compile_s']:.0f} | {roof} | {tokens} |"
     )
   return "\n".join(lines)
 
