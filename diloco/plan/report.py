@@ -193,7 +193,11 @@ def format_plan(plan: Plan, config, bandwidth_table, goodput_table) -> str:
       f"HBM {1e3 * plan.memory_s:.2f} ms; collectives not counted)",
       f"at MFU {plan.mfu:g}{' (' + MFU_SOURCE + ')' if plan.mfu == DEFAULT_MFU else ''}: step "
       f"{1e3 * plan.step_s:.2f} ms"
-      + (f", slower than the roofline: {1e3 * plan.roofline_s:.2f} ms" if bound else "")
+      + (
+          f", faster than the roofline allows: predicted {1e3 * plan.roofline_s:.2f} ms"
+          if bound
+          else ""
+      )
       + f"; {plan.tokens_per_s_per_chip:,.0f} tokens/s per chip, "
       f"{plan.tokens_per_s_per_chip * plan.pod.chips:,.0f} per slice"
       + (
