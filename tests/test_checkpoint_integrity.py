@@ -41,7 +41,6 @@ CORRUPTIONS = {
     "flipped byte": (lambda d: _flip(_largest_file(d)), "sha256"),
     "truncated file": (lambda d: _truncate(_largest_file(d)), "truncated"),
     "missing file": (lambda d: os.remove(_largest_file(d)), "missing"),
-    "no manifest": (lambda d: os.remove(os.path.join(d, manifest.NAME)), "did not finish"),
 }
 
 
@@ -71,6 +70,33 @@ def test_corrupt_newest_learner_checkpoint_falls_back(tmp_path, kind, warnings):
   assert step == 1
   np.testing.assert_array_equal(np.asarray(state["w"]), np.arange(1000.0, dtype=np.float32))
   assert any("step 2" in w and reason in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("which", ["learner", "synchronizer"])
+def test_a_step_committed_without_its_manifest_is_whole_and_sealed(tmp_path, which, warnings):
+  """A kill between orbax's commit and the manifest (issue 49, point 1): the newest step is used,
+  not set aside, and its manifest is written when the directory is opened again."""
+  if which == "learner":
+    ckpt = checkpoint.Checkpointer(str(tmp_path), 1, keep=3, async_save=False)
+    for step in (1, 2):
+      assert ckpt.save(step, {"w": jnp.arange(1000.0) * step}, force=True)
+  else:
+    ckpt = sync_checkpoint.SyncCheckpointer(str(tmp_path), keep=3)
+    for step in (1, 2):
+      assert ckpt.save(step, {"arrays": {"w": np.arange(1000.0) * step}, "meta": {"v": step}})
+  ckpt.close()
+  os.remove(os.path.join(tmp_path, "2", manifest.NAME))
+  if which == "learner":
+    reopened = checkpoint.Checkpointer(str(tmp_path), 1, keep=3, async_save=False)
+    assert reopened.latest_step() == 2
+    step, state = reopened.restore(_like())
+    assert step == 2 and float(state["w"][1]) == 2.0
+  else:
+    reopened = sync_checkpoint.SyncCheckpointer(str(tmp_path), keep=3)
+    assert reopened.latest_step() == 2
+  assert manifest.exists(os.path.join(tmp_path, "2"))
+  assert not [n for n in os.listdir(tmp_path) if ".corrupt-" in n]
+  assert any("committed by orbax" in w and "not written" in w for w in warnings), warnings
 
 
 def test_no_intact_checkpoint_is_an_error_naming_the_directory(tmp_path):

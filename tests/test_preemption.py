@@ -181,3 +181,35 @@ def test_a_run_with_faults_stops_on_a_signal_without_a_snapshot(tmp_path):
   assert summary["resumable"] is False and summary["steps"] == 1  # after its first event
   assert not os.path.exists(virtual_snapshot.path(str(tmp_path)))
   assert not _orbax_tmp(tmp_path)
+
+
+def test_kill_9_between_saves_resumes_from_the_newest_committed_save(tmp_path):
+  """Issue 49, point 1: SIGKILL after step 70 with saves every 50 steps. Before, the save of step
+  50 had no manifest yet (written at the next save), was set aside as corrupt and the rerun began
+  at step 0; now the manifest is written when orbax commits, and the rerun resumes at step 50."""
+  workdir = tmp_path / "run"
+  command = _command("dp", workdir) + ["--config.checkpoint_every=50"]
+  with open(tmp_path / "log", "w") as log:
+    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
+    rows, deadline = workdir / metrics.METRICS_FILE, time.monotonic() + 300
+    while not (rows.exists() and any(r.get("step", 0) >= 70 for r in _rows(rows))):
+      assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
+      time.sleep(0.02)
+    proc.kill()
+    proc.wait(60)
+  assert proc.returncode == -signal.SIGKILL
+  rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  summary = json.loads((workdir / metrics.SUMMARY_FILE).read_text())
+  assert summary["resumed_from_step"] >= 50 and summary["finished"]
+  assert not [n for n in os.listdir(workdir / "checkpoints") if ".corrupt-" in n]
+
+
+def _rows(path) -> list[dict]:
+  out = []
+  for line in path.read_text().splitlines():
+    try:
+      out.append(json.loads(line))
+    except ValueError:  # a row being written
+      pass
+  return out

@@ -1,6 +1,9 @@
 """Orbax checkpoints of a learner: train state plus the grain data iterator, saved together.
 
-Each complete save gets a checksum manifest (diloco/inner/manifest.py). Restores take the newest
+Each complete save gets a checksum manifest (diloco/inner/manifest.py), written as soon as orbax
+has committed it (its post-finalization callback); a step that orbax committed but whose manifest
+was never written (the process was killed in between) is whole by orbax's commit, and gets its
+manifest when the directory is next opened. Restores take the newest
 step whose files match it: a truncated or altered newest step is logged with the reason and the one
 before it is used. The failed step is renamed aside (`<step>.corrupt-<n>`, kept for inspection) so
 that training can save that step again; a reader of another run's directory (`set_aside=False`, as
@@ -10,6 +13,7 @@ previous checkpoint stays as it was.
 """
 
 import os
+import threading
 from typing import Any
 
 import grain
@@ -45,9 +49,17 @@ class Checkpointer:
         save_interval_steps=max(every, 1),
         enable_async_checkpointing=async_save,
         create=True,
+        # the manifest as soon as orbax has committed a save, not at the next save or close
+        # (synchronous saves are sealed in `save` itself)
+        async_options=(
+            ocp.AsyncOptions(post_finalization_callback=self._seal_committed)
+            if async_save
+            else None
+        ),
     )
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._lock = threading.Lock()  # _unsealed: orbax's finalize thread and this one
     self._unsealed: list[int] = []  # saved (or being saved) without a manifest yet
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._verified: dict = {}  # manifest.intact_steps's verdicts, so a restore re-reads nothing
     self.failed_saves = 0
 
@@ -61,6 +73,9 @@ class Checkpointer:
     """
     self._seal()
     steps = self._manager.all_steps()
+    if self.set_aside:  # the owner of the directory: committed steps get their manifest now
+      for step in steps:
+        manifest.seal_committed(self.step_dir(step))
     intact = manifest.intact_steps(self.directory, steps, self._verified, move=self.set_aside)
     if self.set_aside and len(intact) < len(steps):
       self._manager.reload()  # orbax caches its step list: forget the steps set aside
@@ -84,7 +99,8 @@ class Checkpointer:
     except OSError as e:
       return self._failed(step, e)
     if saved:
-      self._unsealed.append(step)
+      with self._lock:
+        self._unsealed.append(step)
       if not self.async_save:
         self._seal()
     return saved
@@ -99,19 +115,35 @@ class Checkpointer:
     )
     return False
 
+  def _seal_committed(self) -> None:
+    """Writes the manifest of each queued step that orbax has committed (its final directory
+    exists); orbax calls it on its finalize thread right after a save commits."""
+    with self._lock:
+      pending = list(self._unsealed)
+    sealed = [s for s in pending if os.path.isdir(self.step_dir(s))]
+    for step in sealed:
+      if not os.path.exists(os.path.join(self.step_dir(step), manifest.NAME)):
+        manifest.write(self.step_dir(step))
+    with self._lock:
+      self._unsealed = [s for s in self._unsealed if s not in sealed]
+
   def _seal(self) -> None:
     """Waits for queued saves and writes the manifests of those that completed."""
-    if not self._unsealed:
+    with self._lock:
+      pending = list(self._unsealed)
+    if not pending:
       return
     try:
       self._manager.wait_until_finished()
     except OSError as e:  # an asynchronous save failed in the background
-      self._failed(self._unsealed[-1], e)
+      self._failed(pending[-1], e)
     done = set(self._manager.all_steps())
-    for step in self._unsealed:
-      if step in done and os.path.isdir(self.step_dir(step)):
-        manifest.write(self.step_dir(step))
-    self._unsealed = []
+    for step in pending:
+      path = self.step_dir(step)
+      if step in done and os.path.isdir(path) and not manifest.exists(path):
+        manifest.write(path)
+    with self._lock:
+      self._unsealed = [s for s in self._unsealed if s not in pending]
 
   def restore(
       self, abstract_state: Any, data_iter: Any | None = None, step: int | None = None

@@ -1,15 +1,19 @@
 """A checksum manifest beside each checkpoint: every file's size and sha256, written once the save
 is complete; a step whose files do not match it (truncated, a flipped byte, missing) is not used.
 
-The manifest is `<step dir>/diloco_manifest.json`, written under a temporary name and renamed, so a
-crash before it is complete leaves the step without one: a step without a manifest did not finish
-saving and is skipped like a corrupt one. The owner of a checkpoint directory sets such a step
-aside (`<step>.corrupt-<n>`, kept for inspection) so that the run can save that step again.
+The manifest is `<step dir>/diloco_manifest.json`, written under a temporary name and renamed once
+orbax has committed the step (orbax writes into a temporary directory and commits by renaming it,
+or with `commit_success.txt` on object stores). A committed step whose manifest was never written
+(a kill between the two) is whole by orbax's commit: its owner writes the manifest when it next
+opens the directory (`seal_committed`). A step that fails its manifest is skipped; the owner of a
+checkpoint directory sets it aside (`<step>.corrupt-<n>`, kept for inspection) so that the run can
+save that step again.
 """
 
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterable
 
 from absl import logging
@@ -42,13 +46,34 @@ def write(step_dir: str) -> dict[str, list]:
   for rel in _files(step_dir):
     path = os.path.join(step_dir, rel)
     entries[rel] = [os.path.getsize(path), _sha256(path)]
-  tmp = os.path.join(step_dir, f"{NAME}.tmp{os.getpid()}")
+  tmp = os.path.join(step_dir, f"{NAME}.tmp{os.getpid()}.{threading.get_ident()}")
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump({"files": entries}, f, indent=1, sort_keys=True)
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, os.path.join(step_dir, NAME))
   return entries
+
+
+def exists(step_dir: str) -> bool:
+  return os.path.exists(os.path.join(step_dir, NAME))
+
+
+def seal_committed(step_dir: str) -> bool:
+  """Writes the manifest of a step orbax committed (its final directory: a save in progress is a
+  `<step>.orbax-checkpoint-tmp-*` directory) but that has none, because the process ended between
+  orbax's commit and the manifest; logs it. True when it wrote one."""
+  if not os.path.isdir(step_dir) or exists(step_dir):
+    return False
+  manifest = write(step_dir)
+  logging.warning(
+      "checkpoint %s was committed by orbax but its checksum manifest was not written (the "
+      "process ended between the two): taken whole as orbax committed it, %d files checksummed "
+      "now",
+      step_dir,
+      len(manifest),
+  )
+  return True
 
 
 def problem(step_dir: str) -> str | None:

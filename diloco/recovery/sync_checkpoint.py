@@ -63,6 +63,8 @@ class SyncCheckpointer:
     """Steps whose files match their checksum manifest, newest first (the others are logged and
     set aside as `<merges>.corrupt-<n>`, so that those merges can be saved again)."""
     steps = self._manager.all_steps()
+    for step in steps:  # committed by orbax, killed before its manifest: whole, sealed now
+      manifest.seal_committed(os.path.join(self.directory, str(step)))
     intact = manifest.intact_steps(self.directory, steps, self._verified, move=True)
     if len(intact) < len(steps):
       self._manager.reload()  # orbax caches its step list: forget the steps set aside
