@@ -10,6 +10,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from diloco import jsonl
 from diloco.watch import trackers as trackers_lib
 
 METRICS_FILE = "metrics.jsonl"
@@ -98,5 +99,4 @@ def write_summary(workdir: str, summary: dict[str, Any]) -> str:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return jsonl.read(path)

@@ -14,7 +14,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Lowest first. A package not listed here fails the test: a new one must be placed.
 LAYERS = (
-    ("diloco.metrics", "diloco.timing", "diloco.models", "diloco.data", "diloco.watch"),
+    (
+        "diloco.jsonl",
+        "diloco.metrics",
+        "diloco.timing",
+        "diloco.models",
+        "diloco.data",
+        "diloco.watch",
+    ),
     ("diloco.inner",),  # mesh, the pure step, island, evaluation, checkpoints, warm start
     ("diloco.outer",),  # protocol, synchronizer, policies, merging, optimizers, fragments, codecs
     ("diloco.recovery", "diloco.chaos", "diloco.sim"),

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 
+from diloco import jsonl
 from diloco.launch import staging
 from diloco.rpc import local
 
@@ -86,8 +87,7 @@ def launch(address: str, config: str, learners: int, workdir: str, *flags: str, 
 def rows(path: str) -> list[dict]:
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return jsonl.read(path)
 
 
 def state(workdir: str) -> dict:

@@ -24,6 +24,8 @@ import subprocess
 import threading
 import time
 
+from diloco import jsonl
+
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
@@ -62,7 +64,7 @@ class Supervisor:
     if not self.log_path:
       return
     os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
-    with open(self.log_path, "a", encoding="utf-8") as f:
+    with jsonl.open_append(self.log_path) as f:
       f.write(json.dumps({"time": time.time(), **record}) + "\n")
 
   def run(self) -> int:

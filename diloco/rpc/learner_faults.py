@@ -29,6 +29,7 @@ import os
 import time
 
 
+from diloco import jsonl
 from diloco.chaos import schedule as chaos
 from diloco.runtime import link as link_lib
 from diloco.runtime.faulty_link import FaultClock, FaultyLink, Shared
@@ -104,7 +105,7 @@ class ProcessFaults:
     return bool(self.clock.faults)
 
   def _log(self, record: dict) -> None:
-    with open(os.path.join(self.workdir, LOG_FILE), "a", encoding="utf-8") as f:
+    with jsonl.open_append(os.path.join(self.workdir, LOG_FILE)) as f:
       f.write(json.dumps({"time": self.clock.now(), "pid": os.getpid(), **record}) + "\n")
 
   def wait_if_down(self) -> float:

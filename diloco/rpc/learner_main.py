@@ -25,7 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import metrics
+from diloco import jsonl, metrics
 from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
@@ -82,9 +82,9 @@ class _Progress:
         desc=f"learner {learner_id}",
         unit="step",
     )
-    with open(os.path.join(workdir, "starts.jsonl"), "a", encoding="utf-8") as f:
+    with jsonl.open_append(os.path.join(workdir, "starts.jsonl")) as f:
       f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **start}) + "\n")
-    self.f = open(os.path.join(workdir, "progress.jsonl"), "a", encoding="utf-8")
+    self.f = jsonl.open_append(os.path.join(workdir, "progress.jsonl"))
 
   def write(self, record: dict) -> None:
     self.f.write(json.dumps({**record, "time": time.time()}) + "\n")

@@ -11,11 +11,12 @@ at the stage-(a) winner; a winning cell's losses are then one per seed.
 """
 
 import glob
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from diloco import jsonl
 
 METHODS = ("dp", 1, 2, 4, 8)
 TINY_METHODS = ("dp", 2)  # what the tiny modes of the stage files compare
@@ -35,10 +36,9 @@ def read_rows(workdir: str) -> list[dict[str, Any]]:
   """The finished rows of every sweep table (*.jsonl) in `workdir`, each run once (by name)."""
   rows: dict[str, dict[str, Any]] = {}
   for path in sorted(glob.glob(os.path.join(workdir, "*.jsonl"))):
-    with open(path, encoding="utf-8") as f:
-      for r in (json.loads(line) for line in f if line.strip()):
-        if r.get("status") == "done":
-          rows[r["name"]] = r
+    for r in jsonl.read(path):
+      if r.get("status") == "done":
+        rows[r["name"]] = r
   return list(rows.values())
 
 

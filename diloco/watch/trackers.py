@@ -13,6 +13,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from diloco import jsonl
+
 WANDB_EXTRA = "wandb is not installed: pip install -e '.[wandb]'"
 
 
@@ -49,17 +51,16 @@ class Jsonl:
       self._truncate_after(resume_step)
     elif os.path.exists(path):
       os.remove(path)
-    self._file = open(path, "a", encoding="utf-8")
+    self._file = jsonl.open_append(path)
 
   def _truncate_after(self, step: int) -> None:
     """On resume, drops rows logged after the restored step (they will be logged again)."""
     if not os.path.exists(self.path):
       return
-    with open(self.path, encoding="utf-8") as f:
-      rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    rows = [r for r in jsonl.read(self.path) if r.get("step", 0) <= step]  # a torn line dropped
     tmp = self.path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-      f.writelines(rows)
+      f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
     os.replace(tmp, self.path)
 
   def write(self, row: dict[str, Any], prefix: str = "") -> None:
