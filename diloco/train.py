@@ -14,7 +14,7 @@ import jax
 import ml_collections
 
 from diloco import data as data_lib, metrics
-from diloco.config import checks, deploy as deploy_lib, keys
+from diloco.config import bounds, checks, deploy as deploy_lib, keys
 from diloco.recovery import workdir as workdir_lib
 from diloco.runners import compare, dp, islands
 
@@ -51,18 +51,36 @@ def train_and_evaluate(
   run = MODES[config.mode]
   if "deploy" in config:
     deploy_lib.check_platform(config.deploy, jax.default_backend())
-  workdir_lib.claim(workdir, json.loads(config.to_json()), restart, ignore=keys.INVOCATION)
-  if config.get("distributed", False):
-    jax.distributed.initialize()
-  workdir_lib.write_config(workdir, config.to_json(indent=2))
-  with data_lib.reuse_splits():  # the runner's islands and the summary read the data once
-    summary = run(config, workdir, **runner_options)
-    if config.mode != "compare":  # each compared run's summary has its own
-      summary["data"] = data_summary(config)
-  summary["workdir"] = os.path.abspath(workdir)
-  if jax.process_index() == 0:
-    metrics.write_summary(workdir, summary)
-  return summary
+  distributed = config.get("distributed", False)
+  hold = workdir_lib.Hold(workdir)
+  if not distributed:  # one run at a time in a workdir: a second is refused naming the first
+    hold.acquire()
+  try:
+    decision = workdir_lib.claim(
+        workdir, json.loads(config.to_json()), restart, ignore=keys.INVOCATION
+    )
+    if decision == "restarted" and not distributed:  # the old run moved aside, hold and all
+      hold.release()
+      hold.acquire()
+    if distributed:
+      jax.distributed.initialize()
+      if jax.process_index() == 0:  # the island's processes share the workdir: one holds it
+        hold.acquire()
+    with data_lib.reuse_splits():  # the runner's islands and the summary read the data once
+      if config.mode not in ("dp", "compare"):  # learners against documents, before any write
+        problems = bounds.data_problems(config, data_lib.load_splits(config.data))
+        if problems:
+          raise checks.ConfigError(problems, config)
+      workdir_lib.write_config(workdir, config.to_json(indent=2))
+      summary = run(config, workdir, **runner_options)
+      if config.mode != "compare":  # each compared run's summary has its own
+        summary["data"] = data_summary(config)
+    summary["workdir"] = os.path.abspath(workdir)
+    if jax.process_index() == 0:
+      metrics.write_summary(workdir, summary)
+    return summary
+  finally:
+    hold.release()
 
 
 def data_summary(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -7,12 +7,15 @@ finds its peers); to form one learner from several processes on one machine, giv
 --coordinator=HOST:PORT --num_processes=N --process_id=i instead.
 """
 
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from diloco.config import cli as config_cli
 from diloco.launch import cli
 from diloco.rpc import learner_main
+from diloco.runtime import preemption
 
 _TOKEN = cli.define_token_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP)
@@ -53,12 +56,14 @@ def main(argv):
   )
   if s["role"] == "follower":
     print(f"learner {_ID.value} process {s['process']}: followed {s['steps']} steps", flush=True)
-  else:
-    print(
-        f"learner {_ID.value}: {s['steps']} steps, settled={s['settled']}, restored from "
-        f"step {s['restored_step']}",
-        flush=True,
-    )
+    return
+  print(
+      f"learner {_ID.value}: {s['steps']} steps, settled={s['settled']}, restored from "
+      f"step {s['restored_step']}"
+      + (f"; stopped by SIGTERM, saved at step {s['steps']}" if s.get("saved_at_stop") else ""),
+      flush=True,
+  )
+  sys.exit(preemption.exit_code(s))  # 75 when SIGTERM stopped it: the supervisor restarts it
 
 
 if __name__ == "__main__":

@@ -9,12 +9,15 @@ overridden as usual with --config.deploy.KEY=VALUE: it binds deploy.bind (127.0.
 otherwise) on deploy.port (0: a free one, written to WORKDIR/port).
 """
 
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from diloco.config import cli as config_cli
 from diloco.launch import cli
 from diloco.rpc import sync_main
+from diloco.runtime import preemption
 
 _TOKEN = cli.define_token_flag()
 _CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP)
@@ -44,6 +47,7 @@ def main(argv):
       f"generation {s['generation']}",
       flush=True,
   )
+  sys.exit(preemption.exit_code(s))  # 75 when SIGTERM stopped it (its state saved at the stop)
 
 
 if __name__ == "__main__":

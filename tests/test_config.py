@@ -225,3 +225,55 @@ def test_a_config_keeps_its_presets_and_explicit_keys_through_pickling():
     d.runlocal = True
   resolve.resolve(d)
   assert (d.steps, d.optimizer.decay_steps, d.outer.fragments, d.model.d_model) == (100, 95, 4, 32)
+
+
+# ---- sizes against what can exist (issue 49, point 7) ----
+
+
+def test_a_batch_whose_logits_cannot_exist_is_refused_before_anything_is_written(tmp_path):
+  """Before: config.json was written, the run died allocating 7.28 TiB, and the corrected
+  command was then refused by the workdir (batch_size: 1000000000000 -> 8) until --restart."""
+  config = shakespeare.get_config("runlocal")
+  sweep.set_from_text(config, "batch_size", "1000000000000")
+  workdir = tmp_path / "run"
+  with pytest.raises(checks.ConfigError, match=r"batch_size=1000000000000: .* GiB, more than"):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+  # Off this machine's CPU, the bound is the largest machine there is: a whole v5p pod's HBM.
+  config = shakespeare.get_config("runlocal")
+  sweep.set_from_text(config, "distributed", "True")
+  sweep.set_from_text(config, "batch_size", "1000000000")
+  # a billion sequences of 32 bytes: 30 TiB of logits, within a pod (774 TiB), so allowed
+  assert not any("v5p pod" in why for _, why in checks.problems_of(resolve.resolve(config)))
+  sweep.set_from_text(config, "batch_size", "100000000000")
+  assert any("v5p pod" in why for _, why in checks.problems_of(resolve.resolve(config)))
+
+
+def test_more_learners_than_documents_is_refused_before_anything_is_written(tmp_path):
+  config = shakespeare.get_config("runlocal,mode=decoupled")
+  sweep.set_from_text(config, "outer.learners", "100000")
+  with pytest.raises(checks.ConfigError, match=r"outer.learners=100000: .* 38 documents"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_value_of_the_wrong_type_exits_2_with_one_line(tmp_path):
+  out = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "experiments.train",
+          "--config=configs/shakespeare.py:runlocal",
+          f"--workdir={tmp_path / 'run'}",
+          "--config.batch_size=abc",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.strip().splitlines()[-1] == (
+      "error: flag --config.batch_size=abc: invalid literal for int() with base 10: 'abc'"
+  )
+  assert not (tmp_path / "run").exists()

@@ -3,6 +3,7 @@ optimizer and versions continue, it rejoins with those versions and contributes 
 
 import json
 import os
+import signal
 import time
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from proc_helpers import read_jsonl, wait_for
 
 from diloco.rpc import local
+from diloco.runtime import preemption
 
 CONFIG = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps=80"
 EVERY = 10
@@ -79,3 +81,25 @@ def test_a_started_process_keeps_the_parents_xla_flags_with_its_own_device_count
       "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=4"
   )
   assert local.xla_flags(2, "") == "--xla_force_host_platform_device_count=2"
+
+
+def test_sigterm_saves_the_learner_at_its_step_and_exits_75(cluster):
+  """Issue 49, point 5: before, a SIGTERMed gRPC learner exited 0 with no checkpoint at the stop,
+  and the supervisor, which ends its loop on 0, did not restart it."""
+  c = cluster
+  rows = lambda: read_jsonl(os.path.join(c.workdir, "learner1", "progress.jsonl"))
+  c.start()
+  wait_for(lambda: rows() and rows()[-1]["step"] >= 25, 120, "learner 1 never reached step 25")
+  proc = c.procs["learner1"]
+  os.killpg(proc.pid, signal.SIGTERM)
+  assert proc.wait(60) == preemption.EXIT_PREEMPTED
+  stopped = _json(os.path.join(c.workdir, "learner1", "summary.json"))
+  assert stopped["stopped_by"] == "signal" and stopped["saved_at_stop"]
+  ckpt_dir = os.path.join(c.workdir, "learner1", "checkpoints")
+  saved = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+  assert saved[-1] == stopped["steps"] >= 25  # its own step, not the last multiple of EVERY
+  c.start_learner(1)
+  assert c.wait(150) == {"sync": 0, "learner0": 0, "learner1": 0}
+  starts = read_jsonl(os.path.join(c.workdir, "learner1", "starts.jsonl"))
+  assert [s["restored_step"] for s in starts] == [None, stopped["steps"]]
+  assert _json(os.path.join(c.workdir, "learner1", "summary.json"))["steps"] == 80

@@ -2,11 +2,18 @@
 --restart; claiming writes nothing else (diloco/recovery/workdir.py)."""
 
 import json
+import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
+from diloco import metrics
 from diloco.recovery import workdir as workdir_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 OLD = {"seed": 0, "steps": 40, "optimizer": {"name": "adamw", "lr": 0.01}, "mesh": {"fsdp": 1}}
 
@@ -159,3 +166,66 @@ def test_write_config_creates_the_directory_and_replaces_the_file_whole(tmp_path
     workdir_lib.write_config(str(path), '{"seed": 1}')
   assert os.listdir(path) == ["config.json"]  # no temporary file left behind
   assert (path / "config.json").read_text() == '{"seed": 0}'
+
+
+# ---- one run at a time (issue 49, point 8) ----
+
+
+def _hold_in_child(workdir, ready, release):
+  hold = workdir_lib.Hold(str(workdir)).acquire()
+  ready.set()
+  release.wait(30)
+  hold.release()
+
+
+def test_a_held_workdir_is_refused_naming_the_holder_and_a_dead_holder_is_taken_over(
+    tmp_path, monkeypatch
+):
+  ctx = multiprocessing.get_context("fork")
+  ready, release = ctx.Event(), ctx.Event()
+  child = ctx.Process(target=_hold_in_child, args=(tmp_path, ready, release))
+  child.start()
+  assert ready.wait(30)
+  with pytest.raises(
+      workdir_lib.WorkdirError, match=rf"in use by another run: PID {child.pid} on host"
+  ):
+    workdir_lib.Hold(str(tmp_path)).acquire()
+  release.set()
+  child.join(30)
+  assert not os.path.exists(tmp_path / workdir_lib.HOLD)  # released and removed
+  # A holder killed by SIGKILL leaves its file; the kernel dropped its lock: taken over, noted.
+  ready.clear()
+  child = ctx.Process(target=_hold_in_child, args=(tmp_path, ready, ctx.Event()))
+  child.start()
+  assert ready.wait(30)
+  os.kill(child.pid, signal.SIGKILL)
+  child.join(30)
+  notes = []
+  monkeypatch.setattr(workdir_lib.logging, "warning", lambda msg, *a: notes.append(msg % a))
+  with workdir_lib.Hold(str(tmp_path)):
+    assert json.loads((tmp_path / workdir_lib.HOLD).read_text())["pid"] == os.getpid()
+  assert any(f"PID {child.pid}" in n and "taking it over" in n for n in notes), notes
+
+
+def test_two_runs_started_together_on_one_workdir_one_is_refused(tmp_path):
+  """Before, both trained to the end (the work done twice, every curve logged twice)."""
+  command = [
+      sys.executable,
+      "-m",
+      "experiments.train",
+      "--config=configs/shakespeare.py:runlocal",
+      f"--workdir={tmp_path / 'run'}",
+      "--config.steps=200",
+  ]
+  procs = [
+      subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for _ in range(2)
+  ]
+  outs = [(p.wait(300), p.stderr.read()) for p in procs]
+  codes = sorted(rc for rc, _ in outs)
+  assert codes == [0, 2], outs
+  refused = next(err for rc, err in outs if rc == 2)
+  assert "is in use by another run: PID" in refused and "on host" in refused
+  rows = metrics.read_jsonl(str(tmp_path / "run" / metrics.METRICS_FILE))
+  steps = [r["step"] for r in rows if "loss" in r]
+  assert len(steps) == len(set(steps))  # every step logged once

@@ -15,7 +15,7 @@ from typing import Any
 
 import ml_collections
 
-from diloco.config import deploy as deploy_lib, keys, outer_check, presets, resolve
+from diloco.config import bounds, deploy as deploy_lib, keys, outer_check, presets, resolve
 
 Problems = list[tuple[str, str]]  # (key, why)
 
@@ -434,4 +434,14 @@ def _trackers(c) -> Problems:
   return [("trackers", why) for why in trackers.problems(c.get("trackers", ""))]
 
 
-RULES = (_domains, _model_size, _dependent, _val_overlap, _outer, _chaos, _deploy, _trackers)
+RULES = (
+    _domains,
+    _model_size,
+    _dependent,
+    _val_overlap,
+    _outer,
+    _chaos,
+    _deploy,
+    _trackers,
+    bounds.problems,
+)

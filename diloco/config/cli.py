@@ -7,7 +7,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from absl import app
+from absl import app, flags
 
 from diloco.config import checks, keys
 from diloco.recovery import workdir as workdir_lib
@@ -68,7 +68,16 @@ def run(main: Callable[[list[str]], None]) -> None:
     except (checks.ConfigError, workdir_lib.WorkdirError) as e:
       fail(str(e))
 
-  app.run(checked)
+  app.run(checked, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, with a value that does not parse (`--config.batch_size=abc`) a usage error
+  (exit 2, one line) rather than absl's exit 1."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(str(e))
 
 
 def fail(message: str) -> None:

@@ -33,6 +33,13 @@ class LearnerCheckpointer:
       return False
     return self._manager().save(learner.steps, learner.checkpoint_state(), data_iter, force=True)
 
+  def save_now(self, learner: Learner, data_iter) -> bool:
+    """Saves at the learner's current step whatever `every` says (a stop on SIGTERM), unless
+    checkpoints are off or this step is saved already; returns whether it saved."""
+    if not self.every or self._manager().latest_step() == learner.steps:
+      return False
+    return self._manager().save(learner.steps, learner.checkpoint_state(), data_iter, force=True)
+
   def latest_step(self) -> int | None:
     if not self.every:
       return None

@@ -6,16 +6,23 @@ is "resume"; one that holds a run with another config, or run outputs without a 
 refused with a `WorkdirError` listing the differing keys. `restart=True` instead renames a workdir
 that holds any run (same config or not) to the first free sibling `<workdir>.old-<N>`
 ("restarted"; nothing is ever deleted), so that the caller starts in an empty one.
-`write_config` then writes config.json atomically.
+`write_config` then writes config.json atomically. A run holds its workdir while it runs (`Hold`):
+a second run on the same workdir is refused naming the first (host, PID), and the hold of a run
+that died is taken over with a note.
 
 Configs compare as JSON writes them: nested dicts are flattened to dotted keys, and two values are
 equal when their JSON texts are, so a tuple equals a list of the same items, while 1 and 1.0 (or 1
 and true) differ.
 """
 
+import fcntl
 import json
 import os
+import socket
+import time
 from typing import Any
+
+from absl import logging
 
 CONFIG = "config.json"
 RUN_OUTPUTS = ("summary.json", "metrics.jsonl", "checkpoints")  # any one means a run was here
@@ -136,3 +143,95 @@ def write_config(workdir: str, config_json: str) -> None:
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+HOLD = ".diloco-hold"  # the hold file: {"host", "pid", "since"} of the run that holds the workdir
+
+
+class Hold:
+  """One run's exclusive hold on its workdir: an fcntl lock on WORKDIR/.diloco-hold, which says
+  who holds it. A second run is refused naming the holder; the lock of a process that died (even
+  by SIGKILL) is released by the kernel, so its hold is stale and the next run takes it over,
+  with a note."""
+
+  def __init__(self, workdir: str):
+    self.workdir = os.path.abspath(workdir)
+    self._fd: int | None = None
+
+  @property
+  def path(self) -> str:
+    return os.path.join(self.workdir, HOLD)
+
+  def acquire(self) -> "Hold":
+    """Takes the hold (creating the workdir); WorkdirError naming the holder when it is held."""
+    os.makedirs(self.workdir, exist_ok=True)
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise WorkdirError(
+            f"workdir {self.workdir} is in use by another run: {_describe(holder)}. Wait for it "
+            "to end or stop it, or pick another --workdir."
+        ) from None
+      if _same_file(fd, self.path):  # not a file a holder removed while we waited for it
+        break
+      os.close(fd)
+    previous = _read_holder(fd)
+    if previous and previous.get("pid") != os.getpid():
+      logging.warning(
+          "workdir %s was held by %s, which is gone (its lock was released): taking it over",
+          self.workdir,
+          _describe(previous),
+      )
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    self._fd = fd
+    return self
+
+  def release(self) -> None:
+    """Removes the hold file and lets go of the lock."""
+    if self._fd is None:
+      return
+    try:  # where the file is now: a restart moves the workdir aside with it (Linux's /proc)
+      where = os.readlink(f"/proc/self/fd/{self._fd}")
+    except OSError:
+      where = self.path
+    try:
+      if _same_file(self._fd, where):
+        os.remove(where)
+    except OSError:
+      pass
+    os.close(self._fd)  # closing the descriptor releases the lock
+    self._fd = None
+
+  def __enter__(self) -> "Hold":
+    return self.acquire()
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+def _read_holder(fd: int) -> dict | None:
+  try:
+    holder = json.loads(os.pread(fd, 4096, 0) or b"null")
+  except (OSError, ValueError):
+    return None
+  return holder if isinstance(holder, dict) else None
+
+
+def _describe(holder: dict | None) -> str:
+  if not holder:
+    return "a run whose hold file says nothing (being written)"
+  since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+  return f"PID {holder.get('pid')} on host {holder.get('host')} (since {since})"
+
+
+def _same_file(fd: int, path: str) -> bool:
+  try:
+    return os.fstat(fd).st_ino == os.stat(path).st_ino
+  except OSError:
+    return False

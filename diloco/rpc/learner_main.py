@@ -30,7 +30,7 @@ from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost
-from diloco.runtime import async_link, learner_loop, sharded_link
+from diloco.runtime import async_link, learner_loop, preemption, sharded_link
 from diloco.watch import progress as progress_lib
 
 
@@ -173,6 +173,10 @@ def run(
   tokens0, t0 = learner.tokens, time.perf_counter()
   result = _train(config, learner, faults.link(link), next_batch, on_step)
   wall = time.perf_counter() - t0
+  if result["stopped_by"] == preemption.SIGNAL and jax.process_count() == 1:
+    # Preempted: the progress since the last save is kept (a multi-process learner's save would
+    # need its followers, which the stop has already released: it keeps its last one).
+    result["saved_at_stop"] = ckpt.save_now(learner, learner.island.data.train_iter)
   progress.close()
   ckpt.close()
   return _finish(
@@ -250,7 +254,7 @@ def _train(config, learner: multihost.SpmdLearner, link, next_batch, on_step) ->
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
   try:
-    return learner_loop.run_learner(
+    result = learner_loop.run_learner(
         learner,
         loop_link,
         next_batch,
@@ -263,6 +267,7 @@ def _train(config, learner: multihost.SpmdLearner, link, next_batch, on_step) ->
         seed=learner.index,
         settle_timeout_s=120.0,
     )
+    return {**result, "stopped_by": preemption.SIGNAL if stop.is_set() else None}
   finally:
     multihost.end(learner)
     outer_link.close()  # a BackgroundLink closes the gRPC link too

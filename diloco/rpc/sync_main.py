@@ -25,7 +25,7 @@ from diloco.outer.sync_state import arrays_digest
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
 from diloco.rpc import limits as limits_lib, service, status_board, status_server
-from diloco.runtime import sync_host
+from diloco.runtime import preemption, sync_host
 from diloco.watch import progress
 
 
@@ -74,9 +74,10 @@ def _write_port(workdir: str, port: int, name: str = "port") -> None:
 
 def _serve_until_settled(
     host: sync_host.SyncHost, sync: Synchronizer, max_s: float, show: bool, name: str
-) -> None:
+) -> bool:
   """Returns once every learner finished and left and every merge went out, on SIGTERM, or after
-  `max_s` seconds; a progress bar of merges meanwhile (on a terminal, when `show`)."""
+  `max_s` seconds (True: SIGTERM); a progress bar of merges meanwhile (on a terminal, when
+  `show`)."""
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
   t0 = time.monotonic()
@@ -90,6 +91,7 @@ def _serve_until_settled(
     if done:
       break
   bar.close()
+  return stop.is_set()
 
 
 def _summary(
@@ -214,7 +216,7 @@ def run(
   _write_port(workdir, bound)
   t0 = time.monotonic()
   name = "synchronizer" if config.outer.sync_shards == 1 else f"synchronizer shard {shard}"
-  _serve_until_settled(host, sync, max_s, config.get("progress_bar", True), name)
+  signalled = _serve_until_settled(host, sync, max_s, config.get("progress_bar", True), name)
   if status is not None:
     status.close()
   server.stop(1.0).wait()
@@ -223,6 +225,7 @@ def run(
     ckpt.save(sync.merges, sync.state_dict())
     summary = _summary(sync, board, svc, bound, restored_from, restored, time.monotonic() - t0)
     summary["shard"] = shard
+    summary["stopped_by"] = preemption.SIGNAL if signalled else None  # saved above either way
   ckpt.close()
   writer.close()
   metrics.write_summary(workdir, summary)

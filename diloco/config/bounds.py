@@ -1,0 +1,93 @@
+"""Sizes bounded by what can exist, checked before anything is written: a batch whose logits
+alone exceed the memory that will hold them, more learners than documents to give them.
+
+The logits of one step (sequences x seq_len x vocabulary, float32) are a lower bound on the step's
+memory: the models compute them whole. A run on this machine's CPU (JAX_PLATFORMS=cpu or
+deploy.expect_platform=cpu, one process) is bounded by its memory; any other by the largest
+machine that exists, a whole TPU v5p pod (8,960 chips of 95 GB HBM,
+cloud.google.com/tpu/docs/v5p): `experiments.plan` tells the real figure for a TPU slice.
+"""
+
+import os
+
+import ml_collections
+
+Problems = list[tuple[str, str]]
+LARGEST_POD_BYTES = 8960 * 95e9
+IMAGE_SOURCES = ("digits", "npz_glob")
+
+
+def _vocabulary(c) -> int:
+  return 256 if c.data.tokenizer == "byte" else int(c.data.sp_vocab_size)
+
+
+def _local_cpu(c) -> bool:
+  """The run trains on this machine's CPU: JAX_PLATFORMS or deploy.expect_platform says so, and
+  it is one process. (JAX itself is not asked: a learner of several processes must not touch its
+  backend before jax.distributed is initialised.)"""
+  platform = c.deploy.get("expect_platform", "") if "deploy" in c else ""
+  cpu = platform == "cpu" or os.environ.get("JAX_PLATFORMS", "").split(",")[0] == "cpu"
+  return cpu and not c.get("distributed", False)
+
+
+def memory_limit(c) -> tuple[float, str]:
+  """(bytes, what they are) that one step's memory cannot exceed."""
+  if _local_cpu(c):
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return float(ram), "this machine's memory"
+  return LARGEST_POD_BYTES, "a whole TPU v5p pod's HBM (8,960 chips x 95 GB)"
+
+
+def _largest_batch(c) -> tuple[str, int]:
+  """(key, sequences) of the largest batch a step or an evaluation pass takes."""
+  batches = [
+      ("batch_size", int(c.batch_size)),
+      ("data.eval_batch_size", int(c.data.eval_batch_size)),
+  ]
+  text = str(c.get("sim", {}).get("batch_sizes", "")) if "sim" in c else ""
+  for part in filter(None, text.split(",")):
+    try:
+      batches.append(("sim.batch_sizes", int(part)))
+    except ValueError:
+      pass  # the domain checks name it
+  return max(batches, key=lambda kb: kb[1])
+
+
+def problems(c: ml_collections.ConfigDict) -> Problems:
+  """A batch whose float32 logits alone exceed the memory limit, naming the keys."""
+  if c.data.source in IMAGE_SOURCES:
+    return []
+  try:
+    key, batch = _largest_batch(c)
+    seq, vocab = int(c.seq_len), _vocabulary(c)
+  except (TypeError, ValueError, KeyError):
+    return []  # the domain checks name the bad key
+  logits = 4.0 * batch * seq * vocab
+  limit, what = memory_limit(c)
+  if logits <= limit:
+    return []
+  return [
+      (
+          key,
+          f"{batch:,} sequences x seq_len {seq:,} x vocabulary {vocab:,} float32 logits alone "
+          f"are {logits / 2**30:,.1f} GiB, more than {what} ({limit / 2**30:,.1f} GiB); lower "
+          f"{key} or seq_len",
+      )
+  ]
+
+
+def data_problems(c: ml_collections.ConfigDict, splits) -> Problems:
+  """More learners than training documents when each learner trains on its own (data.iid=False)."""
+  if c.mode in ("dp", "compare") or c.data.get("iid", False):
+    return []
+  documents = len(getattr(getattr(splits, "train", None), "names", ()) or ())
+  if documents and c.outer.learners > documents:
+    return [
+        (
+            "outer.learners",
+            f"{c.outer.learners:,} learners but the training split has {documents} documents, and "
+            "with data.iid=False each learner trains on whole documents of its own; lower "
+            "outer.learners or set data.iid=True",
+        )
+    ]
+  return []
