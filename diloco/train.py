@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import ml_collections
+from absl import logging
 
 from diloco import data as data_lib, metrics
 from diloco.config import bounds, checks, deploy as deploy_lib, keys
@@ -77,10 +78,22 @@ def train_and_evaluate(
         summary["data"] = data_summary(config)
     summary["workdir"] = os.path.abspath(workdir)
     if jax.process_index() == 0:
-      metrics.write_summary(workdir, summary)
+      _write_summary(workdir, summary)
     return summary
   finally:
     hold.release()
+
+
+def _write_summary(workdir: str, summary: dict[str, Any]) -> None:
+  """summary.json; on a storage failure (a full disk) one clear message, and the summary (with
+  summary_write_failed, so the main exits EXIT_SAVE_FAILED) is still returned."""
+  try:
+    metrics.write_summary(workdir, summary)
+  except OSError as e:
+    logging.error(
+        "could not write %s/summary.json (%s); the summary is printed instead", workdir, e
+    )
+    summary["summary_write_failed"] = str(e)
 
 
 def data_summary(config: ml_collections.ConfigDict) -> dict[str, Any]:

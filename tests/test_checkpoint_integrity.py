@@ -1,11 +1,15 @@
 """Checkpoints carry a checksum manifest: a corrupt newest step (truncated, a flipped byte, a file
-or the manifest missing) is detected on restore, logged with the reason, and the step before it is
+missing) is detected on restore, logged with the reason, and the step before it is
 used, and the corrupt one is renamed aside so that the run can save that step again; a save that
 fails midway (an OSError such as a full disk) leaves the previous one intact and later saves work.
 """
 
 import errno
+import glob
+import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +23,9 @@ from diloco import metrics, train
 from diloco.inner import checkpoint, island as island_lib, manifest
 from diloco.outer import fragments
 from diloco.recovery import sync_checkpoint
+from diloco.runtime import preemption
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _largest_file(step_dir: str) -> str:
@@ -239,3 +246,76 @@ def test_a_dp_run_whose_final_checkpoint_is_corrupt_retrains_it_and_finishes(tmp
   assert step == 40
   saved = metrics.params_sha256(fragments.flatten(jax.device_get(state.params)))
   assert saved == rest["params_sha256"] == first["params_sha256"]  # as if never corrupted
+
+
+# ---- a full disk (issue 49, point 4) ----
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A real 1 MiB filesystem (tmpfs; needs root): the first tiny checkpoint fits, not all."""
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=False)
+  if done.returncode:
+    pytest.skip("cannot mount a tmpfs here (not root?); the raising test below covers the code")
+  yield mount
+  subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_line_per_save_and_the_run_finishes_with_its_summary(small_disk):
+  """Before: tensorstore's ValueError (RESOURCE_EXHAUSTED ... No space left on device) was no
+  OSError: rc 1, about 560 lines of traceback, a temporary directory left on the full disk."""
+  workdir = small_disk / "run"
+  out = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "experiments.train",
+          "--config=configs/shakespeare.py:runlocal",
+          f"--workdir={workdir}",
+          "--config.steps=40",
+          "--config.checkpoint_every=5",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert out.returncode == preemption.EXIT_SAVE_FAILED == 74, out.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["finished"] and summary["final_checkpoint_failed"]
+  assert summary["checkpoint_failures"] >= 1
+  failed = [l for l in out.stderr.splitlines() if "checkpoint save of step" in l]
+  assert len(failed) == summary["checkpoint_failures"] and "No space left" in failed[-1]
+  assert "Traceback" not in out.stderr
+  assert not glob.glob(str(workdir / "checkpoints" / "*orbax-checkpoint-tmp*"))
+
+
+def test_whatever_the_storage_layer_raises_is_one_line_and_its_temporary_is_removed(
+    tmp_path, monkeypatch
+):
+  """The exception tensorstore raised on the full tmpfs above, raised by a stand-in for orbax's
+  save after it made its temporary directory: the save fails cleanly, the next one works."""
+  ckpt = checkpoint.Checkpointer(str(tmp_path), 1, async_save=False)
+  assert ckpt.save(1, {"w": jnp.arange(1000.0)}, force=True)
+  real = ckpt._manager.save
+
+  def full_disk(step, **kwargs):
+    os.makedirs(tmp_path / f"{step}.orbax-checkpoint-tmp-1" / "state")
+    raise ValueError(
+        'RESOURCE_EXHAUSTED: Error writing "params/0" in OCDBT database: Failed to write 38997 '
+        "bytes to file 18: No space left on device [os_error_code='28']\nsecond line"
+    )
+
+  errors = []
+  monkeypatch.setattr(checkpoint.logging, "error", lambda msg, *a: errors.append(msg % a))
+  monkeypatch.setattr(ckpt._manager, "save", full_disk)
+  assert not ckpt.save(2, {"w": jnp.arange(1000.0) * 2}, force=True)
+  assert ckpt.failed_steps == [2] and len(errors) == 1 and "second line" not in errors[0]
+  assert "ValueError: RESOURCE_EXHAUSTED" in errors[0] and "training goes on" in errors[0]
+  assert not glob.glob(str(tmp_path / "*orbax-checkpoint-tmp*"))
+  monkeypatch.setattr(ckpt._manager, "save", real)
+  assert ckpt.save(3, {"w": jnp.arange(1000.0) * 3}, force=True)
+  assert ckpt.latest_step() == 3
+  ckpt.close()

@@ -7,12 +7,15 @@ manifest when the directory is next opened. Restores take the newest
 step whose files match it: a truncated or altered newest step is logged with the reason and the one
 before it is used. The failed step is renamed aside (`<step>.corrupt-<n>`, kept for inspection) so
 that training can save that step again; a reader of another run's directory (`set_aside=False`, as
-warm starts) leaves it in place. A save that fails (an OSError such as a full disk, now or in the
-background) is logged and training goes on; orbax writes into a temporary directory, so the
-previous checkpoint stays as it was.
+warm starts) leaves it in place. A save that fails, now or in the background, with whatever the
+storage library raises (an OSError; tensorstore's ValueError "RESOURCE_EXHAUSTED ... No space left
+on device" for a full disk) is one logged line, its temporary directory is removed and training
+goes on; orbax writes into a temporary directory, so the previous checkpoint stays as it was.
 """
 
+import glob
 import os
+import shutil
 import threading
 from typing import Any
 
@@ -22,6 +25,23 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from diloco.inner import manifest
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's directory of a save in progress
+
+
+def _write_manifest(step_dir: str) -> None:
+  """The manifest of a committed step; a full disk is one line (the step stays whole by orbax's
+  commit, and gets its manifest when the directory is opened with room for it)."""
+  try:
+    manifest.write(step_dir)
+  except OSError as e:
+    logging.error("could not write the checksum manifest of %s (%s)", step_dir, e)
+
+
+def _tree_bytes(path: str) -> int:
+  return sum(
+      os.path.getsize(os.path.join(root, n)) for root, _, names in os.walk(path) for n in names
+  )
 
 
 def abstract_like(tree, shardings) -> Any:
@@ -62,6 +82,7 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._verified: dict = {}  # manifest.intact_steps's verdicts, so a restore re-reads nothing
     self.failed_saves = 0
+    self.failed_steps: list[int] = []  # the steps whose save failed, in order
 
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
@@ -91,12 +112,17 @@ class Checkpointer:
     False when not due or when the save failed (logged; the previous checkpoint is intact).
     """
     self._seal()
+    if not (force or self._manager.should_save(step)):
+      return False
+    short = self._short_of_space(state)
+    if short:
+      return self._failed(step, OSError(short))
     items = {"state": ocp.args.StandardSave(state)}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     try:
       saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
-    except OSError as e:
+    except Exception as e:  # pylint: disable=broad-except  (tensorstore: ValueError, orbax: ...)
       return self._failed(step, e)
     if saved:
       with self._lock:
@@ -105,14 +131,36 @@ class Checkpointer:
         self._seal()
     return saved
 
-  def _failed(self, step: int, error: OSError) -> bool:
+  def _short_of_space(self, state: Any) -> str:
+    """Why the disk cannot hold another save ('' when it can): less free space than 1.25x the
+    largest committed step, or with none yet 2x the state's bytes (orbax's files took 1.15x of
+    them on one device and 1.70x on eight here). Checked first, so that a full disk is one line
+    rather than the storage library's errors from every thread it writes with."""
+    steps = [s for s in self._manager.all_steps() if os.path.isdir(self.step_dir(s))]
+    if steps:
+      need = 1.25 * max(_tree_bytes(self.step_dir(s)) for s in steps)
+    else:
+      need = 2.0 * sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state))
+    free = shutil.disk_usage(self.directory).free
+    if free >= need:
+      return ""
+    return f"No space left for it: {free / 2**20:.1f} MiB free, about {need / 2**20:.1f} MiB needed"
+
+  def _failed(self, step: int, error: Exception) -> bool:
+    """One line for a save that failed (whatever the storage library raised: OSError, or
+    tensorstore's ValueError for a full disk), its temporary directory removed."""
     self.failed_saves += 1
+    self.failed_steps.append(step)
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
     logging.error(
-        "checkpoint save of step %d in %s failed (%s); training goes on",
+        "checkpoint save of step %d in %s failed (%s: %s); training goes on",
         step,
         self.directory,
-        error,
+        type(error).__name__,
+        first[:300],
     )
+    for path in glob.glob(os.path.join(self.directory, f"*{TMP_SUFFIX}*")):
+      shutil.rmtree(path, ignore_errors=True)
     return False
 
   def _seal_committed(self) -> None:
@@ -123,7 +171,7 @@ class Checkpointer:
     sealed = [s for s in pending if os.path.isdir(self.step_dir(s))]
     for step in sealed:
       if not os.path.exists(os.path.join(self.step_dir(step), manifest.NAME)):
-        manifest.write(self.step_dir(step))
+        _write_manifest(self.step_dir(step))
     with self._lock:
       self._unsealed = [s for s in self._unsealed if s not in sealed]
 
@@ -135,13 +183,13 @@ class Checkpointer:
       return
     try:
       self._manager.wait_until_finished()
-    except OSError as e:  # an asynchronous save failed in the background
+    except Exception as e:  # pylint: disable=broad-except  (an asynchronous save failed)
       self._failed(pending[-1], e)
     done = set(self._manager.all_steps())
     for step in pending:
       path = self.step_dir(step)
       if step in done and os.path.isdir(path) and not manifest.exists(path):
-        manifest.write(path)
+        _write_manifest(path)
     with self._lock:
       self._unsealed = [s for s in self._unsealed if s not in pending]
 

@@ -139,6 +139,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       **({"stopped_by": stopped_by} if stopped_by else {}),
       "tokens": last * logger.tokens_per_step,
       "resumed_from_step": start,
+      "checkpoint_failures": ckpt.failed_saves,
+      # the save of the run's last step (or of its stop) failed: a rerun repeats those steps
+      "final_checkpoint_failed": bool(ckpt.failed_steps) and ckpt.failed_steps[-1] == last,
       "params": island.param_count,
       "flops_per_token": island.flops_per_token,
       "first_loss": logger.first_loss,

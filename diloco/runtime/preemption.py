@@ -29,6 +29,9 @@ from absl import logging
 from diloco.config import keys
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped early with a checkpoint; restart me
+# EX_IOERR: trained to the end, summary written, but the last checkpoint's save failed (a full
+# disk); a rerun resumes from the last save that succeeded and trains those steps again
+EXIT_SAVE_FAILED = 74
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SIGNAL, STOP_AFTER_STEPS = "signal", "stop_after_steps"  # summary["stopped_by"]
 ORBAX_TMP = "*.orbax-checkpoint-tmp*"
@@ -91,8 +94,12 @@ def remove_orbax_tmp(workdir: str) -> list[str]:
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-  """EXIT_PREEMPTED when the run stopped on a signal (restart me), else 0."""
-  return EXIT_PREEMPTED if summary.get("stopped_by") == SIGNAL else 0
+  """EXIT_PREEMPTED when the run stopped on a signal (restart me); EXIT_SAVE_FAILED when it
+  trained to the end but its last checkpoint could not be saved (a full disk); else 0."""
+  if summary.get("stopped_by") == SIGNAL:
+    return EXIT_PREEMPTED
+  failed = summary.get("final_checkpoint_failed") or summary.get("summary_write_failed")
+  return EXIT_SAVE_FAILED if failed else 0
 
 
 def json_digest(values: dict[str, Any]) -> str:
