@@ -52,6 +52,10 @@ def train_and_evaluate(
   run = MODES[config.mode]
   if "deploy" in config:
     deploy_lib.check_platform(config.deploy, jax.default_backend())
+  if jax.default_backend() == "cpu" and not config.get("distributed", False):
+    problems = bounds.problems(config, bounds.local_memory())  # this machine holds the step
+    if problems:
+      raise checks.ConfigError(problems, config)
   distributed = config.get("distributed", False)
   hold = workdir_lib.Hold(workdir)
   if not distributed:  # one run at a time in a workdir: a second is refused naming the first

@@ -2,10 +2,10 @@
 alone exceed the memory that will hold them, more learners than documents to give them.
 
 The logits of one step (sequences x seq_len x vocabulary, float32) are a lower bound on the step's
-memory: the models compute them whole. A run on this machine's CPU (JAX_PLATFORMS=cpu or
-deploy.expect_platform=cpu, one process) is bounded by its memory; any other by the largest
-machine that exists, a whole TPU v5p pod (8,960 chips of 95 GB HBM,
-cloud.google.com/tpu/docs/v5p): `experiments.plan` tells the real figure for a TPU slice.
+memory: the models compute them whole. Every config check bounds them by the largest machine that
+exists, a whole TPU v5p pod (8,960 chips of 95 GB HBM, cloud.google.com/tpu/docs/v5p; a launcher
+checks a TPU run on a laptop); a run that trains in one process on this machine's CPU is bounded by
+its memory as well (`train_and_evaluate`). `experiments.plan` tells the real figure for a slice.
 """
 
 import os
@@ -14,6 +14,7 @@ import ml_collections
 
 Problems = list[tuple[str, str]]
 LARGEST_POD_BYTES = 8960 * 95e9
+POD = "a whole TPU v5p pod's HBM (8,960 chips x 95 GB)"
 IMAGE_SOURCES = ("digits", "npz_glob")
 
 
@@ -21,21 +22,9 @@ def _vocabulary(c) -> int:
   return 256 if c.data.tokenizer == "byte" else int(c.data.sp_vocab_size)
 
 
-def _local_cpu(c) -> bool:
-  """The run trains on this machine's CPU: JAX_PLATFORMS or deploy.expect_platform says so, and
-  it is one process. (JAX itself is not asked: a learner of several processes must not touch its
-  backend before jax.distributed is initialised.)"""
-  platform = c.deploy.get("expect_platform", "") if "deploy" in c else ""
-  cpu = platform == "cpu" or os.environ.get("JAX_PLATFORMS", "").split(",")[0] == "cpu"
-  return cpu and not c.get("distributed", False)
-
-
-def memory_limit(c) -> tuple[float, str]:
-  """(bytes, what they are) that one step's memory cannot exceed."""
-  if _local_cpu(c):
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return float(ram), "this machine's memory"
-  return LARGEST_POD_BYTES, "a whole TPU v5p pod's HBM (8,960 chips x 95 GB)"
+def local_memory() -> tuple[float, str]:
+  """(bytes, what they are) of this machine's memory: the bound of a run on its CPU."""
+  return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "this machine's memory"
 
 
 def _largest_batch(c) -> tuple[str, int]:
@@ -53,8 +42,11 @@ def _largest_batch(c) -> tuple[str, int]:
   return max(batches, key=lambda kb: kb[1])
 
 
-def problems(c: ml_collections.ConfigDict) -> Problems:
-  """A batch whose float32 logits alone exceed the memory limit, naming the keys."""
+def problems(
+    c: ml_collections.ConfigDict, limit: tuple[float, str] = (LARGEST_POD_BYTES, POD)
+) -> Problems:
+  """A batch whose float32 logits alone exceed `limit` (default: the largest machine there is),
+  naming the keys."""
   if c.data.source in IMAGE_SOURCES:
     return []
   try:
@@ -63,7 +55,7 @@ def problems(c: ml_collections.ConfigDict) -> Problems:
   except (TypeError, ValueError, KeyError):
     return []  # the domain checks name the bad key
   logits = 4.0 * batch * seq * vocab
-  limit, what = memory_limit(c)
+  limit, what = limit
   if logits <= limit:
     return []
   return [
