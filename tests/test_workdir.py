@@ -2,9 +2,7 @@
 --restart; claiming writes nothing else (diloco/recovery/workdir.py)."""
 
 import json
-import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 
@@ -171,40 +169,45 @@ def test_write_config_creates_the_directory_and_replaces_the_file_whole(tmp_path
 # ---- one run at a time (issue 49, point 8) ----
 
 
-def _hold_in_child(workdir, ready, release):
-  hold = workdir_lib.Hold(str(workdir)).acquire()
-  ready.set()
-  release.wait(30)
-  hold.release()
+HOLDER = (
+    "import sys; from diloco.recovery import workdir as w; w.Hold(sys.argv[1]).acquire(); "
+    "print('held', flush=True); sys.stdin.read()"
+)
+
+
+def _holder(workdir) -> subprocess.Popen:
+  """A process that holds `workdir` until its stdin closes."""
+  proc = subprocess.Popen(
+      [sys.executable, "-c", HOLDER, str(workdir)],
+      cwd=REPO,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+  )
+  assert proc.stdout.readline().strip() == "held"
+  return proc
 
 
 def test_a_held_workdir_is_refused_naming_the_holder_and_a_dead_holder_is_taken_over(
     tmp_path, monkeypatch
 ):
-  ctx = multiprocessing.get_context("fork")
-  ready, release = ctx.Event(), ctx.Event()
-  child = ctx.Process(target=_hold_in_child, args=(tmp_path, ready, release))
-  child.start()
-  assert ready.wait(30)
+  holder = _holder(tmp_path)
   with pytest.raises(
-      workdir_lib.WorkdirError, match=rf"in use by another run: PID {child.pid} on host"
+      workdir_lib.WorkdirError, match=rf"in use by another run: PID {holder.pid} on host"
   ):
     workdir_lib.Hold(str(tmp_path)).acquire()
-  release.set()
-  child.join(30)
-  assert not os.path.exists(tmp_path / workdir_lib.HOLD)  # released and removed
+  holder.stdin.close()
+  assert holder.wait(30) == 0
+  assert not os.path.exists(tmp_path / workdir_lib.HOLD)  # released and removed at exit
   # A holder killed by SIGKILL leaves its file; the kernel dropped its lock: taken over, noted.
-  ready.clear()
-  child = ctx.Process(target=_hold_in_child, args=(tmp_path, ready, ctx.Event()))
-  child.start()
-  assert ready.wait(30)
-  os.kill(child.pid, signal.SIGKILL)
-  child.join(30)
+  holder = _holder(tmp_path)
+  holder.kill()
+  holder.wait(30)
   notes = []
   monkeypatch.setattr(workdir_lib.logging, "warning", lambda msg, *a: notes.append(msg % a))
   with workdir_lib.Hold(str(tmp_path)):
     assert json.loads((tmp_path / workdir_lib.HOLD).read_text())["pid"] == os.getpid()
-  assert any(f"PID {child.pid}" in n and "taking it over" in n for n in notes), notes
+  assert any(f"PID {holder.pid}" in n and "taking it over" in n for n in notes), notes
 
 
 def test_two_runs_started_together_on_one_workdir_one_is_refused(tmp_path):

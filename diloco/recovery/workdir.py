@@ -15,6 +15,7 @@ equal when their JSON texts are, so a tuple equals a list of the same items, whi
 and true) differ.
 """
 
+import atexit
 import fcntl
 import json
 import os
@@ -190,6 +191,7 @@ class Hold:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)
     self._fd = fd
+    atexit.register(self.release)  # a process that ends without releasing still tidies up
     return self
 
   def release(self) -> None:
