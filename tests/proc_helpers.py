@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 
@@ -20,3 +22,30 @@ def wait_for(pred, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
     if time.monotonic() > deadline:
       raise TimeoutError(what)
     time.sleep(poll_s)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train_command(workdir, *flags: str, variants: str = "runlocal") -> list[str]:
+  """`python -m experiments.train` on configs/shakespeare.py:`variants` in `workdir`."""
+  return [
+      sys.executable,
+      "-m",
+      "experiments.train",
+      f"--config=configs/shakespeare.py:{variants}",
+      f"--workdir={workdir}",
+      *flags,
+  ]
+
+
+def train(workdir, *flags: str, env=None, timeout: float = 300) -> subprocess.CompletedProcess:
+  """Runs `train_command` from the repository's root to its end; its output captured."""
+  return subprocess.run(
+      train_command(workdir, *flags),
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )

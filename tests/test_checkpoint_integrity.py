@@ -9,12 +9,12 @@ import glob
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import proc_helpers
 import pytest
 from absl import logging as absl_logging
 
@@ -267,21 +267,7 @@ def test_a_full_disk_is_one_line_per_save_and_the_run_finishes_with_its_summary(
   """Before: tensorstore's ValueError (RESOURCE_EXHAUSTED ... No space left on device) was no
   OSError: rc 1, about 560 lines of traceback, a temporary directory left on the full disk."""
   workdir = small_disk / "run"
-  out = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "experiments.train",
-          "--config=configs/shakespeare.py:runlocal",
-          f"--workdir={workdir}",
-          "--config.steps=40",
-          "--config.checkpoint_every=5",
-      ],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
+  out = proc_helpers.train(workdir, "--config.steps=40", "--config.checkpoint_every=5")
   assert out.returncode == preemption.EXIT_SAVE_FAILED == 74, out.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["finished"] and summary["final_checkpoint_failed"]

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import proc_helpers
 import pytest
 from absl import flags
 from ml_collections import config_flags
@@ -258,20 +259,7 @@ def test_more_learners_than_documents_is_refused_before_anything_is_written(tmp_
 
 
 def test_a_value_of_the_wrong_type_exits_2_with_one_line(tmp_path):
-  out = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "experiments.train",
-          "--config=configs/shakespeare.py:runlocal",
-          f"--workdir={tmp_path / 'run'}",
-          "--config.batch_size=abc",
-      ],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=120,
-  )
+  out = proc_helpers.train(tmp_path / "run", "--config.batch_size=abc", timeout=120)
   assert out.returncode == 2, out.stderr
   assert out.stderr.strip().splitlines()[-1] == (
       "error: flag --config.batch_size=abc: invalid literal for int() with base 10: 'abc'"

@@ -9,6 +9,7 @@ import sys
 
 import jax
 import numpy as np
+import proc_helpers
 import pytest
 from flax import nnx
 
@@ -127,22 +128,8 @@ def test_a_whole_split_evaluation_on_eight_devices_finishes(tmp_path):
   validation split (every batch's all-reduce dispatched before any result was fetched; one
   participant never arrived and XLA's 40 s rendezvous timeout raised SIGABRT), every time."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  out = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "experiments.train",
-          "--config=configs/shakespeare.py:runlocal",
-          f"--workdir={tmp_path / 'run'}",
-          "--config.steps=20",
-          "--config.data.final_eval_sequences=0",
-      ],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=240,
-  )
+  flags = ("--config.steps=20", "--config.data.final_eval_sequences=0")
+  out = proc_helpers.train(tmp_path / "run", *flags, env=env, timeout=240)
   assert out.returncode == 0, out.stderr[-2000:]
   summary = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert summary["finished"] and math.isfinite(summary["eval_loss"])

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import proc_helpers
 import pytest
 
 from diloco import metrics
@@ -212,14 +213,7 @@ def test_a_held_workdir_is_refused_naming_the_holder_and_a_dead_holder_is_taken_
 
 def test_two_runs_started_together_on_one_workdir_one_is_refused(tmp_path):
   """Before, both trained to the end (the work done twice, every curve logged twice)."""
-  command = [
-      sys.executable,
-      "-m",
-      "experiments.train",
-      "--config=configs/shakespeare.py:runlocal",
-      f"--workdir={tmp_path / 'run'}",
-      "--config.steps=200",
-  ]
+  command = proc_helpers.train_command(tmp_path / "run", "--config.steps=200")
   procs = [
       subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for _ in range(2)
