@@ -152,8 +152,8 @@ def refusal(plan: report.Plan, config: ml_collections.ConfigDict) -> DoesNotFit 
 
 
 def summary(plan: report.Plan, config: ml_collections.ConfigDict) -> str:
-  """The whole report, with the bandwidth and goodput of M such learners."""
-  config = checks.prepare(config)
+  """The whole report, with the bandwidth and goodput of M such learners; `config` as
+  `make_plan` left it (resolved in place)."""
   return report.format_plan(
       plan, config, report.bandwidth_rows(plan, config.outer), report.goodput_rows(plan)
   )

@@ -60,6 +60,7 @@ class Learner:
   seq_len: int
   param_count: int
   frag: fragments.Fragmentation | None  # None for mode=dp
+  state: step_lib.TrainState  # abstract: ShapeDtypeStructs with the run's shardings
 
   @property
   def tokens_per_step(self) -> int:
@@ -72,7 +73,7 @@ def build(
   """The learner island of `config` (checked) on `devices`, for a `vocab_size` tokenizer."""
   mesh = island_lib.island_mesh(config, devices)
   model_cfg, fns = island_lib.step_fns(config, mesh, Vocabulary(vocab_size), backend="tpu")
-  shapes = jax.eval_shape(fns.init, jax.random.key(0))
+  shapes = jax.eval_shape(fns.init, jax.random.key(0))  # traced once: every program reuses it
   n = len(devices)
   eval_batch = -(-config.data.eval_batch_size // n) * n
   frag = None
@@ -87,12 +88,8 @@ def build(
       config.seq_len,
       transformer.param_count(shapes.params),
       frag,
+      checkpoint.abstract_like(shapes, fns.state_shardings),
   )
-
-
-def abstract_state(learner: Learner) -> step_lib.TrainState:
-  shapes = jax.eval_shape(learner.fns.init, jax.random.key(0))
-  return checkpoint.abstract_like(shapes, learner.fns.state_shardings)
 
 
 def abstract_batch(learner: Learner, batch: int, weights: bool = False) -> dict:
@@ -173,20 +170,20 @@ def compile_one(name: str, lowered) -> Compiled:
 
 def train(learner: Learner) -> Compiled:
   """The inner step: (state, batch) -> (state, metrics), the state donated."""
-  lowered = learner.fns.train.lower(abstract_state(learner), abstract_batch(learner, learner.batch))
+  lowered = learner.fns.train.lower(learner.state, abstract_batch(learner, learner.batch))
   return compile_one("train step", lowered)
 
 
 def evaluate(learner: Learner) -> Compiled:
   """One evaluation forward pass: the weighted sums of the held-out measures."""
-  params = abstract_state(learner).params
+  params = learner.state.params
   batch = abstract_batch(learner, learner.eval_batch, weights=True)
   return compile_one("eval step", learner.fns.measures.lower(params, batch))
 
 
 def largest_fragment(learner: Learner) -> int:
   """The fragment with the most bytes (the one whose traffic and buffers bound the others)."""
-  shapes = fragments.flatten(abstract_state(learner).params)
+  shapes = fragments.flatten(learner.state.params)
   sizes = [
       sum(math.prod(shapes[k].shape) * shapes[k].dtype.itemsize for k in paths)
       for paths in learner.frag.paths
@@ -196,7 +193,7 @@ def largest_fragment(learner: Learner) -> int:
 
 def fragment_bytes_per_chip(learner: Learner, p: int) -> int:
   """Bytes of fragment p held by one chip (its shards of the fragment's parameters)."""
-  flat = fragments.flatten(abstract_state(learner).params)
+  flat = fragments.flatten(learner.state.params)
   return int(
       sum(
           math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
@@ -208,7 +205,7 @@ def fragment_bytes_per_chip(learner: Learner, p: int) -> int:
 def receive(learner: Learner, p: int) -> Compiled:
   """A merged fragment p taking the place of the learner's own (`Learner._write`): the new values
   arrive sharded like the parameters and the old buffers are released once replaced."""
-  params = abstract_state(learner).params
+  params = learner.state.params
   flat = fragments.flatten(params)
   paths = learner.frag.paths[p]
   incoming = {k: flat[k] for k in paths}
