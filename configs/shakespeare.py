@@ -244,7 +244,8 @@ def _outer() -> dict:
       ),
       sync_checkpoint_every=(
           Auto(0),
-          "synchronizer checkpoints every N merges (0 = none; preset " "with chaos: P)",
+          "in-process synchronizer checkpoints every N merges (0 = none; preset with chaos: "
+          "P); a gRPC synchronizer saves after every merge, before sending it",
       ),
       sync_shards=(
           1,

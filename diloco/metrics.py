@@ -100,3 +100,22 @@ def write_summary(workdir: str, summary: dict[str, Any]) -> str:
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
   return jsonl.read(path)
+
+
+def merged_shares(
+    work: dict[int, dict[str, dict[int, int]]], trained: dict[int, int], fragments: int
+) -> dict[str, dict[str, Any]]:
+  """Per learner: inner steps trained (`trained`), and of them the steps and tokens that reached
+  a merge per fragment (`Synchronizer.merged_work`), with the merged share: merged steps summed
+  over the `fragments` fragments, over fragments × trained (each step trains every fragment)."""
+  out = {}
+  for m in sorted(set(work) | set(trained)):
+    w, t = work.get(m, {"steps": {}, "tokens": {}}), trained.get(m)
+    merged = sum(w["steps"].values())
+    out[str(m)] = {
+        "trained_steps": t,
+        "merged_steps": {str(p): n for p, n in sorted(w["steps"].items())},
+        "merged_tokens": sum(w["tokens"].values()),
+        "merged_share": merged / (fragments * t) if t else None,
+    }
+  return out

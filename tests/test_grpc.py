@@ -15,6 +15,7 @@ from diloco.rpc import local, sync_main
 from diloco.runners import islands as islands_lib
 
 CHAOS = "configs/shakespeare.py:mode=decoupled,runlocal,learners=3,steps=60"
+FRAGMENTS, INNER_STEPS = 4, 8  # what CHAOS resolves to (outer.fragments, outer.inner_steps)
 SYNCHRONOUS = "configs/shakespeare.py:mode=diloco,runlocal,learners=2,steps=20"
 
 
@@ -63,6 +64,7 @@ def test_three_learners_survive_learner_and_synchronizer_kills(cluster_factory):
   last = ckpt.restore(sync_main.make_synchronizer(config).state_dict())
   last_step = ckpt.latest_step()
   ckpt.close()
+  restarted_at = time.time()
   c.start_sync()
   codes = c.wait(150)
   assert codes == {"sync": 0, "learner0": 0, "learner1": 0, "learner2": 0}, codes
@@ -92,6 +94,33 @@ def test_three_learners_survive_learner_and_synchronizer_kills(cluster_factory):
   assert len(merges) > 10
   # The restarted learner contributed again to merges after its restart.
   assert any(1 in r["learners"] and r["wall_time"] > killed_at + 1 for r in merges)
+  # Issue 49, point 3: nothing a learner trained while the synchronizer was away is dropped.
+  # Before, a learner that finished during the outage (the usual case here) rejoined, sent
+  # nothing and settled: its work since the kill never reached the global model. Now every
+  # fragment that fell due meanwhile is sent at the Join, carrying at least those steps.
+  post = [r for r in merges if r["wall_time"] > restarted_at]
+  for m, s in enumerate(learners):
+    assert s["undelivered_steps"] == {}, (m, s["undelivered_steps"])
+    if s["unreachable_steps"] >= INNER_STEPS:  # every fragment fell due while it was away
+      for p in range(FRAGMENTS):
+        sent = [n for r in post if r["fragment"] == p for l, n in zip(r["learners"], r["steps"])
+                if l == m]  # fmt: skip
+        assert sent and max(sent) >= s["unreachable_steps"], (m, p, sent, s["unreachable_steps"])
+  assert any(s["unreachable_steps"] >= INNER_STEPS for s in learners)  # (the case was tried)
+  # The summary says how much of each learner's work reached the global model, counted over
+  # both generations (the counts live in the synchronizer's checkpoints).
+  work = sync["learners"]
+  assert sorted(work) == ["0", "1", "2"] and sync["merges"] == sum(sync["versions"])
+  # Learner 1's two processes (the first killed, no checkpoint) both count.
+  assert [work[m]["trained_steps"] > 60 for m in "012"] == [False, True, False]
+  for m in range(3):
+    steps = work[str(m)]["merged_steps"]
+    assert work[str(m)]["trained_steps"] >= 60
+    trained = work[str(m)]["trained_steps"]
+    assert 0 < work[str(m)]["merged_share"] == sum(steps.values()) / (FRAGMENTS * trained) <= 1
+  merged_in_log = sum(n for r in merges for l, n in zip(r["learners"], r["steps"]) if l == 0)
+  # (The log also holds merges that the kill lost before their checkpoint.)
+  assert 0 < sum(work["0"]["merged_steps"].values()) <= merged_in_log
   # Bytes on the wire (serialized gRPC messages, counted since the restart) exceed the codec's
   # own payload counts (which may be 0 here: learners finished while it was down).
   assert sync["wire_bytes_received"] > sync["codec_bytes_received"], sync

@@ -75,8 +75,8 @@ class Run:
       run.uploads.append((learner.index, p, learner.steps))
       return upload(learner, p, *args, **kwargs)
 
-    def recorded_receive(learner, send):
-      receive(learner, send)
+    def recorded_receive(learner, send, rebase=False):
+      receive(learner, send, rebase)
       p, g = send.fragment, run.sync.globals[send.fragment]
       held = learner._read(p)
       same = run.sync.versions[p] == send.version and all(

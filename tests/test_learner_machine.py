@@ -142,6 +142,54 @@ def test_a_synchronizer_restart_resends_what_is_unanswered():
   assert machine.resend_due(1, None, now=1.0) == [lm.Upload(1)]
 
 
+def test_a_real_time_join_resends_what_was_decided_while_the_synchronizer_was_away():
+  # Issue 49, point 3: steps 1-3 uploaded fragment 0 (unanswered when the synchronizer died);
+  # steps 4-6 ran unjoined and made fragment 1 due (decided, held). A Join to the restarted
+  # synchronizer sends both again, computed afresh: before, it cleared them, and a learner that
+  # finished during the outage never sent that progress.
+  held = Held(c_steps=[3, 3], steps=3)
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  assert machine.stepped([0]) == [lm.Upload(0)]
+  for _ in range(3):
+    held.step()
+  assert machine.stepped([1]) == [lm.Upload(1)] and held.c_steps == [6, 6]
+  assert machine.undelivered() == {0: 6, 1: 6}
+  assert machine.joined_unseen() == [lm.Resend(0, None), lm.Resend(1, None)]
+  assert machine.resend_due(0, None, now=1.0) == [lm.Upload(0)]
+  machine.arrived(_update(0, 1))  # fragment 0's merge: answered
+  assert machine.undelivered() == {1: 6}
+
+
+def test_a_duplicate_on_the_version_held_rebases_the_arrival_and_resends_the_rest():
+  # Its upload of fragment 0 on (0, 0) was merged and the synchronizer died before the answer
+  # came; the copy sent after the Join is refused as a duplicate of that base. The merged
+  # version then arrives with rebase=True (the steps after the upload are kept), and what is
+  # kept is sent again on the new base.
+  held = Held(c_steps=[5, 5], steps=5)
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  machine.join_sent(1.0)
+  assert machine.joined_unseen() == []
+  machine.stepped([0])
+  decisions = machine.refused(_refused(0, Code.DUPLICATE, sent=2.0, base=(0, 0)))
+  assert decisions == [lm.Rejoin("refused")] and machine.merged_unseen == {0}
+  machine.refused(_refused(1, Code.DUPLICATE, sent=2.0, base=(0, 3)))
+  assert machine.merged_unseen == {0}  # (a duplicate of another base: not the version held)
+  send = _values(0, 2, gen=1)
+  assert machine.arrived(send) == [lm.Apply(send, rebase=True), lm.Resend(0, (1, 2))]
+  held.apply(send)
+  held.c_steps[0] = 3  # (what Learner.receive keeps)
+  assert machine.resend_due(0, (1, 2), now=3.0) == [lm.Upload(0)] and not machine.merged_unseen
+  assert machine.arrived(_update(0, 3, base_gen=1, gen=1)) == [lm.Apply(_update(0, 3, 1, 1))]
+
+
+def test_a_learner_restored_at_its_end_holds_its_progress_as_unanswered():
+  held = Held(c_steps=[4, 0], steps=8)
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  machine.holding()  # fragment 1 was received after its last step: nothing to deliver
+  assert machine.undelivered() == {0: 4}
+  assert machine.joined_unseen() == [lm.Resend(0, None)]
+
+
 # ---- random event sequences ----
 
 

@@ -103,3 +103,68 @@ def test_sigterm_saves_the_learner_at_its_step_and_exits_75(cluster):
   starts = read_jsonl(os.path.join(c.workdir, "learner1", "starts.jsonl"))
   assert [s["restored_step"] for s in starts] == [None, stopped["steps"]]
   assert _json(os.path.join(c.workdir, "learner1", "summary.json"))["steps"] == 80
+
+
+def test_learners_whose_synchronizer_stays_away_save_say_what_and_deliver_after_a_restart(
+    tmp_path,
+):
+  """Issue 49, point 3: the synchronizer is SIGKILLed mid-run and stays away longer than
+  deploy.deliver_timeout_s. The learners train to the end, keep their progress, name what was
+  not delivered and exit 75 with it saved; started again once the synchronizer is back, they
+  deliver it (before, they exited 0, settled=False, and that work was lost)."""
+  c = local.LocalCluster(
+      CONFIG,
+      2,
+      str(tmp_path / "run"),
+      overrides=(
+          f"--config.outer.learner_checkpoint_every={EVERY}",
+          "--config.deploy.deliver_timeout_s=3",
+      ),
+  )
+  try:
+    rows = lambda m: read_jsonl(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))
+    c.start()
+    wait_for(lambda: all(rows(m) and rows(m)[-1]["step"] >= 25 for m in (0, 1)), 120, "step 25")
+    c.kill("sync")
+    codes = c.wait(120)
+    assert codes == {"sync": -9, "learner0": 75, "learner1": 75}, codes
+    held, s_unreachable = {}, {}
+    for m in (0, 1):
+      s = _json(os.path.join(c.workdir, f"learner{m}", "summary.json"))
+      assert s["steps"] == 80 and not s["settled"] and s["unreachable_steps"] >= 40
+      # Every fragment fell due while it was away (H=8): all four are named, each with at
+      # least the steps trained since the kill.
+      assert sorted(s["undelivered_steps"]) == ["0", "1", "2", "3"], s["undelivered_steps"]
+      assert min(s["undelivered_steps"].values()) >= s["unreachable_steps"]
+      saved = os.listdir(os.path.join(c.workdir, f"learner{m}", "checkpoints"))
+      assert "80" in saved
+      with open(os.path.join(c.workdir, "logs", f"learner{m}.log")) as f:
+        log = f.read()
+      assert "did not take this progress within deploy.deliver_timeout_s=3 s" in log
+      assert "saved at step 80: a restart delivers it; exiting 75" in log
+      held[m], s_unreachable[m] = s["undelivered_steps"], s["unreachable_steps"]
+    restarted_at = time.time()
+    c.start_sync()
+    for m in (0, 1):
+      c.start_learner(m)
+    assert c.wait(150) == {"sync": 0, "learner0": 0, "learner1": 0}
+    merges = [
+        r
+        for r in read_jsonl(os.path.join(c.workdir, "sync", "metrics.jsonl"))
+        if r.get("event") == "merge" and r["wall_time"] > restarted_at
+    ]
+    # What each held went into a merge after the restart: whole, or, where its last upload
+    # before the kill had been merged (a copy refused as a duplicate), the steps after it.
+    for m in (0, 1):
+      s = _json(os.path.join(c.workdir, f"learner{m}", "summary.json"))
+      assert s["restored_step"] == 80 and s["undelivered_steps"] == {} and s["settled"]
+      for p, n in held[m].items():
+        sent = [k for r in merges if r["fragment"] == int(p) for l, k in zip(r["learners"], r["steps"]) if l == m]  # fmt: skip
+        assert sent and max(sent) <= n and max(sent) >= s_unreachable[m], (m, p, n, sent)
+    # The summary counts the steps trained while the synchronizer was away (reported by no
+    # heartbeat: the restarted processes start at 80) and the merges of both generations.
+    work = _json(os.path.join(c.workdir, "sync", "summary.json"))["learners"]
+    assert [work[m]["trained_steps"] for m in "01"] == [80, 80], work
+    assert all(0 < work[m]["merged_share"] <= 1 for m in "01"), work
+  finally:
+    c.stop(grace_s=2.0)

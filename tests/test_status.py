@@ -5,6 +5,7 @@ import json
 import shutil
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 
@@ -12,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from configs import shakespeare
-from diloco.rpc import client as client_lib, limits as limits_lib, service, status_server, sync_main
+from diloco.rpc import client as client_lib, limits as limits_lib, service, status_board, status_server, sync_main
 from diloco.runtime import learner_loop, threads
 
 TOKEN = "status-s3cret"
@@ -203,3 +204,23 @@ def test_page_in_a_headless_browser_shows_the_learner_rows(live, tmp_path):
     assert len(driver.find_elements(By.CSS_SELECTOR, "svg.plot polyline")) >= 3  # merges, 2 losses
   finally:
     driver.quit()
+
+
+def test_trained_steps_over_a_learners_processes_by_hand():
+  """Issue 49, point 3: the summary's trained steps of a learner that ran as several processes:
+  the furthest step reached plus the steps a process trained again from behind it."""
+  board = status_board.StatusBoard(host=types.SimpleNamespace(now=lambda: 0.0))
+  beat = lambda m, session, start, step: board.report(
+      m, dict(step=step, start=start, session=session, finished=False)
+  )
+  beat(0, "a", 0, 10)
+  beat(0, "a", 0, 15)  # killed after step 15, no checkpoint: the next process starts at 0
+  beat(0, "b", 0, 60)
+  beat(1, "c", 0, 21)  # its synchronizer away from step 21; it trains to 80, saves, exits
+  beat(1, "d", 80, 80)  # ... and is started again from that save
+  beat(2, "e", 0, 30)
+  beat(2, "f", 20, 50)  # restored from step 20 after reaching 30: steps 21-30 twice
+  assert board.trained_steps() == {0: 60 + 15, 1: 80, 2: 50 + 10}
+  again = status_board.StatusBoard(host=board.host)
+  again.load_sessions(json.loads(json.dumps(board.sessions())))  # through a checkpoint's JSON
+  assert again.trained_steps() == board.trained_steps()

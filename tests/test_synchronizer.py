@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from diloco import metrics
 from diloco.outer import compression, fragments, optimizers, policies, protocol
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Join, Leave, Log, Refused, Send, SetTimer, Tick, Upload, records
@@ -229,6 +230,42 @@ def test_all_learners_waits_for_stalled_learners_until_they_leave():
   assert record["learners"] == [0, 1] and record["time"] == 102.0
   assert [s.learner for s in _of(actions, Send)] == [0, 1]  # nothing goes to departed learners
   assert sync.versions == [1, 0]
+
+
+def test_merged_work_sums_the_steps_and_tokens_of_merged_uploads_and_survives_a_restart():
+  sync = _sync(
+      policies.Policy(policies.MinQuorum(2), policies.NoGrace(), **EQUAL_MEAN),
+      optimizers.sgd(1.0),
+      learners=3,
+  )
+  delta = {E: _f([1.0, 1.0], [1.0, 1.0]), W0: _f([0.0, 0.5], [0.0, 0.0])}
+  sync.handle(_up(0, 0, delta, base=0, steps=3, tokens=24))
+  sync.handle(_up(1, 0, delta, base=0, steps=5, tokens=40))  # merge 1 of fragment 0: 0 and 1
+  sync.handle(_up(2, 0, delta, base=0, steps=7, tokens=56))  # on base 0, one behind: pending
+  (reject,) = _of(sync.handle(_up(0, 0, delta, base=0, steps=4)), Refused)  # 0 already merged
+  assert reject.code == Code.DUPLICATE  # on base 0: a refused upload counts nothing
+  sync.handle(_up(0, 0, delta, base=1, steps=2, tokens=16))  # merge 2: learners 2 and 0
+  d1 = {W1: _f(1.0, 1.0, 1.0), S: _f(0.0, 0.0)}
+  sync.handle(_up(1, 1, d1, base=0, steps=6, tokens=48))
+  sync.handle(_up(2, 1, d1, base=0, steps=6, tokens=48))  # fragment 1's merge: 1 and 2
+  want = {
+      0: {"steps": {0: 3 + 2}, "tokens": {0: 24 + 16}},
+      1: {"steps": {0: 5, 1: 6}, "tokens": {0: 40, 1: 48}},
+      2: {"steps": {0: 7, 1: 6}, "tokens": {0: 56, 1: 48}},
+  }
+  assert sync.versions == [2, 1] and sync.merged_work() == want
+  again = Synchronizer(PARAMS, FRAG, sync.policy, optimizers.sgd(1.0))
+  again.restart(sync.state_dict(), 1)  # what a checkpoint holds
+  assert again.merged_work() == want
+  # The summary's shares: merged steps over fragments × trained steps (learner 3 never merged).
+  shares = metrics.merged_shares(want, {0: 10, 1: 6, 2: 8, 3: 4}, fragments=2)
+  assert {m: s["merged_share"] for m, s in shares.items()} == {
+      "0": 5 / 20,
+      "1": 11 / 12,
+      "2": 13 / 16,
+      "3": 0.0,
+  }
+  assert shares["2"]["merged_steps"] == {"0": 7, "1": 6} and shares["2"]["merged_tokens"] == 104
 
 
 # ---- grace window ----

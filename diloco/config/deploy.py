@@ -29,6 +29,11 @@ def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDic
           "(scripts/make_certs.py makes a local pair)",
       ),
       absent_after_s=(5.0, "a learner silent this long is left out of quorums until it rejoins"),
+      deliver_timeout_s=(
+          300.0,
+          "gRPC learners done training wait this long for the run to settle; progress whose "
+          "upload is still unanswered then (the synchronizer away) is saved, named, exit 75",
+      ),
       chaos_time_scale=(1.0, "threads and gRPC: wall seconds per second of the chaos schedule"),
       straggle_busy=(False, "gRPC learners: a straggling step spins on a core instead of sleeping"),
       devices_per_learner=(0, "threads runtime: local devices per learner; 0 = split evenly"),
@@ -93,6 +98,8 @@ def check(deploy: ml_collections.ConfigDict) -> None:
     raise ValueError("deploy.bind is empty (127.0.0.1 for loopback, or an address to listen on)")
   if deploy.absent_after_s <= 0:
     raise ValueError(f"deploy.absent_after_s must be > 0, got {deploy.absent_after_s}")
+  if deploy.deliver_timeout_s <= 0:
+    raise ValueError(f"deploy.deliver_timeout_s must be > 0, got {deploy.deliver_timeout_s}")
   if deploy.devices_per_learner < 0:
     raise ValueError(f"deploy.devices_per_learner must be >= 0, got {deploy.devices_per_learner}")
   if deploy.chaos_time_scale <= 0:

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from diloco.inner import island as island_lib, step as step_lib
-from diloco.outer import fragments, learner_machine, protocol
+from diloco.outer import compression, fragments, learner_machine, protocol
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Send, Upload
 from diloco.outer.uplink import Uplink
@@ -49,6 +49,9 @@ class Learner:
   uplink: Uplink | None = None  # None: `codec`, log rounding, no error feedback
   holds_nothing: bool = False  # True: versions -1, no global copy (its Join fetches them all)
   start: dataclasses.InitVar[Mapping[str, np.ndarray] | None] = None  # held at version 0
+  # Per fragment, its first upload since it last received that fragment (what a rebase takes
+  # as merged; the encoded payload only, kept until the next receive of the fragment).
+  first_sent: dict[int, Upload] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self, start: Mapping[str, np.ndarray] | None):
     if not 0.0 <= self.alpha <= 1.0:
@@ -109,7 +112,7 @@ class Learner:
   def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float) -> Upload:
     """The outer gradient of fragment p against the last global version received."""
     local = self._read(p)
-    return Upload(
+    up = Upload(
         learner=self.index,
         fragment=p,
         base_version=self.versions[p],
@@ -121,13 +124,22 @@ class Learner:
         step_time=step_time,
         base_generation=self.generations[p],
     )
+    self.first_sent.setdefault(p, up)
+    return up
 
   def accepts(self, send: Send) -> Code | None:
     """Why `send` cannot be applied (`learner_machine.verdict`), or None."""
     return learner_machine.verdict(send, self, self.frag.num_fragments)
 
-  def receive(self, send: Send) -> None:
-    """Takes a new global version of a fragment and mixes it into the local parameters."""
+  def receive(self, send: Send, rebase: bool = False) -> None:
+    """Takes a new global version of a fragment and mixes it into the local parameters.
+
+    With `rebase` (learner_machine.Apply), the version merged this learner's first upload since
+    it last received p, u = Θ_old − θ_then, and the progress it made after that upload is
+    kept: θ ← Θ_new + (θ − θ_then), θ_then = Θ_old − decode(u); its counters keep the steps
+    and tokens after u. (With a lossy codec and error feedback, θ_then is what the
+    synchronizer saw, so the quantisation error may be sent twice.)
+    """
     p = send.fragment
     if send.update is not None and send.version != self.versions[p] + 1:
       raise ValueError(
@@ -135,6 +147,7 @@ class Learner:
           f" but got an update to version {send.version}"
       )
     held_nothing = self.versions[p] < 0
+    old, first = self.global_copy[p], self.first_sent.pop(p, None)
     new = protocol.apply_send(self.global_copy[p], send)
     self.global_copy[p], self.versions[p] = new, send.version
     self.generations[p] = send.generation
@@ -142,6 +155,12 @@ class Learner:
     self.sync_generations[s] = max(self.sync_generations[s], send.generation)
     if send.inner_steps and send.inner_steps != self.schedule.inner_steps:
       self.schedule = fragments.Schedule(self.frag.num_fragments, send.inner_steps)
+    if rebase and first is not None and not held_nothing:
+      local, merged = self._read(p), compression.decode_tree(first.delta)
+      self._write({k: new[k] + (local[k] - (old[k] - merged[k])) for k in new})
+      self.c_steps[p] = max(self.c_steps[p] - first.steps, 0)
+      self.c_tokens[p] = max(self.c_tokens[p] - first.tokens, 0)
+      return
     if self.alpha > 0 and not held_nothing:  # nothing local worth keeping otherwise
       local = self._read(p)
       new = {k: self.alpha * local[k] + (1 - self.alpha) * new[k] for k in new}

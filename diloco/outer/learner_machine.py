@@ -64,7 +64,12 @@ class Upload:
 
 @dataclasses.dataclass(frozen=True)
 class Apply:
+  """Apply `send`. With `rebase`, the learner's own earlier upload on the version it holds was
+  merged (a copy sent again was refused as a duplicate) and the progress it made after that
+  upload is kept on top of the new version (`Learner.receive`), to be sent again."""
+
   send: protocol.Send
+  rebase: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,13 +133,16 @@ class LearnerMachine:
     self.restoring = False  # restored, its Join not answered yet
     self.awaiting: set[int] | None = None  # restored: fragments its Join's answer still owes
     self.resent: set[tuple[int, float]] = set()  # (fragment, sent_time) of uploads sent again
+    # Fragments whose upload on the version held was merged, the merge not received yet (a
+    # copy sent again after a Join was refused as a duplicate): its arrival rebases.
+    self.merged_unseen: set[int] = set()
     self.skipped = 0  # due uploads not sent: the last one of that fragment was unanswered
     # What it decided, in order: ("upload", p, base version, step), ("apply", p, version, step)
     # and ("rejoin", why, step): two runtimes given the same events decide the same (`digest`).
     self.decisions: list[tuple] = []
 
   _STATE = ("inflight", "join_inflight", "last_join", "restoring", "awaiting", "resent")
-  _STATE += ("skipped", "decisions")
+  _STATE += ("skipped", "decisions", "merged_unseen")
 
   def state(self) -> dict:
     """Its protocol state (not the learner it reads), for a snapshot of a virtual run."""
@@ -178,10 +186,15 @@ class LearnerMachine:
     if code is not None:
       rejoin = self._resync() if code in REJOIN_ON_SEND else None
       return [Drop(send, code)] + ([rejoin] if rejoin is not None else [])
-    self.inflight.pop(send.fragment, None)
-    if self.held.versions[send.fragment] >= 0:  # (a first copy is where it starts: the virtual
-      self.decisions.append(("apply", send.fragment, send.version, self.held.steps))  # builder's)
+    p = send.fragment
+    self.inflight.pop(p, None)
+    if self.held.versions[p] >= 0:  # (a first copy is where it starts: the virtual builder's)
+      self.decisions.append(("apply", p, send.version, self.held.steps))
     out: list[Decision] = [Apply(send)]
+    if p in self.merged_unseen:  # what it trained after its merged upload goes again
+      self.merged_unseen.discard(p)
+      self.decisions.append(("rebase", p, send.version, self.held.steps))
+      out = [Apply(send, rebase=True), Resend(p, (send.generation, send.version))]
     if self.awaiting is not None:
       self.awaiting.discard(send.fragment)
       if not self.awaiting:
@@ -196,6 +209,9 @@ class LearnerMachine:
     self.inflight.pop(p, None)
     out: list[Decision] = []
     sent = refusal.sent_time
+    base = (refusal.base_generation, refusal.base_version)
+    if refusal.code is Code.DUPLICATE and base == (self.held.generations[p], self.held.versions[p]):
+      self.merged_unseen.add(p)  # its first upload on this version was merged
     if refusal.code in RESYNC and sent is not None and sent > self.last_join:
       out.append(self._resync("refused"))
     if refusal.code in RESEND and sent is not None and (p, sent) not in self.resent:
@@ -240,13 +256,30 @@ class LearnerMachine:
         return [Rejoined()]
     return []
 
-  def joined_unseen(self) -> None:
+  def joined_unseen(self) -> list[Decision]:
     """A real-time Join went through. Such a learner cannot see whether the synchronizer still
-    holds its unanswered uploads (one that restarted forgot them; the virtual clock knows and
-    sends them again, `sync_restarted`), so it stops waiting for them: the next scheduled
-    upload of each carries its progress."""
+    holds its unanswered uploads (one that restarted forgot them; the virtual clock knows,
+    `sync_restarted`), nor those it decided on while the synchronizer was away, so it sends
+    each again, computed afresh: a copy replaces one still pending there, and one already
+    merged is refused as a duplicate (the learner then resyncs). Nothing it trained while
+    away waits for a next scheduled upload that another learner's merge may overwrite first.
+    """
     self.join_inflight = False
-    self.inflight.clear()
+    return [Resend(p, None) for p in sorted(self.inflight)]
+
+  def holding(self) -> None:
+    """A learner restored with nothing left to train: the progress its checkpoint holds may
+    never have reached the synchronizer (it stopped because it could not deliver it), so every
+    fragment with progress counts as unanswered, and its next Join sends them."""
+    held = self.held
+    for p in range(self.num_fragments):
+      if held.c_steps[p] > 0 and held.versions[p] >= 0:
+        self.inflight.setdefault(p, held.steps)
+
+  def undelivered(self) -> dict[int, int]:
+    """Fragment -> inner steps of progress in its unanswered upload (what a learner that stops
+    now may not have delivered)."""
+    return {p: self.held.c_steps[p] for p in sorted(self.inflight)}
 
   def _resync(self, why: str = "resync") -> Rejoin | None:
     return None if self.join_inflight else self._rejoin(why)
@@ -262,11 +295,13 @@ class LearnerMachine:
   def restored(self) -> list[Decision]:
     """Back from a crash (its state restored or started over): nothing it sent is pending."""
     self.inflight.clear()
+    self.merged_unseen.clear()
     self.join_inflight, self.restoring, self.awaiting = False, True, None
     return [self._rejoin("restored")]
 
   def crashed(self) -> None:
     self.inflight.clear()
+    self.merged_unseen.clear()
     self.join_inflight, self.restoring, self.awaiting = False, False, None
 
   def sync_restarted(self) -> list[Decision]:

@@ -5,7 +5,8 @@ JSON metadata (what a checkpoint holds), and its digest.
 the downlink residuals and the outer optimizer state's leaves (named `global.p.i`, `residual.p.i`,
 `opt.p.i`, i in the fragment's sorted path order or the optimizer's leaf order), the versions, and
 as metadata the generation and its lineage, who contributed on which base, the outlier screen's
-norm history, the members and the EMAs behind the grace window.
+norm history, the members, the EMAs behind the grace window, and the work merged: each learner's
+inner steps and tokens in the uploads each fragment merged.
 """
 
 import dataclasses
@@ -28,6 +29,7 @@ class FragmentState:
   residual: dict[str, np.ndarray]  # the downlink codec's error feedback, by path
   version: int = 0  # merges committed
   contributed: dict[int, int] = dataclasses.field(default_factory=dict)  # m -> last merged base
+  merged: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # m -> [steps, tokens]
   norms: list[float] = dataclasses.field(default_factory=list)  # recent finite Δ norms (screen)
 
   @classmethod
@@ -52,6 +54,7 @@ def state_dict(sync) -> dict[str, Any]:
       "generation": sync.generation,
       "lineage": [[g, list(v)] for g, v in sorted(sync.lineage.items())],
       "contributed": [sorted(f.contributed.items()) for f in frags.values()],
+      "merged": [[[m, *st] for m, st in sorted(f.merged.items())] for f in frags.values()],
       "norms": [list(f.norms) for f in frags.values()],
       "rms": list(sync.rms),
       "members": sorted(sync.members),
@@ -92,6 +95,7 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
         residual={k: np.array(arrays[f"residual.{p}.{i}"]) for i, k in enumerate(paths)},
         version=int(arrays["versions"][i_p]),
         contributed={int(m): int(v) for m, v in meta["contributed"][i_p]},
+        merged={int(m): [int(a), int(b)] for m, a, b in _merged(meta, i_p)},
         norms=[float(x) for x in meta["norms"][i_p]],
     )
   sync.generation = int(meta["generation"])
@@ -99,6 +103,12 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
   sync.rms = [float(x) for x in meta["rms"]]
   sync.members = {int(m) for m in meta["members"]}
   sync.ema_step.value, sync.ema_quorum.value, sync.ema_sync.value = meta["ema"]
+
+
+def _merged(meta: Mapping[str, Any], i_p: int) -> list:
+  """The merged work of the i_p-th owned fragment ([] in a checkpoint from before it was kept)."""
+  merged = meta.get("merged")
+  return merged[i_p] if merged is not None else []
 
 
 def _hash_arrays(state: Mapping[str, Any]) -> Any:

@@ -285,6 +285,8 @@ class Synchronizer:
     f.version += 1
     for u in ups:
       f.contributed[u.learner] = max(u.base_version, f.contributed.get(u.learner, -1))
+      work = f.merged.setdefault(u.learner, [0, 0])
+      work[0], work[1] = work[0] + u.steps, work[1] + u.tokens
     return encoded
 
   def _broadcast(self, p: int, ups: list[Upload], encoded) -> list[Action]:
@@ -392,6 +394,17 @@ class Synchronizer:
   def global_params(self) -> dict[str, np.ndarray]:
     """All owned global fragments as one path-keyed dict."""
     return {k: v for f in self.fragments.values() for k, v in f.values.items()}
+
+  def merged_work(self) -> dict[int, dict[str, dict[int, int]]]:
+    """Learner -> {'steps': fragment -> inner steps, 'tokens': fragment -> tokens} that reached
+    a merge: the sums over the uploads each owned fragment merged (each counts the learner's
+    progress since it last received that fragment; a refused one counts nothing)."""
+    out: dict[int, dict[str, dict[int, int]]] = {}
+    for p, f in self.fragments.items():
+      for m, (steps, tokens) in f.merged.items():
+        work = out.setdefault(m, {"steps": {}, "tokens": {}})
+        work["steps"][p], work["tokens"][p] = steps, tokens
+    return dict(sorted(out.items()))
 
   @property
   def merges(self) -> int:

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -29,7 +30,7 @@ from diloco import jsonl, metrics
 from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
-from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost
+from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost, transport
 from diloco.runtime import async_link, learner_loop, preemption, sharded_link
 from diloco.watch import progress as progress_lib
 
@@ -150,6 +151,8 @@ def run(
       os.path.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
   )
   restored = restore(learner, ckpt)
+  if restored is not None:
+    _load_unanswered(workdir, learner, restored)
   restored_state = {"restored_step": restored, "restored_versions": list(learner.versions)}
 
   def after_step(lrn) -> None:
@@ -173,14 +176,65 @@ def run(
   tokens0, t0 = learner.tokens, time.perf_counter()
   result = _train(config, learner, faults.link(link), next_batch, on_step)
   wall = time.perf_counter() - t0
-  if result["stopped_by"] == preemption.SIGNAL and jax.process_count() == 1:
-    # Preempted: the progress since the last save is kept (a multi-process learner's save would
-    # need its followers, which the stop has already released: it keeps its last one).
+  stopped = result["stopped_by"] == preemption.SIGNAL or result["undelivered_steps"]
+  if stopped and jax.process_count() == 1:
+    # Preempted, or its synchronizer stayed away: the progress since the last save is kept, for
+    # a restart to deliver (a multi-process learner's save would need its followers, which the
+    # stop has already released: it keeps its last one).
     result["saved_at_stop"] = ckpt.save_now(learner, learner.island.data.train_iter)
+    if ckpt.latest_step() == learner.steps:
+      _save_unanswered(workdir, learner)
+  if result["undelivered_steps"] and result["stopped_by"] is None:
+    _report_undelivered(config, learner, targets, result, ckpt.latest_step())
   progress.close()
   ckpt.close()
   return _finish(
       learner, workdir, _summary(learner, link, workdir, result, wall, tokens0, restored_state)
+  )
+
+
+UNANSWERED = "unanswered.npz"
+
+
+def _save_unanswered(workdir: str, learner) -> None:
+  """WORKDIR/unanswered.npz: each fragment's first upload since it last received it
+  (`Learner.first_sent`), as of the step just saved. If the synchronizer merged one that never
+  came back, a restarted process rebases on it (learner_machine.Apply) instead of dropping what
+  it trained after it."""
+  sent = {str(p): np.frombuffer(transport.encode_message(up), np.uint8) for p, up in
+          learner.first_sent.items()}  # fmt: skip
+  path = os.path.join(workdir, UNANSWERED)
+  with open(path + ".tmp", "wb") as f:
+    np.savez(f, step=np.int64(learner.steps), **sent)
+  os.replace(path + ".tmp", path)
+
+
+def _load_unanswered(workdir: str, learner, step: int) -> None:
+  """Takes `_save_unanswered`'s uploads back if they were saved at `step` (the restored one)."""
+  path = os.path.join(workdir, UNANSWERED)
+  if not os.path.exists(path):
+    return
+  with np.load(path) as saved:
+    if int(saved["step"]) != step:
+      return
+    learner.first_sent = {
+        int(k): transport.decode_message(saved[k].tobytes()) for k in saved.files if k != "step"
+    }
+
+
+def _report_undelivered(config, learner, targets: list[str], result: dict, saved) -> None:
+  """One line on stderr: what the synchronizer never took, and where it is kept."""
+  held = ", ".join(f"fragment {p}: {n} steps" for p, n in result["undelivered_steps"].items())
+  kept = (
+      f"saved at step {saved}: a restart delivers it"
+      if saved == learner.steps
+      else "no checkpoint holds it (outer.learner_checkpoint_every=0)"
+  )
+  print(
+      f"learner {learner.index}: the synchronizer ({', '.join(targets)}) did not take this "
+      f"progress within deploy.deliver_timeout_s={config.deploy.deliver_timeout_s:g} s: {held}; "
+      f"{kept}; exiting {preemption.EXIT_PREEMPTED}",
+      file=sys.stderr,
   )
 
 
@@ -207,8 +261,12 @@ def connect(config, learner, targets: list[str], token: str, progress: "_Progres
         limits=limits_lib.Limits.from_deploy(config.deploy),
         ca_cert=config.deploy.ca_cert,
     )
+    start = learner.steps  # this process's first step (its restored one, or 0)
     link.report = lambda: dict(
-        total_steps=learner.steps, total_tokens=learner.tokens, loss=progress.last_loss
+        total_steps=learner.steps,
+        total_tokens=learner.tokens,
+        loss=progress.last_loss,
+        start_step=start,
     )
     links.append(link)
   if len(links) == 1:
@@ -265,7 +323,7 @@ def _train(config, learner: multihost.SpmdLearner, link, next_batch, on_step) ->
         stop=stop,
         on_step=on_step,
         seed=learner.index,
-        settle_timeout_s=120.0,
+        settle_timeout_s=config.deploy.deliver_timeout_s,
     )
     return {**result, "stopped_by": preemption.SIGNAL if stop.is_set() else None}
   finally:

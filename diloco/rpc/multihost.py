@@ -24,8 +24,9 @@ from diloco.outer.learner import Learner
 from diloco.outer.protocol import Send
 from diloco.rpc import transport
 
-NOOP, STEP, RECEIVE, UPLOAD, END = range(5)
+NOOP, STEP, RECEIVE, UPLOAD, END, REBASE = range(6)
 OP_NAMES = {NOOP: "noop", STEP: "step", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
+OP_NAMES[REBASE] = "rebase"  # a receive that keeps the progress after a merged upload
 
 
 def initialize(
@@ -84,10 +85,10 @@ class SpmdLearner(Learner):
       self.announce(STEP, 0, b"")
     return super().step(batch)
 
-  def receive(self, send: Send) -> None:
+  def receive(self, send: Send, rebase: bool = False) -> None:
     if self.announce is not None:
-      self.announce(RECEIVE, send.fragment, transport.encode_message(send))
-    super().receive(send)
+      self.announce(REBASE if rebase else RECEIVE, send.fragment, transport.encode_message(send))
+    super().receive(send, rebase)
 
   def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float):
     if self.announce is not None:
@@ -186,10 +187,10 @@ def follow(
     if op == STEP:
       learner.step(next_batch())
       after_step(learner)
-    elif op == RECEIVE:
+    elif op in (RECEIVE, REBASE):
       send = transport.decode_message(payload)
       if not isinstance(send, Send) or send.fragment != arg:
         raise ValueError(f"process {jax.process_index()} got a bad broadcast send")
-      learner.receive(send)
+      learner.receive(send, rebase=op == REBASE)
     elif op == UPLOAD:
       learner.upload(arg, 0.0, 0.0, 0.0)

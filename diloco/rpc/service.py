@@ -141,6 +141,8 @@ class Service:
           tokens=req.total_tokens,
           loss=req.loss if req.HasField("loss") else None,
           finished=req.finished,
+          start=req.start_step,
+          session=req.session,
       )
       settled = self.host.progress(req.learner, req.session, finished=req.finished, report=report)
     except link_lib.Refused as err:

@@ -27,6 +27,8 @@ class StatusBoard:
     self.t0 = clock()
     self._lock = threading.Lock()
     self._reports: dict[int, dict] = {}
+    # learner -> session -> [the step its process started at, the last step it reported]
+    self._sessions: dict[int, dict[str, list[int]]] = {}
     self._seen: dict[int, float] = {}  # learner -> host time of its last heartbeat or upload
     self._staleness: dict[int, int] = {}  # learner -> staleness of its last merged upload
     self._recent: dict[int, collections.deque] = {}
@@ -48,6 +50,25 @@ class StatusBoard:
       for code, n in self._refused.items():
         counts[code] = counts.get(code, 0) + n
     return dict(sorted(counts.items()))
+
+  def trained_steps(self) -> dict[int, int]:
+    """Learner -> inner steps trained over its processes (sessions, in the order they came):
+    the furthest step any reached, plus the steps trained again by a process that started
+    behind that (restored from an older checkpoint, or from scratch). A process that reported
+    nothing, or died after its last heartbeat, is counted as far as it reported."""
+    with self._lock:
+      return {m: _trained(list(s.values())) for m, s in sorted(self._sessions.items())}
+
+  def sessions(self) -> dict[str, dict[str, list[int]]]:
+    """The table behind `trained_steps`, as JSON (a synchronizer checkpoint keeps it)."""
+    with self._lock:
+      return {str(m): {k: list(v) for k, v in s.items()} for m, s in self._sessions.items()}
+
+  def load_sessions(self, table: dict) -> None:
+    """Takes `sessions()` of the synchronizer process before a restart."""
+    with self._lock:
+      for m, s in table.items():
+        self._sessions.setdefault(int(m), {}).update({k: list(v) for k, v in s.items()})
 
   # ---- feeds (each under the board's lock only) ----
 
@@ -78,6 +99,11 @@ class StatusBoard:
     now = self.host.now()
     with self._lock:
       self._reports[learner] = dict(report)
+      if report.get("step") is not None and report.get("session"):
+        span = self._sessions.setdefault(learner, {}).setdefault(
+            report["session"], [report.get("start", 0), report["step"]]
+        )
+        span[1] = max(span[1], report["step"])
       self._seen[learner] = now
       if report.get("loss") is not None:
         curve = self._loss.setdefault(learner, collections.deque(maxlen=HISTORY))
@@ -142,3 +168,12 @@ class StatusBoard:
         "bytes_up": up,
         "bytes_down": down,
     }
+
+
+def _trained(spans: list[list[int]]) -> int:
+  """`StatusBoard.trained_steps` of one learner's [start, last] per process, in order."""
+  reached = again = 0
+  for start, last in spans:
+    again += max(reached - start, 0)
+    reached = max(reached, last)
+  return reached + again

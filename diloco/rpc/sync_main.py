@@ -31,9 +31,10 @@ from diloco.watch import progress
 
 def make_synchronizer(config: ml_collections.ConfigDict, shard: int = 0) -> Synchronizer:
   """The config's synchronizer (shard `shard` of `outer.sync_shards`: the fragments it owns),
-  at the initial parameters every learner builds; it checkpoints after every merge unless
-  `outer.sync_checkpoint_every` says less often (a process must be able to restart)."""
-  return build.synchronizer_only(config).make_shard(shard, min_checkpoint_every=1)
+  at the initial parameters every learner builds. It checkpoints after every merge, whatever
+  `outer.sync_checkpoint_every` says: the save runs under the host's lock, before any learner can
+  poll the merge, so a restart never lacks a merge that a learner holds."""
+  return build.synchronizer_only(config).make_shard(shard, checkpoint_every=1)
 
 
 def check_shard(config: ml_collections.ConfigDict, shard: int | None) -> int:
@@ -50,19 +51,32 @@ def check_shard(config: ml_collections.ConfigDict, shard: int | None) -> int:
   return shard
 
 
-def _restore(sync: Synchronizer, ckpt: sync_checkpoint.SyncCheckpointer) -> dict[str, Any]:
+def _restore(
+    sync: Synchronizer, ckpt: sync_checkpoint.SyncCheckpointer
+) -> tuple[dict[str, Any], dict]:
   """Restarts `sync` from the newest checkpoint as a new generation (what was restored, for the
-  summary), or saves its initial state as checkpoint 0."""
+  summary; the learners' sessions it counted, `StatusBoard.sessions`), or saves its initial
+  state as checkpoint 0."""
   if ckpt.latest_step() is None:
     ckpt.save(sync.merges, sync.state_dict())
-    return {}
+    return {}, {}
   state = ckpt.restore(sync.state_dict())
   sync.restart(state, int(state["meta"]["generation"]) + 1)
   now = sync.state_dict()["arrays"]  # a restart changes only the generation bookkeeping
-  return {
+  restored = {
       "restored_digest": arrays_digest(state),
       "restored_arrays_equal": all(np.array_equal(now[k], v) for k, v in state["arrays"].items()),
   }
+  return restored, state["meta"].get(SESSIONS, {})
+
+
+SESSIONS = "learner_sessions"  # the meta key of a checkpoint's StatusBoard.sessions()
+
+
+def _with_sessions(state: dict[str, Any], board: status_board.StatusBoard) -> dict[str, Any]:
+  """`state` with the learners' sessions in its metadata: the steps each learner trained, so
+  that the summary's shares after a restart count the work before it too."""
+  return {"arrays": state["arrays"], "meta": {**state["meta"], SESSIONS: board.sessions()}}
 
 
 def _write_port(workdir: str, port: int, name: str = "port") -> None:
@@ -115,6 +129,9 @@ def _summary(
       "digest": sync.digest(),
       **restored,
       "refusals": board.refusals(),
+      # Each learner's inner steps, and those whose progress reached a merge of this process's
+      # fragments (kept in the checkpoints: a restart keeps the count of the merges it kept).
+      "learners": metrics.merged_shares(sync.merged_work(), board.trained_steps(), len(sync.owned)),
       "wall_s": wall_s,
       "wire_bytes_received": svc.bytes_received,
       "wire_bytes_sent": svc.bytes_sent,
@@ -186,7 +203,7 @@ def run(
     kernels.warm_up()  # its merges run the compiled commit: compile before serving, not mid-run
   ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
   restored_from = ckpt.latest_step()
-  restored = _restore(sync, ckpt)
+  restored, sessions = _restore(sync, ckpt)
   # A restarted synchronizer appends to the log of the run before it.
   writer = metrics.MetricsWriter.for_run(
       config, workdir, resume_step=None if restored_from is None else 1 << 60
@@ -198,9 +215,10 @@ def run(
       writer.write({"step": sync.merges, "wall_time": time.time(), **record}, prefix="sync/")
 
   def on_checkpoint(s: Synchronizer) -> None:
-    ckpt.save(s.merges, s.state_dict())
+    ckpt.save(s.merges, _with_sessions(s.state_dict(), board))
 
   host, board = watched_host(sync, limits, on_log, on_checkpoint)
+  board.load_sessions(sessions)
   server, svc, bound = service.serve(
       host,
       token,
@@ -222,7 +240,7 @@ def run(
   server.stop(1.0).wait()
   host.close()
   with host.cond:
-    ckpt.save(sync.merges, sync.state_dict())
+    ckpt.save(sync.merges, _with_sessions(sync.state_dict(), board))
     summary = _summary(sync, board, svc, bound, restored_from, restored, time.monotonic() - t0)
     summary["shard"] = shard
     summary["stopped_by"] = preemption.SIGNAL if signalled else None  # saved above either way

@@ -7,6 +7,12 @@ checkpoint holds every fragment and could train at once, but the synchronizer re
 until the killed process's session has been silent for `absent_after_s`, and a fast learner used
 to finish every step in that window, unjoined, so none of its work was merged; it waits up to
 `first_join_s` (8 heartbeats, twice the absence a session is held for), then trains anyway.
+
+Nothing trained while the synchronizer is away is dropped: the uploads that fall due meanwhile
+are decided and held, and the next Join sends every unanswered one again, computed afresh, before
+anything that arrives can overwrite that progress (`LearnerMachine.joined_unseen`). A learner done
+training waits up to `settle_timeout_s` for the run to settle; what is still unanswered then is
+in its result (`undelivered_steps`) for its process to save and report.
 """
 
 import random
@@ -71,6 +77,9 @@ def run_learner(
       "applied": loop.applied,
       "dropped": loop.dropped,
       "decisions": loop.machine.digest(),  # (learner_machine: comparable with the virtual's)
+      # Fragment -> steps of progress whose upload was never answered (the synchronizer was
+      # away until the settle timeout, or the learner was stopped): {} when all was delivered.
+      "undelivered_steps": {str(p): n for p, n in loop.machine.undelivered().items()},
   }
 
 
@@ -99,11 +108,11 @@ class _LearnerLoop:
     # settling loop's and say "not finished" of a learner that is. Beats go one at a time.
     self.trained, self._beat_lock = False, threading.Lock()
     self.outbox: list[protocol.Upload] = []  # decided on, not sent yet
-    self.keep_waiting = False  # the next Join is a resync: unanswered uploads are still pending
+    self.step_time = 0.0  # of the last step (what a resend reports for the grace window)
 
   def fail(self) -> None:
     """The link failed: join again after an exponential, jittered backoff."""
-    self.joined, self.keep_waiting = False, False
+    self.joined = False
     self.retry_at = time.monotonic() + self.backoff * (0.5 + self.rng.random())
     self.backoff = min(2 * self.backoff, self.max_backoff_s)
 
@@ -118,12 +127,11 @@ class _LearnerLoop:
     self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
     self.joins += 1
     self.machine.join_sent(self.last_beat)
-    if self.keep_waiting:  # a resync after a refused base, to a synchronizer that answered it
-      self.machine.join_answered(set())
-    else:
-      self.machine.joined_unseen()
-    self.keep_waiting = False
-    return True
+    # What it holds unanswered goes now, before a merge can arrive and overwrite it (after a
+    # resync too: some of it may never have left).
+    self._decide(self.machine.joined_unseen())
+    self._send(self.outbox)
+    return self.joined  # (the sending may have found it gone again)
 
   def deliver(self, wait_s: float) -> None:
     try:
@@ -141,16 +149,15 @@ class _LearnerLoop:
     """Carries out the machine's decisions: apply, drop, join again, send again."""
     for d in decisions:
       if isinstance(d, learner_machine.Apply):
-        self.learner.receive(d.send)
+        self.learner.receive(d.send, rebase=d.rebase)
         self.applied += 1
       elif isinstance(d, learner_machine.Drop):
         self.dropped += d.code is not Code.GAP
       elif isinstance(d, learner_machine.Rejoin):
         self.joined = False  # messages were lost, or the base refused: join again
-        self.keep_waiting = d.why == "refused"  # the rest of what it sent is still pending
       elif isinstance(d, learner_machine.Resend):
         for up in self.machine.resend_due(d.fragment, d.base, time.monotonic()):
-          self.outbox.append(self._upload(up.fragment, 0.0))
+          self.outbox.append(self._upload(up.fragment, self.step_time))
 
   def beat(self, finished: bool = False) -> bool:
     try:
@@ -174,6 +181,8 @@ class _LearnerLoop:
     """
     learner, last, outbox = self.learner, time.monotonic(), self.outbox
     self.machine.blocking, self.machine.overlap = blocking, overlap
+    if 0 < steps <= learner.steps:  # restored at its end: deliver what its checkpoint holds
+      self.machine.holding()
     first_join_by = last + self.first_join_s
     while learner.steps < steps and not self.stop.is_set():
       if self.ensure_joined():
@@ -193,12 +202,13 @@ class _LearnerLoop:
       if on_step is not None:
         on_step(learner, metrics)
       now = time.monotonic()
-      step_time, last = now - last, now
-      if not self.joined:
+      self.step_time, last = now - last, now
+      if not self.joined:  # decided, and held: the next Join sends them, computed afresh
         self.unreachable_steps += 1
-        continue  # progress stays in the counters and goes with the next upload
+        self.machine.stepped(learner.due())
+        continue
       for d in self.machine.stepped(learner.due()):  # (not one whose last is unanswered)
-        outbox.append(self._upload(d.fragment, step_time))
+        outbox.append(self._upload(d.fragment, self.step_time))
       if blocking:
         self._send(outbox)
     self._send(outbox)
@@ -220,9 +230,7 @@ class _LearnerLoop:
         self._decide(self.machine.refused(refusal))
       except Unreachable:
         self.fail()
-    for up in outbox:  # not joined: the synchronizer forgot them
-      self.machine.unsent(up.fragment)
-    outbox.clear()
+    outbox.clear()  # not joined: they stay unanswered in the machine; the next Join resends them
 
   def settle(self, timeout_s: float) -> bool:
     """Keeps polling until every learner finished and every merge arrived (or timeout)."""

@@ -94,9 +94,10 @@ def remove_orbax_tmp(workdir: str) -> list[str]:
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-  """EXIT_PREEMPTED when the run stopped on a signal (restart me); EXIT_SAVE_FAILED when it
-  trained to the end but its last checkpoint could not be saved (a full disk); else 0."""
-  if summary.get("stopped_by") == SIGNAL:
+  """EXIT_PREEMPTED when the run stopped on a signal, or a learner could not deliver its
+  progress to an absent synchronizer (restart me); EXIT_SAVE_FAILED when it trained to the end
+  but its last checkpoint could not be saved (a full disk); else 0."""
+  if summary.get("stopped_by") == SIGNAL or summary.get("undelivered_steps"):
     return EXIT_PREEMPTED
   failed = summary.get("final_checkpoint_failed") or summary.get("summary_write_failed")
   return EXIT_SAVE_FAILED if failed else 0

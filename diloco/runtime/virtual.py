@@ -216,7 +216,7 @@ class VirtualRuntime:
       self._push(self.now, START, "start", m, owner=m)
 
   def _do_apply(self, m: int, d: learner_machine.Apply) -> None:
-    self.learners[m].receive(d.send)
+    self.learners[m].receive(d.send, rebase=d.rebase)
     self._wake(m)
 
   def _do_drop(self, m: int, d: learner_machine.Drop) -> None:
