@@ -1,14 +1,19 @@
-"""The real-time learner loop's reaction to what a poll delivers (no JAX, no network)."""
+"""The real-time learner loop's reaction to what a poll delivers, and to a synchronizer that is
+away; the synchronizer host's order of a merge's checkpoint and its delivery (no network)."""
 
 import dataclasses
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from diloco.outer import compression, protocol
-from diloco.runtime import learner_loop
+from configs import shakespeare
+from diloco.outer import compression, fragments, optimizers, policies, protocol
+from diloco.outer.synchronizer import Synchronizer
+from diloco.rpc import sync_main
+from diloco.runtime import learner_loop, sync_host
 
 
 class _Learner:
@@ -21,7 +26,7 @@ class _Learner:
   def heard_generation(self, p):
     return self.sync_generation
 
-  def receive(self, send):
+  def receive(self, send, rebase=False):
     self.received.append(send)
 
 
@@ -149,3 +154,122 @@ def test_heartbeats_after_the_last_step_say_finished():
   stopped.train(lambda: None, steps=2, overlap=0, blocking=False, on_step=None)
   stopped.beat()
   assert stopped.link.beats == [False]
+
+
+class _Holder:
+  """One fragment, due after every step; counts progress like a Learner (no JAX)."""
+
+  def __init__(self, link):
+    self.link, self.index = link, 0
+    self.versions, self.generations, self.c_steps, self.steps = [0], [0], [0], 0
+
+  def heard_generation(self, p):
+    return 0
+
+  def step(self, batch):
+    self.steps += 1
+    self.c_steps[0] += 1
+    self.link.down = self.link.down or self.steps == 3  # it dies once step 1's upload went
+    return {}
+
+  def due(self):
+    return [0]
+
+  def upload(self, p, sent_time, **kwargs):
+    return ("upload", p, self.c_steps[p])
+
+
+class _DownLink(_BeatLink):
+  """A synchronizer that is away while `down` (every call unreachable), never settling."""
+
+  def __init__(self):
+    super().__init__()
+    self.down = False
+
+  def _check(self):
+    if self.down:
+      raise learner_loop.Unreachable("synchronizer down")
+
+  def join(self, versions, generations):
+    self._check()
+
+  def upload(self, up):
+    self._check()
+    super().upload(up)
+
+  def progress(self, finished):
+    self._check()
+    return super().progress(finished)
+
+  def poll(self, wait_s):
+    self._check()
+    return super().poll(wait_s)
+
+
+def _away_loop():
+  link = _DownLink()
+  loop = learner_loop._LearnerLoop(
+      _Holder(link), link, threading.Event(), heartbeat_s=1.0, max_backoff_s=0.01,
+      rng=random.Random(0),
+  )  # fmt: skip
+  loop.train(lambda: None, steps=6, overlap=0, blocking=False, on_step=None)
+  return link, loop
+
+
+def test_what_a_learner_trained_while_the_synchronizer_was_away_goes_at_the_next_join():
+  """Issue 49, point 3: the upload after step 1 was never answered (the synchronizer died) and
+  steps 3-6 ran after it died (4-6 unjoined: the poll before step 4 found it gone). Before, the Join to the restarted synchronizer cleared the unanswered
+  upload and nothing more fell due: those 6 steps were never sent."""
+  link, loop = _away_loop()
+  assert link.sent == [("upload", 0, 1)] and loop.unreachable_steps == 3
+  assert loop.machine.undelivered() == {0: 6}
+  link.down = False  # back
+  assert not loop.settle(timeout_s=0.3)  # (this synchronizer never settles)
+  assert link.sent == [("upload", 0, 1), ("upload", 0, 6)]  # all of it, at the Join
+
+
+def test_a_learner_whose_synchronizer_stays_away_says_what_it_did_not_deliver():
+  link, loop = _away_loop()
+  assert not loop.settle(timeout_s=0.3)
+  assert link.sent == [("upload", 0, 1)] and loop.machine.undelivered() == {0: 6}
+
+
+def test_no_learner_can_poll_a_merge_before_its_checkpoint_is_saved():
+  """Issue 49, point 3: the gRPC synchronizer saves after every merge (whatever
+  outer.sync_checkpoint_every says), and the save runs under the host's lock, so a restart
+  never lacks a merge that a learner holds. Here the save takes 0.3 s while learner 1 long-polls:
+  its poll returns the merge only after the save."""
+  config = shakespeare.get_config("mode=decoupled,runlocal")
+  config.outer.sync_checkpoint_every = 3
+  assert sync_main.make_synchronizer(config).checkpoint_every == 1
+  params = {"embed": {"w": np.zeros(2, np.float32)}}
+  policy = policies.Policy(
+      policies.MinQuorum(1), policies.NoGrace(), policies.EqualWeights(), policies.Mean()
+  )
+  sync = Synchronizer(params, fragments.strided(params, 1), policy, optimizers.sgd(1.0),
+                      checkpoint_every=1)  # fmt: skip
+  saved = []
+
+  def save(s):
+    time.sleep(0.3)
+    saved.append((s.merges, time.monotonic()))
+
+  host = sync_host.SyncHost(sync, on_checkpoint=save)
+  try:
+    for m in (0, 1):
+      host.join(m, f"s{m}", (0,))
+    polled = []
+    poller = threading.Thread(target=lambda: polled.append((host.poll(1, "s1", 0, 5.0),
+                                                           time.monotonic())))  # fmt: skip
+    poller.start()
+    time.sleep(0.1)
+    delta = compression.encode_tree({"embed/w": np.ones(2, np.float32)}, "fp32")
+    up = protocol.Upload(0, 0, 0, delta, steps=3, tokens=24, time=0.0, sent_time=0.0,
+                         step_time=0.1)  # fmt: skip
+    assert host.upload(0, "s0", up) == 1
+    poller.join(10)
+    ((sends, got_at),) = polled
+    assert [s.version for _, s in sends] == [1] and saved[0][0] == 1
+    assert got_at >= saved[0][1]
+  finally:
+    host.close()

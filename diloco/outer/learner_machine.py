@@ -24,7 +24,12 @@ The rules:
   left to the next scheduled upload, which carries the progress.
 - **Rejoin.** A restored learner, or any learner after a synchronizer restart or a healed
   partition, joins with the versions it holds; at most one Join is in flight. A restored learner
-  trains again once every fragment the synchronizer sent in answer to its Join has arrived.
+  trains again once every fragment the synchronizer sent in answer to its Join has arrived. A
+  real-time learner, which cannot see whether its synchronizer restarted, sends every unanswered
+  upload again after each Join, computed afresh, those that fell due while it was away included.
+- **Rebase.** A copy refused as a duplicate of the version held means the first upload on it was
+  merged and its merge never came back: that merge, when it arrives, is applied with the progress
+  made after the upload kept on top (`Apply.rebase`), which is then sent again.
 """
 
 import copy
