@@ -106,18 +106,22 @@ def test_a_three_times_slower_learner_does_not_hold_the_others_back(tmp_path):
 
 
 def test_a_rebase_keeps_what_a_learner_trained_after_its_merged_upload():
-  """Issue 49, point 3: learner 0 uploaded fragment 0 after 2 steps, trained 3 more, then learned
-  (a copy refused as a duplicate) that the upload was merged. Taking the merged version with
-  `rebase` keeps those 3 steps: θ ← Θ_new + (θ − (Θ_old − decode(u))), counters at 3; a plain
-  receive (outer.alpha = 0) would have dropped them."""
+  """Issue 49, point 3: learner 0 uploaded fragment 0 after 2 steps (u0: its merge was lost when
+  the synchronizer restarted), again after 3 (u1: merged, the merge never came back) and after 5
+  (u2: refused as a duplicate of that base). Taking the merged version with `rebase` keeps the 2
+  steps after u1: θ ← Θ_new + (θ − (Θ_old − decode(u1))), counters at 2; a plain receive
+  (outer.alpha = 0) drops them."""
   config = _config("runlocal,mode=decoupled")
   parts = build.local_learners(config)
   learner, batches = parts.make_learner(0, holds_start=True), parts.islands[0].data.train_iter
-  for _ in range(2):
-    learner.step(next(batches))
-  up = learner.upload(0, sent_time=0.0, arrival_time=0.0, step_time=0.0)
-  for _ in range(3):
-    learner.step(next(batches))
+  ups = []
+  for t, steps in enumerate((2, 1, 2)):
+    for _ in range(steps):
+      learner.step(next(batches))
+    ups.append(learner.upload(0, sent_time=float(t), arrival_time=0.0, step_time=0.0))
+  assert [u.steps for u in ups] == [2, 3, 5] and learner.c_steps[0] == 5
+  learner.refused(0, sent_time=2.0)  # u2
+  assert learner.sent[0] == ups[:2]
   old, now = learner.global_copy[0], learner._read(0)
   merged = {k: v - 1.0 for k, v in old.items()}  # Θ_new: any values of version 1
   send = protocol.Send(0, 0, 1, values=merged)
@@ -125,10 +129,9 @@ def test_a_rebase_keeps_what_a_learner_trained_after_its_merged_upload():
   plain.state, plain.c_steps = learner.state, list(learner.c_steps)
   plain.receive(send)
   assert all(np.array_equal(plain._read(0)[k], merged[k]) for k in merged)  # progress dropped
-  assert up.steps == 2 and learner.c_steps[0] == 5
   learner.receive(send, rebase=True)
-  sent = compression.decode_tree(up.delta)
+  sent = compression.decode_tree(ups[1].delta)
   kept = {k: merged[k] + (now[k] - (old[k] - sent[k])) for k in merged}
   assert _same_bits(learner._read(0), kept)
-  assert learner.c_steps[0] == 3 and learner.c_tokens[0] == 3 * learner.tokens_per_step
-  assert learner.versions[0] == 1 and learner.first_sent == {}
+  assert learner.c_steps[0] == 2 and learner.c_tokens[0] == 2 * learner.tokens_per_step
+  assert learner.versions[0] == 1 and learner.sent == {}

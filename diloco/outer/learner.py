@@ -49,9 +49,9 @@ class Learner:
   uplink: Uplink | None = None  # None: `codec`, log rounding, no error feedback
   holds_nothing: bool = False  # True: versions -1, no global copy (its Join fetches them all)
   start: dataclasses.InitVar[Mapping[str, np.ndarray] | None] = None  # held at version 0
-  # Per fragment, its first upload since it last received that fragment (what a rebase takes
-  # as merged; the encoded payload only, kept until the next receive of the fragment).
-  first_sent: dict[int, Upload] = dataclasses.field(default_factory=dict)
+  # Per fragment, its uploads since it last received that fragment, less those refused: the
+  # last is what a rebase takes as merged (encoded payloads, kept until the next receive of it).
+  sent: dict[int, list[Upload]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self, start: Mapping[str, np.ndarray] | None):
     if not 0.0 <= self.alpha <= 1.0:
@@ -124,8 +124,12 @@ class Learner:
         step_time=step_time,
         base_generation=self.generations[p],
     )
-    self.first_sent.setdefault(p, up)
+    self.sent.setdefault(p, []).append(up)
     return up
+
+  def refused(self, p: int, sent_time: float | None) -> None:
+    """The synchronizer refused the upload of fragment p sent at `sent_time`: it was not merged."""
+    self.sent[p] = [u for u in self.sent.get(p, []) if u.sent_time != sent_time]
 
   def accepts(self, send: Send) -> Code | None:
     """Why `send` cannot be applied (`learner_machine.verdict`), or None."""
@@ -134,11 +138,12 @@ class Learner:
   def receive(self, send: Send, rebase: bool = False) -> None:
     """Takes a new global version of a fragment and mixes it into the local parameters.
 
-    With `rebase` (learner_machine.Apply), the version merged this learner's first upload since
-    it last received p, u = Θ_old − θ_then, and the progress it made after that upload is
-    kept: θ ← Θ_new + (θ − θ_then), θ_then = Θ_old − decode(u); its counters keep the steps
-    and tokens after u. (With a lossy codec and error feedback, θ_then is what the
-    synchronizer saw, so the quantisation error may be sent twice.)
+    With `rebase` (learner_machine.Apply), the version merged this learner's last upload of p
+    not refused, u = Θ_old − θ_then, and the progress it made after that upload is kept:
+    θ ← Θ_new + (θ − θ_then), θ_then = Θ_old − decode(u); its counters keep the steps and
+    tokens after u. (An earlier upload on the same version, sent before a restart of the
+    synchronizer that lost its merge, is not the one merged. With a lossy codec and error
+    feedback, θ_then is what the synchronizer saw, so the quantisation error may be sent twice.)
     """
     p = send.fragment
     if send.update is not None and send.version != self.versions[p] + 1:
@@ -147,7 +152,8 @@ class Learner:
           f" but got an update to version {send.version}"
       )
     held_nothing = self.versions[p] < 0
-    old, first = self.global_copy[p], self.first_sent.pop(p, None)
+    old, sent = self.global_copy[p], self.sent.pop(p, [])
+    first = sent[-1] if sent else None
     new = protocol.apply_send(self.global_copy[p], send)
     self.global_copy[p], self.versions[p] = new, send.version
     self.generations[p] = send.generation

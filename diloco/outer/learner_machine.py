@@ -27,7 +27,7 @@ The rules:
   trains again once every fragment the synchronizer sent in answer to its Join has arrived. A
   real-time learner, which cannot see whether its synchronizer restarted, sends every unanswered
   upload again after each Join, computed afresh, those that fell due while it was away included.
-- **Rebase.** A copy refused as a duplicate of the version held means the first upload on it was
+- **Rebase.** A copy refused as a duplicate of the version held means an earlier upload on it was
   merged and its merge never came back: that merge, when it arrives, is applied with the progress
   made after the upload kept on top (`Apply.rebase`), which is then sent again.
 """
@@ -216,7 +216,7 @@ class LearnerMachine:
     sent = refusal.sent_time
     base = (refusal.base_generation, refusal.base_version)
     if refusal.code is Code.DUPLICATE and base == (self.held.generations[p], self.held.versions[p]):
-      self.merged_unseen.add(p)  # its first upload on this version was merged
+      self.merged_unseen.add(p)  # an earlier upload on this version was merged
     if refusal.code in RESYNC and sent is not None and sent > self.last_join:
       out.append(self._resync("refused"))
     if refusal.code in RESEND and sent is not None and (p, sent) not in self.resent:

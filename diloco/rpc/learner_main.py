@@ -197,12 +197,12 @@ UNANSWERED = "unanswered.npz"
 
 
 def _save_unanswered(workdir: str, learner) -> None:
-  """WORKDIR/unanswered.npz: each fragment's first upload since it last received it
-  (`Learner.first_sent`), as of the step just saved. If the synchronizer merged one that never
+  """WORKDIR/unanswered.npz: each fragment's last upload since it last received it, not refused
+  (`Learner.sent`), as of the step just saved. If the synchronizer merged one that never
   came back, a restarted process rebases on it (learner_machine.Apply) instead of dropping what
   it trained after it."""
   sent = {str(p): np.frombuffer(transport.encode_message(up), np.uint8) for p, up in
-          learner.first_sent.items()}  # fmt: skip
+          _last_sent(learner).items()}  # fmt: skip
   path = os.path.join(workdir, UNANSWERED)
   with open(path + ".tmp", "wb") as f:
     np.savez(f, step=np.int64(learner.steps), **sent)
@@ -217,9 +217,13 @@ def _load_unanswered(workdir: str, learner, step: int) -> None:
   with np.load(path) as saved:
     if int(saved["step"]) != step:
       return
-    learner.first_sent = {
-        int(k): transport.decode_message(saved[k].tobytes()) for k in saved.files if k != "step"
+    learner.sent = {
+        int(k): [transport.decode_message(saved[k].tobytes())] for k in saved.files if k != "step"
     }
+
+
+def _last_sent(learner) -> dict:
+  return {p: ups[-1] for p, ups in learner.sent.items() if ups}
 
 
 def _report_undelivered(config, learner, targets: list[str], result: dict, saved) -> None:

@@ -24,9 +24,10 @@ from diloco.outer.learner import Learner
 from diloco.outer.protocol import Send
 from diloco.rpc import transport
 
-NOOP, STEP, RECEIVE, UPLOAD, END, REBASE = range(6)
+NOOP, STEP, RECEIVE, UPLOAD, END, REBASE, REFUSED = range(7)
 OP_NAMES = {NOOP: "noop", STEP: "step", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
 OP_NAMES[REBASE] = "rebase"  # a receive that keeps the progress after a merged upload
+OP_NAMES[REFUSED] = "refused"  # an upload refused (a rebase must not take it as merged)
 
 
 def initialize(
@@ -92,8 +93,13 @@ class SpmdLearner(Learner):
 
   def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float):
     if self.announce is not None:
-      self.announce(UPLOAD, p, b"")
+      self.announce(UPLOAD, p, np.float64(sent_time).tobytes())
     return super().upload(p, sent_time, arrival_time, step_time)
+
+  def refused(self, p: int, sent_time: float | None) -> None:
+    if self.announce is not None:
+      self.announce(REFUSED, p, np.float64(-1.0 if sent_time is None else sent_time).tobytes())
+    super().refused(p, sent_time)
 
 
 def broadcast(op: int, arg: int, payload: bytes) -> tuple[int, int, bytes]:
@@ -162,6 +168,10 @@ class KeepFollowers:
     return take() if take is not None else []
 
 
+def _time(payload: bytes) -> float:
+  return float(np.frombuffer(payload, np.float64)[0]) if payload else 0.0
+
+
 def end(learner: SpmdLearner) -> None:
   """Process 0: tells the followers the run is over."""
   if learner.announce is not None:
@@ -192,5 +202,7 @@ def follow(
       if not isinstance(send, Send) or send.fragment != arg:
         raise ValueError(f"process {jax.process_index()} got a bad broadcast send")
       learner.receive(send, rebase=op == REBASE)
-    elif op == UPLOAD:
-      learner.upload(arg, 0.0, 0.0, 0.0)
+    elif op == UPLOAD:  # (at process 0's time: a refusal names its upload by it)
+      learner.upload(arg, _time(payload), 0.0, 0.0)
+    elif op == REFUSED:
+      learner.refused(arg, _time(payload))

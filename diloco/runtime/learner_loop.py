@@ -227,6 +227,7 @@ class _LearnerLoop:
         self.link.upload(up)
       except Refused as err:
         refusal = admission.refusal(up.learner, up.fragment, up.sent_time, str(err), err.code, up)
+        self.learner.refused(up.fragment, up.sent_time)
         self._decide(self.machine.refused(refusal))
       except Unreachable:
         self.fail()
