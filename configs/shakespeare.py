@@ -244,8 +244,8 @@ def _outer() -> dict:
       ),
       sync_checkpoint_every=(
           Auto(0),
-          "in-process synchronizer checkpoints every N merges (0 = none; preset with chaos: "
-          "P); a gRPC synchronizer saves after every merge, before sending it",
+          "synchronizer checkpoints every N merges (0 = none, a gRPC synchronizer: 1; preset "
+          "with chaos: P)",
       ),
       sync_shards=(
           1,

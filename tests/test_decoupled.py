@@ -135,3 +135,24 @@ def test_a_rebase_keeps_what_a_learner_trained_after_its_merged_upload():
   assert _same_bits(learner._read(0), kept)
   assert learner.c_steps[0] == 2 and learner.c_tokens[0] == 2 * learner.tokens_per_step
   assert learner.versions[0] == 1 and learner.sent == {}
+
+
+def test_a_send_older_than_the_version_held_becomes_the_base_and_keeps_the_parameters():
+  """Issue 49, point 3: a synchronizer saving every N > 1 merges restarted without merge 2,
+  which learner 0 holds; its Join is answered with version 1 of the new generation. The learner
+  keeps θ (merge 2 and its own 3 steps since), takes version 1 as its base, and its next upload
+  carries both (Θ_1 − θ); before, it replaced θ with Θ_1."""
+  config = _config("runlocal,mode=decoupled")
+  parts = build.local_learners(config)
+  learner, batches = parts.make_learner(0, holds_start=True), parts.islands[0].data.train_iter
+  two = {k: v - 0.5 for k, v in learner.global_copy[0].items()}
+  learner.receive(protocol.Send(0, 0, 2, values=two))  # (as a late joiner gets version 2)
+  for _ in range(3):
+    learner.step(next(batches))
+  before = learner._read(0)
+  one = {k: v + 0.25 for k, v in two.items()}
+  learner.receive(protocol.Send(0, 0, 1, values=one, generation=1))
+  assert _same_bits(learner._read(0), before) and _same_bits(learner.global_copy[0], one)
+  assert (learner.versions[0], learner.generations[0], learner.c_steps[0]) == (1, 1, 3)
+  up = learner.upload(0, sent_time=0.0, arrival_time=0.0, step_time=0.0)
+  assert (up.base_version, up.base_generation, up.steps) == (1, 1, 3)

@@ -182,6 +182,18 @@ def test_a_duplicate_on_the_version_held_rebases_the_arrival_and_resends_the_res
   assert machine.arrived(_update(0, 3, base_gen=1, gen=1)) == [lm.Apply(_update(0, 3, 1, 1))]
 
 
+def test_an_older_version_from_a_restarted_synchronizer_is_taken_as_base_and_resent():
+  # It holds version 5 of fragment 0 (generation 0); the synchronizer, saving every few merges,
+  # restarted at version 3 and answers the Join with it. Applied as the new base
+  # (Learner.receive keeps the parameters), and the difference is sent again.
+  held = Held(versions=[5, 5], c_steps=[4, 4], steps=9)
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  send = _values(0, 3, gen=1)
+  assert lm.regressed(send, held) and not lm.regressed(_values(0, 6, gen=1), held)
+  assert not lm.regressed(_values(0, 3, gen=0), held)  # (a duplicate: dropped, see verdict)
+  assert machine.arrived(send) == [lm.Apply(send), lm.Resend(0, (1, 3))]
+
+
 def test_a_learner_restored_at_its_end_holds_its_progress_as_unanswered():
   held = Held(c_steps=[4, 0], steps=8)
   machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)

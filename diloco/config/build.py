@@ -207,14 +207,10 @@ class Parts:
     self.syncs.append(sync)
     return sync
 
-  def make_shard(
-      self, shard: int, min_checkpoint_every: int = 0, checkpoint_every: int | None = None
-  ) -> Synchronizer:
-    """Synchronizer shard `shard`, over the fragments it owns (all of them with one shard),
-    checkpointing every `checkpoint_every` merges if given, else as `make_sync` says."""
+  def make_shard(self, shard: int, min_checkpoint_every: int = 0) -> Synchronizer:
+    """Synchronizer shard `shard`, over the fragments it owns (all of them with one shard)."""
     o = self.config.outer
     every = max(int(o.sync_checkpoint_every), min_checkpoint_every)
-    every = every if checkpoint_every is None else checkpoint_every
     owned = ownership.owned(self.owner_of, shard)
     return self.sync_cls(
         self.params0,

@@ -144,6 +144,8 @@ class Learner:
     tokens after u. (An earlier upload on the same version, sent before a restart of the
     synchronizer that lost its merge, is not the one merged. With a lossy codec and error
     feedback, θ_then is what the synchronizer saw, so the quantisation error may be sent twice.)
+    A send that regressed (`learner_machine.regressed`: a restart lost merges the learner holds)
+    becomes its base only: θ and the counters stay, and the next upload carries the difference.
     """
     p = send.fragment
     if send.update is not None and send.version != self.versions[p] + 1:
@@ -152,6 +154,7 @@ class Learner:
           f" but got an update to version {send.version}"
       )
     held_nothing = self.versions[p] < 0
+    keep_all = learner_machine.regressed(send, self)  # (see there)
     old, sent = self.global_copy[p], self.sent.pop(p, [])
     first = sent[-1] if sent else None
     new = protocol.apply_send(self.global_copy[p], send)
@@ -161,6 +164,8 @@ class Learner:
     self.sync_generations[s] = max(self.sync_generations[s], send.generation)
     if send.inner_steps and send.inner_steps != self.schedule.inner_steps:
       self.schedule = fragments.Schedule(self.frag.num_fragments, send.inner_steps)
+    if keep_all:  # the new base only: the next upload carries what the restart lost
+      return
     if rebase and first is not None and not held_nothing:
       local, merged = self._read(p), compression.decode_tree(first.delta)
       self._write({k: new[k] + (local[k] - (old[k] - merged[k])) for k in new})

@@ -27,6 +27,9 @@ The rules:
   trains again once every fragment the synchronizer sent in answer to its Join has arrived. A
   real-time learner, which cannot see whether its synchronizer restarted, sends every unanswered
   upload again after each Join, computed afresh, those that fell due while it was away included.
+- **Regression.** A restarted synchronizer that lost merges the learner holds (it saves every N > 1
+  merges) answers its Join with an older version: the learner keeps its parameters, takes that
+  version as its base and sends the difference again (`regressed`).
 - **Rebase.** A copy refused as a duplicate of the version held means an earlier upload on it was
   merged and its merge never came back: that merge, when it arrives, is applied with the progress
   made after the upload kept on top (`Apply.rebase`), which is then sent again.
@@ -106,6 +109,19 @@ class Rejoined:
 
 
 Decision = Upload | Apply | Drop | Rejoin | Resend | Rejoined
+
+
+def regressed(send: protocol.Send, held: Holdings) -> bool:
+  """Whether `send` is a restarted synchronizer's fragment older than the one held: merges the
+  learner holds were lost with the restart (saved every N > 1 merges). The learner then keeps
+  its parameters and takes the send only as its new base, so its next upload carries what the
+  restored state lacks, the lost merges and its own progress (`Learner.receive`)."""
+  p = send.fragment
+  return (
+      send.update is None
+      and send.generation > held.generations[p]
+      and 0 <= send.version < held.versions[p]
+  )
 
 
 def verdict(send: protocol.Send, held: Holdings, num_fragments: int) -> Code | None:
@@ -196,6 +212,9 @@ class LearnerMachine:
     if self.held.versions[p] >= 0:  # (a first copy is where it starts: the virtual builder's)
       self.decisions.append(("apply", p, send.version, self.held.steps))
     out: list[Decision] = [Apply(send)]
+    if regressed(send, self.held):  # what the restored state lacks goes again
+      self.merged_unseen.discard(p)
+      out.append(Resend(p, (send.generation, send.version)))
     if p in self.merged_unseen:  # what it trained after its merged upload goes again
       self.merged_unseen.discard(p)
       self.decisions.append(("rebase", p, send.version, self.held.steps))

@@ -31,10 +31,11 @@ from diloco.watch import progress
 
 def make_synchronizer(config: ml_collections.ConfigDict, shard: int = 0) -> Synchronizer:
   """The config's synchronizer (shard `shard` of `outer.sync_shards`: the fragments it owns),
-  at the initial parameters every learner builds. It checkpoints after every merge, whatever
-  `outer.sync_checkpoint_every` says: the save runs under the host's lock, before any learner can
-  poll the merge, so a restart never lacks a merge that a learner holds."""
-  return build.synchronizer_only(config).make_shard(shard, checkpoint_every=1)
+  at the initial parameters every learner builds. It checkpoints after every merge unless
+  `outer.sync_checkpoint_every` says less often. The save runs under the host's lock, before any
+  learner can poll the merge, so with every merge saved a restart never lacks a merge that a
+  learner holds; with fewer, the learners send what it lacks (`learner_machine.regressed`)."""
+  return build.synchronizer_only(config).make_shard(shard, min_checkpoint_every=1)
 
 
 def check_shard(config: ml_collections.ConfigDict, shard: int | None) -> int:
