@@ -5,6 +5,8 @@ optimizer and mesh), which only saves compile time.
 """
 
 import os
+import random
+import threading
 
 import numpy as np
 
@@ -12,6 +14,7 @@ from configs import shakespeare
 from diloco import metrics, train
 from diloco.config import build
 from diloco.outer import compression, protocol
+from diloco.runtime import learner_loop
 
 
 def _config(arg: str, **overrides):
@@ -108,7 +111,7 @@ def test_a_three_times_slower_learner_does_not_hold_the_others_back(tmp_path):
 def test_a_rebase_keeps_what_a_learner_trained_after_its_merged_upload():
   """Issue 49, point 3: learner 0 uploaded fragment 0 after 2 steps (u0: its merge was lost when
   the synchronizer restarted), again after 3 (u1: merged, the merge never came back) and after 5
-  (u2: refused as a duplicate of that base). Taking the merged version with `rebase` keeps the 2
+  (u2: refused as a duplicate of that base; u3, computed then, was never sent). Taking the merged version with `rebase` keeps the 2
   steps after u1: θ ← Θ_new + (θ − (Θ_old − decode(u1))), counters at 2; a plain receive
   (outer.alpha = 0) drops them."""
   config = _config("runlocal,mode=decoupled")
@@ -120,7 +123,11 @@ def test_a_rebase_keeps_what_a_learner_trained_after_its_merged_upload():
       learner.step(next(batches))
     ups.append(learner.upload(0, sent_time=float(t), arrival_time=0.0, step_time=0.0))
   assert [u.steps for u in ups] == [2, 3, 5] and learner.c_steps[0] == 5
-  learner.refused(0, sent_time=2.0)  # u2
+  learner.not_merged(0, sent_time=2.0)  # u2
+  # u3 is computed, then dropped unsent (the loop's outbox when the link went down): not merged.
+  ups.append(learner.upload(0, sent_time=3.0, arrival_time=0.0, step_time=0.0))
+  loop = learner_loop._LearnerLoop(learner, None, threading.Event(), 1.0, 1.0, random.Random(0))
+  loop._send([ups[-1]])  # (not joined)
   assert learner.sent[0] == ups[:2]
   old, now = learner.global_copy[0], learner._read(0)
   merged = {k: v - 1.0 for k, v in old.items()}  # Θ_new: any values of version 1

@@ -49,8 +49,8 @@ class Learner:
   uplink: Uplink | None = None  # None: `codec`, log rounding, no error feedback
   holds_nothing: bool = False  # True: versions -1, no global copy (its Join fetches them all)
   start: dataclasses.InitVar[Mapping[str, np.ndarray] | None] = None  # held at version 0
-  # Per fragment, its uploads since it last received that fragment, less those refused: the
-  # last is what a rebase takes as merged (encoded payloads, kept until the next receive of it).
+  # Per fragment, its uploads since it last received that fragment, less those refused or never
+  # sent (`not_merged`): the last is what a rebase takes as merged (encoded payloads, kept until the next receive of it).
   sent: dict[int, list[Upload]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self, start: Mapping[str, np.ndarray] | None):
@@ -127,8 +127,8 @@ class Learner:
     self.sent.setdefault(p, []).append(up)
     return up
 
-  def refused(self, p: int, sent_time: float | None) -> None:
-    """The synchronizer refused the upload of fragment p sent at `sent_time`: it was not merged."""
+  def not_merged(self, p: int, sent_time: float | None) -> None:
+    """The upload of fragment p made at `sent_time` was not merged: refused, or never sent."""
     self.sent[p] = [u for u in self.sent.get(p, []) if u.sent_time != sent_time]
 
   def accepts(self, send: Send) -> Code | None:
@@ -139,7 +139,7 @@ class Learner:
     """Takes a new global version of a fragment and mixes it into the local parameters.
 
     With `rebase` (learner_machine.Apply), the version merged this learner's last upload of p
-    not refused, u = Θ_old − θ_then, and the progress it made after that upload is kept:
+    not refused (nor dropped unsent), u = Θ_old − θ_then, and the progress it made after that upload is kept:
     θ ← Θ_new + (θ − θ_then), θ_then = Θ_old − decode(u); its counters keep the steps and
     tokens after u. (An earlier upload on the same version, sent before a restart of the
     synchronizer that lost its merge, is not the one merged. With a lossy codec and error

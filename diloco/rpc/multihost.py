@@ -24,10 +24,10 @@ from diloco.outer.learner import Learner
 from diloco.outer.protocol import Send
 from diloco.rpc import transport
 
-NOOP, STEP, RECEIVE, UPLOAD, END, REBASE, REFUSED = range(7)
+NOOP, STEP, RECEIVE, UPLOAD, END, REBASE, NOT_MERGED = range(7)
 OP_NAMES = {NOOP: "noop", STEP: "step", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
 OP_NAMES[REBASE] = "rebase"  # a receive that keeps the progress after a merged upload
-OP_NAMES[REFUSED] = "refused"  # an upload refused (a rebase must not take it as merged)
+OP_NAMES[NOT_MERGED] = "not_merged"  # an upload refused or never sent (not for a rebase)
 
 
 def initialize(
@@ -96,10 +96,10 @@ class SpmdLearner(Learner):
       self.announce(UPLOAD, p, np.float64(sent_time).tobytes())
     return super().upload(p, sent_time, arrival_time, step_time)
 
-  def refused(self, p: int, sent_time: float | None) -> None:
+  def not_merged(self, p: int, sent_time: float | None) -> None:
     if self.announce is not None:
-      self.announce(REFUSED, p, np.float64(-1.0 if sent_time is None else sent_time).tobytes())
-    super().refused(p, sent_time)
+      self.announce(NOT_MERGED, p, np.float64(-1.0 if sent_time is None else sent_time).tobytes())
+    super().not_merged(p, sent_time)
 
 
 def broadcast(op: int, arg: int, payload: bytes) -> tuple[int, int, bytes]:
@@ -204,5 +204,5 @@ def follow(
       learner.receive(send, rebase=op == REBASE)
     elif op == UPLOAD:  # (at process 0's time: a refusal names its upload by it)
       learner.upload(arg, _time(payload), 0.0, 0.0)
-    elif op == REFUSED:
-      learner.refused(arg, _time(payload))
+    elif op == NOT_MERGED:
+      learner.not_merged(arg, _time(payload))

@@ -227,11 +227,13 @@ class _LearnerLoop:
         self.link.upload(up)
       except Refused as err:
         refusal = admission.refusal(up.learner, up.fragment, up.sent_time, str(err), err.code, up)
-        self.learner.refused(up.fragment, up.sent_time)
+        self.learner.not_merged(up.fragment, up.sent_time)
         self._decide(self.machine.refused(refusal))
-      except Unreachable:
+      except Unreachable:  # (it may have arrived: a rebase may take it as merged)
         self.fail()
-    outbox.clear()  # not joined: they stay unanswered in the machine; the next Join resends them
+    for up in outbox:  # never sent: unanswered in the machine, the next Join sends them afresh
+      self.learner.not_merged(up.fragment, up.sent_time)
+    outbox.clear()
 
   def settle(self, timeout_s: float) -> bool:
     """Keeps polling until every learner finished and every merge arrived (or timeout)."""

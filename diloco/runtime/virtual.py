@@ -263,7 +263,7 @@ class VirtualRuntime:
     """Nothing will come back for a rejected upload: a learner waiting for it goes on (and
     re-joins or sends again where its machine says so)."""
     m = refused.learner
-    self.learners[m].refused(refused.fragment, refused.sent_time)
+    self.learners[m].not_merged(refused.fragment, refused.sent_time)
     decisions = self.machines[m].refused(refused)
     self._wake(m)
     self._decide(m, decisions)
