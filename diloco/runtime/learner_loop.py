@@ -80,6 +80,9 @@ def run_learner(
       # Fragment -> steps of progress whose upload was never answered (the synchronizer was
       # away until the settle timeout, or the learner was stopped): {} when all was delivered.
       "undelivered_steps": {str(p): n for p, n in loop.machine.undelivered().items()},
+      # Steps of its uploads the synchronizer refused for good, by code (e.g. an outlier screen
+      # rejecting the large delta of a long outage): answered, so not undelivered, but lost.
+      "refused_steps": dict(sorted(loop.refused_steps.items())),
   }
 
 
@@ -109,6 +112,7 @@ class _LearnerLoop:
     self.trained, self._beat_lock = False, threading.Lock()
     self.outbox: list[protocol.Upload] = []  # decided on, not sent yet
     self.step_time = 0.0  # of the last step (what a resend reports for the grace window)
+    self.refused_steps: dict[str, int] = {}  # refusal code -> steps of the uploads it refused
 
   def fail(self) -> None:
     """The link failed: join again after an exponential, jittered backoff."""
@@ -228,6 +232,9 @@ class _LearnerLoop:
       except Refused as err:
         refusal = admission.refusal(up.learner, up.fragment, up.sent_time, str(err), err.code, up)
         self.learner.not_merged(up.fragment, up.sent_time)
+        if err.code not in learner_machine.RESYNC:  # (those are sent again, or were merged)
+          code = str(err.code.value)
+          self.refused_steps[code] = self.refused_steps.get(code, 0) + up.steps
         self._decide(self.machine.refused(refusal))
       except Unreachable:  # (it may have arrived: a rebase may take it as merged)
         self.fail()
