@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from diloco import jsonl  # noqa: E402
 from diloco.rpc import local  # noqa: E402
 
 
@@ -30,10 +31,7 @@ def _json(path):
 
 def _logged_step(workdir: str, m: int) -> int:
   path = os.path.join(workdir, f"learner{m}", "progress.jsonl")
-  if not os.path.exists(path):
-    return 0
-  with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip().endswith("}")]
+  rows = jsonl.read(path) if os.path.exists(path) else []  # (a torn last line is dropped)
   return rows[-1]["step"] if rows else 0
 
 

@@ -50,7 +50,8 @@ class Learner:
   holds_nothing: bool = False  # True: versions -1, no global copy (its Join fetches them all)
   start: dataclasses.InitVar[Mapping[str, np.ndarray] | None] = None  # held at version 0
   # Per fragment, its uploads since it last received that fragment, less those refused or never
-  # sent (`not_merged`): the last is what a rebase takes as merged (encoded payloads, kept until the next receive of it).
+  # sent (`not_merged`): the last is what a rebase takes as merged (encoded payloads, kept until
+  # the fragment is received again).
   sent: dict[int, list[Upload]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self, start: Mapping[str, np.ndarray] | None):
@@ -139,8 +140,8 @@ class Learner:
     """Takes a new global version of a fragment and mixes it into the local parameters.
 
     With `rebase` (learner_machine.Apply), the version merged this learner's last upload of p
-    not refused (nor dropped unsent), u = Θ_old − θ_then, and the progress it made after that upload is kept:
-    θ ← Θ_new + (θ − θ_then), θ_then = Θ_old − decode(u); its counters keep the steps and
+    neither refused nor dropped unsent, u = Θ_old − θ_then, and the progress it made after that
+    upload is kept: θ ← Θ_new + (θ − θ_then), θ_then = Θ_old − decode(u); its counters keep the steps and
     tokens after u. (An earlier upload on the same version, sent before a restart of the
     synchronizer that lost its merge, is not the one merged. With a lossy codec and error
     feedback, θ_then is what the synchronizer saw, so the quantisation error may be sent twice.)
@@ -156,7 +157,7 @@ class Learner:
     held_nothing = self.versions[p] < 0
     keep_all = learner_machine.regressed(send, self)  # (see there)
     old, sent = self.global_copy[p], self.sent.pop(p, [])
-    first = sent[-1] if sent else None
+    merged_up = sent[-1] if sent else None
     new = protocol.apply_send(self.global_copy[p], send)
     self.global_copy[p], self.versions[p] = new, send.version
     self.generations[p] = send.generation
@@ -166,11 +167,11 @@ class Learner:
       self.schedule = fragments.Schedule(self.frag.num_fragments, send.inner_steps)
     if keep_all:  # the new base only: the next upload carries what the restart lost
       return
-    if rebase and first is not None and not held_nothing:
-      local, merged = self._read(p), compression.decode_tree(first.delta)
+    if rebase and merged_up is not None and not held_nothing:
+      local, merged = self._read(p), compression.decode_tree(merged_up.delta)
       self._write({k: new[k] + (local[k] - (old[k] - merged[k])) for k in new})
-      self.c_steps[p] = max(self.c_steps[p] - first.steps, 0)
-      self.c_tokens[p] = max(self.c_tokens[p] - first.tokens, 0)
+      self.c_steps[p] = max(self.c_steps[p] - merged_up.steps, 0)
+      self.c_tokens[p] = max(self.c_tokens[p] - merged_up.tokens, 0)
       return
     if self.alpha > 0 and not held_nothing:  # nothing local worth keeping otherwise
       local = self._read(p)

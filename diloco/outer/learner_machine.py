@@ -215,7 +215,7 @@ class LearnerMachine:
     if regressed(send, self.held):  # what the restored state lacks goes again
       self.merged_unseen.discard(p)
       out.append(Resend(p, (send.generation, send.version)))
-    if p in self.merged_unseen:  # what it trained after its merged upload goes again
+    elif p in self.merged_unseen:  # what it trained after its merged upload goes again
       self.merged_unseen.discard(p)
       self.decisions.append(("rebase", p, send.version, self.held.steps))
       out = [Apply(send, rebase=True), Resend(p, (send.generation, send.version))]
