@@ -9,11 +9,13 @@ import glob
 import json
 import os
 import subprocess
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src.metadata import checkpoint as orbax_metadata
 import proc_helpers
 import pytest
 from absl import logging as absl_logging
@@ -125,8 +127,19 @@ def test_a_save_failing_midway_keeps_the_previous_one_and_training_goes_on(
   async def disk_full(self, directory, *args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
+  # Orbax writes the step's metadata on a thread of its own; slowed down, that write runs after
+  # the failure, which is the order that once failed the next save in CI (the temporary directory
+  # removed under it, its error raised by save 3).
+  impl = orbax_metadata._MetadataStoreImpl  # pylint: disable=protected-access
+  write = impl.write
+
+  def late_write(self, *args, **kwargs):
+    time.sleep(0.3)
+    return write(self, *args, **kwargs)
+
   with monkeypatch.context() as mp:
     mp.setattr(ocp.handlers.StandardCheckpointHandler, "async_save", disk_full)
+    mp.setattr(impl, "write", late_write)
     assert not ckpt.save(2, {"w": jnp.arange(1000.0) * 2}, force=True)
     ckpt.wait()
   assert ckpt.failed_saves == 1 and ckpt.latest_step() == 1

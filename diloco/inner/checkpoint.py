@@ -121,8 +121,9 @@ class Checkpointer:
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     try:
-      saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+      saved = self._save_once(step, items, force)
     except Exception as e:  # pylint: disable=broad-except  (tensorstore: ValueError, orbax: ...)
+      self._drain()
       return self._failed(step, e)
     if saved:
       with self._lock:
@@ -130,6 +131,23 @@ class Checkpointer:
       if not self.async_save:
         self._seal()
     return saved
+
+  def _save_once(self, step: int, items: dict, force: bool) -> bool:
+    """Orbax's save, tried again once when it raises the leftover of a save that failed.
+
+    Orbax may still write a failed save's metadata into its temporary directory after the save
+    raised, on a thread of its own; `_failed` has removed that directory by then, and the write's
+    error is raised by the next save, which has done nothing yet."""
+    args = ocp.args.Composite(**items)
+    try:
+      return self._manager.save(step, args=args, force=force)
+    except OSError as e:
+      leftover = [os.path.join(self.directory, f"{s}{TMP_SUFFIX}") for s in self.failed_steps]
+      if not any(path in str(e) for path in leftover):
+        raise
+      logging.info("the failed save's leftover error (%s) put aside; saving step %d", e, step)
+      self._drain()
+      return self._manager.save(step, args=args, force=force)
 
   def _short_of_space(self, state: Any) -> str:
     """Why the disk cannot hold another save ('' when it can): less free space than 1.25x the
@@ -175,16 +193,32 @@ class Checkpointer:
     with self._lock:
       self._unsealed = [s for s in self._unsealed if s not in sealed]
 
+  def _drain(self) -> Exception | None:
+    """Waits until orbax has nothing left running; the first error it raised, if any.
+
+    Orbax raises one background error per wait and keeps the rest queued (a failed save's
+    metadata write among them): waiting again until it returns quietly means that nothing writes
+    into a temporary directory after `_failed` removes it, and no leftover error of this save
+    fails the next one."""
+    first = None
+    for _ in range(8):
+      try:
+        self._manager.wait_until_finished()
+        self._manager.check_for_errors()  # also waits for the metadata writes of a failed save
+        return first
+      except Exception as e:  # pylint: disable=broad-except  (an asynchronous save failed)
+        first = first or e
+    return first
+
   def _seal(self) -> None:
     """Waits for queued saves and writes the manifests of those that completed."""
     with self._lock:
       pending = list(self._unsealed)
     if not pending:
       return
-    try:
-      self._manager.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-except  (an asynchronous save failed)
-      self._failed(pending[-1], e)
+    error = self._drain()
+    if error is not None:
+      self._failed(pending[-1], error)
     done = set(self._manager.all_steps())
     for step in pending:
       path = self.step_dir(step)
