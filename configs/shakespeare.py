@@ -146,6 +146,7 @@ def base_config() -> ml_collections.ConfigDict:
       "sim",
       step_s=(1.0, "simulated seconds per inner step of a speed-1 learner at batch_size"),
       step_jitter=(0.0, "sigma of a log-normal factor on every step time"),
+      time_limit_s=(0.0, ">0: no learner starts a step after this simulated time (equal time)"),
       speeds=(Auto(""), "per learner slowdown, e.g. '1,1,1,3'; '' = all 1 (compare: last 3x)"),
       batch_sizes=("", "per learner batch, e.g. '32,32,16,16'; '' = all batch_size"),
       start_times=("", "per learner start (simulated s); '' = all 0"),
@@ -194,6 +195,12 @@ def _outer() -> dict:
       ),
       overlap=(Auto(0), "tau: a fragment sent at step t is applied after step t+tau"),
       alpha=(0.0, "theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival"),
+      delivery=(
+          "replace",
+          "what a merged fragment does to a learner: replace (its fragment, progress since its "
+          "last upload lost) | rebase (keeps the progress the merge lacks) | at_own_sync (held "
+          "until tau steps after the learner's own next upload)",
+      ),
       codec=(Auto("fp32"), "outer gradients on the wire: fp32 | bf16 | int8 | fp4 | 2bit | 1bit"),
       # linear won the precision ablation (notebooks/decoupled_ablations.py)
       fp4_rounding=("linear", "fp4 uplink: linear (nearest) | log (nearest in log2) | stochastic"),

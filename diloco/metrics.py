@@ -119,3 +119,20 @@ def merged_shares(
         "merged_share": merged / (fragments * t) if t else None,
     }
   return out
+
+
+def learner_work(learners: list, sync) -> dict[str, dict[str, Any]]:
+  """Per learner (by str index), `merged_shares` of its steps trained."""
+  trained = {m: l.steps for m, l in enumerate(learners)}
+  shares = merged_shares(sync.merged_work(), trained, learners[0].frag.num_fragments)
+  return {str(m): shares[str(m)] for m in range(len(learners))}
+
+
+def merged_share(rows: list[dict[str, Any]]) -> float | None:
+  """The share of all learners' trained steps whose progress reached a merge (steps-weighted)."""
+  trained = sum(r["steps"] for r in rows)
+  if not trained:
+    return None
+  return (
+      sum(r["merged_share"] * r["steps"] for r in rows if r["merged_share"] is not None) / trained
+  )

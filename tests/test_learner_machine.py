@@ -9,6 +9,7 @@ import dataclasses
 
 import hypothesis
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -28,6 +29,7 @@ class Held:
   sync_generation: int = 0
   c_steps: list = dataclasses.field(default_factory=lambda: [0] * P)
   steps: int = 0
+  delivery: str = "replace"
 
   def heard_generation(self, p):
     del p  # one synchronizer
@@ -44,8 +46,10 @@ class Held:
     self.c_steps[p] = 0
 
 
-def _update(p, version, base_gen=0, gen=0, corrupt=False):
-  send = Send(0, p, version, update=UPDATE, generation=gen, base_generation=base_gen)
+def _update(p, version, base_gen=0, gen=0, corrupt=False, own=False):
+  send = Send(
+      0, p, version, update=UPDATE, generation=gen, base_generation=base_gen, includes_own=own
+  )
   return dataclasses.replace(send, checksum=send.checksum + 1) if corrupt else send
 
 
@@ -80,6 +84,23 @@ def test_a_due_fragment_whose_upload_is_unanswered_is_not_sent_again():
   held.apply(_update(0, 1))
   held.step()
   assert machine.stepped([0]) == [lm.Upload(0)] and machine.inflight == {0: 3}
+
+
+@pytest.mark.parametrize("delivery", ["rebase", "at_own_sync"])
+def test_under_the_keeping_rules_only_its_own_merge_answers_an_upload(delivery):
+  """Issue 51: another learner's merge does not answer learner 0's upload (it is still pending
+  at the synchronizer), so the next due upload of that fragment waits; its own merge does."""
+  held = Held(delivery=delivery)
+  machine = lm.LearnerMachine(held, P, blocking=True, overlap=1)
+  held.step()
+  assert machine.stepped([0]) == [lm.Upload(0)]
+  assert machine.arrived(_update(0, 1)) == [lm.Apply(_update(0, 1))]
+  held.apply(_update(0, 1))
+  held.step()
+  assert machine.inflight == {0: 1} and machine.blocked()  # (blocking: it waits for its own)
+  assert machine.stepped([0]) == [] and machine.skipped == 1
+  own = _update(0, 2, own=True)
+  assert machine.arrived(own) == [lm.Apply(own)] and machine.inflight == {}
 
 
 def test_blocking_waits_tau_steps_for_the_answer():
@@ -214,9 +235,11 @@ class LearnerProtocol(RuleBasedStateMachine):
   before anything else and trains only after its Join's answer has fully arrived.
   """
 
+  DELIVERY = "replace"
+
   def __init__(self):
     super().__init__()
-    self.held = Held()
+    self.held = Held(delivery=self.DELIVERY)
     self.machine = lm.LearnerMachine(self.held, P, blocking=False, overlap=1)
     self.version = [0] * P  # the synchronizer's
     self.gen = 0
@@ -238,8 +261,10 @@ class LearnerProtocol(RuleBasedStateMachine):
           assert (s.base_generation, s.version - 1) == have, (s, have)  # property 1
         else:
           assert (s.generation, s.version) > have, (s, have)
+        answers = self.DELIVERY == "replace" or s.includes_own or have[1] < 0
         self.held.apply(s)
-        self.outstanding.pop(s.fragment, None)
+        if answers:  # (under rebase and at_own_sync, only its own merge answers its upload)
+          self.outstanding.pop(s.fragment, None)
       elif isinstance(d, lm.Rejoin):
         self.machine.join_sent(self._tick())
         if self.restoring:
@@ -261,11 +286,17 @@ class LearnerProtocol(RuleBasedStateMachine):
     self.held.step()
     self._carry_out(self.machine.stepped(sorted(due)))
 
-  @rule(p=st.integers(0, P - 1), kind=st.sampled_from(["next", "dup", "gap", "corrupt", "full"]))
+  @rule(
+      p=st.integers(0, P - 1),
+      kind=st.sampled_from(["next", "own", "dup", "gap", "corrupt", "full"]),
+  )
   def merged_fragment_arrives(self, p, kind):
     v, g = self.held.versions[p], self.held.generations[p]
+    if kind == "own" and p not in self.outstanding:
+      kind = "next"  # only an upload pending there can be merged
     send = {
         "next": _update(p, v + 1, base_gen=g, gen=max(g, self.gen)),
+        "own": _update(p, v + 1, base_gen=g, gen=max(g, self.gen), own=True),
         "dup": _update(p, max(v, 1), base_gen=g, gen=g),
         "gap": _update(p, v + 2, base_gen=g, gen=max(g, self.gen)),
         "corrupt": _update(p, v + 1, base_gen=g, gen=max(g, self.gen), corrupt=True),
@@ -318,3 +349,17 @@ LearnerProtocol.TestCase.settings = hypothesis.settings(
     max_examples=150, stateful_step_count=40, deadline=None, derandomize=True, database=None
 )
 TestLearnerProtocol = LearnerProtocol.TestCase
+
+
+class RebaseProtocol(LearnerProtocol):
+  DELIVERY = "rebase"
+
+
+class AtOwnSyncProtocol(LearnerProtocol):
+  DELIVERY = "at_own_sync"
+
+
+RebaseProtocol.TestCase.settings = LearnerProtocol.TestCase.settings
+AtOwnSyncProtocol.TestCase.settings = LearnerProtocol.TestCase.settings
+TestRebaseProtocol = RebaseProtocol.TestCase
+TestAtOwnSyncProtocol = AtOwnSyncProtocol.TestCase

@@ -210,6 +210,9 @@ def test_min_quorum_merges_with_the_live_learners_while_others_stall():
     assert record["learners"] == [0, 1] and record["quorum"] == 2
     assert record["version"] == v + 1 and record["time"] == v + 0.75
     assert [s.learner for s in _of(actions, Send)] == [0, 1, 2, 3]
+    # Each send says whether it merges its learner's upload (the delivery rules read it).
+    assert [s.includes_own for s in _of(actions, Send)] == [True, True, False, False]
+    assert all(s.checksum_ok() for s in _of(actions, Send))
   np.testing.assert_array_equal(sync.globals[0][E], PARAMS["embed"]["embedding"] - 3.0)
 
 

@@ -158,6 +158,8 @@ class Parts:
         holds_nothing=not holds_start,
         start=self.params0 if holds_start else None,
         owner_of=self.owner_of,
+        delivery=o.delivery,
+        overlap=int(o.overlap),
     )
     if m in self.rows:
       stack, row = self.rows[m]

@@ -2,11 +2,11 @@
 
 import ml_collections
 
-from diloco.outer import compression, policies
+from diloco.outer import compression, learner as learner_lib, policies
 
 
 def check(outer: ml_collections.ConfigDict) -> None:
-  """ValueError naming the first bad key of `outer` (codecs, rounding, broadcast, DyLU)."""
+  """ValueError naming the first bad key of `outer` (codecs, rounding, broadcast, delivery, DyLU)."""
   for key in ("codec", "downlink_codec"):
     value = outer.get(key, "")
     if (value or key == "codec") and value not in compression.CODECS:
@@ -21,6 +21,15 @@ def check(outer: ml_collections.ConfigDict) -> None:
   broadcast = outer.get("broadcast", "all")
   if broadcast not in policies.BROADCASTS:
     raise ValueError(f"outer.broadcast={broadcast!r}: expected one of {policies.BROADCASTS}")
+  delivery = outer.get("delivery", "replace")
+  if delivery not in learner_lib.DELIVERIES:
+    raise ValueError(f"outer.delivery={delivery!r}: expected one of {learner_lib.DELIVERIES}")
+  if delivery == "rebase" and outer.alpha > 0:
+    raise ValueError(
+        f"outer.delivery=rebase with outer.alpha={outer.alpha}: rebase keeps all of the "
+        "learner's progress the merge lacks, so there is nothing left to mix; alpha is for "
+        "replace and at_own_sync"
+    )
   if outer.get("dylu", False):
     if outer.inner_steps < 1:
       raise ValueError(f"outer.dylu needs outer.inner_steps >= 1, got {outer.inner_steps}")

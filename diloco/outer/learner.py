@@ -11,6 +11,17 @@ It also keeps the synchronizer generation of each fragment version it holds (see
 already heard from that fragment's synchronizer shard (`owner_of`: shards restart, hence count
 generations, on their own), and (for an update) based on exactly the version held.
 `checkpoint_state`/`load_checkpoint_state` are what survives a crash of this learner.
+
+What a merged fragment does to the local parameters is the delivery rule (`outer.delivery`):
+- replace: θ_p is replaced by (mixed with, `alpha`) every version that arrives, and p's counters
+  reset: progress since the learner's own last upload of p is lost when another learner's merge
+  arrives first;
+- rebase: the learner keeps the progress the version does not hold:
+  θ_p ← Θ_new + (θ_p − Θ_held) + [the version merges its pending upload u] decode(u), its
+  counters less u's steps and tokens;
+- at_own_sync: versions that arrive are held, θ_p untouched, and the newest is taken (mixed with
+  `alpha`) only τ steps after the learner's own upload of p (`overlap`): uploads are built
+  against the version θ_p started from (the base), which may be older than the newest held.
 """
 
 import dataclasses
@@ -25,6 +36,8 @@ from diloco.outer import compression, fragments, learner_machine, protocol
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Send, Upload
 from diloco.outer.uplink import Uplink
+
+DELIVERIES = ("replace", "rebase", "at_own_sync")  # what a merged fragment does (module doc)
 
 
 @dataclasses.dataclass
@@ -53,10 +66,20 @@ class Learner:
   # sent (`not_merged`): the last is what a rebase takes as merged (encoded payloads, kept until
   # the fragment is received again).
   sent: dict[int, list[Upload]] = dataclasses.field(default_factory=dict)
+  delivery: str = "replace"  # replace | rebase | at_own_sync (see the module doc)
+  overlap: int = 0  # tau: at_own_sync takes the newest version tau steps after its upload
+  # at_own_sync: per fragment the version θ_p started from (copy, version, generation), and
+  # the step at which the newest version is taken (after an upload; -1: none due).
+  base_copy: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+  base_versions: list[int] = dataclasses.field(default_factory=list)
+  base_generations: list[int] = dataclasses.field(default_factory=list)
+  adopt_at: list[int] = dataclasses.field(default_factory=list)
 
   def __post_init__(self, start: Mapping[str, np.ndarray] | None):
     if not 0.0 <= self.alpha <= 1.0:
       raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+    if self.delivery not in DELIVERIES:
+      raise ValueError(f"delivery={self.delivery!r}: expected one of {DELIVERIES}")
     n = self.frag.num_fragments
     self.versions, self.c_steps, self.c_tokens = [0] * n, [0] * n, [0] * n
     self.generations = [0] * n
@@ -76,6 +99,9 @@ class Learner:
       ]
       self.versions = [0] * n
       self._write({k: v for g in self.global_copy for k, v in g.items()})
+    self.adopt_at = [-1] * n
+    self.base_copy = list(self.global_copy)
+    self.base_versions, self.base_generations = list(self.versions), list(self.generations)
 
   def heard_generation(self, p: int) -> int:
     """The newest generation heard from the synchronizer shard that owns fragment p."""
@@ -95,6 +121,9 @@ class Learner:
     for p in range(self.frag.num_fragments):
       self.c_steps[p] += 1
       self.c_tokens[p] += self.tokens_per_step
+    for p, at in enumerate(self.adopt_at):
+      if 0 <= at <= self.steps:
+        self._adopt(p)
     return metrics
 
   def _train(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -116,17 +145,26 @@ class Learner:
     up = Upload(
         learner=self.index,
         fragment=p,
-        base_version=self.versions[p],
-        delta=self.uplink.encode(p, self.global_copy[p], local),
+        base_version=self.base_versions[p],
+        delta=self.uplink.encode(p, self.base_copy[p], local),
         steps=self.c_steps[p],
         tokens=self.c_tokens[p],
         time=arrival_time,
         sent_time=sent_time,
         step_time=step_time,
-        base_generation=self.generations[p],
+        base_generation=self.base_generations[p],
     )
     self.sent.setdefault(p, []).append(up)
+    if self.delivery == "at_own_sync":  # its own sync point: the newest version, tau steps on
+      self.adopt_at[p] = self.steps + self.overlap
+      if self.overlap == 0:
+        self._adopt(p)
     return up
+
+  def _adopt(self, p: int) -> None:
+    """at_own_sync: θ_p takes the newest version held (mixed with `alpha`), its new base."""
+    self.adopt_at[p] = -1
+    self._replace(p, self.global_copy[p])
 
   def not_merged(self, p: int, sent_time: float | None) -> None:
     """The upload of fragment p made at `sent_time` was not merged: refused, or never sent."""
@@ -137,16 +175,18 @@ class Learner:
     return learner_machine.verdict(send, self, self.frag.num_fragments)
 
   def receive(self, send: Send, rebase: bool = False) -> None:
-    """Takes a new global version of a fragment and mixes it into the local parameters.
+    """Takes a new global version of a fragment; what it does to θ_p is the delivery rule (see
+    the module doc). A first copy (the learner held nothing of p) is taken as it is.
 
-    With `rebase` (learner_machine.Apply), the version merged this learner's last upload of p
-    neither refused nor dropped unsent, u = Θ_old − θ_then, and the progress it made after that
-    upload is kept: θ ← Θ_new + (θ − θ_then), θ_then = Θ_old − decode(u); its counters keep the steps and
-    tokens after u. (An earlier upload on the same version, sent before a restart of the
-    synchronizer that lost its merge, is not the one merged. With a lossy codec and error
-    feedback, θ_then is what the synchronizer saw, so the quantisation error may be sent twice.)
+    Under replace, `rebase` (learner_machine.Apply) says the version merged this learner's last
+    upload of p neither refused nor dropped unsent (a copy sent again was refused as a
+    duplicate), and the progress made after that upload is kept, as under the rebase rule. (An
+    earlier upload on the same version, sent before a restart of the synchronizer that lost its
+    merge, is not the one merged. With a lossy codec and error feedback, decode(u) is what the
+    synchronizer saw, so the quantisation error may be sent twice.)
     A send that regressed (`learner_machine.regressed`: a restart lost merges the learner holds)
-    becomes its base only: θ and the counters stay, and the next upload carries the difference.
+    becomes its base only, under every rule: θ and the counters stay, and the next upload
+    carries the difference.
     """
     p = send.fragment
     if send.update is not None and send.version != self.versions[p] + 1:
@@ -156,8 +196,7 @@ class Learner:
       )
     held_nothing = self.versions[p] < 0
     keep_all = learner_machine.regressed(send, self)  # (see there)
-    old, sent = self.global_copy[p], self.sent.pop(p, [])
-    merged_up = sent[-1] if sent else None
+    old, merged_up = self.global_copy[p], self._merged_upload(p, send, rebase or keep_all)
     new = protocol.apply_send(self.global_copy[p], send)
     self.global_copy[p], self.versions[p] = new, send.version
     self.generations[p] = send.generation
@@ -166,18 +205,53 @@ class Learner:
     if send.inner_steps and send.inner_steps != self.schedule.inner_steps:
       self.schedule = fragments.Schedule(self.frag.num_fragments, send.inner_steps)
     if keep_all:  # the new base only: the next upload carries what the restart lost
-      return
-    if rebase and merged_up is not None and not held_nothing:
-      local, merged = self._read(p), compression.decode_tree(merged_up.delta)
-      self._write({k: new[k] + (local[k] - (old[k] - merged[k])) for k in new})
+      self._rebased(p)
+    elif held_nothing:
+      self._replace(p, new, mix=False)  # nothing local worth keeping
+    elif self.delivery == "at_own_sync":
+      if send.generation > self.base_generations[p]:  # a restart may not know the old base
+        self._replace(p, new)
+    elif self.delivery == "rebase" or (rebase and merged_up is not None):
+      self._keep_progress(p, old, new, merged_up)
+    else:
+      self._replace(p, new)
+
+  def _merged_upload(self, p: int, send: Send, take: bool) -> Upload | None:
+    """The upload of p that `send` merges, if known, forgetting the uploads it answers: under
+    replace, every one sent since p was last received (`take`: the last is the one merged);
+    under the other rules, only when the send merges this learner's upload (`includes_own`)."""
+    if self.delivery == "replace" or take or send.includes_own:
+      sent = self.sent.pop(p, [])
+      if sent and (send.includes_own or take):
+        return sent[-1]
+    return None
+
+  def _keep_progress(self, p: int, old: dict, new: dict, merged_up: Upload | None) -> None:
+    """θ_p ← Θ_new + (θ_p − θ_then): θ_then = Θ_old, or Θ_old − decode(u) when the version
+    merges this learner's upload u (whose steps and tokens leave its counters)."""
+    local, then = self._read(p), old  # θ_then: where θ_p stood for the merged upload
+    if merged_up is not None:
+      merged = compression.decode_tree(merged_up.delta)
+      then = {k: old[k] - merged[k] for k in old}
       self.c_steps[p] = max(self.c_steps[p] - merged_up.steps, 0)
       self.c_tokens[p] = max(self.c_tokens[p] - merged_up.tokens, 0)
-      return
-    if self.alpha > 0 and not held_nothing:  # nothing local worth keeping otherwise
+    self._write({k: new[k] + (local[k] - then[k]) for k in new})
+    self._rebased(p)
+
+  def _replace(self, p: int, values: dict, mix: bool = True) -> None:
+    """θ_p ← values (mixed with `alpha`), its base the newest version, its counters reset."""
+    if self.alpha > 0 and mix:
       local = self._read(p)
-      new = {k: self.alpha * local[k] + (1 - self.alpha) * new[k] for k in new}
-    self._write(new)
+      values = {k: self.alpha * local[k] + (1 - self.alpha) * values[k] for k in values}
+    self._write(values)
     self.c_steps[p] = self.c_tokens[p] = 0
+    self._rebased(p)
+
+  def _rebased(self, p: int) -> None:
+    """θ_p is anchored at the newest version held from now on."""
+    self.base_copy[p] = self.global_copy[p]
+    self.base_versions[p], self.base_generations[p] = self.versions[p], self.generations[p]
+    self.adopt_at[p] = -1
 
   def checkpoint_state(self) -> dict[str, Any]:
     """What a crash must not lose: {'train': TrainState, 'host': name -> np.ndarray}."""
@@ -188,10 +262,15 @@ class Learner:
         "c_tokens": self.c_tokens,
         "counters": [self.steps, self.tokens, *self.sync_generations],
     }
+    own_base = self.delivery == "at_own_sync"  # (the base is the newest version otherwise)
+    if own_base:
+      host.update(bases=self.base_versions + self.base_generations + self.adopt_at)
     host = {k: np.asarray(v, np.int64) for k, v in host.items()}
     for p in range(self.frag.num_fragments):
       for i, k in enumerate(self.frag.paths[p]):
         host[f"global.{p}.{i}"] = np.asarray(self.global_copy[p][k], np.float32)
+        if own_base:
+          host[f"base.{p}.{i}"] = np.asarray(self.base_copy[p][k], np.float32)
       if self.uplink.error_feedback:
         shapes = {k: self.global_copy[p][k].shape for k in self.frag.paths[p]}
         res = self.uplink.residual_of(p, shapes)
@@ -203,9 +282,14 @@ class Learner:
     n, params = self.frag.num_fragments, fragments.flatten(self.island.abstract_state().params)
     host = {k: np.zeros(n, np.int64) for k in ("versions", "generations", "c_steps", "c_tokens")}
     host["counters"] = np.zeros(2 + len(self.sync_generations), np.int64)
+    own_base = self.delivery == "at_own_sync"
+    if own_base:
+      host["bases"] = np.zeros(3 * n, np.int64)
     for p in range(n):
       for i, k in enumerate(self.frag.paths[p]):
         host[f"global.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
+        if own_base:
+          host[f"base.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
         if self.uplink.error_feedback:
           host[f"residual.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
     return {"train": self.island.abstract_state(), "host": host}
@@ -224,6 +308,17 @@ class Learner:
         {k: np.array(host[f"global.{p}.{i}"], np.float32) for i, k in enumerate(self.frag.paths[p])}
         for p in range(n)
     ]
+    self.base_copy = list(self.global_copy)
+    self.base_versions, self.base_generations = list(self.versions), list(self.generations)
+    self.adopt_at = [-1] * n
+    if "bases" in host:
+      bases = [int(x) for x in host["bases"]]
+      self.base_versions, self.base_generations = bases[:n], bases[n : 2 * n]
+      self.adopt_at = bases[2 * n :]
+      self.base_copy = [
+          {k: np.array(host[f"base.{p}.{i}"], np.float32) for i, k in enumerate(paths)}
+          for p, paths in enumerate(self.frag.paths)
+      ]
     if self.uplink.error_feedback:
       self.uplink.residuals = {
           p: {k: np.array(host[f"residual.{p}.{i}"], np.float32) for i, k in enumerate(paths)}

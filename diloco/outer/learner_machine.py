@@ -30,6 +30,10 @@ The rules:
 - **Regression.** A restarted synchronizer that lost merges the learner holds (it saves every N > 1
   merges) answers its Join with an older version: the learner keeps its parameters, takes that
   version as its base and sends the difference again (`regressed`).
+- **Delivery rules** (`Learner.delivery`). Under replace every merged fragment answers the
+  learner's unanswered upload of it (its progress was replaced); under rebase and at_own_sync
+  only the one that merges that upload does (`Send.includes_own`), and until then the learner
+  sends no other upload of that fragment (the synchronizer would take it for a copy).
 - **Rebase.** A copy refused as a duplicate of the version held means an earlier upload on it was
   merged and its merge never came back: that merge, when it arrives, is applied with the progress
   made after the upload kept on top (`Apply.rebase`), which is then sent again.
@@ -208,7 +212,8 @@ class LearnerMachine:
       rejoin = self._resync() if code in REJOIN_ON_SEND else None
       return [Drop(send, code)] + ([rejoin] if rejoin is not None else [])
     p = send.fragment
-    self.inflight.pop(p, None)
+    if self._delivery() == "replace" or send.includes_own or self.held.versions[p] < 0:
+      self.inflight.pop(p, None)  # (under the other rules, its upload is still pending there)
     if self.held.versions[p] >= 0:  # (a first copy is where it starts: the virtual builder's)
       self.decisions.append(("apply", p, send.version, self.held.steps))
     out: list[Decision] = [Apply(send)]
@@ -234,7 +239,8 @@ class LearnerMachine:
     out: list[Decision] = []
     sent = refusal.sent_time
     base = (refusal.base_generation, refusal.base_version)
-    if refusal.code is Code.DUPLICATE and base == (self.held.generations[p], self.held.versions[p]):
+    held = (self.held.generations[p], self.held.versions[p])
+    if refusal.code is Code.DUPLICATE and base == held and self._delivery() != "at_own_sync":
       self.merged_unseen.add(p)  # an earlier upload on this version was merged
     if refusal.code in RESYNC and sent is not None and sent > self.last_join:
       out.append(self._resync("refused"))
@@ -304,6 +310,11 @@ class LearnerMachine:
     """Fragment -> inner steps of progress in its unanswered upload (what a learner that stops
     now may not have delivered)."""
     return {p: self.held.c_steps[p] for p in sorted(self.inflight)}
+
+  def _delivery(self) -> str:
+    """The learner's delivery rule (`Learner.delivery`): whether a merge that does not hold its
+    pending upload answers it (replace) or not (rebase, at_own_sync)."""
+    return getattr(self.held, "delivery", "replace")
 
   def _resync(self, why: str = "resync") -> Rejoin | None:
     return None if self.join_inflight else self._rejoin(why)

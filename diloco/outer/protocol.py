@@ -103,6 +103,7 @@ class Send:
   base_generation: int = 0  # an update applies to version - 1 of this generation
   checksum: int | None = None  # None: computed now; `send_checksum` reuses a payload's CRC
   inner_steps: int = 0  # DyLU: the learner's inner steps between syncs from now on; 0 = as it was
+  includes_own: bool = False  # this version merges the receiving learner's pending upload
 
   def __post_init__(self):
     if self.checksum is None:
@@ -120,6 +121,7 @@ class Send:
         self.base_generation,
         payload_crc,
         self.inner_steps,
+        self.includes_own,
     )
 
   def checksum_ok(self) -> bool:
@@ -198,12 +200,15 @@ def send_checksum(
     base_generation: int,
     payload_crc: int,
     inner_steps: int = 0,
+    includes_own: bool = False,
 ) -> int:
   """A Send's checksum from its header numbers and the CRC of its payload (shared by a merge's
-  sends of one encoded update); a DyLU step count joins the header when set."""
+  sends of one encoded update); a DyLU step count and the includes-own mark join the header
+  when set."""
   header = (fragment, version, generation, base_generation) + (
       (inner_steps,) if inner_steps else ()
   )
+  header += (-1,) if includes_own else ()
   return integrity.with_header(header, payload_crc)
 
 

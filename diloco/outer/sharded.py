@@ -90,6 +90,16 @@ class ShardedSynchronizer:
   def live(self) -> set[int]:
     return set.intersection(*(shard.live for shard in self.shards))
 
+  def merged_work(self) -> dict[int, dict[str, dict[int, int]]]:
+    """`Synchronizer.merged_work` over every shard's fragments."""
+    out: dict[int, dict[str, dict[int, int]]] = {}
+    for shard in self.shards:
+      for m, work in shard.merged_work().items():
+        mine = out.setdefault(m, {"steps": {}, "tokens": {}})
+        mine["steps"].update(work["steps"])
+        mine["tokens"].update(work["tokens"])
+    return dict(sorted(out.items()))
+
   def global_params(self) -> dict[str, np.ndarray]:
     return dict(sorted((k, v) for shard in self.shards for k, v in shard.global_params().items()))
 

@@ -293,8 +293,9 @@ class Synchronizer:
     """Version v of fragment p to every live learner (or its contributors), and the
     checkpoint if one is due."""
     crc = integrity.tree_crc(encoded)
-    to = self.live if self.policy.broadcast == "all" else self.live & {u.learner for u in ups}
-    actions: list[Action] = [self._send(m, p, encoded, crc) for m in sorted(to)]
+    merged = {u.learner for u in ups}
+    to = self.live if self.policy.broadcast == "all" else self.live & merged
+    actions: list[Action] = [self._send(m, p, encoded, crc, m in merged) for m in sorted(to)]
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
     return actions
@@ -309,7 +310,11 @@ class Synchronizer:
   def _reset_round(self, p: int) -> None:
     self.rounds[p] = rounds.Round()
 
-  def _send(self, learner: int, p: int, update=None, update_crc: int | None = None) -> Send:
+  def _send(
+      self, learner: int, p: int, update=None, update_crc: int | None = None, own: bool = False
+  ) -> Send:
+    """Fragment p's newest version for `learner`: the update when it holds the one before,
+    else the full values; `own`: the version merges that learner's upload (`Send.includes_own`)."""
     num = self.frag.num_fragments
     held = self.held.setdefault(learner, [-1] * num)
     held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
@@ -320,7 +325,7 @@ class Synchronizer:
         else 0
     )
     if update is not None and held[p] == v - 1:
-      crc = protocol.send_checksum(p, v, g, held_gen[p], update_crc, h)
+      crc = protocol.send_checksum(p, v, g, held_gen[p], update_crc, h, own)
       send = Send(
           learner,
           p,
@@ -330,10 +335,11 @@ class Synchronizer:
           base_generation=held_gen[p],
           checksum=crc,
           inner_steps=h,
+          includes_own=own,
       )
     else:
       values = {k: x.copy() for k, x in self.fragments[p].values.items()}
-      send = Send(learner, p, v, values=values, generation=g, inner_steps=h)
+      send = Send(learner, p, v, values=values, generation=g, inner_steps=h, includes_own=own)
     held[p], held_gen[p] = v, g
     return send
 

@@ -7,6 +7,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
 from diloco.outer.learner import Learner
@@ -21,8 +22,9 @@ def dp_bytes_per_token(num_params: int, learners: int, tokens_per_round: int) ->
 
 
 def per_learner(learners: list[Learner], runtime, merges: list[dict]) -> list[dict[str, Any]]:
-  """Each learner's steps, tokens, simulated idle and busy seconds, bytes and merges joined."""
-  clocks = runtime.clocks
+  """Each learner's steps, tokens, simulated idle and busy seconds, bytes, merges joined, and
+  where its work went (`metrics.merged_shares`: steps and tokens that reached a merge)."""
+  clocks, work = runtime.clocks, metrics.learner_work(learners, runtime.sync)
   return [
       {
           "steps": l.steps,
@@ -32,6 +34,7 @@ def per_learner(learners: list[Learner], runtime, merges: list[dict]) -> list[di
           "bytes_up": up,
           "bytes_down": down,
           "merges_joined": sum(m in r["learners"] for r in merges),
+          **{k: v for k, v in work[str(m)].items() if k != "trained_steps"},
       }
       for m, (l, c, up, down) in enumerate(
           zip(learners, clocks, runtime.bytes_up, runtime.bytes_down)
@@ -54,6 +57,7 @@ def summary(
   tokens = sum(l.tokens for l in learners)
   sent, received = sum(runtime.bytes_up), sum(runtime.bytes_down)
   isl, allocated = parts.islands[0], o.learners * sim_time
+  rows = per_learner(learners, runtime, merges)
   return {
       "mode": config.mode,
       "runtime": "virtual",
@@ -81,7 +85,8 @@ def summary(
       "mean_staleness": (
           float(np.mean([s for r in merges for s in r["staleness"]])) if merges else 0.0
       ),
-      "per_learner": per_learner(log.learners, runtime, merges),
+      "per_learner": rows,
+      "merged_share": metrics.merged_share(rows),
       "eval_curve": [{"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]} for r in evals],
       "rejected": dict(sorted(log.rejected.items())),
       "merges_skipped": runtime.sync.rounds_skipped,

@@ -111,6 +111,7 @@ def _runtime(config, parts, learners, sync, faults, log, on_step, recover, budge
       on_log=log.on_log,
       recovery=recover,
       stop=lambda: preemption.stop_reason(log.step, stop_at),
+      time_limit_s=float(config.sim.get("time_limit_s", 0.0)),
   )
   if not faults:
     return virtual.VirtualRuntime(*args, **kwargs)

@@ -26,6 +26,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from diloco import metrics
 from diloco.config import build
 from diloco.outer import protocol
 from diloco.outer.learner import Learner
@@ -130,7 +131,7 @@ def train(
   if recover is not None:
     recover.close()
   sync = slot.host.sync if len(slots) == 1 else sync
-  summary = {**_summary(config, learners, results, wall), **records.summary(sync)}
+  summary = {**_summary(config, learners, results, wall, sync), **records.summary(sync)}
   copies = [{k: v for g in l.global_copy for k, v in g.items()} for l in learners]
   return summary, sync.global_params(), copies
 
@@ -143,9 +144,18 @@ def _link(parts: build.Parts, learner: Learner, links: list):
 
 
 def _summary(
-    config: ml_collections.ConfigDict, learners: list[Learner], results: list, wall: float
+    config: ml_collections.ConfigDict, learners: list[Learner], results: list, wall: float, sync
 ) -> dict[str, Any]:
   tokens = sum(l.tokens for l in learners)
+  work = metrics.learner_work(learners, sync)
+  rows = [
+      {
+          **(r or {}),
+          "steps": l.steps,
+          **{k: v for k, v in work[str(m)].items() if k != "trained_steps"},
+      }
+      for m, (l, r) in enumerate(zip(learners, results))
+  ]
   return {
       "mode": config.mode,
       "runtime": "threads",
@@ -154,7 +164,8 @@ def _summary(
       "tokens": tokens,
       "wall_s": wall,
       "tokens_per_s": tokens / wall,
-      "per_learner": results,
+      "per_learner": rows,
+      "merged_share": metrics.merged_share(rows),
   }
 
 

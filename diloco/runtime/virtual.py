@@ -6,7 +6,8 @@ from a seeded generator; a message of n bytes takes `sim.latency_s + 8n / (sim.b
 on its link. Events at the same instant run in a fixed order (arrivals at the synchronizer, timers,
 arrivals at learners, then step starts), each kind in the order it was scheduled, so the same seed
 gives the same bits. The run stops when the learners have used the token budget
-(`steps · Σ_m batch_m · seq_len`) and every message in flight has been delivered.
+(`steps · Σ_m batch_m · seq_len`), or no step may start any more (`sim.time_limit_s`), and every
+message in flight has been delivered.
 
 Blocking learners (synchronous and Streaming DiLoCo) do not start step s+τ+1 before the fragment
 they sent at step s has come back; non-blocking learners (Decoupled DiLoCo) never wait.
@@ -81,6 +82,7 @@ class VirtualRuntime:
       on_log: Callable,
       recovery: Any = None,
       stop: Callable[[], str | None] | None = None,
+      time_limit_s: float = 0.0,
   ):
     self.learners, self.sync, self.clocks, self.net = learners, sync, clocks, network
     self.machines = [  # each learner's protocol decisions (outer/learner_machine.py)
@@ -90,6 +92,7 @@ class VirtualRuntime:
         for l_ in learners
     ]
     self.next_batch, self.budget = next_batch, token_budget
+    self.time_limit_s = time_limit_s  # > 0: no step starts at or after it (equal-time runs)
     self.overlap, self.blocking = overlap, blocking
     self.on_step, self.on_log = on_step, on_log
     self.recovery = recovery  # a recovery.Recovery, or None: no checkpoints
@@ -159,7 +162,8 @@ class VirtualRuntime:
         clock.waiting_since = self.now
       return  # resumed by the arrival it waits for
     self._stop_waiting(m)
-    if self.tokens_started + learner.tokens_per_step > self.budget:
+    over_time = 0 < self.time_limit_s <= self.now
+    if over_time or self.tokens_started + learner.tokens_per_step > self.budget:
       clock.done = True
       return
     self.tokens_started += learner.tokens_per_step

@@ -1,0 +1,120 @@
+r"""Decoupled DiLoCo's delivery rules on heterogeneous hardware (issue 51): the heterogeneous table
+again, at the paper's setting, under each rule that keeps its learners' work. Commands (the
+notebook notebooks/decoupled_delivery.py reads the table; results are checked in under
+notebooks/results/delivery/):
+
+  W=runs/delivery
+  python -m experiments.sweep --config=configs/sweeps/delivery.py:part=tune \
+      --workdir=$W --table=tune --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/delivery.py:part=extend,results=$W \
+      --workdir=$W --table=extend1 --parallel=2                 # until it adds no point
+  python -m experiments.sweep --config=configs/sweeps/delivery.py:part=seeds,results=$W \
+      --workdir=$W --table=seeds --parallel=2
+  python -m experiments.sweep --config=configs/sweeps/delivery.py:part=time,results=$W \
+      --workdir=$W --table=time --parallel=2
+
+(`domains=text` or `settings=paper,2x` narrow or widen any part.)
+
+Everything is configs/sweeps/heterogeneous.py's run (8 learners, the Decoupled preset, P = 4
+fragments every H = 20 steps, 10% log-normal step jitter, the same budgets and evaluation sets,
+the policies wait_all / k1 / k1_grace), with two more axes:
+  setting    paper: learners 4-7 are 18% slower (the published TPU v6e / v5p rows); 2x: twice
+             as slow (the table of issue 32)
+  delivery   replace | rebase | at_own_sync (outer.delivery; see diloco/outer/learner.py)
+and a budget:
+  tokens     a run ends once the token budget is trained, whoever trains it
+  time       no step starts after the simulated time in which all learners, never waiting,
+             train that budget: steps·M·step_s / Σ_m 1/speed_m (2x: 1,333 s; paper: 1,083 s)
+
+Each (setting, domain, policy, delivery) at its own outer learning rate at equal tokens
+(part=tune at seed 0 over het.OUTER_LRS, part=extend past an edge), three seeds at the winner
+(part=seeds), and the same winners at equal time (part=time, every seed).
+"""
+
+import ml_collections
+
+from configs.sweeps import heterogeneous as het
+from diloco.config import variants
+from diloco.studies import outer_lr_search as search, scaling_protocol as sp
+
+SWEEP_KEYS = het.SWEEP_KEYS + ("merged_share", "tokens", "uploads_skipped")
+SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings")
+SETTINGS = {"paper": (1, 1, 1, 1, 1.18, 1.18, 1.18, 1.18), "2x": het.SPEEDS}
+DELIVERIES = ("replace", "rebase", "at_own_sync")
+BUDGETS = ("tokens", "time")
+KEYS = ("setting", "domain", "policy", "delivery")  # a cell of the table
+
+
+def _arg(arg: str | None) -> ml_collections.ConfigDict:
+  return variants.parse_arg(
+      arg,
+      tiny=False,
+      part="tune",
+      results="",
+      seeds=3,
+      domains="text,vision",
+      settings="paper",
+      setting="paper",
+      domain="text",
+      policy="k1_grace",
+      delivery="rebase",
+      budget="tokens",
+      outer_lr=0.4,
+      seed=0,
+  )
+
+
+def equal_time_s(speeds, steps: int, step_s: float) -> float:
+  """The simulated seconds in which len(speeds) learners, never waiting, train steps·M steps."""
+  return steps * len(speeds) * step_s / sum(1.0 / s for s in speeds)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  a = _arg(variants.drop(arg, SWEEP_ONLY))
+  for name, value, known in (
+      ("setting", a.setting, tuple(SETTINGS)),
+      ("delivery", a.delivery, DELIVERIES),
+      ("budget", a.budget, BUDGETS),
+  ):
+    if value not in known:
+      raise ValueError(f"{name}={value!r}: expected one of {known}")
+  base = f"tiny={a.tiny},domain={a.domain},policy={a.policy},outer_lr={a.outer_lr},seed={a.seed}"
+  c = het.get_config(base)
+  speeds = SETTINGS[a.setting]
+  c.sim.speeds = ",".join(str(s) for s in speeds)
+  c.outer.delivery = a.delivery
+  if a.budget == "time":
+    c.sim.time_limit_s = equal_time_s(speeds, c.steps, c.sim.step_s)
+  return c
+
+
+def _cells(a) -> list[tuple]:
+  settings, domains = a.settings.split(","), a.domains.split(",")
+  return [(s, d, p, r) for s in settings for d in domains for p in het.POLICIES for r in DELIVERIES]
+
+
+def _point(cell: tuple, **more) -> dict:
+  return dict(zip(KEYS, cell), **more)
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+  a = _arg(arg)
+  cells = _cells(a)
+  lrs = het.OUTER_LRS[1:2] if a.tiny else het.OUTER_LRS
+  if a.part == "tune":
+    return [_point(c, outer_lr=lr, seed=0) for c in cells for lr in lrs]
+  if a.part not in ("extend", "seeds", "time"):
+    raise ValueError(f"unknown part {a.part!r}; known: tune, extend, seeds, time")
+  if not a.results:
+    raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
+  rows = [r for r in sp.read_rows(a.results) if r.get("budget", "tokens") == "tokens"]
+  if a.part == "extend":
+    return (
+        []
+        if a.tiny
+        else [_point(c[:-1], outer_lr=c[-1], seed=0) for c in search.past_edges(rows, KEYS, cells)]
+    )
+  best = search.need_winners(rows, KEYS, cells, a.results)
+  if a.part == "seeds":
+    return [_point(c, outer_lr=best[c], seed=s) for c in cells for s in range(1, a.seeds)]
+  return [_point(c, outer_lr=best[c], seed=s, budget="time") for c in cells for s in range(a.seeds)]

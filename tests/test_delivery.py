@@ -1,0 +1,144 @@
+"""The delivery rules (`outer.delivery`) on a real learner, by hand: where each keeps or loses
+the progress a learner made between its syncs.
+
+Learner 0 of the tiny Decoupled runlocal config with an fp32 uplink (so that an upload decodes to
+exactly Θ_base − θ); its fragment 0 starts at Θ0 (version 0). "Another learner's merge" is a
+full-values Send of version 1, Θ1 = Θ0 − 1/4 (not merging learner 0's upload); "its own merge" is
+an update to version 2 that does (`includes_own`).
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from configs import shakespeare
+from diloco.config import build, checks
+from diloco.outer import compression, protocol
+
+
+def _learner(delivery: str, overlap: int = 0, alpha: float = 0.0):
+  c = shakespeare.get_config("runlocal,mode=decoupled")
+  c.outer.update(dict(codec="fp32", delivery=delivery, overlap=overlap, alpha=alpha))
+  parts = build.local_learners(c)
+  return parts.make_learner(0, holds_start=True), parts.islands[0].data.train_iter
+
+
+def _steps(learner, batches, n: int) -> None:
+  for _ in range(n):
+    learner.step(next(batches))
+
+
+def _same(a: dict, b: dict) -> bool:
+  return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _others(learner) -> tuple[dict, protocol.Send]:
+  one = {k: v - 0.25 for k, v in learner.global_copy[0].items()}
+  return one, protocol.Send(0, 0, 1, values=one)
+
+
+def _own(learner, version: int) -> tuple[dict, protocol.Send]:
+  step = {k: np.full_like(v, -0.125) for k, v in learner.global_copy[0].items()}
+  update = compression.encode_tree(step, "fp32")
+  send = protocol.Send(0, 0, version, update=update, includes_own=True)
+  return {k: learner.global_copy[0][k] + step[k] for k in step}, send
+
+
+def _upload(learner, t: float):
+  return learner.upload(0, sent_time=t, arrival_time=0.0, step_time=0.0)
+
+
+def test_replace_drops_the_progress_since_the_learners_own_upload():
+  learner, batches = _learner("replace")
+  _steps(learner, batches, 2)
+  _upload(learner, 0.0)
+  _steps(learner, batches, 1)
+  one, send = _others(learner)
+  learner.receive(send)
+  assert _same(learner._read(0), one) and learner.c_steps[0] == 0  # 3 steps gone, 2 in flight
+
+
+def test_rebase_keeps_what_the_merge_lacks_and_drops_only_its_own_merged_upload():
+  learner, batches = _learner("rebase")
+  theta0 = learner.global_copy[0]
+  _steps(learner, batches, 2)
+  up = _upload(learner, 0.0)
+  assert up.steps == 2 and learner.c_steps[0] == 2  # the counters go on until it is merged
+  _steps(learner, batches, 1)
+  before = learner._read(0)
+  one, send = _others(learner)
+  learner.receive(send)  # another learner's merge: all 3 steps kept on top of it
+  assert _same(learner._read(0), {k: one[k] + (before[k] - theta0[k]) for k in one})
+  assert learner.c_steps[0] == 3 and learner.sent[0] == [up] and learner.base_versions[0] == 1
+  _steps(learner, batches, 1)
+  before = learner._read(0)
+  two, send = _own(learner, 2)
+  learner.receive(send)  # its own merge holds u (2 steps): the 2 steps after u are kept
+  u = compression.decode_tree(up.delta)
+  kept = {k: two[k] + (before[k] - (one[k] - u[k])) for k in two}
+  assert _same(learner._read(0), kept) and learner.c_steps[0] == 2 and 0 not in learner.sent
+  nxt = _upload(learner, 1.0)  # what it sends next is those 2 steps only: nothing twice
+  assert nxt.steps == 2 and nxt.base_version == 2
+  sent = compression.decode_tree(nxt.delta)
+  assert _same(sent, {k: two[k] - kept[k] for k in two})
+
+
+def test_at_own_sync_holds_merges_until_its_own_upload_and_sends_against_its_base():
+  learner, batches = _learner("at_own_sync")
+  theta0 = learner.global_copy[0]
+  _steps(learner, batches, 2)
+  before = learner._read(0)
+  one, send = _others(learner)
+  learner.receive(send)  # held: θ untouched, the newest version known
+  assert _same(learner._read(0), before) and learner.c_steps[0] == 2
+  assert (learner.versions[0], learner.base_versions[0]) == (1, 0)
+  _steps(learner, batches, 1)
+  before = learner._read(0)
+  up = _upload(learner, 0.0)  # its sync: all 3 steps against version 0, then version 1 taken
+  assert (up.base_version, up.steps) == (0, 3)
+  assert _same(compression.decode_tree(up.delta), {k: theta0[k] - before[k] for k in theta0})
+  assert _same(learner._read(0), one) and learner.c_steps[0] == 0
+  assert learner.base_versions[0] == 1
+
+
+def test_at_own_sync_with_overlap_takes_the_newest_tau_steps_later_mixed_by_alpha():
+  learner, batches = _learner("at_own_sync", overlap=2, alpha=0.5)
+  _steps(learner, batches, 2)
+  _upload(learner, 0.0)
+  assert learner.adopt_at[0] == 4 and learner.base_versions[0] == 0
+  _steps(learner, batches, 1)
+  one, send = _others(learner)
+  learner.receive(send)
+  assert learner.base_versions[0] == 0  # not yet: one step after its upload
+  twin, _ = _learner("replace")  # the same step without the mix: θ before it is taken
+  twin.state = jax.tree.map(lambda x: x.copy(), learner.state)  # (steps donate their state)
+  batch = next(batches)
+  twin.step(batch)
+  learner.step(batch)  # step 4 = 2 + tau: then θ ← α θ + (1 − α) Θ1
+  stepped = twin._read(0)
+  assert _same(learner._read(0), {k: 0.5 * stepped[k] + 0.5 * one[k] for k in one})
+  assert learner.base_versions[0] == 1 and learner.adopt_at[0] == -1 and learner.c_steps[0] == 0
+
+
+def test_at_own_sync_keeps_its_base_through_a_checkpoint():
+  learner, batches = _learner("at_own_sync", overlap=2)
+  _steps(learner, batches, 2)
+  _upload(learner, 0.0)
+  one, send = _others(learner)
+  learner.receive(send)
+  saved = learner.checkpoint_state()
+  twin, _ = _learner("at_own_sync", overlap=2)
+  twin.load_checkpoint_state(saved)
+  assert (twin.versions[0], twin.base_versions[0], twin.adopt_at[0]) == (1, 0, 4)
+  assert _same(twin.base_copy[0], learner.base_copy[0]) and _same(twin.global_copy[0], one)
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [(dict(delivery="keep"), "outer.delivery"), (dict(delivery="rebase", alpha=0.5), "alpha")],
+)
+def test_a_delivery_rule_that_makes_no_sense_is_refused_by_name(overrides, key):
+  c = shakespeare.get_config("runlocal,mode=decoupled")
+  c.outer.update(overrides)
+  with pytest.raises(ValueError, match=key):
+    checks.check(c)
