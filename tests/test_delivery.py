@@ -83,7 +83,7 @@ def test_rebase_keeps_what_the_merge_lacks_and_drops_only_its_own_merged_upload(
   assert _same(sent, {k: two[k] - kept[k] for k in two})
 
 
-def test_at_own_sync_holds_merges_until_its_own_upload_and_sends_against_its_base():
+def test_at_own_sync_holds_merges_until_its_own_merge_follows_its_upload():
   learner, batches = _learner("at_own_sync")
   theta0 = learner.global_copy[0]
   _steps(learner, batches, 2)
@@ -94,11 +94,14 @@ def test_at_own_sync_holds_merges_until_its_own_upload_and_sends_against_its_bas
   assert (learner.versions[0], learner.base_versions[0]) == (1, 0)
   _steps(learner, batches, 1)
   before = learner._read(0)
-  up = _upload(learner, 0.0)  # its sync: all 3 steps against version 0, then version 1 taken
+  up = _upload(learner, 0.0)  # its sync: all 3 steps against version 0
   assert (up.base_version, up.steps) == (0, 3)
   assert _same(compression.decode_tree(up.delta), {k: theta0[k] - before[k] for k in theta0})
-  assert _same(learner._read(0), one) and learner.c_steps[0] == 0
-  assert learner.base_versions[0] == 1
+  assert _same(learner._read(0), before) and learner.adopt_at[0] == 3  # its merge not back yet
+  two, send = _own(learner, 2)
+  learner.receive(send)  # the version merging its upload: taken at once (tau = 0)
+  assert _same(learner._read(0), two) and learner.c_steps[0] == 0
+  assert learner.base_versions[0] == 2 and learner.adopt_at[0] == -1
 
 
 def test_at_own_sync_with_overlap_takes_the_newest_tau_steps_later_mixed_by_alpha():
@@ -106,18 +109,31 @@ def test_at_own_sync_with_overlap_takes_the_newest_tau_steps_later_mixed_by_alph
   _steps(learner, batches, 2)
   _upload(learner, 0.0)
   assert learner.adopt_at[0] == 4 and learner.base_versions[0] == 0
+  _, send = _own(learner, 1)
+  learner.receive(send)  # its own merge, one step early: held
   _steps(learner, batches, 1)
-  one, send = _others(learner)
+  two, send = _others(learner)
+  send = protocol.Send(0, 0, 2, values=two)  # then another learner's
   learner.receive(send)
-  assert learner.base_versions[0] == 0  # not yet: one step after its upload
+  assert learner.base_versions[0] == 0
   twin, _ = _learner("replace")  # the same step without the mix: θ before it is taken
   twin.state = jax.tree.map(lambda x: x.copy(), learner.state)  # (steps donate their state)
   batch = next(batches)
   twin.step(batch)
-  learner.step(batch)  # step 4 = 2 + tau: then θ ← α θ + (1 − α) Θ1
+  learner.step(batch)  # step 4 = 2 + tau: then θ ← α θ + (1 − α) Θ2
   stepped = twin._read(0)
-  assert _same(learner._read(0), {k: 0.5 * stepped[k] + 0.5 * one[k] for k in one})
-  assert learner.base_versions[0] == 1 and learner.adopt_at[0] == -1 and learner.c_steps[0] == 0
+  assert _same(learner._read(0), {k: 0.5 * stepped[k] + 0.5 * two[k] for k in two})
+  assert learner.base_versions[0] == 2 and learner.adopt_at[0] == -1 and learner.c_steps[0] == 0
+
+
+def test_at_own_sync_after_a_refused_upload_sends_its_progress_again():
+  learner, batches = _learner("at_own_sync")
+  _steps(learner, batches, 2)
+  up = _upload(learner, 0.0)
+  learner.not_merged(0, up.sent_time)  # refused: nothing to take, the 2 steps stay
+  _steps(learner, batches, 1)
+  again = _upload(learner, 1.0)
+  assert (again.base_version, again.steps) == (0, 3) and learner.adopt_at[0] == 3
 
 
 def test_at_own_sync_keeps_its_base_through_a_checkpoint():
@@ -130,6 +146,7 @@ def test_at_own_sync_keeps_its_base_through_a_checkpoint():
   twin, _ = _learner("at_own_sync", overlap=2)
   twin.load_checkpoint_state(saved)
   assert (twin.versions[0], twin.base_versions[0], twin.adopt_at[0]) == (1, 0, 4)
+  assert twin.own_merged == learner.own_merged == [0] * len(twin.own_merged)
   assert _same(twin.base_copy[0], learner.base_copy[0]) and _same(twin.global_copy[0], one)
 
 

@@ -20,8 +20,10 @@ What a merged fragment does to the local parameters is the delivery rule (`outer
   θ_p ← Θ_new + (θ_p − Θ_held) + [the version merges its pending upload u] decode(u), its
   counters less u's steps and tokens;
 - at_own_sync: versions that arrive are held, θ_p untouched, and the newest is taken (mixed with
-  `alpha`) only τ steps after the learner's own upload of p (`overlap`): uploads are built
-  against the version θ_p started from (the base), which may be older than the newest held.
+  `alpha`) only at the learner's own sync point: τ steps after its upload of p (`overlap`), once
+  the version merging that upload has arrived (so that its next upload, built against the version
+  θ_p started from, its base, never looks like a copy of the last). A refused upload is not
+  followed by a take: its progress goes with the next upload.
 """
 
 import dataclasses
@@ -68,12 +70,14 @@ class Learner:
   sent: dict[int, list[Upload]] = dataclasses.field(default_factory=dict)
   delivery: str = "replace"  # replace | rebase | at_own_sync (see the module doc)
   overlap: int = 0  # tau: at_own_sync takes the newest version tau steps after its upload
-  # at_own_sync: per fragment the version θ_p started from (copy, version, generation), and
-  # the step at which the newest version is taken (after an upload; -1: none due).
+  # at_own_sync: per fragment the version θ_p started from (copy, version, generation), the
+  # step from which the newest version is taken (after an upload; -1: none due), and whether
+  # the version merging that upload has arrived (1) or not (0).
   base_copy: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
   base_versions: list[int] = dataclasses.field(default_factory=list)
   base_generations: list[int] = dataclasses.field(default_factory=list)
   adopt_at: list[int] = dataclasses.field(default_factory=list)
+  own_merged: list[int] = dataclasses.field(default_factory=list)
 
   def __post_init__(self, start: Mapping[str, np.ndarray] | None):
     if not 0.0 <= self.alpha <= 1.0:
@@ -99,7 +103,7 @@ class Learner:
       ]
       self.versions = [0] * n
       self._write({k: v for g in self.global_copy for k, v in g.items()})
-    self.adopt_at = [-1] * n
+    self.adopt_at, self.own_merged = [-1] * n, [0] * n
     self.base_copy = list(self.global_copy)
     self.base_versions, self.base_generations = list(self.versions), list(self.generations)
 
@@ -121,9 +125,8 @@ class Learner:
     for p in range(self.frag.num_fragments):
       self.c_steps[p] += 1
       self.c_tokens[p] += self.tokens_per_step
-    for p, at in enumerate(self.adopt_at):
-      if 0 <= at <= self.steps:
-        self._adopt(p)
+    for p in range(self.frag.num_fragments):
+      self._maybe_adopt(p)
     return metrics
 
   def _train(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -156,19 +159,18 @@ class Learner:
     )
     self.sent.setdefault(p, []).append(up)
     if self.delivery == "at_own_sync":  # its own sync point: the newest version, tau steps on
-      self.adopt_at[p] = self.steps + self.overlap
-      if self.overlap == 0:
-        self._adopt(p)
+      self.adopt_at[p], self.own_merged[p] = self.steps + self.overlap, 0
     return up
 
-  def _adopt(self, p: int) -> None:
-    """at_own_sync: θ_p takes the newest version held (mixed with `alpha`), its new base."""
-    self.adopt_at[p] = -1
-    self._replace(p, self.global_copy[p])
+  def _maybe_adopt(self, p: int) -> None:
+    """at_own_sync: at its sync point θ_p takes the newest version held (mixed with `alpha`)."""
+    if self.own_merged[p] and 0 <= self.adopt_at[p] <= self.steps:
+      self._replace(p, self.global_copy[p])
 
   def not_merged(self, p: int, sent_time: float | None) -> None:
     """The upload of fragment p made at `sent_time` was not merged: refused, or never sent."""
     self.sent[p] = [u for u in self.sent.get(p, []) if u.sent_time != sent_time]
+    self.adopt_at[p] = -1  # (at_own_sync: its progress stays, for the next upload)
 
   def accepts(self, send: Send) -> Code | None:
     """Why `send` cannot be applied (`learner_machine.verdict`), or None."""
@@ -211,6 +213,9 @@ class Learner:
     elif self.delivery == "at_own_sync":
       if send.generation > self.base_generations[p]:  # a restart may not know the old base
         self._replace(p, new)
+      elif send.includes_own and self.adopt_at[p] >= 0:
+        self.own_merged[p] = 1
+        self._maybe_adopt(p)
     elif self.delivery == "rebase" or (rebase and merged_up is not None):
       self._keep_progress(p, old, new, merged_up)
     else:
@@ -251,7 +256,7 @@ class Learner:
     """θ_p is anchored at the newest version held from now on."""
     self.base_copy[p] = self.global_copy[p]
     self.base_versions[p], self.base_generations[p] = self.versions[p], self.generations[p]
-    self.adopt_at[p] = -1
+    self.adopt_at[p], self.own_merged[p] = -1, 0
 
   def checkpoint_state(self) -> dict[str, Any]:
     """What a crash must not lose: {'train': TrainState, 'host': name -> np.ndarray}."""
@@ -264,7 +269,9 @@ class Learner:
     }
     own_base = self.delivery == "at_own_sync"  # (the base is the newest version otherwise)
     if own_base:
-      host.update(bases=self.base_versions + self.base_generations + self.adopt_at)
+      host.update(
+          bases=self.base_versions + self.base_generations + self.adopt_at + self.own_merged
+      )
     host = {k: np.asarray(v, np.int64) for k, v in host.items()}
     for p in range(self.frag.num_fragments):
       for i, k in enumerate(self.frag.paths[p]):
@@ -284,7 +291,7 @@ class Learner:
     host["counters"] = np.zeros(2 + len(self.sync_generations), np.int64)
     own_base = self.delivery == "at_own_sync"
     if own_base:
-      host["bases"] = np.zeros(3 * n, np.int64)
+      host["bases"] = np.zeros(4 * n, np.int64)
     for p in range(n):
       for i, k in enumerate(self.frag.paths[p]):
         host[f"global.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
@@ -310,11 +317,11 @@ class Learner:
     ]
     self.base_copy = list(self.global_copy)
     self.base_versions, self.base_generations = list(self.versions), list(self.generations)
-    self.adopt_at = [-1] * n
+    self.adopt_at, self.own_merged = [-1] * n, [0] * n
     if "bases" in host:
       bases = [int(x) for x in host["bases"]]
       self.base_versions, self.base_generations = bases[:n], bases[n : 2 * n]
-      self.adopt_at = bases[2 * n :]
+      self.adopt_at, self.own_merged = bases[2 * n : 3 * n], bases[3 * n :]
       self.base_copy = [
           {k: np.array(host[f"base.{p}.{i}"], np.float32) for i, k in enumerate(paths)}
           for p, paths in enumerate(self.frag.paths)
