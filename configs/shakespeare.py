@@ -201,6 +201,11 @@ def _outer() -> dict:
           "last upload lost) | rebase (keeps the progress the merge lacks) | at_own_sync (held "
           "until tau steps after the learner's own next upload)",
       ),
+      anchor=(
+          "base",
+          "outer gradients against: base (the version the learner started from) | global (the "
+          "synchronizer's fragment when the upload arrives; learners send their values)",
+      ),
       codec=(Auto("fp32"), "outer gradients on the wire: fp32 | bf16 | int8 | fp4 | 2bit | 1bit"),
       # linear won the precision ablation (notebooks/decoupled_ablations.py)
       fp4_rounding=("linear", "fp4 uplink: linear (nearest) | log (nearest in log2) | stochastic"),

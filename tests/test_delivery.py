@@ -16,9 +16,9 @@ from diloco.config import build, checks
 from diloco.outer import compression, protocol
 
 
-def _learner(delivery: str, overlap: int = 0, alpha: float = 0.0):
+def _learner(delivery: str, overlap: int = 0, alpha: float = 0.0, anchor: str = "base"):
   c = shakespeare.get_config("runlocal,mode=decoupled")
-  c.outer.update(dict(codec="fp32", delivery=delivery, overlap=overlap, alpha=alpha))
+  c.outer.update(dict(codec="fp32", delivery=delivery, overlap=overlap, alpha=alpha, anchor=anchor))
   parts = build.local_learners(c)
   return parts.make_learner(0, holds_start=True), parts.islands[0].data.train_iter
 
@@ -150,9 +150,23 @@ def test_at_own_sync_keeps_its_base_through_a_checkpoint():
   assert _same(twin.base_copy[0], learner.base_copy[0]) and _same(twin.global_copy[0], one)
 
 
+def test_under_the_global_anchor_a_learner_uploads_its_fragment():
+  learner, batches = _learner("at_own_sync", anchor="global")
+  _steps(learner, batches, 2)
+  up = _upload(learner, 0.0)
+  assert _same(compression.decode_tree(up.delta), learner._read(0)) and up.base_version == 0
+
+
 @pytest.mark.parametrize(
     "overrides, key",
-    [(dict(delivery="keep"), "outer.delivery"), (dict(delivery="rebase", alpha=0.5), "alpha")],
+    [
+        (dict(delivery="keep"), "outer.delivery"),
+        (dict(delivery="rebase", alpha=0.5), "alpha"),
+        (dict(anchor="latest"), "outer.anchor"),
+        (dict(anchor="global", delivery="rebase"), "outer.delivery=rebase"),
+        (dict(anchor="global", codec="fp4"), "outer.codec='fp4'"),
+        (dict(anchor="global", codec="fp32", error_feedback=True), "error feedback"),
+    ],
 )
 def test_a_delivery_rule_that_makes_no_sense_is_refused_by_name(overrides, key):
   c = shakespeare.get_config("runlocal,mode=decoupled")

@@ -455,6 +455,28 @@ def test_staleness_damping_halves_an_upload_one_version_behind(damping, second_s
   _assert_bits(sync.globals[0], want)
 
 
+def test_the_global_anchor_takes_each_upload_against_the_fragment_as_it_is():
+  """Issue 51: under outer.anchor=global an upload carries θ_m and the synchronizer forms
+  Θ − θ_m on arrival. K=1, outer SGD lr 1/2: each merge moves Θ halfway to the uploaded θ, and
+  an upload on version 0 arriving after version 1 is not stale (no damping though it is on)."""
+  policy = policies.Policy(
+      policies.MinQuorum(1),
+      policies.NoGrace(),
+      **EQUAL_MEAN,
+      staleness_damping=True,
+      anchor="global",
+  )
+  sync = _sync(policy, optimizers.sgd(0.5), learners=2)
+  start = {E: PARAMS["embed"]["embedding"], W0: PARAMS["blocks"][0]["w"]}
+  t0 = {E: _f([2.0, 2.0], [4.0, 4.0]), W0: _f([0.5, 0.0], [2.0, 0.25])}
+  t1 = {E: _f([0.0, 1.0], [2.0, 3.0]), W0: _f([1.5, -1.0], [2.0, 1.25])}
+  assert _merges(sync.handle(_up(0, 0, t0, base=0)))[0]["staleness"] == [0]
+  one = {k: start[k] - 0.5 * (start[k] - t0[k]) for k in start}
+  _assert_bits(sync.globals[0], one)
+  assert _merges(sync.handle(_up(1, 0, t1, base=0)))[0]["staleness"] == [0]
+  _assert_bits(sync.globals[0], {k: one[k] - 0.5 * (one[k] - t1[k]) for k in one})
+
+
 @pytest.mark.parametrize("bad_value", [np.nan, np.inf])
 def test_non_finite_payloads_never_reach_the_global_state(merged_once, bad_value):
   sync = merged_once

@@ -160,6 +160,7 @@ class Parts:
         owner_of=self.owner_of,
         delivery=o.delivery,
         overlap=int(o.overlap),
+        anchor=o.anchor,
     )
     if m in self.rows:
       stack, row = self.rows[m]

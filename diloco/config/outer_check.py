@@ -6,7 +6,7 @@ from diloco.outer import compression, learner as learner_lib, policies
 
 
 def check(outer: ml_collections.ConfigDict) -> None:
-  """ValueError naming the first bad key of `outer` (codecs, rounding, broadcast, delivery, DyLU)."""
+  """ValueError naming the first bad key of `outer` (codecs, rounding, broadcast, delivery, anchor, DyLU)."""
   for key in ("codec", "downlink_codec"):
     value = outer.get(key, "")
     if (value or key == "codec") and value not in compression.CODECS:
@@ -30,6 +30,21 @@ def check(outer: ml_collections.ConfigDict) -> None:
         "learner's progress the merge lacks, so there is nothing left to mix; alpha is for "
         "replace and at_own_sync"
     )
+  anchor = outer.get("anchor", "base")
+  if anchor not in policies.ANCHORS:
+    raise ValueError(f"outer.anchor={anchor!r}: expected one of {policies.ANCHORS}")
+  if anchor == "global":
+    if delivery == "rebase":
+      raise ValueError(
+          "outer.anchor=global with outer.delivery=rebase: " + learner_lib.GLOBAL_REBASE
+      )
+    if outer.codec not in learner_lib.GLOBAL_CODECS or outer.get("error_feedback", False):
+      raise ValueError(
+          f"outer.anchor=global with outer.codec={outer.codec!r}"
+          f"{' and error feedback' if outer.get('error_feedback', False) else ''}: under the "
+          "global anchor the learners send their fragment's values, which a low-bit codec "
+          f"would ruin; use outer.codec in {learner_lib.GLOBAL_CODECS} without error feedback"
+      )
   if outer.get("dylu", False):
     if outer.inner_steps < 1:
       raise ValueError(f"outer.dylu needs outer.inner_steps >= 1, got {outer.inner_steps}")

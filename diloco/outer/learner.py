@@ -24,6 +24,8 @@ What a merged fragment does to the local parameters is the delivery rule (`outer
   the version merging that upload has arrived (so that its next upload, built against the version
   θ_p started from, its base, never looks like a copy of the last). A refused upload is not
   followed by a take: its progress goes with the next upload.
+With `anchor` global, an upload carries θ_p itself and the synchronizer forms the outer gradient
+against its fragment as it is (policies.Policy.anchor).
 """
 
 import dataclasses
@@ -40,6 +42,12 @@ from diloco.outer.protocol import Send, Upload
 from diloco.outer.uplink import Uplink
 
 DELIVERIES = ("replace", "rebase", "at_own_sync")  # what a merged fragment does (module doc)
+GLOBAL_REBASE = (
+    "rebase keeps the progress after an upload on top of the merge that holds it, which needs "
+    "the outer gradient as the learner formed it; under the global anchor the synchronizer forms "
+    "it against a version the learner may not have seen"
+)
+GLOBAL_CODECS = ("fp32", "bf16")  # a fragment's values, not a delta, travel under anchor=global
 
 
 @dataclasses.dataclass
@@ -70,6 +78,7 @@ class Learner:
   sent: dict[int, list[Upload]] = dataclasses.field(default_factory=dict)
   delivery: str = "replace"  # replace | rebase | at_own_sync (see the module doc)
   overlap: int = 0  # tau: at_own_sync takes the newest version tau steps after its upload
+  anchor: str = "base"  # global: uploads carry θ_p, the synchronizer forms Θ_p − θ_p (policies)
   # at_own_sync: per fragment the version θ_p started from (copy, version, generation), the
   # step from which the newest version is taken (after an upload; -1: none due), and whether
   # the version merging that upload has arrived (1) or not (0).
@@ -84,6 +93,8 @@ class Learner:
       raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
     if self.delivery not in DELIVERIES:
       raise ValueError(f"delivery={self.delivery!r}: expected one of {DELIVERIES}")
+    if self.anchor == "global" and self.delivery == "rebase":
+      raise ValueError("delivery=rebase with anchor=global: " + GLOBAL_REBASE)
     n = self.frag.num_fragments
     self.versions, self.c_steps, self.c_tokens = [0] * n, [0] * n, [0] * n
     self.generations = [0] * n
@@ -149,7 +160,11 @@ class Learner:
         learner=self.index,
         fragment=p,
         base_version=self.base_versions[p],
-        delta=self.uplink.encode(p, self.base_copy[p], local),
+        delta=(
+            compression.encode_tree(local, self.codec)
+            if self.anchor == "global"
+            else self.uplink.encode(p, self.base_copy[p], local)
+        ),
         steps=self.c_steps[p],
         tokens=self.c_tokens[p],
         time=arrival_time,

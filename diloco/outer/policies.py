@@ -179,13 +179,20 @@ class Policy:
   # it pushes; the others keep training on what they hold and upload against it later).
   broadcast: str = "all"
   dylu_inner_steps: int = 0  # >0: DyLU on, with the fastest learner's H (dylu.py)
+  # What an outer gradient is taken against: "base", the version the learner started from
+  # (Δ = Θ_base − θ, formed by the learner), or "global", the synchronizer's fragment when the
+  # upload arrives (the learner sends θ; Δ = Θ − θ, not stale).
+  anchor: str = "base"
 
   def __post_init__(self):
     if self.broadcast not in BROADCASTS:
       raise ValueError(f"unknown outer.broadcast {self.broadcast!r}; expected one of {BROADCASTS}")
+    if self.anchor not in ANCHORS:
+      raise ValueError(f"unknown outer.anchor {self.anchor!r}; expected one of {ANCHORS}")
 
 
 BROADCASTS = ("all", "contributors")
+ANCHORS = ("base", "global")
 SYNCHRONOUS = Policy(AllLive(), NoGrace(), EqualWeights(), Mean())
 
 
@@ -218,4 +225,5 @@ def from_config(config: ml_collections.ConfigDict) -> Policy:
       staleness_damping=o.staleness_damping,
       broadcast=o.broadcast,
       dylu_inner_steps=o.inner_steps if o.dylu else 0,
+      anchor=o.get("anchor", "base"),
   )

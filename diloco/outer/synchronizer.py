@@ -36,6 +36,7 @@ rebuilt from learners' Joins and new uploads. With `checkpoint_every=N` a `Check
 the runtime to save the state after every N-th merge.
 """
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -171,6 +172,8 @@ class Synchronizer:
       self.rounds[up.fragment].abstaining.add(up.learner)
       return [reject] + self._maybe_merge(up.fragment, up.time)
     p, rnd = up.fragment, self.rounds[up.fragment]
+    if self.policy.anchor == "global":
+      up = self._anchored(up)
     rnd.abstaining.discard(up.learner)
     self.ema_step.update(up.step_time)
     if self.dylu is not None:
@@ -180,6 +183,13 @@ class Synchronizer:
       rnd.first_upload_s = up.time
     rnd.pending[up.learner] = up
     return self._maybe_merge(p, up.time)
+
+  def _anchored(self, up: Upload) -> Upload:
+    """outer.anchor=global: the upload carries θ_m; its outer gradient is Θ_p − θ_m against
+    the fragment as it is now (the version its round merges into), kept in fp32."""
+    theta, values = compression.decode_tree(up.delta), self.fragments[up.fragment].values
+    delta = {k: np.asarray(values[k], np.float32) - theta[k] for k in values}
+    return dataclasses.replace(up, delta=compression.encode_tree(delta, "fp32"), checksum=None)
 
   def _tick(self, now: float) -> list[Action]:
     actions: list[Action] = []
@@ -247,6 +257,8 @@ class Synchronizer:
       self._reset_round(p)
       return rejects
     staleness = [self.fragments[p].version - u.base_version for u in ups]
+    if self.policy.anchor == "global":  # each taken against the fragment as it is
+      staleness = [0] * len(ups)
     if self.policy.staleness_damping:
       merged = merging.staleness_damped(merged, weights, staleness)
     encoded = self._commit(p, ups, merged)
