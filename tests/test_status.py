@@ -92,6 +92,8 @@ def test_status_while_training_then_consistent_with_the_synchronizer(live):
     assert r["loss"] == 1.5 + r["learner"]
     assert r["finished"] is True
     assert r["versions"] == sync.held[r["learner"]]
+    # Where its work went, as the synchronizer's summary says (merged steps over P × trained).
+    assert 0 < r["merged_share"] == summary["learners"][str(r["learner"])]["merged_share"] <= 1
     received, sent = live["svc"].bytes_of(r["learner"])
     assert (r["bytes_up"], r["bytes_down"]) == (received, sent) and received > 0 and sent > 0
   # Every merge is in the history, numbered 1..N; each fragment's recent quorums are real ones.
@@ -118,6 +120,8 @@ def test_metrics_parse_as_prometheus_text(live):
     assert samples[("diloco_learner_step", (("learner", str(m)),))] == learner.steps
     assert samples[("diloco_learner_tokens_total", (("learner", str(m)),))] == learner.tokens
     assert samples[("diloco_learner_live", (("learner", str(m)),))] in (0.0, 1.0)
+    share = samples[("diloco_learner_merged_share", (("learner", str(m)),))]
+    assert 0 < share <= 1
   for p, v in enumerate(sync.versions):
     assert samples[("diloco_fragment_version", (("fragment", str(p)),))] == v
 
@@ -201,6 +205,7 @@ def test_page_in_a_headless_browser_shows_the_learner_rows(live, tmp_path):
     cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")] for r in rows]
     assert [c[0] for c in cells] == ["0", "1"]
     assert all(c[3] == str(live["config"].steps) for c in cells)  # the step column
+    assert all(0 < float(c[7]) <= 1 for c in cells)  # the merged share column
     assert len(driver.find_elements(By.CSS_SELECTOR, "svg.plot polyline")) >= 3  # merges, 2 losses
   finally:
     driver.quit()

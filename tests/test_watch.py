@@ -89,7 +89,9 @@ def test_timeline_picture_of_a_hand_built_log(tmp_path):
   tr.cut(1, 5.0)
   merges = [dict(time=t, fragment=p, quorum=2) for t, p in ((1.0, 0), (2.0, 1), (9.0, 0))]
   args = (tr, merges, 10.0, 2.0, 2)
-  fig, ax, _ = timeline.figure(*args, down=[(1, 5.0, 8.0)])
+  fig, ax, _ = timeline.figure(*args, down=[(1, 5.0, 8.0)], shares=[0.625, None])
+  labels = [t.get_text() for t in ax.get_yticklabels()]
+  assert labels == ["global model", "learner 1", "learner 0\n62% merged"]
   want = {  # (time, row) -> colour; learner 0 is row 2, learner 1 row 1, the model row 0
       (2.0, 2): timeline.COLORS["train"],
       (5.0, 2): timeline.COLORS["wait"],

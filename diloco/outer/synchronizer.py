@@ -419,7 +419,7 @@ class Synchronizer:
     progress since it last received that fragment; a refused one counts nothing)."""
     out: dict[int, dict[str, dict[int, int]]] = {}
     for p, f in self.fragments.items():
-      for m, (steps, tokens) in f.merged.items():
+      for m, (steps, tokens) in list(f.merged.items()):  # (a status read races merges)
         work = out.setdefault(m, {"steps": {}, "tokens": {}})
         work["steps"][p], work["tokens"][p] = steps, tokens
     return dict(sorted(out.items()))

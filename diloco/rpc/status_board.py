@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any
 
+from diloco import metrics
+
 RECENT = 8  # merges per fragment kept for the page
 HISTORY = 600  # points per curve (merges, each learner's loss)
 RATE_WINDOW_S = 60.0  # merges per second over this window
@@ -126,6 +128,7 @@ class StatusBoard:
     ids = sorted(set(reports) | set(held) | live)
     window = [t for t, _ in merge_times if t >= now - RATE_WINDOW_S]
     owned = set(getattr(sync, "owned", range(len(versions))))
+    work = metrics.merged_shares(sync.merged_work(), self.trained_steps(), len(owned))
     return {
         "shard": self.shard,
         "generation": sync.generation,
@@ -135,7 +138,13 @@ class StatusBoard:
         "merges_per_s": len(window) / min(RATE_WINDOW_S, max(now, 1e-9)),
         "refusals": refusals,
         "versions": versions,
-        "learners": [self._learner(m, m in live, reports, seen, staleness, held, now) for m in ids],
+        "learners": [
+            {
+                **self._learner(m, m in live, reports, seen, staleness, held, now),
+                "merged_share": work.get(str(m), {}).get("merged_share"),
+            }
+            for m in ids
+        ],
         "fragments": [
             {
                 "fragment": p,

@@ -89,7 +89,8 @@ def _run(
   if faults:
     summary.update(island_summary.chaos_summary(runtime, faults, sim_time))
   if config.get("timeline", True):
-    summary["timeline"] = draw_timeline(config, runtime, log.merges, sim_time, workdir)
+    shares = [r["merged_share"] for r in summary["per_learner"]]
+    summary["timeline"] = draw_timeline(config, runtime, log.merges, sim_time, workdir, shares)
   virtual_snapshot.remove(workdir)
   return summary
 
@@ -164,7 +165,9 @@ def _stopped(config, parts, runtime, log, iters, workdir, recover, state, t_wall
   }
 
 
-def draw_timeline(config, runtime, merges: list[dict], sim_time: float, workdir: str) -> str:
+def draw_timeline(
+    config, runtime, merges: list[dict], sim_time: float, workdir: str, shares=()
+) -> str:
   """WORKDIR/timeline.png of a finished run (diloco/watch/timeline.py), with its crashes and
   synchronizer restarts when it had faults."""
   o, stats = config.outer, getattr(runtime, "stats", None)
@@ -180,6 +183,7 @@ def draw_timeline(config, runtime, merges: list[dict], sim_time: float, workdir:
       down=[(c["learner"], c["time"], c["rejoined"] or sim_time) for c in crashes],
       sync_down=[(r["time"], min(r["back"], sim_time)) for r in restarts],
       title=f"mode={config.mode}, M={o.learners}, speeds {config.sim.speeds or 'all 1'}",
+      shares=shares,
   )
 
 

@@ -62,6 +62,11 @@ class _Collector:
         "last_progress_s": GaugeMetricFamily(
             "diloco_learner_seconds_since_progress", "Since it was last heard.", labels=["learner"]
         ),
+        "merged_share": GaugeMetricFamily(
+            "diloco_learner_merged_share",
+            "Share of its trained steps whose progress reached a merge.",
+            labels=["learner"],
+        ),
     }
     counters = {
         "tokens": CounterMetricFamily("diloco_learner_tokens", "Tokens.", labels=["learner"]),
@@ -74,7 +79,7 @@ class _Collector:
     }
     for row in self.s["learners"]:
       for key, family in {**gauges, **counters}.items():
-        value = row[key]
+        value = row.get(key)
         if value is not None:
           family.add_metric([str(row["learner"])], float(value))
     yield from gauges.values()
@@ -179,6 +184,7 @@ def html(snapshot: dict[str, Any]) -> str:
           r["tokens"],
           r["loss"],
           r["staleness"],
+          r.get("merged_share"),
           r["last_progress_s"],
           " ".join(map(str, r["versions"])),
           r["bytes_up"],
@@ -187,8 +193,8 @@ def html(snapshot: dict[str, Any]) -> str:
       for r in s["learners"]
   ]
   learner_rows = _table(
-      ["learner", "state", "finished", "step", "tokens", "loss", "staleness", "heard s ago",
-       "versions held", "bytes up", "bytes down"],
+      ["learner", "state", "finished", "step", "tokens", "loss", "staleness", "merged share",
+       "heard s ago", "versions held", "bytes up", "bytes down"],
       learners,
       css=["learner" if r["live"] else "learner absent" for r in s["learners"]],
   )  # fmt: skip

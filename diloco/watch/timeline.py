@@ -10,6 +10,7 @@ stall), the definition the summary's `uptime` uses.
 """
 
 import dataclasses
+from collections.abc import Sequence
 
 TRAIN, WAIT, DOWN = "train", "wait", "down"
 COLORS = {TRAIN: "#2b7bba", WAIT: "#f0a030", DOWN: "#d62728"}
@@ -64,9 +65,12 @@ def figure(
     down: list[tuple[int, float, float]] = (),
     sync_down: list[tuple[float, float]] = (),
     title: str = "",
+    shares: Sequence[float | None] = (),
 ):
   """The timeline as a matplotlib figure (see the module doc): returns (figure, rows axes, merges
-  axes). In the rows axes learner m is drawn at height M − m and the global model at 0."""
+  axes). In the rows axes learner m is drawn at height M − m and the global model at 0; its
+  label gives its merged share when `shares` does (the share of its trained steps whose
+  progress reached a merge, `metrics.merged_shares`)."""
   # A Figure on its own Agg canvas, not pyplot: drawing here never changes the backend of a
   # notebook or script that called the run.
   from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -87,7 +91,7 @@ def figure(
   bar([(0.0, end)], 0, ADVANCING)  # the global model, unless stalled or its synchronizer down
   bar(stalled_spans([r["time"] for r in merges], end, period_s), 0, STALLED)
   bar(sync_down, 0, COLORS[DOWN])
-  labels = ["global model"] + [f"learner {m}" for m in reversed(range(m_count))]
+  labels = ["global model"] + [_label(m, shares) for m in reversed(range(m_count))]
   ax.set_yticks(range(0, m_count + 1), labels)
   ax.set_ylim(-0.8, m_count + 0.8)
   legend = [("training", COLORS[TRAIN]), ("waiting", COLORS[WAIT]), ("down", COLORS[DOWN])]
@@ -104,6 +108,11 @@ def figure(
   _merges(fig, axm, merges, m_count, fragments, end)
   fig.tight_layout()
   return fig, ax, axm
+
+
+def _label(m: int, shares: Sequence[float | None]) -> str:
+  share = shares[m] if m < len(shares) else None
+  return f"learner {m}" if share is None else f"learner {m}\n{share:.0%} merged"
 
 
 def _merges(fig, axm, merges: list[dict], m_count: int, fragments: int, end: float) -> None:
