@@ -13,7 +13,8 @@ notebooks/results/delivery/):
   python -m experiments.sweep --config=configs/sweeps/delivery.py:part=time,results=$W \
       --workdir=$W --table=time --parallel=2
 
-(`domains=text` or `settings=paper,2x` narrow or widen any part.)
+(`domains=text` or `settings=paper,2x` narrow or widen any part; `tiny` runs a few-second
+version: text, K=1 with grace only, one rate, two seeds, one equal-time run per cell.)
 
 Everything is configs/sweeps/heterogeneous.py's run (8 learners, the Decoupled preset, P = 4
 fragments every H = 20 steps, 10% log-normal step jitter, the same budgets and evaluation sets,
@@ -43,6 +44,7 @@ SETTINGS = {"paper": (1, 1, 1, 1, 1.18, 1.18, 1.18, 1.18), "2x": het.SPEEDS}
 DELIVERIES = ("replace", "rebase", "at_own_sync")
 BUDGETS = ("tokens", "time")
 KEYS = ("setting", "domain", "policy", "delivery")  # a cell of the table
+TINY_POLICIES = ("k1_grace",)  # tiny (the test suite's): text, one policy, one lr, one time seed
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
@@ -90,7 +92,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def _cells(a) -> list[tuple]:
   settings, domains = a.settings.split(","), a.domains.split(",")
-  return [(s, d, p, r) for s in settings for d in domains for p in het.POLICIES for r in DELIVERIES]
+  policies = TINY_POLICIES if a.tiny else het.POLICIES
+  if a.tiny:
+    domains = ["text"]
+  return [(s, d, p, r) for s in settings for d in domains for p in policies for r in DELIVERIES]
 
 
 def _point(cell: tuple, **more) -> dict:
@@ -107,7 +112,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     raise ValueError(f"unknown part {a.part!r}; known: tune, extend, seeds, time")
   if not a.results:
     raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
-  rows = [r for r in sp.read_rows(a.results) if r.get("budget", "tokens") == "tokens"]
+  rows = [r for r in sp.read_rows(a.results) if (r.get("budget") or "tokens") == "tokens"]
   if a.part == "extend":
     return (
         []
@@ -117,4 +122,5 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   best = search.need_winners(rows, KEYS, cells, a.results)
   if a.part == "seeds":
     return [_point(c, outer_lr=best[c], seed=s) for c in cells for s in range(1, a.seeds)]
-  return [_point(c, outer_lr=best[c], seed=s, budget="time") for c in cells for s in range(a.seeds)]
+  seeds = range(1 if a.tiny else a.seeds)
+  return [_point(c, outer_lr=best[c], seed=s, budget="time") for c in cells for s in seeds]

@@ -1,0 +1,81 @@
+"""The delivery-rule table's cells and verdicts, on rows made up by hand."""
+
+from configs.sweeps import delivery as dv
+from diloco.studies import delivery_table as dt
+
+
+def _row(policy, delivery, lr, seed, loss, share=0.5, budget=None):
+  r = dict(setting="paper", domain="text", policy=policy, delivery=delivery, outer_lr=lr)
+  r.update(seed=seed, eval_loss=loss, merged_share=share, goodput=1.0, mean_quorum=2.0)
+  return r if budget is None else dict(r, budget=budget)
+
+
+ROWS = [
+    # replace: 0.4 wins at seed 0 (2.0 < 2.1); seeds 2.0, 2.2, 2.1 -> 2.1 ± 0.1
+    _row("k1_grace", "replace", 0.2, 0, 2.1),
+    _row("k1_grace", "replace", 0.4, 0, 2.0, 0.4),
+    _row("k1_grace", "replace", 0.4, 1, 2.2, 0.4),
+    _row("k1_grace", "replace", 0.4, 2, 2.1, 0.4),
+    # rebase: 0.2 wins; 1.8, 1.9 -> 1.85 ± 0.05: better than 2.1 by 0.25 > 0.1
+    _row("k1_grace", "rebase", 0.2, 0, 1.8, 0.9),
+    _row("k1_grace", "rebase", 0.2, 1, 1.9, 0.9),
+    _row("k1_grace", "rebase", 0.4, 0, 1.95, 0.9),
+    # at_own_sync: 2.05 at 0.4 and 2.25 -> 2.15 ± 0.1: within replace's spread
+    _row("k1_grace", "at_own_sync", 0.4, 0, 2.05, 0.6),
+    _row("k1_grace", "at_own_sync", 0.4, 1, 2.25, 0.6),
+    # an equal-time row at rebase's winner, and one at a rate that did not win (left out)
+    _row("k1_grace", "rebase", 0.2, 0, 1.7, 0.95, budget="time"),
+    _row("k1_grace", "rebase", 0.4, 0, 1.6, 0.95, budget="time"),
+]
+
+
+def test_cells_are_at_their_own_winners_and_time_rows_at_the_same_rate():
+  tokens, time = dt.cells(ROWS, "tokens"), dt.cells(ROWS, "time")
+  replace = tokens[("paper", "text", "k1_grace", "replace")]
+  assert replace.outer_lr == 0.4 and replace.seeds == 3
+  assert (
+      abs(replace.mean("eval_loss") - 2.1) < 1e-12
+      and abs(replace.spread("eval_loss") - 0.1) < 1e-12
+  )
+  assert tokens[("paper", "text", "k1_grace", "rebase")].outer_lr == 0.2
+  assert list(time) == [("paper", "text", "k1_grace", "rebase")]
+  assert time[("paper", "text", "k1_grace", "rebase")].values("eval_loss") == (1.7,)
+
+
+def test_each_keeping_rule_against_replace_by_hand():
+  found = dt.findings(dt.cells(ROWS), ("k1_grace",), dv.DELIVERIES, "tokens")
+  verdicts = {claim.split(": ")[1]: verdict for claim, verdict, _ in found}
+  assert verdicts == {
+      "rebase against replace": "better",
+      "at_own_sync against replace": "within the seed spread",
+  }
+  numbers = {claim.split(": ")[1]: n for claim, _, n in found}
+  assert numbers["rebase against replace"].endswith("merged share 0.90 vs 0.40")
+
+
+def test_the_grace_claim_needs_all_three_policies_and_reads_them():
+  rows = [
+      _row(p, "rebase", 0.4, 0, loss)
+      for p, loss in (("wait_all", 2.0), ("k1", 2.2), ("k1_grace", 1.9))
+  ]
+  (claim, verdict, _), *_ = dt.findings(
+      dt.cells(rows), ("wait_all", "k1", "k1_grace"), ("rebase",), "tokens"
+  )
+  assert "K=1 with grace at least as good" in claim and verdict == "shown"
+  rows[2] = _row("k1_grace", "rebase", 0.4, 0, 2.1)  # grace now worse than waiting
+  (_, verdict, _), *_ = dt.findings(
+      dt.cells(rows), ("wait_all", "k1", "k1_grace"), ("rebase",), "tokens"
+  )
+  assert verdict == "not shown"
+
+
+def test_the_sweep_points_and_the_equal_time_by_hand():
+  # 4 learners, two twice as slow: 1 + 1 + 1/2 + 1/2 = 3 steps per second, 40 steps in 40/3 s.
+  assert abs(dv.equal_time_s((1, 1, 2, 2), 10, 1.0) - 40 / 3) < 1e-12
+  tune = dv.get_sweep("part=tune")
+  assert len(tune) == 2 * 3 * 3 * 3  # domains x policies x rules x rates, the paper setting
+  assert {p["delivery"] for p in tune} == set(dv.DELIVERIES)
+  c = dv.get_config("budget=time,setting=2x,delivery=at_own_sync")
+  assert c.sim.speeds == "1,1,1,1,2,2,2,2" and c.outer.delivery == "at_own_sync"
+  assert abs(c.sim.time_limit_s - 8 * 1000 / 6) < 1e-9
+  assert dv.get_config("").sim.time_limit_s == 0.0  # equal tokens: no time limit
