@@ -24,6 +24,11 @@ def test_threads_matches_virtual_bit_for_bit(both_runs):
   # 20 steps, H = 10: two merges, each learner does all 20 steps.
   assert run["merges"] == virtual["merges"] == 2
   assert [r["steps"] for r in run["per_learner"]] == [20, 20]
+  # Where the work went (issue 51): the uploads after steps 10 and 20 carry 10 steps each, and
+  # both merge, so every trained step reached a merge, on both runtimes.
+  for summary in (run, virtual):
+    assert [r["merged_share"] for r in summary["per_learner"]] == [1.0, 1.0]
+    assert summary["merged_share"] == 1.0
   # The same learner decisions (learner_machine: uploads on which version after which step,
   # merges applied, rejoins), decided by one machine driven by two runtimes.
   assert [r["decisions"] for r in run["per_learner"]] == virtual["learner_decisions"]
