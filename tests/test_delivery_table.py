@@ -79,3 +79,12 @@ def test_the_sweep_points_and_the_equal_time_by_hand():
   assert c.sim.speeds == "1,1,1,1,2,2,2,2" and c.outer.delivery == "at_own_sync"
   assert abs(c.sim.time_limit_s - 8 * 1000 / 6) < 1e-9
   assert dv.get_config("").sim.time_limit_s == 0.0  # equal tokens: no time limit
+
+
+def test_the_rda_points_hold_every_learner_count_policy_and_merge():
+  points = dv.get_sweep("part=rda,delivery=rebase")
+  cells = {(p["learners"], p["policy"], p["merge"]) for p in points}
+  assert len(cells) == 8 and len(points) == 8 * 3 and {p["delivery"] for p in points} == {"rebase"}
+  c = dv.get_config("learners=16,policy=wait_all,merge=mean")
+  assert (c.outer.learners, c.outer.quorum, c.outer.merge) == (16, 16, "mean")
+  assert c.sim.speeds.split(",") == ["1", "1", "1", "1"] + ["1.18"] * 4 + ["1"] * 4 + ["1.18"] * 4

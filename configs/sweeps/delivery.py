@@ -30,6 +30,14 @@ and a budget:
 Each (setting, domain, policy, delivery) at its own outer learning rate at equal tokens
 (part=tune at seed 0 over het.OUTER_LRS, part=extend past an edge), three seeds at the winner
 (part=seeds), and the same winners at equal time (part=time, every seed).
+
+Point 4, radial-directional averaging where it can matter: part=rda (then rda_extend and
+rda_seeds, results=DIR) runs RDA against the plain mean at M = 8 and 16 learners (M = 16: eight of
+the paper setting's speeds twice), waiting for all (K = M) and K = 1 with grace, text, under the
+rule given with `delivery=`, each (M, policy, merge) at its own outer learning rate:
+
+  python -m experiments.sweep --config=configs/sweeps/delivery.py:part=rda,delivery=rebase \
+      --workdir=$W --table=rda --parallel=2
 """
 
 import ml_collections
@@ -44,6 +52,8 @@ SETTINGS = {"paper": (1, 1, 1, 1, 1.18, 1.18, 1.18, 1.18), "2x": het.SPEEDS}
 DELIVERIES = ("replace", "rebase", "at_own_sync")
 BUDGETS = ("tokens", "time")
 KEYS = ("setting", "domain", "policy", "delivery")  # a cell of the table
+RDA_KEYS = ("learners", "policy", "merge")  # a cell of point 4's rows
+RDA_PARTS = ("rda", "rda_extend", "rda_seeds")
 TINY_POLICIES = ("k1_grace",)  # tiny (the test suite's): text, one policy, one lr, one time seed
 
 
@@ -61,6 +71,8 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
       policy="k1_grace",
       delivery="rebase",
       budget="tokens",
+      learners=8,
+      merge="rda",
       outer_lr=0.4,
       seed=0,
   )
@@ -82,9 +94,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       raise ValueError(f"{name}={value!r}: expected one of {known}")
   base = f"tiny={a.tiny},domain={a.domain},policy={a.policy},outer_lr={a.outer_lr},seed={a.seed}"
   c = het.get_config(base)
-  speeds = SETTINGS[a.setting]
+  if a.learners not in (8, 16) or a.merge not in ("mean", "rda"):
+    raise ValueError(f"learners={a.learners}, merge={a.merge!r}: expected 8 or 16, mean or rda")
+  speeds = SETTINGS[a.setting] * (a.learners // 8)  # M = 16: 8 fast, 8 slow
+  c.outer.learners = a.learners
+  if a.policy == "wait_all":
+    c.outer.quorum = a.learners
   c.sim.speeds = ",".join(str(s) for s in speeds)
-  c.outer.delivery = a.delivery
+  c.outer.delivery, c.outer.merge = a.delivery, a.merge
   if a.budget == "time":
     c.sim.time_limit_s = equal_time_s(speeds, c.steps, c.sim.step_s)
   return c
@@ -102,14 +119,39 @@ def _point(cell: tuple, **more) -> dict:
   return dict(zip(KEYS, cell), **more)
 
 
+def _rda_sweep(a) -> list[dict]:
+  """Point 4 of issue 51: RDA against the mean at M = 8 and 16, waiting for all (K = M) and K = 1
+  with grace, text at the paper's setting, under the rule given (`delivery=`)."""
+  cells = [(m, p, g) for m in (8, 16) for p in ("wait_all", "k1_grace") for g in ("mean", "rda")]
+  point = lambda c, **more: dict(zip(RDA_KEYS, c), delivery=a.delivery, **more)
+  if a.part == "rda":
+    return [point(c, outer_lr=lr, seed=0) for c in cells for lr in het.OUTER_LRS]
+  rows = [
+      r
+      for r in sp.read_rows(a.results)
+      if r.get("merge") and (r.get("budget") or "tokens") == "tokens"
+  ]
+  rows = [r for r in rows if r["delivery"] == a.delivery]
+  if a.part == "rda_extend":
+    return [point(c[:-1], outer_lr=c[-1], seed=0) for c in search.past_edges(rows, RDA_KEYS, cells)]
+  best = search.need_winners(rows, RDA_KEYS, cells, a.results)
+  return [point(c, outer_lr=best[c], seed=s) for c in cells for s in range(1, a.seeds)]
+
+
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
+  if a.part in RDA_PARTS:
+    if a.part != "rda" and not a.results:
+      raise ValueError(
+          f"part={a.part} needs results=DIR, the sweep workdir holding part=rda's rows"
+      )
+    return _rda_sweep(a)
   cells = _cells(a)
   lrs = het.OUTER_LRS[1:2] if a.tiny else het.OUTER_LRS
   if a.part == "tune":
     return [_point(c, outer_lr=lr, seed=0) for c in cells for lr in lrs]
   if a.part not in ("extend", "seeds", "time"):
-    raise ValueError(f"unknown part {a.part!r}; known: tune, extend, seeds, time")
+    raise ValueError(f"unknown part {a.part!r}; known: tune, extend, seeds, time, {RDA_PARTS}")
   if not a.results:
     raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
   rows = [r for r in sp.read_rows(a.results) if (r.get("budget") or "tokens") == "tokens"]
