@@ -213,3 +213,20 @@ def _rows(path) -> list[dict]:
     except ValueError:  # a row being written
       pass
   return out
+
+
+@pytest.mark.parametrize("delivery", ["rebase", "at_own_sync"])
+def test_a_stopped_run_under_a_keeping_rule_resumes_to_the_same_bits(tmp_path, delivery):
+  """Issue 51: the snapshot keeps what the delivery rules read (the uploads not yet answered,
+  the bases at_own_sync trains from), so a resumed run is the uninterrupted one."""
+  config = _config("decoupled", steps=60, stop_after_steps=17)
+  with config.unlocked():
+    config.outer.delivery = delivery
+  part = train.train_and_evaluate(config, str(tmp_path / "part"))
+  assert part["stopped_by"] == "stop_after_steps"
+  with config.unlocked():
+    config.stop_after_steps = 0
+  rest = train.train_and_evaluate(config, str(tmp_path / "part"))
+  full = train.train_and_evaluate(config, str(tmp_path / "full"))
+  assert rest["params_sha256"] == full["params_sha256"] and rest["eval_loss"] == full["eval_loss"]
+  assert rest["merged_share"] == full["merged_share"] > 0

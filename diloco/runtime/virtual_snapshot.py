@@ -31,8 +31,9 @@ from diloco.outer.synchronizer import Synchronizer
 from diloco.runtime import preemption, virtual
 
 FILE = "virtual_run.pkl"  # under WORKDIR/checkpoints
-FORMAT = 4  # 2: learners' protocol state in "machines" (was in the clocks); 3: sync "fragments";
-# 4: learners' "sync_generations" per synchronizer shard
+FORMAT = 5  # 2: learners' protocol state in "machines" (was in the clocks); 3: sync "fragments";
+# 4: learners' "sync_generations" per synchronizer shard; 5: learners' uploads since they last
+# received each fragment and their bases (the delivery rules: rebase, at_own_sync)
 _LEARNER_FIELDS = (
     "global_copy",
     "versions",
@@ -45,6 +46,12 @@ _LEARNER_FIELDS = (
     "tokens",
     "uplink",
     "schedule",
+    "sent",
+    "base_copy",
+    "base_versions",
+    "base_generations",
+    "adopt_at",
+    "own_merged",
 )
 # The synchronizer's configuration (rebuilt from the config), and the arrays of its state_dict.
 _SYNC_BUILT = ("tx", "_cpu", "policy", "frag", "screen", "codec", "checkpoint_every", "owned")
