@@ -112,7 +112,7 @@ def test_a_rebase_keeps_what_a_learner_trained_after_its_merged_upload():
   """Issue 49, point 3: learner 0 uploaded fragment 0 after 2 steps (u0: its merge was lost when
   the synchronizer restarted), again after 3 (u1: merged, the merge never came back) and after 5
   (u2: refused as a duplicate of that base; u3, computed then, was never sent). Taking the merged version with `rebase` keeps the 2
-  steps after u1: θ ← Θ_new + (θ − (Θ_old − decode(u1))), counters at 2; a plain receive
+  steps after u1: θ ← Θ_new + ((θ − Θ_old) + decode(u1)), counters at 2; a plain receive
   (outer.alpha = 0) drops them."""
   config = _config("runlocal,mode=decoupled")
   parts = build.local_learners(config)
@@ -138,7 +138,7 @@ def test_a_rebase_keeps_what_a_learner_trained_after_its_merged_upload():
   assert all(np.array_equal(plain._read(0)[k], merged[k]) for k in merged)  # progress dropped
   learner.receive(send, rebase=True)
   sent = compression.decode_tree(ups[1].delta)
-  kept = {k: merged[k] + (now[k] - (old[k] - sent[k])) for k in merged}
+  kept = {k: merged[k] + ((now[k] - old[k]) + sent[k]) for k in merged}
   assert _same_bits(learner._read(0), kept)
   assert learner.c_steps[0] == 2 and learner.c_tokens[0] == 2 * learner.tokens_per_step
   assert learner.versions[0] == 1 and learner.sent == {}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
+from diloco import train
 from diloco.config import build, checks
 from diloco.outer import compression, protocol
 
@@ -75,7 +76,7 @@ def test_rebase_keeps_what_the_merge_lacks_and_drops_only_its_own_merged_upload(
   two, send = _own(learner, 2)
   learner.receive(send)  # its own merge holds u (2 steps): the 2 steps after u are kept
   u = compression.decode_tree(up.delta)
-  kept = {k: two[k] + (before[k] - (one[k] - u[k])) for k in two}
+  kept = {k: two[k] + ((before[k] - one[k]) + u[k]) for k in two}
   assert _same(learner._read(0), kept) and learner.c_steps[0] == 2 and 0 not in learner.sent
   nxt = _upload(learner, 1.0)  # what it sends next is those 2 steps only: nothing twice
   assert nxt.steps == 2 and nxt.base_version == 2
@@ -173,3 +174,18 @@ def test_a_delivery_rule_that_makes_no_sense_is_refused_by_name(overrides, key):
   c.outer.update(overrides)
   with pytest.raises(ValueError, match=key):
     checks.check(c)
+
+
+def test_in_the_synchronous_limit_every_rule_is_synchronous_diloco(tmp_path):
+  """Synchronous DiLoCo (every merge holds every learner, blocking, tau = 0, fp32 uplink): a
+  learner has nothing after its upload, and fl(θ − Θ) + fl(Θ − θ) = 0 exactly, so rebase and
+  at_own_sync take exactly the merged version, as replace does: the same bits on the virtual
+  runtime, end to end."""
+  sha = {}
+  for rule in ("replace", "rebase", "at_own_sync"):
+    c = shakespeare.get_config("runlocal,mode=diloco,steps=30")
+    c.outer.delivery, c.timeline = rule, False
+    summary = train.train_and_evaluate(c, str(tmp_path / rule))
+    assert summary["merged_share"] == 1.0  # steps 30, H 10: every upload merged
+    sha[rule] = summary["params_sha256"]
+  assert sha["rebase"] == sha["at_own_sync"] == sha["replace"]

@@ -247,15 +247,16 @@ class Learner:
     return None
 
   def _keep_progress(self, p: int, old: dict, new: dict, merged_up: Upload | None) -> None:
-    """θ_p ← Θ_new + (θ_p − θ_then): θ_then = Θ_old, or Θ_old − decode(u) when the version
-    merges this learner's upload u (whose steps and tokens leave its counters)."""
-    local, then = self._read(p), old  # θ_then: where θ_p stood for the merged upload
-    if merged_up is not None:
+    """θ_p ← Θ_new + ((θ_p − Θ_old) + decode(u)), decode(u) when the version merges this
+    learner's upload u (whose steps and tokens leave its counters), else 0."""
+    local = self._read(p)
+    kept = {k: local[k] - old[k] for k in new}  # θ_p − Θ_old
+    if merged_up is not None:  # + decode(u): fl(θ − Θ) + fl(Θ − θ) is exactly 0
       merged = compression.decode_tree(merged_up.delta)
-      then = {k: old[k] - merged[k] for k in old}
+      kept = {k: kept[k] + merged[k] for k in kept}
       self.c_steps[p] = max(self.c_steps[p] - merged_up.steps, 0)
       self.c_tokens[p] = max(self.c_tokens[p] - merged_up.tokens, 0)
-    self._write({k: new[k] + (local[k] - then[k]) for k in new})
+    self._write({k: new[k] + kept[k] for k in new})
     self._rebased(p)
 
   def _replace(self, p: int, values: dict, mix: bool = True) -> None:
