@@ -13,7 +13,7 @@ notebooks/results/delivery/):
   python -m experiments.sweep --config=configs/sweeps/delivery.py:part=time,results=$W \
       --workdir=$W --table=time --parallel=2
 
-(`domains=text` or `settings=paper,2x` narrow or widen any part; `tiny` runs a few-second
+(`domains=text`, `policies=wait_all` or `settings=paper,2x` narrow or widen any part; `tiny` runs a few-second
 version: text, K=1 with grace only, one rate, two seeds, one equal-time run per cell.)
 
 Everything is configs/sweeps/heterogeneous.py's run (8 learners, the Decoupled preset, P = 4
@@ -47,7 +47,7 @@ from diloco.config import variants
 from diloco.studies import outer_lr_search as search, scaling_protocol as sp
 
 SWEEP_KEYS = het.SWEEP_KEYS + ("merged_share", "tokens", "uploads_skipped")
-SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings")
+SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings", "policies")
 SETTINGS = {"paper": (1, 1, 1, 1, 1.18, 1.18, 1.18, 1.18), "2x": het.SPEEDS}
 DELIVERIES = ("replace", "rebase", "at_own_sync")
 BUDGETS = ("tokens", "time")
@@ -66,6 +66,7 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
       seeds=3,
       domains="text,vision",
       settings="paper",
+      policies="",
       setting="paper",
       domain="text",
       policy="k1_grace",
@@ -109,7 +110,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def _cells(a) -> list[tuple]:
   settings, domains = a.settings.split(","), a.domains.split(",")
-  policies = TINY_POLICIES if a.tiny else het.POLICIES
+  policies = a.policies.split(",") if a.policies else het.POLICIES
+  policies = TINY_POLICIES if a.tiny else policies
   if a.tiny:
     domains = ["text"]
   return [(s, d, p, r) for s in settings for d in domains for p in policies for r in DELIVERIES]
