@@ -70,7 +70,7 @@ def test_rebase_keeps_what_the_merge_lacks_and_drops_only_its_own_merged_upload(
   one, send = _others(learner)
   learner.receive(send)  # another learner's merge: all 3 steps kept on top of it
   assert _same(learner._read(0), {k: one[k] + (before[k] - theta0[k]) for k in one})
-  assert learner.c_steps[0] == 3 and learner.sent[0] == [up] and learner.base_versions[0] == 1
+  assert learner.c_steps[0] == 3 and learner.sent[0] == [up] and learner.versions[0] == 1
   _steps(learner, batches, 1)
   before = learner._read(0)
   two, send = _own(learner, 2)

@@ -79,7 +79,8 @@ class Learner:
   delivery: str = "replace"  # replace | rebase | at_own_sync (see the module doc)
   overlap: int = 0  # tau: at_own_sync takes the newest version tau steps after its upload
   anchor: str = "base"  # global: uploads carry θ_p, the synchronizer forms Θ_p − θ_p (policies)
-  # at_own_sync: per fragment the version θ_p started from (copy, version, generation), the
+  # at_own_sync only (the other rules' base is the newest version held, `_base`): per fragment
+  # the version θ_p started from (copy, version, generation), the
   # step from which the newest version is taken (after an upload; -1: none due), and whether
   # the version merging that upload has arrived (1) or not (0).
   base_copy: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
@@ -115,7 +116,7 @@ class Learner:
       self.versions = [0] * n
       self._write({k: v for g in self.global_copy for k, v in g.items()})
     self.adopt_at, self.own_merged = [-1] * n, [0] * n
-    self.base_copy = list(self.global_copy)
+    self.base_copy = list(self.global_copy) if len(self.global_copy) == n else [{}] * n
     self.base_versions, self.base_generations = list(self.versions), list(self.generations)
 
   def heard_generation(self, p: int) -> int:
@@ -155,37 +156,47 @@ class Learner:
 
   def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float) -> Upload:
     """The outer gradient of fragment p against the last global version received."""
-    local = self._read(p)
+    local, (base, base_version, base_generation) = self._read(p), self._base(p)
     up = Upload(
         learner=self.index,
         fragment=p,
-        base_version=self.base_versions[p],
+        base_version=base_version,
         delta=(
             compression.encode_tree(local, self.codec)
             if self.anchor == "global"
-            else self.uplink.encode(p, self.base_copy[p], local)
+            else self.uplink.encode(p, base, local)
         ),
         steps=self.c_steps[p],
         tokens=self.c_tokens[p],
         time=arrival_time,
         sent_time=sent_time,
         step_time=step_time,
-        base_generation=self.base_generations[p],
+        base_generation=base_generation,
     )
     self.sent.setdefault(p, []).append(up)
     if self.delivery == "at_own_sync":  # its own sync point: the newest version, tau steps on
       self.adopt_at[p], self.own_merged[p] = self.steps + self.overlap, 0
     return up
 
+  def _base(self, p: int) -> tuple[dict[str, np.ndarray], int, int]:
+    """The version θ_p is anchored at (copy, version, generation): the newest held, except
+    under at_own_sync."""
+    if self.delivery == "at_own_sync":
+      return self.base_copy[p], self.base_versions[p], self.base_generations[p]
+    return self.global_copy[p], self.versions[p], self.generations[p]
+
   def _maybe_adopt(self, p: int) -> None:
     """at_own_sync: at its sync point θ_p takes the newest version held (mixed with `alpha`)."""
+    if self.delivery != "at_own_sync":
+      return
     if self.own_merged[p] and 0 <= self.adopt_at[p] <= self.steps:
       self._replace(p, self.global_copy[p])
 
   def not_merged(self, p: int, sent_time: float | None) -> None:
     """The upload of fragment p made at `sent_time` was not merged: refused, or never sent."""
     self.sent[p] = [u for u in self.sent.get(p, []) if u.sent_time != sent_time]
-    self.adopt_at[p] = -1  # (at_own_sync: its progress stays, for the next upload)
+    if self.delivery == "at_own_sync":  # its progress stays, for the next upload
+      self.adopt_at[p] = -1
 
   def accepts(self, send: Send) -> Code | None:
     """Why `send` cannot be applied (`learner_machine.verdict`), or None."""
@@ -270,6 +281,8 @@ class Learner:
 
   def _rebased(self, p: int) -> None:
     """θ_p is anchored at the newest version held from now on."""
+    if self.delivery != "at_own_sync":
+      return  # (`_base` is the newest version held)
     self.base_copy[p] = self.global_copy[p]
     self.base_versions[p], self.base_generations[p] = self.versions[p], self.generations[p]
     self.adopt_at[p], self.own_merged[p] = -1, 0
