@@ -88,3 +88,15 @@ def test_the_rda_points_hold_every_learner_count_policy_and_merge():
   c = dv.get_config("learners=16,policy=wait_all,merge=mean")
   assert (c.outer.learners, c.outer.quorum, c.outer.merge) == (16, 16, "mean")
   assert c.sim.speeds.split(",") == ["1", "1", "1", "1"] + ["1.18"] * 4 + ["1"] * 4 + ["1.18"] * 4
+
+
+def test_extend_adds_rungs_past_an_edge_winner():
+  rows = [
+      _row("k1_grace", "rebase", lr, 0, loss) for lr, loss in ((0.2, 3.0), (0.4, 4.0), (0.8, 9.0))
+  ]
+  rows += [
+      _row("k1_grace", "replace", lr, 0, loss) for lr, loss in ((0.2, 2.1), (0.4, 2.0), (0.8, 2.2))
+  ]
+  cells = [("paper", "text", "k1_grace", d) for d in ("replace", "rebase")]
+  got = [(p["delivery"], p["outer_lr"]) for p in dv._extend(rows, cells, 2)]
+  assert got == [("rebase", 0.1), ("rebase", 0.05)]  # replace's winner 0.4 is inside its grid

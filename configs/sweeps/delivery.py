@@ -7,7 +7,7 @@ notebooks/results/delivery/):
   python -m experiments.sweep --config=configs/sweeps/delivery.py:part=tune \
       --workdir=$W --table=tune --parallel=2
   python -m experiments.sweep --config=configs/sweeps/delivery.py:part=extend,results=$W \
-      --workdir=$W --table=extend1 --parallel=2                 # until it adds no point
+      --workdir=$W --table=extend1 --parallel=2    # until it adds no point (rungs=2: two at once)
   python -m experiments.sweep --config=configs/sweeps/delivery.py:part=seeds,results=$W \
       --workdir=$W --table=seeds --parallel=2
   python -m experiments.sweep --config=configs/sweeps/delivery.py:part=time,results=$W \
@@ -47,7 +47,7 @@ from diloco.config import variants
 from diloco.studies import outer_lr_search as search, scaling_protocol as sp
 
 SWEEP_KEYS = het.SWEEP_KEYS + ("merged_share", "tokens", "uploads_skipped")
-SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings", "policies")
+SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings", "policies", "rungs")
 SETTINGS = {"paper": (1, 1, 1, 1, 1.18, 1.18, 1.18, 1.18), "2x": het.SPEEDS}
 DELIVERIES = ("replace", "rebase", "at_own_sync")
 BUDGETS = ("tokens", "time")
@@ -67,6 +67,7 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
       domains="text,vision",
       settings="paper",
       policies="",
+      rungs=1,
       setting="paper",
       domain="text",
       policy="k1_grace",
@@ -117,6 +118,16 @@ def _cells(a) -> list[tuple]:
   return [(s, d, p, r) for s in settings for d in domains for p in policies for r in DELIVERIES]
 
 
+def _extend(rows, cells, rungs: int) -> list[dict]:
+  """`rungs` rates of the doubling ladder past every winner on the edge of its tried rates (one
+  at a time is search.past_edges; more save a stage where a cell is far from its optimum)."""
+  best, out = search.winners(rows, KEYS), []
+  for *cell, nxt in search.past_edges(rows, KEYS, cells):
+    step = nxt / best[tuple(cell)]
+    out += [_point(tuple(cell), outer_lr=nxt * step**k, seed=0) for k in range(rungs)]
+  return out
+
+
 def _point(cell: tuple, **more) -> dict:
   return dict(zip(KEYS, cell), **more)
 
@@ -158,11 +169,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
   rows = [r for r in sp.read_rows(a.results) if (r.get("budget") or "tokens") == "tokens"]
   if a.part == "extend":
-    return (
-        []
-        if a.tiny
-        else [_point(c[:-1], outer_lr=c[-1], seed=0) for c in search.past_edges(rows, KEYS, cells)]
-    )
+    return [] if a.tiny else _extend(rows, cells, a.rungs)
   best = search.need_winners(rows, KEYS, cells, a.results)
   if a.part == "seeds":
     return [_point(c, outer_lr=best[c], seed=s) for c in cells for s in range(1, a.seeds)]
