@@ -29,10 +29,17 @@ NOTEBOOKS = {
     "scaling_laws": (2, "(6) findings (1)-(3) read the same overtrained 4x"),
     "decoupled_ablations": (2, "RDA beats the plain average at M=8"),
     "heterogeneous": (1, "the grace window recovers it"),
+    "decoupled_delivery": (1, "rebase against replace"),
     "async_local_sgd": (1, "Delayed Nesterov + DyLU closes the gap"),
     "regime": (1, "regime: DiLoCo M=4 vs data-parallel"),
 }
-TRAINING = ("scaling_laws", "decoupled_ablations", "heterogeneous", "async_local_sgd")  # sweeps
+TRAINING = (  # sweeps
+    "scaling_laws",
+    "decoupled_ablations",
+    "heterogeneous",
+    "async_local_sgd",
+    "decoupled_delivery",
+)
 
 
 def _cells(nb) -> list[tuple[str, str, list]]:

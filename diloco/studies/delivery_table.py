@@ -77,9 +77,10 @@ def quality(cell: Cell, domain: str) -> tuple[float, float, bool]:
 
 def _say(cell: Cell, domain: str) -> str:
   v, s, _ = quality(cell, domain)
+  n = f"{cell.seeds} seed{'s' * (cell.seeds != 1)}"
   if domain == "vision":
-    return f"{100 * v:.2f}% (±{100 * s:.2f})"
-  return f"{v:.4f} (±{s:.4f})"
+    return f"{100 * v:.2f}% (±{100 * s:.2f}, {n})"
+  return f"{v:.4f} (±{s:.4f}, {n})"
 
 
 def _compare(a: Cell, b: Cell, domain: str) -> int:

@@ -1,0 +1,162 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Decoupled DiLoCo: where each learner's work goes, under each delivery rule
+#
+# With `outer.delivery=replace` (the rule so far) every merged fragment replaces the learner's
+# copy, so its progress since its own last upload is lost whenever another learner's merge
+# arrives first: in issue 32's heterogeneous runs only 15% of the trained learner-steps reached a
+# merge at K = 1. Two rules keep that work (`diloco/outer/learner.py`):
+#
+# - `rebase`: the learner keeps the progress the merge does not hold,
+#   θ ← Θ_new + (θ − Θ_held) + [the merge holds its upload u] decode(u);
+# - `at_own_sync`: merges are held until the learner's own next sync point, τ steps after its
+#   upload once the merge of that upload is back; uploads go against the version it started from.
+#
+# This notebook runs (or, when its results are checked in, loads) `configs/sweeps/delivery.py`:
+# issue 32's heterogeneous table (8 learners, the Decoupled preset, P = 4, H = 20) at the paper's
+# setting (4 learners 18% slower, 10% step jitter), each (domain, policy, rule) at its own outer
+# learning rate, three seeds, at equal tokens and at equal simulated time. The paper's rows (text
+# and vision benchmark averages, higher is better; from secondary descriptions):
+#
+# | synchronizer | goodput | text | vision |
+# |---|---|---|---|
+# | waiting for all, K = 8 | 84% | 54.4 | 37.6 |
+# | K = 1 | 100% | 51.4 | 25.7 |
+# | K = 1 with the grace window | 100% | 55.3 | 37.0 |
+#
+# Set `DILOCO_NOTEBOOK_TINY=1` for a few-second version (the test suite does);
+# `DILOCO_NOTEBOOK_RESULTS_ONLY=1` loads `notebooks/results/delivery/` and never trains
+# (`python scripts/render_notebooks.py decoupled_delivery` writes the .ipynb that way).
+
+# %%
+import os
+import sys
+import tempfile
+
+TINY = os.environ.get("DILOCO_NOTEBOOK_TINY") == "1"  # a few-second version of the same sweep
+RESULTS_ONLY = os.environ.get("DILOCO_NOTEBOOK_RESULTS_ONLY") == "1"  # load, never train
+here = os.getcwd()
+REPO = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
+if REPO not in sys.path:  # the config file imports configs.*
+  sys.path.insert(0, REPO)
+
+import matplotlib.pyplot as plt
+
+from configs.sweeps import delivery as dv, heterogeneous as het
+from diloco.studies import delivery_table as dt, outer_lr_search as search, scaling_protocol as sp
+from diloco.studies import sweep_run
+
+SPEC = os.path.join(REPO, "configs", "sweeps", "delivery.py")
+RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "delivery")
+OPTIONS = dict(parallel=0 if TINY else 2, progress=not TINY)
+if TINY:  # which interpreter runs the kernel (the test checks it)
+  print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
+else:
+  print(f"results: {os.path.relpath(RESULTS, REPO)}")
+
+# stage(arg, table): one stage of the sweep, run or loaded; False when it has no point
+stage = sweep_run.stager(SPEC, RESULTS, RESULTS_ONLY, tiny=TINY, **OPTIONS)
+
+# %% [markdown]
+# ## The outer learning rate of each cell, seed 0, equal tokens
+#
+# A doubling ladder, extended past any winner on its edge until none is.
+
+# %%
+if not RESULTS_ONLY:  # (loaded: every finished row checked in, whichever stages they are from)
+  for domain in ("text",) if TINY else ("text", "vision"):
+    stage(f"part=tune,domains={domain}", f"tune_{domain}")
+  for i in range(1, 6):
+    if not stage(f"part=extend,results={RESULTS}", f"extend{i}"):
+      break
+  stage(f"part=seeds,seeds={2 if TINY else 3},results={RESULTS}", "seeds")
+  stage(f"part=time,seeds={2 if TINY else 3},results={RESULTS}", "time")
+rows = sp.read_rows(RESULTS)
+tokens = [r for r in rows if dt.budget_of(r) == "tokens"]
+print("eval loss at each outer lr (seed 0); * = winner")
+print(search.grid_text(search.tuning(tokens, dt.KEYS), lambda c: " ".join(f"{x:>11}" for x in c)))
+
+# %% [markdown]
+# ## The table: each cell at its own outer learning rate
+#
+# Mean over the seeds (± half their range); goodput from the simulated clocks; merged share: the
+# share of the learners' trained steps whose progress reached a merge; quorum: learners per
+# merge. At equal time every run stops starting steps at the simulated time in which the 8
+# learners, never waiting, would train the token budget.
+
+# %%
+policies = dv.TINY_POLICIES if TINY else het.POLICIES
+tables = {b: dt.cells(rows, b) for b in dv.BUDGETS}
+
+
+def show(budget: str) -> None:
+  table = tables[budget]
+  print(f"equal {budget}:")
+  if not table:
+    print("  (not run yet)")
+    return
+  print(
+      f"{'':>32}{'lr':>8}{'seeds':>6}{'goodput':>9}{'quality':>19}{'merged':>8}{'quorum':>7}"
+      f"{'tokens':>10}"
+  )
+  for key in sorted(table, key=lambda k: (k[0], k[1], policies.index(k[2]), k[3])):
+    c = table[key]
+    v, s, _ = dt.quality(c, key[1])
+    q = f"{100 * v:.2f}% (±{100 * s:.2f})" if key[1] == "vision" else f"{v:.4f} (±{s:.4f})"
+    print(
+        f"{' '.join(key):>32}{c.outer_lr:>8g}{c.seeds:>6}{100 * c.mean('goodput'):>8.1f}%"
+        f"{q:>19}{c.mean('merged_share'):>8.2f}{c.mean('mean_quorum'):>7.2f}"
+        f"{c.mean('tokens') / 1e6:>9.2f}M"
+    )
+
+
+for budget in dv.BUDGETS:
+  show(budget)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+table = tables["tokens"]
+for ax, domain in zip(axes, ("text", "vision")):
+  for d, marker in zip(dv.DELIVERIES, "osd"):
+    got = [table.get(("paper", domain, p, d)) for p in policies]
+    if all(c is None for c in got):
+      continue
+    key = "eval_accuracy" if domain == "vision" else "eval_loss"
+    ys = [float("nan") if c is None else c.mean(key) for c in got]
+    err = [0.0 if c is None else c.spread(key) for c in got]
+    ax.errorbar(range(len(policies)), ys, yerr=err, fmt=marker + "-", capsize=3, label=d)
+  ax.set_xticks(range(len(policies)), policies)
+  ax.set(title=f"paper setting, {domain}: " + ("accuracy" if domain == "vision" else "eval loss"))
+  if ax.lines:
+    ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Findings
+#
+# A difference counts when it is larger than the larger seed half-range of the two cells.
+
+# %%
+for budget in dv.BUDGETS:
+  for claim, verdict, numbers in dt.findings(tables[budget], policies, dv.DELIVERIES, budget):
+    print(f"{verdict.upper()}: {claim}\n    {numbers}")
+
+# %% [markdown]
+# What the verdicts rest on: each cell at its own outer learning rate (the keeping rules want far
+# smaller ones than `replace` at K = 1: each merge then carries one learner's whole progress), one
+# evaluation set, and the seeds each cell has (its seed count is printed beside it; a cell with
+# one seed has no spread, so any difference counts there). BENCHMARKS.md, "Where each learner's
+# work goes", has the commands, which stages had run, and the README main job under each rule.
