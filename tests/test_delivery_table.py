@@ -1,5 +1,9 @@
 """The delivery-rule table's cells and verdicts, on rows made up by hand."""
 
+import json
+
+import pytest
+
 from configs.sweeps import delivery as dv
 from diloco.studies import delivery_table as dt
 
@@ -100,3 +104,22 @@ def test_extend_adds_rungs_past_an_edge_winner():
   cells = [("paper", "text", "k1_grace", d) for d in ("replace", "rebase")]
   got = [(p["delivery"], p["outer_lr"]) for p in dv._extend(rows, cells, 2)]
   assert got == [("rebase", 0.1), ("rebase", 0.05)]  # replace's winner 0.4 is inside its grid
+
+
+def test_rda_points_reuse_point_3s_rows_and_scale_their_rates(tmp_path):
+  # Point 3's rebase rows at the paper setting are point 4's (M = 8, rda) cells: the tune skips
+  # the two rates they hold, and the seeds stage takes their winner (0.05) and their seed 1.
+  rows = [
+      dict(_row("k1_grace", "rebase", lr, seed, loss), name=f"p3-{lr}-{seed}", status="done")
+      for lr, seed, loss in ((0.025, 0, 2.0), (0.05, 0, 1.9), (0.05, 1, 1.95))
+  ]
+  (tmp_path / "tune_text.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in rows))
+  arg = f"delivery=rebase,policies=k1_grace,lr_scale=0.125,results={tmp_path}"
+  tune = {(p["learners"], p["merge"], p["outer_lr"]) for p in dv.get_sweep(f"part=rda,{arg}")}
+  assert (8, "rda", 0.1) in tune and (8, "rda", 0.05) not in tune and (8, "rda", 0.025) not in tune
+  assert len(tune) == 4 * 3 - 2 and {lr for *_, lr in tune} == {0.025, 0.05, 0.1}
+  with pytest.raises(ValueError, match="no finished seed-0 rows"):  # the other cells: not tuned
+    dv.get_sweep(f"part=rda_seeds,{arg}")
+  assert dv.get_sweep(f"part=rda_extend,{arg}") == [
+      dict(learners=8, policy="k1_grace", merge="rda", delivery="rebase", outer_lr=0.1, seed=0)
+  ]

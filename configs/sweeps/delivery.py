@@ -38,6 +38,10 @@ rule given with `delivery=`, each (M, policy, merge) at its own outer learning r
 
   python -m experiments.sweep --config=configs/sweeps/delivery.py:part=rda,delivery=rebase \
       --workdir=$W --table=rda --parallel=2
+
+With results=$W (the point 3 workdir) the (M = 8, rda) cells take point 3's text rows at the paper
+setting, which are the same runs, and part=rda skips the points they hold. lr_scale=X multiplies
+the tried rates (policies=k1_grace,lr_scale=0.125 starts the K = 1 cells on rebase's scale).
 """
 
 import ml_collections
@@ -47,7 +51,7 @@ from diloco.config import variants
 from diloco.studies import outer_lr_search as search, scaling_protocol as sp
 
 SWEEP_KEYS = het.SWEEP_KEYS + ("merged_share", "tokens", "uploads_skipped")
-SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings", "policies", "rungs")
+SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings", "policies", "rungs", "lr_scale")
 SETTINGS = {"paper": (1, 1, 1, 1, 1.18, 1.18, 1.18, 1.18), "2x": het.SPEEDS}
 DELIVERIES = ("replace", "rebase", "at_own_sync")
 BUDGETS = ("tokens", "time")
@@ -68,6 +72,7 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
       settings="paper",
       policies="",
       rungs=1,
+      lr_scale=1.0,
       setting="paper",
       domain="text",
       policy="k1_grace",
@@ -132,23 +137,37 @@ def _point(cell: tuple, **more) -> dict:
   return dict(zip(KEYS, cell), **more)
 
 
+def _rda_rows(a) -> list[dict]:
+  """Point 4's finished rows under `delivery=`: its own, and point 3's text rows at the paper
+  setting, which are its (M = 8, rda) cells (the same config: point 3 merges with RDA)."""
+  rows = [r for r in sp.read_rows(a.results) if (r.get("budget") or "tokens") == "tokens"]
+  own = [r for r in rows if r.get("merge")]
+  shared = [
+      dict(r, learners=8, merge="rda")
+      for r in rows
+      if not r.get("merge") and (r["setting"], r["domain"]) == ("paper", "text")
+  ]
+  return [r for r in own + shared if r["delivery"] == a.delivery]
+
+
 def _rda_sweep(a) -> list[dict]:
   """Point 4 of issue 51: RDA against the mean at M = 8 and 16, waiting for all (K = M) and K = 1
-  with grace, text at the paper's setting, under the rule given (`delivery=`)."""
-  cells = [(m, p, g) for m in (8, 16) for p in ("wait_all", "k1_grace") for g in ("mean", "rda")]
+  with grace, text at the paper's setting, under the rule given (`delivery=`). part=rda tries
+  het.OUTER_LRS times `lr_scale` (a cell near point 3's winners starts on their scale), less the
+  points a row of `results=` already holds."""
+  policies = a.policies.split(",") if a.policies else ("wait_all", "k1_grace")
+  cells = [(m, p, g) for m in (8, 16) for p in policies for g in ("mean", "rda")]
   point = lambda c, **more: dict(zip(RDA_KEYS, c), delivery=a.delivery, **more)
+  rows = _rda_rows(a) if a.results else []
+  done = {(*search.cell_of(r, RDA_KEYS), float(r["outer_lr"]), int(r["seed"])) for r in rows}
   if a.part == "rda":
-    return [point(c, outer_lr=lr, seed=0) for c in cells for lr in het.OUTER_LRS]
-  rows = [
-      r
-      for r in sp.read_rows(a.results)
-      if r.get("merge") and (r.get("budget") or "tokens") == "tokens"
-  ]
-  rows = [r for r in rows if r["delivery"] == a.delivery]
+    lrs = [lr * a.lr_scale for lr in het.OUTER_LRS]
+    return [point(c, outer_lr=lr, seed=0) for c in cells for lr in lrs if (*c, lr, 0) not in done]
   if a.part == "rda_extend":
     return [point(c[:-1], outer_lr=c[-1], seed=0) for c in search.past_edges(rows, RDA_KEYS, cells)]
   best = search.need_winners(rows, RDA_KEYS, cells, a.results)
-  return [point(c, outer_lr=best[c], seed=s) for c in cells for s in range(1, a.seeds)]
+  todo = [(c, s) for c in cells for s in range(1, a.seeds) if (*c, best[c], s) not in done]
+  return [point(c, outer_lr=best[c], seed=s) for c, s in todo]
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
