@@ -138,7 +138,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = keys.section(
       "mesh",
       data=(-1, "devices on the island's data axis (-1: the remaining devices)"),
-      fsdp=(1, "devices on the island's fsdp axis (parameters and optimizer state sharded)"),
+      fsdp=(
+          Auto(1),
+          "devices on the island's fsdp axis (parameters and optimizer state sharded); -1: the"
+          " remaining devices (with data=-1: all of them); preset: -1 for model sizes from 35m",
+      ),
       expert=(1, ">1: a mixture of experts' weights split over an expert axis of this size"),
   )
   c.outer = keys.section("outer", **_outer())
@@ -264,6 +268,10 @@ def _outer() -> dict:
           "S synchronizer shards: each owns the fragments given it (balanced by bytes), "
           "merges, checkpoints and restarts on its own",
       ),
-      stack_learners=(True, "virtual runtime: learners' states stacked, stepped together"),
+      stack_learners=(
+          "auto",
+          "virtual runtime: on (learners' states stacked, stepped together) | off (one after"
+          " the other) | auto: off on CPUs, where it measured faster, on on accelerators",
+      ),
       stack_step=("auto", "stacked: vmap | map (one after the other) | auto (map on CPU)"),
   )

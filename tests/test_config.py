@@ -265,3 +265,32 @@ def test_a_value_of_the_wrong_type_exits_2_with_one_line(tmp_path):
       "error: flag --config.batch_size=abc: invalid literal for int() with base 10: 'abc'"
   )
   assert not (tmp_path / "run").exists()
+
+
+def test_sizes_from_35m_up_default_to_bf16_remat_and_fsdp_over_the_island():
+  from diloco.config import resolve
+  from diloco.inner import sharding
+
+  def keys(arg, **given):
+    c = shakespeare.get_config(arg)
+    for k, v in given.items():
+      section, name = k.split(".")
+      c[section][name] = v
+    c = resolve.resolve(c)
+    return c.model.dtype, c.model.remat, c.mesh.data, c.mesh.fsdp
+
+  assert keys("") == ("float32", "none", -1, 1)  # small: today's numbers
+  assert keys("runlocal") == ("float32", "none", -1, 1)
+  assert keys("model=35m") == ("bfloat16", "block", -1, -1)
+  assert keys("model=8b") == ("bfloat16", "block", -1, -1)
+  # what a user gives wins
+  assert keys("model=180m", **{"model.dtype": "float32", "mesh.fsdp": 2}) == (
+      "float32",
+      "block",
+      -1,
+      2,
+  )
+  assert keys("model=1b", **{"mesh.data": 2}) == ("bfloat16", "block", 2, -1)
+  # data=-1 with fsdp=-1: the fsdp axis takes every device of the island
+  assert sharding.island_shape(8, -1, -1) == ((1, 8), ("data", "fsdp"))
+  assert sharding.island_shape(8, 2, -1) == ((2, 4), ("data", "fsdp"))

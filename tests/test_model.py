@@ -157,3 +157,61 @@ def test_cudnn_attention_off_a_gpu_fails_when_the_island_is_built():
   c.model.attention = "cudnn"
   with pytest.raises(ValueError, match="model.attention='cudnn' needs a GPU"):
     island.model_config(c, types.SimpleNamespace(image_shape=(), vocab_size=256))
+
+
+def test_grouped_query_attention_is_attention_with_each_key_value_head_repeated():
+  # 8 query heads over 2 key/value heads: heads 0-3 read kv head 0, heads 4-7 kv head 1.
+  q = jax.random.normal(jax.random.key(1), (2, 16, 8, 8))
+  k, v = (jax.random.normal(jax.random.key(s), (2, 16, 2, 8)) for s in (2, 3))
+  grouped = tr.causal_attention(q, k, v)
+  repeated = tr.causal_attention(q, jnp.repeat(k, 4, axis=2), jnp.repeat(v, 4, axis=2))
+  np.testing.assert_allclose(grouped, repeated, atol=1e-6)
+  np.testing.assert_allclose(
+      grouped, jax.nn.dot_product_attention(q, k, v, is_causal=True), atol=1e-6
+  )
+
+
+def test_a_grouped_query_model_has_its_projections_and_counts_them():
+  cfg = tr.ModelConfig(**{**vars(TINY), "num_heads": 4, "num_kv_heads": 2})  # Dh = 8
+  model = tr.Transformer(cfg, nnx.Rngs(0))
+  attn = model.blocks[0].attn
+  assert attn.q.shape == (32, 4, 8) and attn.kv.shape == (32, 2, 2, 8) and not hasattr(attn, "qkv")
+  # per block: q 32*32 + kv 2*32*16 + out 32*32 = 3,072 attention weights (MHA: 4,096)
+  mha = tr.ModelConfig(**{**vars(TINY), "num_heads": 4})
+  assert tr.flops_per_token(mha, 16) - tr.flops_per_token(cfg, 16) == 6 * 2 * (4096 - 3072)
+  logits = model(jnp.zeros((1, 8), jnp.int32))
+  assert logits.shape == (1, 8, 256) and bool(jnp.all(jnp.isfinite(logits)))
+  with pytest.raises(ValueError, match="num_kv_heads=3 does not divide num_heads=4"):
+    tr.ModelConfig(**{**vars(TINY), "num_heads": 4, "num_kv_heads": 3})
+
+
+def test_the_tpu_presets_have_their_published_counts():
+  """1b: 2*32000*2048 embeddings + 22*(4*2048^2 + 3*2048*5632 + 2*2048) + 2048 = 1,261,529,088;
+  8b: Llama 3 8B's 8,030,261,248 (128,256 ids; q 32 and kv 8 heads of 128, SwiGLU 14,336)."""
+  for name, vocab, want in (("1b", 32000, 1_261_529_088), ("8b", 128_256, 8_030_261_248)):
+    cfg = tr.ModelConfig(**{**variants.model_config(name).to_dict(), "vocab_size": vocab})
+    assert (cfg.dtype, cfg.remat, cfg.tied_embeddings) == ("bfloat16", "block", False)
+    shapes = nnx.eval_shape(lambda cfg=cfg: tr.Transformer(cfg, nnx.Rngs(0)))
+    assert tr.param_count(nnx.to_pure_dict(nnx.state(shapes))) == want
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"remat": "block", "num_kv_heads": 1}, {"num_experts": 4, "expert_d_ff": 32}],
+    ids=["remat_gqa", "moe"],
+)
+def test_scanned_layers_compute_the_loops_loss_and_gradients_on_the_same_parameters(extra):
+  cfg = tr.ModelConfig(**{**vars(TINY), "num_layers": 3, **extra})
+  loop = tr.Transformer(cfg, nnx.Rngs(0))
+  scanned = tr.Transformer(tr.ModelConfig(**{**vars(cfg), "scan_layers": True}), nnx.Rngs(0))
+  # the same tree, leaf for leaf: a loop's checkpoint, fragments and rules serve the scan
+  assert jax.tree.structure(nnx.state(loop)) == jax.tree.structure(nnx.state(scanned))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
+  batch = {"inputs_BxL": tokens, "targets_BxL": tokens}
+  grad = nnx.jit(nnx.value_and_grad(lambda m: m.objective(batch)[0]))
+  (l0, g0), (l1, g1) = grad(loop), grad(scanned)
+  assert float(l0) == pytest.approx(float(l1), abs=1e-6)
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  with pytest.raises(ValueError, match="scan_layers needs blocks of one kind"):
+    tr.ModelConfig(**{**vars(cfg), "scan_layers": True, "num_experts": 4, "moe_every": 2})

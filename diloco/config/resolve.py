@@ -8,7 +8,7 @@ has a value for it:
   3. the recipe: `presets.RECIPES[recipe]`;
   4. a derivation from other keys (`DERIVED`: the schedule's decay steps, the independent weight
      decay's time constant, the chaos checkpoints and staleness bound, the compare run's speeds,
-     a model's shape from `model.size`);
+     a model's shape and numerics from `model.size`, the FSDP axis from its size);
   5. the key's default.
 
 An explicit value (a variant after the colon, a `--config.` flag, a sweep point, code) always
@@ -53,6 +53,8 @@ DERIVED: dict[str, Callable[[Any], Any]] = {
     "outer.sync_checkpoint_every": lambda c: c.outer.fragments if _chaos(c) else 0,
     "outer.max_staleness": lambda c: 4 * c.outer.learners if _chaos(c) else 1 << 20,
     "sim.speeds": _speeds,
+    # from 35m parameters up, parameters and optimizer state are sharded over the whole island
+    "mesh.fsdp": lambda c: -1 if c.model.get("size") in variants.LARGE_SIZES else 1,
 }
 
 

@@ -16,9 +16,33 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     # The DiLoCo scaling-laws shapes (Charles et al. 2025, Table 3: layers, heads, d, MLP), with a
     # plain GELU MLP of that width; the names count a 32k vocabulary's embedding (35.7M, 88.9M,
     # 184.6M); with bytes they have 19.0M, 63.9M and 151.3M parameters.
+    # From 35m up (LARGE_SIZES) a size also sets bfloat16 compute, remat=block and scanned
+    # layers, and the island's FSDP axis spans its devices (mesh.fsdp=-1): what a TPU slice needs.
     "35m": dict(d_model=512, num_layers=6, num_heads=8, d_ff=2048, mlp="gelu", max_len=2048),
     "90m": dict(d_model=768, num_layers=9, num_heads=12, d_ff=3072, mlp="gelu", max_len=2048),
     "180m": dict(d_model=1024, num_layers=12, num_heads=16, d_ff=4096, mlp="gelu", max_len=2048),
+    # Llama-style decoders for TPU slices (RMSNorm, rotary, SwiGLU, untied embeddings): 1b is
+    # 1.26B parameters with a 32,000 vocabulary (TinyLlama's shape, all heads for keys and values,
+    # 16 heads of 128), 8b is Llama 3 8B's shape (8.03B with its 128,256 vocabulary: grouped-query
+    # attention with 8 key/value heads). The vocabulary is the tokenizer's.
+    "1b": dict(
+        d_model=2048,
+        num_layers=22,
+        num_heads=16,
+        d_ff=5632,
+        max_len=8192,
+        tied_embeddings=False,
+    ),
+    "8b": dict(
+        d_model=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        d_ff=14336,
+        max_len=32768,
+        tied_embeddings=False,
+        rope_base=500_000.0,
+    ),
     # Mixtures of experts with the active parameters of tiny and small: top-2 of experts half as
     # wide as the dense MLP. moe_tiny: both blocks sparse, 4 experts; moe_small: blocks 1 and 3
     # sparse (moe_every=2), 8 experts.
@@ -38,6 +62,12 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
 }
 
 
+LARGE_SIZES = ("35m", "90m", "180m", "1b", "8b")
+LARGE_DEFAULTS = dict(dtype="bfloat16", remat="block", scan_layers=True)
+for _size in LARGE_SIZES:
+  MODEL_SIZES[_size] = {**LARGE_DEFAULTS, **MODEL_SIZES[_size]}
+
+
 # ViT shapes of configs/digits.py (d, blocks, heads, MLP; vit_moe: 4 experts, top-2).
 VIT_SIZES: dict[str, dict[str, Any]] = {
     "vit_tiny": dict(d_model=32, num_layers=2, num_heads=2, d_ff=64),
@@ -49,12 +79,18 @@ SIZE_KEYS = (
     "d_model",
     "num_layers",
     "num_heads",
+    "num_kv_heads",
     "d_ff",
     "max_len",
     "mlp",
     "num_experts",
     "expert_d_ff",
     "moe_every",
+    "tied_embeddings",
+    "rope_base",
+    "dtype",
+    "remat",
+    "scan_layers",
 )
 
 
@@ -132,6 +168,7 @@ MODEL_MEANINGS = {
     "d_model": "width of the residual stream",
     "num_layers": "transformer blocks",
     "num_heads": "attention heads (d_model / num_heads must be even: rotary embeddings)",
+    "num_kv_heads": "key/value heads (grouped-query attention; must divide num_heads); 0: num_heads",
     "d_ff": "width of the MLP",
     "max_len": "longest sequence the model takes (seq_len must not exceed it)",
     "mlp": "swiglu | gelu",
@@ -141,6 +178,8 @@ MODEL_MEANINGS = {
     "rope_base": "base of the rotary position embedding's frequencies",
     "dtype": "compute dtype (float32 | bfloat16 | float16); weights and optimizer stay float32",
     "remat": "recompute in the backward pass: none | block | dots",
+    "scan_layers": "run the blocks as one scan (compiled once whatever the depth; parameters stay"
+    " per block: fragments and checkpoints as without); needs moe_every=1",
     "num_experts": "mixture of experts: experts per sparse block (0: a dense model)",
     "top_k": "experts each token is routed to",
     "capacity_factor": "tokens an expert takes per group, as a multiple of an even share",
@@ -195,12 +234,14 @@ def model_config(size: str) -> ml_collections.ConfigDict:
 
 MODEL_BASE: dict[str, Any] = dict(
     vocab_size=256,
+    num_kv_heads=0,
     mlp="swiglu",
     tied_embeddings=True,
     attention="auto",
     rope_base=10_000.0,
     dtype="float32",
     remat="none",
+    scan_layers=False,
     num_experts=0,
     top_k=2,
     capacity_factor=1.25,

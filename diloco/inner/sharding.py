@@ -22,6 +22,8 @@ BATCH_AXES = (DATA, FSDP, EXPERT)
 PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"embed/embedding$", P(FSDP, None)),  # [V, D]
     (r"attn/qkv$", P(FSDP, None, None, None)),  # [D, 3, H, Dh]
+    (r"attn/q$", P(FSDP, None, None)),  # [D, H, Dh] (grouped-query attention)
+    (r"attn/kv$", P(FSDP, None, None, None)),  # [D, 2, Hkv, Dh]
     (r"attn/out$", P(None, None, FSDP)),  # [H, Dh, D]
     (r"mlp/wi$", P(FSDP)),  # [D, F] or [D, 2, F]
     (r"mlp/wo$", P(None, FSDP)),  # [F, D]
@@ -32,9 +34,9 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
 
 
 def _tile(n: int, data: int, fsdp: int) -> tuple[int, int]:
-  """(data, fsdp) sizes that tile n devices; -1 takes what is left."""
+  """(data, fsdp) sizes that tile n devices; -1 takes what is left (both -1: fsdp takes all)."""
   if data == -1 and fsdp == -1:
-    raise ValueError("at most one of mesh.data and mesh.fsdp may be -1")
+    data = 1
   if data == -1:
     data = n // fsdp if fsdp > 0 else 0
   if fsdp == -1:

@@ -3,7 +3,9 @@
 Parameter tree (as `nnx.split(model)[1].to_pure_dict()`), which fragments and partition rules rely on:
   embed/embedding            [V, D]
   blocks/{i}/attn_norm/scale [D]
-  blocks/{i}/attn/qkv        [D, 3, H, Dh]
+  blocks/{i}/attn/qkv        [D, 3, H, Dh]  (as many key/value heads as query heads; else
+  blocks/{i}/attn/q          [D, H, Dh]      grouped-query attention: Hkv = num_kv_heads
+  blocks/{i}/attn/kv         [D, 2, Hkv, Dh]  shared key/value heads, H / Hkv queries each)
   blocks/{i}/attn/out        [H, Dh, D]
   blocks/{i}/attn/q_norm/scale [Dh]  (only with `qk_norm`; likewise k_norm/scale)
   blocks/{i}/mlp_norm/scale  [D]
@@ -56,6 +58,7 @@ class ModelConfig:
   d_model: int = 128
   num_layers: int = 4
   num_heads: int = 4
+  num_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: num_heads
   d_ff: int = 512
   max_len: int = 1024
   mlp: Literal["swiglu", "gelu"] = "swiglu"
@@ -66,6 +69,10 @@ class ModelConfig:
   rope_base: float = 10_000.0
   dtype: str = "float32"  # compute dtype; parameters (and optimizer state) are always float32.
   remat: Literal["none", "block", "dots"] = "none"  # recompute in the backward pass: REMAT
+  # run the blocks as one jax.lax.scan over their parameters stacked in the step (compiled once,
+  # whatever the depth); the parameters stay per block (blocks/{i}/...), so fragments, sharding
+  # rules and checkpoints are those of the loop. Needs blocks of one kind (moe_every = 1).
+  scan_layers: bool = False
   # Mixture of experts (models/moe.py): 0 experts is a dense model. Blocks moe_every-1,
   # 2*moe_every-1, ... are sparse; each expert has width expert_d_ff (0: d_ff).
   num_experts: int = 0
@@ -84,6 +91,10 @@ class ModelConfig:
   def __post_init__(self):
     if self.d_model % self.num_heads:
       raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+    if self.num_kv_heads < 0 or self.num_heads % self.kv_heads:
+      raise ValueError(
+          f"model.num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}"
+      )
     if (self.d_model // self.num_heads) % 2:
       raise ValueError("head dimension must be even for rotary embeddings")
     if self.mlp not in ("swiglu", "gelu"):
@@ -108,10 +119,19 @@ class ModelConfig:
       raise ValueError(f"model.capacity_factor must be > 0, got {self.capacity_factor}")
     if not self.z_loss >= 0:
       raise ValueError(f"model.z_loss={self.z_loss}: must be >= 0")
+    if self.scan_layers and self.num_experts and self.moe_every != 1:
+      raise ValueError(
+          f"model.scan_layers needs blocks of one kind: model.moe_every={self.moe_every} mixes"
+          " dense and sparse blocks (set moe_every=1 or scan_layers=False)"
+      )
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
 
   @property
   def expert_width(self) -> int:
@@ -159,55 +179,76 @@ def rotary(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
 
 
 class Attention(nnx.Module):
-  """Multi-head causal self-attention with rotary position embeddings (and, with `qk_norm`,
-  RMS-normed queries and keys: with unit norm scales every logit is within +-sqrt(Dh))."""
+  """Multi-head causal self-attention with rotary position embeddings; grouped-query when
+  `num_kv_heads` < `num_heads` (each key/value head serves H / Hkv query heads). With `qk_norm`,
+  queries and keys are RMS-normed: with unit norm scales every logit is within +-sqrt(Dh)."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
-    d, h, k = cfg.d_model, cfg.num_heads, cfg.head_dim
-    self.qkv = _init(rngs, (d, 3, h, k), d)
+    d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    if g == h:
+      self.qkv = _init(rngs, (d, 3, h, k), d)
+    else:
+      self.q = _init(rngs, (d, h, k), d)
+      self.kv = _init(rngs, (d, 2, g, k), d)
     self.out = _init(rngs, (h, k, d), d)
     if cfg.qk_norm:
       self.q_norm, self.k_norm = RMSNorm(k), RMSNorm(k)
 
   def queries_keys_values(self, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """q and k (normed with `qk_norm`, then rotated) and v, each [B, L, H, Dh]."""
-    cfg = self.cfg
-    qkv_BxLx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxLxD, self.qkv[...].astype(x_BxLxD.dtype))
-    q_BxLxHxK, k_BxLxHxK = qkv_BxLx3xHxK[:, :, 0], qkv_BxLx3xHxK[:, :, 1]
+    """q [B, L, H, Dh], k and v [B, L, Hkv, Dh]: q and k normed with `qk_norm`, then rotated."""
+    cfg, dtype = self.cfg, x_BxLxD.dtype
+    if hasattr(self, "qkv"):
+      qkv_BxLx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxLxD, self.qkv[...].astype(dtype))
+      q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (qkv_BxLx3xHxK[:, :, i] for i in range(3))
+    else:
+      q_BxLxHxK = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.q[...].astype(dtype))
+      kv_BxLx2xGxK = jnp.einsum("bld,dtgk->bltgk", x_BxLxD, self.kv[...].astype(dtype))
+      k_BxLxGxK, v_BxLxGxK = kv_BxLx2xGxK[:, :, 0], kv_BxLx2xGxK[:, :, 1]
     if cfg.qk_norm:
-      q_BxLxHxK, k_BxLxHxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxHxK)
+      q_BxLxHxK, k_BxLxGxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxGxK)
     q_BxLxHxK = rotary(q_BxLxHxK, cfg.rope_base)
-    k_BxLxHxK = rotary(k_BxLxHxK, cfg.rope_base)
-    return q_BxLxHxK, k_BxLxHxK, qkv_BxLx3xHxK[:, :, 2]
+    k_BxLxGxK = rotary(k_BxLxGxK, cfg.rope_base)
+    return q_BxLxHxK, k_BxLxGxK, v_BxLxGxK
 
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
     cfg = self.cfg
     dtype = x_BxLxD.dtype
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = self.queries_keys_values(x_BxLxD)
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = self.queries_keys_values(x_BxLxD)
     kind = attention_kind(cfg.attention)
     if kind != "einsum":
       impl = "cudnn" if kind == "cudnn" else None
       o_BxLxHxK = jax.nn.dot_product_attention(
-          q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=cfg.causal, implementation=impl
+          q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=cfg.causal, implementation=impl
       )
     else:
-      o_BxLxHxK = causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, cfg.causal)
+      o_BxLxHxK = causal_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, cfg.causal)
     return jnp.einsum("blhk,hkd->bld", o_BxLxHxK, self.out[...].astype(dtype))
 
 
 def causal_attention(
-    q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array, causal: bool = True
+    q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array, causal: bool = True
 ) -> jax.Array:
-  """Softmax attention with a causal mask (unless `causal` is False), logits in float32."""
-  seq_len, head_dim = q_BxLxHxK.shape[1], q_BxLxHxK.shape[3]
-  logits_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
+  """Softmax attention with a causal mask (unless `causal` is False), logits in float32; G key/
+  value heads each serve H / G consecutive query heads (G = H: plain multi-head attention)."""
+  b, seq_len, h, head_dim = q_BxLxHxK.shape
+  g = k_BxLxGxK.shape[2]
+  if g != h:  # grouped: a key/value head's H / G query heads side by side
+    q_BxLxGxRxK = q_BxLxHxK.reshape(b, seq_len, g, h // g, head_dim)
+    logits = jnp.einsum("bqgrk,bsgk->bgrqs", q_BxLxGxRxK, k_BxLxGxK)
+    logits_BxHxLxL = logits.reshape(b, h, seq_len, seq_len).astype(jnp.float32)
+  else:
+    logits_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxGxK).astype(jnp.float32)
   logits_BxHxLxL = logits_BxHxLxL * head_dim**-0.5
   if causal:
     mask_1x1xLxL = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None]
     logits_BxHxLxL = jnp.where(mask_1x1xLxL, logits_BxHxLxL, jnp.finfo(jnp.float32).min)
-  att_BxHxLxL = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(v_BxLxHxK.dtype)
-  return jnp.einsum("bhqs,bshk->bqhk", att_BxHxLxL, v_BxLxHxK)
+  att_BxHxLxL = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(v_BxLxGxK.dtype)
+  if g == h:
+    return jnp.einsum("bhqs,bshk->bqhk", att_BxHxLxL, v_BxLxGxK)
+  att_BxGxRxLxL = att_BxHxLxL.reshape(b, g, h // g, seq_len, seq_len)
+  o_BxLxGxRxK = jnp.einsum("bgrqs,bsgk->bqgrk", att_BxGxRxLxL, v_BxLxGxK)
+  return o_BxLxGxRxK.reshape(b, seq_len, h, head_dim)
 
 
 class Mlp(nnx.Module):
@@ -315,18 +356,23 @@ def output_z_loss(logits_BxLxV: jax.Array) -> jax.Array:
 
 
 def run_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array):
-  """x through the blocks (rematerialised as cfg.remat says), and for a mixture of experts its
-  routing stats (empty when dense): `moe_load_balance`, `moe_router_z`, `moe_dropped` and
-  `moe_idle_experts` (the share of experts that took no token) averaged over the sparse blocks;
-  `moe_min_load`, the least-loaded expert of any sparse block over an even share."""
-  sparse_5 = []
-  for i, block in enumerate(blocks):
-    if cfg.remat == "none":
-      x_BxLxD, s_5 = block(x_BxLxD)
-    else:
-      x_BxLxD, s_5 = nnx.remat(lambda b, x: b(x), policy=REMAT[cfg.remat])(block, x_BxLxD)
-    if cfg.is_moe(i):
-      sparse_5.append(s_5)
+  """x through the blocks (rematerialised as cfg.remat says; one scan with cfg.scan_layers), and
+  for a mixture of experts its routing stats (empty when dense): `moe_load_balance`,
+  `moe_router_z`, `moe_dropped` and `moe_idle_experts` (the share of experts that took no token)
+  averaged over the sparse blocks; `moe_min_load`, the least-loaded expert of any sparse block
+  over an even share."""
+  if cfg.scan_layers:
+    x_BxLxD, s_Nx5 = _scan_blocks(cfg, blocks, x_BxLxD)
+    sparse_5 = list(s_Nx5) if cfg.num_experts else []
+  else:
+    sparse_5 = []
+    for i, block in enumerate(blocks):
+      if cfg.remat == "none":
+        x_BxLxD, s_5 = block(x_BxLxD)
+      else:
+        x_BxLxD, s_5 = nnx.remat(lambda b, x: b(x), policy=REMAT[cfg.remat])(block, x_BxLxD)
+      if cfg.is_moe(i):
+        sparse_5.append(s_5)
   if not sparse_5:
     return x_BxLxD, {}
   s_Sx5 = jnp.stack(sparse_5)
@@ -338,6 +384,20 @@ def run_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array):
       moe_idle_experts=mean_5[3],
       moe_min_load=jnp.min(s_Sx5[:, 4]),
   )
+
+
+def _scan_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The blocks as one `jax.lax.scan`: their parameters stacked on a leading layer axis inside
+  the step (gradients flow back to each block's own), one block's program applied N times."""
+  graphdef = nnx.graphdef(blocks[0])
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
+
+  def body(x_BxLxD, state):
+    return nnx.merge(graphdef, state)(x_BxLxD)
+
+  if cfg.remat != "none":
+    body = jax.checkpoint(body, policy=REMAT[cfg.remat])
+  return jax.lax.scan(body, x_BxLxD, stacked)
 
 
 def with_aux_losses(cfg: ModelConfig, loss: jax.Array, aux: dict) -> jax.Array:
@@ -369,6 +429,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     f, k = (cfg.expert_width, cfg.top_k) if cfg.is_moe(i) else (cfg.d_ff, 1)
     mlp_in = d * f * (2 if cfg.mlp == "swiglu" else 1)
     router = d * cfg.num_experts if cfg.is_moe(i) else 0
-    matmul_weights += 3 * d * d + d * d + k * (mlp_in + f * d) + router
+    qkv = d * cfg.head_dim * (cfg.num_heads + 2 * cfg.kv_heads)
+    matmul_weights += qkv + d * d + k * (mlp_in + f * d) + router
   attention = 2 * cfg.num_layers * seq_len * d / 2
   return 6.0 * matmul_weights + 6.0 * attention
