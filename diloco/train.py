@@ -16,6 +16,7 @@ from absl import logging
 
 from diloco import data as data_lib, metrics
 from diloco.config import bounds, checks, deploy as deploy_lib, keys
+from diloco.plan import peak
 from diloco.recovery import workdir as workdir_lib
 from diloco.runners import compare, dp, islands
 
@@ -80,6 +81,7 @@ def train_and_evaluate(
       summary = run(config, workdir, **runner_options)
       if config.mode != "compare":  # each compared run's summary has its own
         summary["data"] = data_summary(config)
+        summary.update(utilisation(summary))
     summary["workdir"] = os.path.abspath(workdir)
     if jax.process_index() == 0:
       _write_summary(workdir, summary)
@@ -100,6 +102,14 @@ def _write_summary(workdir: str, summary: dict[str, Any]) -> None:
     summary["summary_write_failed"] = str(e)
 
 
+def utilisation(summary: dict[str, Any]) -> dict[str, Any]:
+  """tokens/s per chip and MFU of a run's summary over the devices it used (plan/peak.py)."""
+  rate, per_token = summary.get("tokens_per_s"), summary.get("flops_per_token")
+  if not rate or not per_token or rate != rate:  # nothing trained (resumed at the end): none
+    return {}
+  return peak.utilisation(rate, per_token, jax.devices())
+
+
 def data_summary(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """summary.json's `data`: the source, tokenizer, splits and evaluation set of a resolved config."""
   return data_lib.describe(data_lib.load_splits(config.data), config.data, seq_len=config.seq_len)
@@ -112,6 +122,7 @@ def format_summary(summary: dict[str, Any]) -> str:
       "steps",
       "tokens",
       "tokens_per_s",
+      "mfu",
       "eval_loss",
       "eval_bpb",
       "eval_accuracy",

@@ -96,7 +96,7 @@ def _run_config(name: str, b: int, m: int, mode: str, stack: bool):
           "eval_every": 1 << 30,
           "data.eval_sequences": 64,
           "data.final_eval_sequences": 64,
-          "outer.stack_learners": stack,
+          "outer.stack_learners": "on" if stack else "off",
       }
   )
   if mode == "decoupled":

@@ -4,7 +4,9 @@
   python scripts/bench_step.py --model=90m,180m --dtype=bfloat16 --batch=16 --seq=1024  # GPU
 
 Prints achieved FLOP/s of the step (model FLOPs per token x tokens / step time) and of an N x N x N
-`jnp.dot` whose rows are split over the island's devices, then the ratio: `step_vs_matmul=0.xx`.
+`jnp.dot` whose rows are split over the island's devices, then the ratio: `step_vs_matmul=0.xx`,
+and the step's MFU against the devices' peak (plan/peak.py: a TPU's or GPU's dense bf16 figure, a
+CPU's cached float32 matmul): `mfu=0.xx`.
 With --attention=both it times the XLA implementations (and cuDNN's on a GPU) and reports the
 ratio of the fastest. With several models, one `step_vs_matmul[model]=` line each and last the
 smallest of them.
@@ -20,6 +22,7 @@ from diloco import timing
 from diloco.config import variants
 from diloco.inner import sharding, step as step_lib
 from diloco.models import transformer
+from diloco.plan import peak
 
 _MODEL = flags.DEFINE_list("model", ["small"], f"Model presets, of {list(variants.MODEL_SIZES)}.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Global batch (sequences).")
@@ -59,7 +62,7 @@ def step_flops_per_s(model_cfg, mesh) -> float:
 
 def matmul_flops_per_s(mesh, dtype) -> float:
   n = _MATMUL_N.value or (2048 if jax.default_backend() == "cpu" else 8192)
-  rows = NamedSharding(mesh, P(sharding.BATCH_AXES, None))
+  rows = NamedSharding(mesh, P(tuple(a for a in sharding.BATCH_AXES if a in mesh.axis_names), None))
   a = jax.device_put(jnp.ones((n, n), dtype), rows)
   b = jax.device_put(jnp.ones((n, n), dtype), NamedSharding(mesh, P()))
   dot = jax.jit(jnp.dot, out_shardings=rows)
@@ -71,8 +74,8 @@ def matmul_flops_per_s(mesh, dtype) -> float:
   return 2 * n**3 / seconds
 
 
-def measure(name: str, mesh, peak: float) -> float:
-  """step_vs_matmul of one model preset (the fastest attention asked for)."""
+def measure(name: str, mesh) -> float:
+  """The step's FLOP/s of one model preset (the fastest attention asked for)."""
   base = {
       **variants.model_config(name).to_dict(),
       "max_len": max(_SEQ.value, 64),
@@ -93,7 +96,7 @@ def measure(name: str, mesh, peak: float) -> float:
   best = max(rates, key=rates.get)
   if len(rates) > 1:
     print(f"fastest attention: {best} ({rates[best] / min(rates.values()):.2f}x the slowest)")
-  return rates[best] / peak
+  return rates[best]
 
 
 def main(argv):
@@ -101,12 +104,17 @@ def main(argv):
   devices = jax.devices()
   mesh = sharding.make_island_mesh(devices, data=-1, fsdp=1)
   print(f"devices: {len(devices)} x {devices[0].device_kind} ({jax.default_backend()})")
-  peak = matmul_flops_per_s(mesh, jnp.dtype(_DTYPE.value))
-  ratios = {name: measure(name, mesh, peak) for name in _MODEL.value}
-  if len(ratios) > 1:
-    for name, r in ratios.items():
-      print(f"step_vs_matmul[{name}]={r:.2f}")
-  print(f"step_vs_matmul={min(ratios.values()):.2f}")
+  matmul = matmul_flops_per_s(mesh, jnp.dtype(_DTYPE.value))
+  chips = 1 if devices[0].platform == "cpu" else len(devices)  # a CPU's devices share its cores
+  device_peak = peak.device_peak(devices[0])
+  print(f"peak: {device_peak.flops_per_s * chips / 1e12:.3f} TFLOP/s ({device_peak.source})")
+  rates = {name: measure(name, mesh) for name in _MODEL.value}
+  mfu = {name: r / (device_peak.flops_per_s * chips) for name, r in rates.items()}
+  if len(rates) > 1:
+    for name, r in rates.items():
+      print(f"step_vs_matmul[{name}]={r / matmul:.2f} mfu[{name}]={mfu[name]:.3f}")
+  print(f"step_vs_matmul={min(rates.values()) / matmul:.2f}")
+  print(f"mfu={min(mfu.values()):.3f}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ COMMANDS = {
     + ["--config.sim.speeds=1,1,3"],
     "dp": ["--config=configs/shakespeare.py:runlocal"],
 }
-VARYING = ("wall_s", "tokens_per_s", "workdir", "timeline")  # wall-clock figures, where it ran
+# wall-clock figures (throughput, MFU, the measured CPU peak), where it ran
+VARYING = ("wall_s", "tokens_per_s", "tokens_per_s_per_chip", "mfu", "peak_flops_per_s")
+VARYING += ("workdir", "timeline")
 
 
 def _run(args: list[str], workdir: str) -> dict:

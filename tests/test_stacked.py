@@ -118,7 +118,7 @@ def _run(mode: str, workdir: str, stack: bool, kind: str = "auto", codec: str = 
           "progress_bar": False,
           "outer.learners": 4,
           "sim.speeds": "1,1,1,3",
-          "outer.stack_learners": stack,
+          "outer.stack_learners": "on" if stack else "off",
           "outer.stack_step": kind,
           "deploy.devices_per_learner": 1,  # a row of the stack per device
       }

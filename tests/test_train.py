@@ -24,8 +24,20 @@ SUMMARY_KEYS = {
     "eval_bpb",
     "wall_s",
     "tokens_per_s",
+    "tokens_per_s_per_chip",
+    "mfu",
+    "peak_source",
 }
-ROW_KEYS = {"step", "tokens", "loss", "lr", "tokens_per_s", "wall_s"}
+ROW_KEYS = {
+    "step",
+    "tokens",
+    "loss",
+    "lr",
+    "tokens_per_s",
+    "tokens_per_s_per_chip",
+    "mfu",
+    "wall_s",
+}
 
 
 def _run_main(*args):
@@ -47,6 +59,10 @@ def test_runlocal_through_the_main_writes_valid_outputs(tmp_path):
   assert summary["mode"] == "dp" and summary["steps"] == 40 and summary["tokens"] == 40 * 8 * 32
   assert summary["eval_loss"] < summary["first_loss"]
   assert summary["eval_bpb"] == pytest.approx(summary["eval_loss"] / np.log(2))
+  # MFU against this CPU's measured matmul peak: the run's FLOP/s over it
+  run_flops = summary["tokens_per_s"] * summary["flops_per_token"]
+  assert summary["mfu"] == pytest.approx(run_flops / summary["peak_flops_per_s"])
+  assert 0 < summary["mfu"] < 1 and "cpu float32 matmul measured" in summary["peak_source"]
   rows = metrics.read_jsonl(tmp_path / "metrics.jsonl")
   train_rows = [r for r in rows if "loss" in r]
   eval_rows = [r for r in rows if "eval_loss" in r]

@@ -76,7 +76,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ablations.get_config(point + ",budget=regime")
   # Learners one after the other: at 16 x 64 bytes per learner the stacked step ran this sweep's
   # M = 8 Decoupled run at 0.57x of sequential (scripts/bench_stacked.py, BENCHMARKS.md).
-  c.outer.stack_learners = False
+  c.outer.stack_learners = "off"
   return c
 
 

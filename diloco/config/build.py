@@ -245,6 +245,18 @@ class Parts:
 CPU_VMAP_MAX_FLOPS = 2.5e8
 
 
+def stacks(config: ml_collections.ConfigDict, backend: str | None = None) -> bool:
+  """`outer.stack_learners`: on, off, or auto: off on CPUs, where whole runs measured faster one
+  learner after the other (0.57-0.91x stacked for Decoupled runs, scripts/bench_stacked.py,
+  BENCHMARKS.md "Stacked learners"), on elsewhere (accelerators, where a step is dispatch-bound)."""
+  value = config.outer.stack_learners
+  if value not in ("auto", "on", "off"):
+    raise ValueError(f"outer.stack_learners={value!r}: expected auto, on or off")
+  if value == "auto":
+    return (backend or jax.default_backend()) != "cpu"
+  return value == "on"
+
+
 def stack_step(
     config: ml_collections.ConfigDict, flops_per_step: float = 0.0, rows: int = 1
 ) -> str:

@@ -12,6 +12,7 @@ import tqdm
 from diloco import metrics
 from diloco.inner import checkpoint, evaluation, island as island_lib, step as step_lib
 from diloco.outer import fragments
+from diloco.plan import peak
 from diloco.runtime import preemption
 
 
@@ -24,8 +25,10 @@ class StepLogger:
       writer: metrics.MetricsWriter,
       ckpt: checkpoint.Checkpointer,
       start: int,
+      flops_per_token: float = 0.0,
   ):
     self.config, self.writer, self.ckpt = config, writer, ckpt
+    self.flops_per_token = flops_per_token
     self.tokens_per_step = config.batch_size * config.seq_len
     self.t_start = time.perf_counter()
     self.t_steady: float | None = None  # after the first fetched step (compilation excluded)
@@ -71,10 +74,18 @@ class StepLogger:
               "grad_norm": float(m["grad_norm"]),
               **metrics.aux_terms(m),
               "tokens_per_s": rate,
+              **self.utilisation(rate),
               "wall_s": now - self.t_start,
           }
       )
     self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+
+  def utilisation(self, rate: float) -> dict[str, Any]:
+    """The row's tokens/s per chip and MFU (none before a steady rate or without FLOPs)."""
+    if not self.flops_per_token or rate != rate:
+      return {}
+    u = peak.utilisation(rate, self.flops_per_token, jax.devices())
+    return {"tokens_per_s_per_chip": u["tokens_per_s_per_chip"], "mfu": u["mfu"]}
 
   def tokens_per_s(self, step: int, now: float | None = None) -> float:
     if self.t_steady is None:
@@ -100,7 +111,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint_every)
   state, start = island.restore_or_init(ckpt)
   writer = metrics.MetricsWriter.for_run(config, workdir, resume_step=start if start else None)
-  logger = StepLogger(config, writer, ckpt, start)
+  logger = StepLogger(config, writer, ckpt, start, island.flops_per_token)
   stop_at = start + config.stop_after_steps if config.get("stop_after_steps", 0) else None
   last, stopped_by = start, None
   eval_row: dict[str, Any] = {}

@@ -9,6 +9,7 @@
 
 import collections
 import math
+import time
 from typing import Any
 
 import jax
@@ -19,6 +20,7 @@ from diloco.inner import evaluation, island as island_lib
 from diloco.outer import fragments
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
+from diloco.plan import peak
 from diloco.runtime import virtual_snapshot
 from diloco.watch import progress
 
@@ -33,9 +35,13 @@ class RunLog:
       learners: list[Learner],
       token_budget: int,
       resume: dict[str, Any] | None = None,
+      flops_per_token: float = 0.0,
   ):
-    """`resume`: a `state()` of a stopped run, to go on from."""
+    """`resume`: a `state()` of a stopped run, to go on from. `flops_per_token`: rows then carry
+    the run's wall-clock tokens/s per chip and MFU, all learners together (plan/peak.py)."""
     self.config, self.learners = config, learners
+    self.flops_per_token = flops_per_token
+    self.wall0: tuple[float, int] | None = None  # (wall clock, tokens) at the first step
     self.m_count = len(learners)
     self.writer = metrics.MetricsWriter.for_run(
         config, workdir, resume_bytes=resume and resume["position"]
@@ -86,7 +92,11 @@ class RunLog:
   def on_step(self, m: int, learner: Learner, device_metrics, now: float) -> dict | None:
     """Learner m took a step; writes the row of its previous one if due (returned)."""
     prev, self.pending[m] = self.pending[m], (learner.steps, device_metrics, now)
-    row = _learner_row(self.writer, self.config, m, learner, *prev) if prev is not None else None
+    if self.wall0 is None:  # from the first step on: compiling the step is not counted
+      self.wall0 = (time.perf_counter(), self.tokens)
+    row = None
+    if prev is not None:
+      row = _learner_row(self.writer, self.config, m, learner, *prev, extra=self.utilisation)
     self.total_steps += 1
     self.bar.update(learner.tokens_per_step)
     if self.show():
@@ -97,10 +107,30 @@ class RunLog:
   def flush(self) -> list[tuple[int, dict]]:
     """Writes every learner's last row; (learner, row) of each."""
     return [
-        (m, _learner_row(self.writer, self.config, m, self.learners[m], *prev, force=True))
+        (
+            m,
+            _learner_row(
+                self.writer, self.config, m, self.learners[m], *prev, True, self.utilisation
+            ),
+        )
         for m, prev in enumerate(self.pending)
         if prev is not None
     ]
+
+  def utilisation(self) -> dict[str, Any]:
+    """The run's wall-clock tokens/s, per chip, and MFU since its first step, all learners."""
+    if not self.flops_per_token or self.wall0 is None:
+      return {}
+    wall = time.perf_counter() - self.wall0[0]
+    if wall <= 0:
+      return {}
+    rate = (self.tokens - self.wall0[1]) / wall
+    u = peak.utilisation(rate, self.flops_per_token, jax.devices())
+    return {
+        "tokens_per_s": rate,
+        "tokens_per_s_per_chip": u["tokens_per_s_per_chip"],
+        "mfu": u["mfu"],
+    }
 
   def on_log(self, record: dict) -> None:
     if record["event"] == "merge":
@@ -113,8 +143,9 @@ class RunLog:
     self.writer.write({"step": self.step, **record}, prefix="chaos/")
 
 
-def _learner_row(writer, config, m, learner, step, device_metrics, now, force=False):
-  """Writes learner m's row of `step` if it is a logged step (or `force`); the row or None."""
+def _learner_row(writer, config, m, learner, step, device_metrics, now, force=False, extra=None):
+  """Writes learner m's row of `step` if it is a logged step (or `force`); the row or None.
+  `extra()`: more keys of the row (the run's throughput)."""
   if step % config.log_every and not force:
     return None
   mx = jax.device_get(dict(device_metrics))  # a stacked learner's step runs now if queued
@@ -126,6 +157,7 @@ def _learner_row(writer, config, m, learner, step, device_metrics, now, force=Fa
       "sim_time_s": now,
       "tokens": learner.tokens,
       **metrics.aux_terms(mx),
+      **(extra() if extra else {}),
   }
   writer.write(row, prefix=f"learner{m}/")
   return row

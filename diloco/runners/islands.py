@@ -40,7 +40,7 @@ def _run(
     config: ml_collections.ConfigDict, workdir: str, parts: build.Parts | None
 ) -> dict[str, Any]:
   o, t_wall = config.outer, time.perf_counter()
-  parts = parts or build.local_learners(config, stacked_learners=o.stack_learners)
+  parts = parts or build.local_learners(config, stacked_learners=build.stacks(config))
   learners = [parts.make_learner(m, holds_start=True) for m in range(o.learners)]
   sync = parts.make_sync()
   for m in range(o.learners):
@@ -50,7 +50,8 @@ def _run(
   recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
   budget = config.steps * sum(parts.batches) * config.seq_len
   resume = snap["extra"] if snap else None
-  log = island_log.RunLog(config, workdir, learners, budget, resume)
+  per_token = parts.islands[0].flops_per_token
+  log = island_log.RunLog(config, workdir, learners, budget, resume, flops_per_token=per_token)
   evals = island_log.GlobalEvals(config, parts.islands[0], log.writer, resume and resume["evals"])
 
   def on_step(m: int, learner, device_metrics, now: float) -> None:
