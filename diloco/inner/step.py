@@ -183,21 +183,36 @@ def build_step_fns(
   }
   rep = sharding.replicated(mesh)
   eval_sh = {**batch_sh, "weights_B": sharding.batch_sharding(mesh, 1)}
+  in_mesh = functools.partial(_in_mesh, mesh)
   return StepFns(
       graphdef=fns.graphdef,
       mesh=mesh,
       state_shardings=state_sh,
       init=jax.jit(fns.init, in_shardings=rep, out_shardings=state_sh),
       train=jax.jit(
-          fns.train,
+          in_mesh(fns.train),
           in_shardings=(state_sh, batch_sh),
           out_shardings=(state_sh, rep),
           donate_argnums=0,
       ),
-      eval=jax.jit(fns.loss, in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
-      measures=jax.jit(fns.measures, in_shardings=(state_sh.params, eval_sh), out_shardings=rep),
+      eval=jax.jit(in_mesh(fns.loss), in_shardings=(state_sh.params, batch_sh), out_shardings=rep),
+      measures=jax.jit(
+          in_mesh(fns.measures), in_shardings=(state_sh.params, eval_sh), out_shardings=rep
+      ),
       lr=fns.lr,
   )
+
+
+def _in_mesh(mesh: Mesh, fn):
+  """`fn` traced with `mesh` as the abstract mesh in context: a kernel that must be mapped over
+  the batch's devices (splash attention's shard_map) finds its axes there."""
+
+  @functools.wraps(fn)
+  def traced(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args)
+
+  return traced
 
 
 def put_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:

@@ -25,20 +25,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from diloco.models import moe
+from diloco.models import attention, moe
 
-ATTENTION = ("auto", "einsum", "dot_product_attention", "cudnn")
-# auto: what measured fastest on the backend (BENCHMARKS.md): ours on GPUs (1.17x XLA's for `base`
-# in bf16 on an H200), XLA's dot_product_attention elsewhere (CPUs: within 2% of ours either way,
-# and the default the project's CPU results were measured with).
-AUTO_ATTENTION = {"gpu": "einsum"}
-
-
-def attention_kind(name: str, backend: str | None = None) -> str:
-  """The attention a config's `model.attention` means on `backend` (default: JAX's)."""
-  if name != "auto":
-    return name
-  return AUTO_ATTENTION.get(backend or jax.default_backend(), "dot_product_attention")
+ATTENTION = attention.KINDS
+# auto (attention.AUTO): what measured fastest on the backend (BENCHMARKS.md): ours on GPUs (1.17x
+# XLA's for `base` in bf16 on an H200), splash on TPUs (no score matrix), XLA's
+# dot_product_attention on CPUs (within 2% of ours either way, and the default the project's CPU
+# results were measured with).
+attention_kind = attention.kind_on  # the attention a config's `model.attention` means on a backend
+causal_attention = attention.reference
 
 
 # What each block keeps for the backward pass: everything; only its input (recompute the block);
@@ -63,9 +58,11 @@ class ModelConfig:
   max_len: int = 1024
   mlp: Literal["swiglu", "gelu"] = "swiglu"
   tied_embeddings: bool = True
-  # einsum: ours; dot_product_attention: jax.nn's (XLA); cudnn: jax.nn's cuDNN fused kernel (GPU);
-  # auto: einsum on GPUs, dot_product_attention elsewhere (attention_kind)
-  attention: Literal["auto", "einsum", "dot_product_attention", "cudnn"] = "einsum"
+  # models/attention.py: einsum (ours) | dot_product_attention (XLA's) | cudnn (GPU) | blockwise
+  # (pure JAX, flash style) | splash (Pallas, TPU) | auto (attention_kind)
+  attention: Literal["auto", "einsum", "dot_product_attention", "cudnn", "blockwise", "splash"] = (
+      "einsum"
+  )
   rope_base: float = 10_000.0
   dtype: str = "float32"  # compute dtype; parameters (and optimizer state) are always float32.
   remat: Literal["none", "block", "dots"] = "none"  # recompute in the backward pass: REMAT
@@ -166,13 +163,18 @@ class RMSNorm(nnx.Module):
     return (y * scale).astype(x_BxLxD.dtype)
 
 
-def rotary(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
-  """Rotates pairs (first half, second half) of each head by position-dependent angles."""
+def rotary(x_BxLxHxK: jax.Array, base: float, positions_BxL: jax.Array | None = None) -> jax.Array:
+  """Rotates pairs (first half, second half) of each head by position-dependent angles; the
+  positions are 0..L-1 unless given (per document in a packed sequence)."""
   _, seq_len, _, head_dim = x_BxLxHxK.shape
   half = head_dim // 2
   freq_K = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle_LxK = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freq_K[None, :]
-  sin, cos = jnp.sin(angle_LxK)[None, :, None, :], jnp.cos(angle_LxK)[None, :, None, :]
+  if positions_BxL is None:
+    angle_LxK = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freq_K[None, :]
+    sin, cos = jnp.sin(angle_LxK)[None, :, None, :], jnp.cos(angle_LxK)[None, :, None, :]
+  else:
+    angle_BxLxK = positions_BxL.astype(jnp.float32)[..., None] * freq_K[None, None, :]
+    sin, cos = jnp.sin(angle_BxLxK)[:, :, None, :], jnp.cos(angle_BxLxK)[:, :, None, :]
   x1, x2 = x_BxLxHxK[..., :half].astype(jnp.float32), x_BxLxHxK[..., half:].astype(jnp.float32)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BxLxHxK.dtype)
@@ -195,7 +197,9 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       self.q_norm, self.k_norm = RMSNorm(k), RMSNorm(k)
 
-  def queries_keys_values(self, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def queries_keys_values(
+      self, x_BxLxD: jax.Array, positions_BxL: jax.Array | None = None
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """q [B, L, H, Dh], k and v [B, L, Hkv, Dh]: q and k normed with `qk_norm`, then rotated."""
     cfg, dtype = self.cfg, x_BxLxD.dtype
     if hasattr(self, "qkv"):
@@ -207,48 +211,18 @@ class Attention(nnx.Module):
       k_BxLxGxK, v_BxLxGxK = kv_BxLx2xGxK[:, :, 0], kv_BxLx2xGxK[:, :, 1]
     if cfg.qk_norm:
       q_BxLxHxK, k_BxLxGxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxGxK)
-    q_BxLxHxK = rotary(q_BxLxHxK, cfg.rope_base)
-    k_BxLxGxK = rotary(k_BxLxGxK, cfg.rope_base)
+    q_BxLxHxK = rotary(q_BxLxHxK, cfg.rope_base, positions_BxL)
+    k_BxLxGxK = rotary(k_BxLxGxK, cfg.rope_base, positions_BxL)
     return q_BxLxHxK, k_BxLxGxK, v_BxLxGxK
 
-  def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None) -> jax.Array:
+    """Attention within each segment (packed documents) when segment ids are given."""
     cfg = self.cfg
     dtype = x_BxLxD.dtype
-    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = self.queries_keys_values(x_BxLxD)
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = self.queries_keys_values(x_BxLxD, positions_BxL)
     kind = attention_kind(cfg.attention)
-    if kind != "einsum":
-      impl = "cudnn" if kind == "cudnn" else None
-      o_BxLxHxK = jax.nn.dot_product_attention(
-          q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=cfg.causal, implementation=impl
-      )
-    else:
-      o_BxLxHxK = causal_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, cfg.causal)
+    o_BxLxHxK = attention.attend(kind, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, cfg.causal, segment_ids_BxL)
     return jnp.einsum("blhk,hkd->bld", o_BxLxHxK, self.out[...].astype(dtype))
-
-
-def causal_attention(
-    q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array, causal: bool = True
-) -> jax.Array:
-  """Softmax attention with a causal mask (unless `causal` is False), logits in float32; G key/
-  value heads each serve H / G consecutive query heads (G = H: plain multi-head attention)."""
-  b, seq_len, h, head_dim = q_BxLxHxK.shape
-  g = k_BxLxGxK.shape[2]
-  if g != h:  # grouped: a key/value head's H / G query heads side by side
-    q_BxLxGxRxK = q_BxLxHxK.reshape(b, seq_len, g, h // g, head_dim)
-    logits = jnp.einsum("bqgrk,bsgk->bgrqs", q_BxLxGxRxK, k_BxLxGxK)
-    logits_BxHxLxL = logits.reshape(b, h, seq_len, seq_len).astype(jnp.float32)
-  else:
-    logits_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxGxK).astype(jnp.float32)
-  logits_BxHxLxL = logits_BxHxLxL * head_dim**-0.5
-  if causal:
-    mask_1x1xLxL = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None]
-    logits_BxHxLxL = jnp.where(mask_1x1xLxL, logits_BxHxLxL, jnp.finfo(jnp.float32).min)
-  att_BxHxLxL = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(v_BxLxGxK.dtype)
-  if g == h:
-    return jnp.einsum("bhqs,bshk->bqhk", att_BxHxLxL, v_BxLxGxK)
-  att_BxGxRxLxL = att_BxHxLxL.reshape(b, g, h // g, seq_len, seq_len)
-  o_BxLxGxRxK = jnp.einsum("bgrqs,bsgk->bqgrk", att_BxGxRxLxL, v_BxLxGxK)
-  return o_BxLxGxRxK.reshape(b, seq_len, h, head_dim)
 
 
 class Mlp(nnx.Module):
@@ -282,10 +256,12 @@ class Block(nnx.Module):
     else:
       self.mlp = Mlp(cfg, rngs)
 
-  def __call__(self, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+      self, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None
+  ) -> tuple[jax.Array, jax.Array]:
     """The block's output and its routing stats [load_balance, router_z, dropped, idle experts'
     share, least load] (zeros when dense)."""
-    x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD))
+    x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), segment_ids_BxL, positions_BxL)
     if not hasattr(self, "moe"):
       return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD)), jnp.zeros((5,), jnp.float32)
     y_BxLxD, r = self.moe(self.mlp_norm(x_BxLxD))
@@ -305,15 +281,19 @@ class Transformer(nnx.Module):
     if not cfg.tied_embeddings:
       self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
 
-  def __call__(self, tokens_BxL: jax.Array) -> jax.Array:
-    return self.forward(tokens_BxL)[0]
+  def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL=None, positions_BxL=None) -> jax.Array:
+    return self.forward(tokens_BxL, segment_ids_BxL, positions_BxL)[0]
 
-  def forward(self, tokens_BxL: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Logits and the routing stats of `run_blocks`."""
+  def forward(
+      self, tokens_BxL: jax.Array, segment_ids_BxL=None, positions_BxL=None
+  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Logits and the routing stats of `run_blocks`; with segment ids each token attends only to
+    its own segment (a packed document), with positions rotary restarts per document."""
     cfg = self.cfg
     if tokens_BxL.shape[1] > cfg.max_len:
       raise ValueError(f"sequence length {tokens_BxL.shape[1]} exceeds max_len={cfg.max_len}")
-    x_BxLxD, aux = run_blocks(cfg, self.blocks, self.embed(tokens_BxL).astype(cfg.dtype))
+    x_BxLxD = self.embed(tokens_BxL).astype(cfg.dtype)
+    x_BxLxD, aux = run_blocks(cfg, self.blocks, x_BxLxD, segment_ids_BxL, positions_BxL)
     x_BxLxD = self.final_norm(x_BxLxD)
     if cfg.tied_embeddings:
       table_VxD = self.embed.embedding[...].astype(cfg.dtype)
@@ -325,7 +305,7 @@ class Transformer(nnx.Module):
   def objective(self, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """What training minimises, and its parts as metrics (`loss`: the cross entropy; with
     `z_loss` > 0, `z_loss`: the unweighted output z-loss, added times model.z_loss)."""
-    logits_BxLxV, aux = self.forward(batch["inputs_BxL"])
+    logits_BxLxV, aux = self.forward(*_inputs(batch))
     loss = cross_entropy(logits_BxLxV, batch["targets_BxL"])
     total = with_aux_losses(self.cfg, loss, aux)
     if not self.cfg.z_loss:
@@ -335,8 +315,13 @@ class Transformer(nnx.Module):
 
   def evaluate(self, batch) -> dict[str, jax.Array]:
     """The held-out measures of each row [B]: its next-token cross entropy (mean over tokens)."""
-    nll_BxL = token_nll(self(batch["inputs_BxL"]), batch["targets_BxL"])
+    nll_BxL = token_nll(self(*_inputs(batch)), batch["targets_BxL"])
     return {"loss": jnp.mean(nll_BxL, axis=-1)}
+
+
+def _inputs(batch) -> tuple:
+  """A batch's token ids and, where the data packs documents, their segment ids and positions."""
+  return batch["inputs_BxL"], batch.get("segment_ids_BxL"), batch.get("positions_BxL")
 
 
 def token_nll(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
@@ -355,22 +340,25 @@ def output_z_loss(logits_BxLxV: jax.Array) -> jax.Array:
   return jnp.mean(jnp.square(jax.nn.logsumexp(logits_BxLxV, axis=-1)))
 
 
-def run_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array):
+def run_blocks(
+    cfg: ModelConfig, blocks, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None
+):
   """x through the blocks (rematerialised as cfg.remat says; one scan with cfg.scan_layers), and
   for a mixture of experts its routing stats (empty when dense): `moe_load_balance`,
   `moe_router_z`, `moe_dropped` and `moe_idle_experts` (the share of experts that took no token)
   averaged over the sparse blocks; `moe_min_load`, the least-loaded expert of any sparse block
   over an even share."""
   if cfg.scan_layers:
-    x_BxLxD, s_Nx5 = _scan_blocks(cfg, blocks, x_BxLxD)
+    x_BxLxD, s_Nx5 = _scan_blocks(cfg, blocks, x_BxLxD, segment_ids_BxL, positions_BxL)
     sparse_5 = list(s_Nx5) if cfg.num_experts else []
   else:
     sparse_5 = []
     for i, block in enumerate(blocks):
       if cfg.remat == "none":
-        x_BxLxD, s_5 = block(x_BxLxD)
+        x_BxLxD, s_5 = block(x_BxLxD, segment_ids_BxL, positions_BxL)
       else:
-        x_BxLxD, s_5 = nnx.remat(lambda b, x: b(x), policy=REMAT[cfg.remat])(block, x_BxLxD)
+        remat = nnx.remat(lambda b, x, s, p: b(x, s, p), policy=REMAT[cfg.remat])
+        x_BxLxD, s_5 = remat(block, x_BxLxD, segment_ids_BxL, positions_BxL)
       if cfg.is_moe(i):
         sparse_5.append(s_5)
   if not sparse_5:
@@ -386,14 +374,16 @@ def run_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array):
   )
 
 
-def _scan_blocks(cfg: ModelConfig, blocks, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _scan_blocks(
+    cfg: ModelConfig, blocks, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None
+) -> tuple[jax.Array, jax.Array]:
   """The blocks as one `jax.lax.scan`: their parameters stacked on a leading layer axis inside
   the step (gradients flow back to each block's own), one block's program applied N times."""
   graphdef = nnx.graphdef(blocks[0])
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
 
   def body(x_BxLxD, state):
-    return nnx.merge(graphdef, state)(x_BxLxD)
+    return nnx.merge(graphdef, state)(x_BxLxD, segment_ids_BxL, positions_BxL)
 
   if cfg.remat != "none":
     body = jax.checkpoint(body, policy=REMAT[cfg.remat])
