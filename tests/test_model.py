@@ -43,9 +43,9 @@ def test_both_attention_implementations_agree():
   np.testing.assert_allclose(model(tokens), model2(tokens), atol=2e-5)
 
 
-def test_auto_attention_is_ours_on_gpus_and_xlas_elsewhere():
+def test_auto_attention_is_ours_on_gpus_splash_on_tpus_and_xlas_on_cpus():
   assert tr.attention_kind("auto", "gpu") == "einsum"
-  assert tr.attention_kind("auto", "cpu") == tr.attention_kind("auto", "tpu")
+  assert tr.attention_kind("auto", "tpu") == "splash"
   assert tr.attention_kind("auto", "cpu") == "dot_product_attention"
   assert tr.attention_kind("cudnn", "cpu") == "cudnn"  # a named kind is never replaced
   tokens = jax.random.randint(jax.random.key(3), (2, 16), 0, 256)
