@@ -83,7 +83,8 @@ if not RESULTS_ONLY:  # (loaded: every finished row checked in, whichever stages
       break
   stage(f"part=seeds,seeds={2 if TINY else 3},results={RESULTS}", "seeds")
   stage(f"part=time,seeds={2 if TINY else 3},results={RESULTS}", "time")
-rows = sp.read_rows(RESULTS)
+everything = sp.read_rows(RESULTS)
+rows = [r for r in everything if not r.get("merge")]  # point 3's (point 4's below have `merge`)
 tokens = [r for r in rows if dt.budget_of(r) == "tokens"]
 print("eval loss at each outer lr (seed 0); * = winner")
 print(search.grid_text(search.tuning(tokens, dt.KEYS), lambda c: " ".join(f"{x:>11}" for x in c)))
@@ -160,3 +161,42 @@ for budget in dv.BUDGETS:
 # evaluation set, and the seeds each cell has (its seed count is printed beside it; a cell with
 # one seed has no spread, so any difference counts there). BENCHMARKS.md, "Where each learner's
 # work goes", has the commands, which stages had run, and the README main job under each rule.
+
+# %% [markdown]
+# ## Radial-directional averaging where it can matter (point 4)
+#
+# RDA against the plain mean at M = 8 and 16 learners (M = 16: the paper setting's eight speeds
+# twice), waiting for all (merges hold every learner) and K = 1 with grace, text, under `rebase`;
+# each (M, policy, merge) at its own outer learning rate, three seeds. The (M = 8, rda) cells are
+# point 3's rebase cells (the same runs). The K = 1 cells start on rebase's rate scale
+# (lr_scale=0.125: point 3's rebase winners were 0.025-0.05).
+
+# %%
+if not RESULTS_ONLY:
+  if TINY:
+    stage(f"part=rda,delivery=rebase,results={RESULTS}", "rda")
+  else:
+    stage(f"part=rda,delivery=rebase,policies=wait_all,results={RESULTS}", "rda_wait_all")
+    stage(f"part=rda,delivery=rebase,policies=k1_grace,lr_scale=0.125,results={RESULTS}", "rda_k1")
+  for i in range(1, 6):
+    if not stage(f"part=rda_extend,delivery=rebase,results={RESULTS}", f"rda_extend{i}"):
+      break
+  stage(f"part=rda_seeds,delivery=rebase,seeds={2 if TINY else 3},results={RESULTS}", "rda_seeds")
+rda_rows = dt.rda_rows(sp.read_rows(RESULTS), "rebase")
+rda = dt.rda_cells(rda_rows)
+if not rda:
+  print("(not run yet)")
+else:
+  print("eval loss at each outer lr (seed 0); * = winner")
+  grid = search.tuning(rda_rows, dt.RDA_KEYS)
+  print(search.grid_text(grid, lambda c: " ".join(f"{str(x):>9}" for x in c)))
+  print(f"{'M policy merge':>24}{'lr':>8}{'seeds':>6}{'eval loss':>19}{'quorum':>8}{'merged':>8}")
+  for key in sorted(rda):
+    c = rda[key]
+    q = f"{c.mean('eval_loss'):.4f} (±{c.spread('eval_loss'):.4f})"
+    print(
+        f"{' '.join(map(str, key)):>24}{c.outer_lr:>8g}{c.seeds:>6}{q:>19}"
+        f"{c.mean('mean_quorum'):>8.2f}{c.mean('merged_share'):>8.2f}"
+    )
+  for claim, verdict, numbers in dt.rda_findings(rda):
+    print(f"{verdict.upper()}: {claim}\n    {numbers}")

@@ -19,7 +19,11 @@ SEG_64 = jnp.array([[0] * 20 + [1] * 30 + [2] * 14, [0] * 16 + [1] * 16 + [2] * 
 def _qkv(b, seq_len, h, g, d=8):
   ks = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(ks[0], (b, seq_len, h, d))
-  return q, jax.random.normal(ks[1], (b, seq_len, g, d)), jax.random.normal(ks[2], (b, seq_len, g, d))
+  return (
+      q,
+      jax.random.normal(ks[1], (b, seq_len, g, d)),
+      jax.random.normal(ks[2], (b, seq_len, g, d)),
+  )
 
 
 def _grads(fn, q, k, v):
@@ -53,7 +57,9 @@ def test_splash_in_interpret_mode_is_the_plain_attention_forward_and_backward():
 
 def test_splash_on_a_mesh_runs_on_each_devices_rows_of_the_batch():
   mesh = sharding.make_island_mesh(jax.devices()[:4], data=2, fsdp=2)
-  q, k, v = (jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp")))) for x in _qkv(4, 128, 2, 2))
+  q, k, v = (
+      jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp")))) for x in _qkv(4, 128, 2, 2)
+  )
 
   def step(q, k, v):  # as inner/step.py traces a step: the island's mesh in context
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):

@@ -123,3 +123,26 @@ def test_rda_points_reuse_point_3s_rows_and_scale_their_rates(tmp_path):
   assert dv.get_sweep(f"part=rda_extend,{arg}") == [
       dict(learners=8, policy="k1_grace", merge="rda", delivery="rebase", outer_lr=0.1, seed=0)
   ]
+
+
+def test_rda_against_the_mean_by_hand():
+  def r(m, policy, merge, lr, seed, loss, quorum=2.0):
+    return dict(learners=m, policy=policy, merge=merge, delivery="rebase", outer_lr=lr, seed=seed)
+
+  rows = [
+      # M = 16, waiting: rda wins at 0.4 (1.90, 1.92 -> 1.91 ± 0.01), the mean at 0.2 (1.95, 1.97)
+      dict(r(16, "wait_all", "rda", 0.4, 0, 0), eval_loss=1.90, mean_quorum=16.0),
+      dict(r(16, "wait_all", "rda", 0.4, 1, 0), eval_loss=1.92, mean_quorum=16.0),
+      dict(r(16, "wait_all", "rda", 0.2, 0, 0), eval_loss=1.99, mean_quorum=16.0),
+      dict(r(16, "wait_all", "mean", 0.2, 0, 0), eval_loss=1.95, mean_quorum=16.0),
+      dict(r(16, "wait_all", "mean", 0.2, 1, 0), eval_loss=1.97, mean_quorum=16.0),
+  ]
+  # a point 3 row is the (8, k1_grace, rda) cell; an other rule's row is left out
+  p3 = _row("k1_grace", "rebase", 0.05, 0, 1.93)
+  got = dt.rda_rows(rows + [p3, _row("k1_grace", "replace", 0.2, 0, 1.96)], "rebase")
+  assert len(got) == 6 and dict(p3, learners=8, merge="rda") in got
+  table = dt.rda_cells(got)
+  assert table[(16, "wait_all", "rda")].outer_lr == 0.4 and table[(8, "k1_grace", "rda")].seeds == 1
+  ((claim, verdict, numbers),) = dt.rda_findings(table)  # (8, k1_grace) has no mean cell
+  assert claim == "M = 16, wait_all: RDA against the mean" and verdict == "better"  # 0.05 > 0.01
+  assert numbers.startswith("1.9100 (±0.0100, 2 seeds) at lr 0.4 vs 1.9600 (±0.0100, 2 seeds)")

@@ -48,7 +48,7 @@ import ml_collections
 
 from configs.sweeps import heterogeneous as het
 from diloco.config import variants
-from diloco.studies import outer_lr_search as search, scaling_protocol as sp
+from diloco.studies import delivery_table as dt, outer_lr_search as search, scaling_protocol as sp
 
 SWEEP_KEYS = het.SWEEP_KEYS + ("merged_share", "tokens", "uploads_skipped")
 SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings", "policies", "rungs", "lr_scale")
@@ -56,7 +56,7 @@ SETTINGS = {"paper": (1, 1, 1, 1, 1.18, 1.18, 1.18, 1.18), "2x": het.SPEEDS}
 DELIVERIES = ("replace", "rebase", "at_own_sync")
 BUDGETS = ("tokens", "time")
 KEYS = ("setting", "domain", "policy", "delivery")  # a cell of the table
-RDA_KEYS = ("learners", "policy", "merge")  # a cell of point 4's rows
+RDA_KEYS = dt.RDA_KEYS  # a cell of point 4's rows: (learners, policy, merge)
 RDA_PARTS = ("rda", "rda_extend", "rda_seeds")
 TINY_POLICIES = ("k1_grace",)  # tiny (the test suite's): text, one policy, one lr, one time seed
 
@@ -137,33 +137,23 @@ def _point(cell: tuple, **more) -> dict:
   return dict(zip(KEYS, cell), **more)
 
 
-def _rda_rows(a) -> list[dict]:
-  """Point 4's finished rows under `delivery=`: its own, and point 3's text rows at the paper
-  setting, which are its (M = 8, rda) cells (the same config: point 3 merges with RDA)."""
-  rows = [r for r in sp.read_rows(a.results) if (r.get("budget") or "tokens") == "tokens"]
-  own = [r for r in rows if r.get("merge")]
-  shared = [
-      dict(r, learners=8, merge="rda")
-      for r in rows
-      if not r.get("merge") and (r["setting"], r["domain"]) == ("paper", "text")
-  ]
-  return [r for r in own + shared if r["delivery"] == a.delivery]
-
-
 def _rda_sweep(a) -> list[dict]:
   """Point 4 of issue 51: RDA against the mean at M = 8 and 16, waiting for all (K = M) and K = 1
   with grace, text at the paper's setting, under the rule given (`delivery=`). part=rda tries
   het.OUTER_LRS times `lr_scale` (a cell near point 3's winners starts on their scale), less the
   points a row of `results=` already holds."""
-  policies = a.policies.split(",") if a.policies else ("wait_all", "k1_grace")
-  cells = [(m, p, g) for m in (8, 16) for p in policies for g in ("mean", "rda")]
+  policies = a.policies.split(",") if a.policies else dt.RDA_POLICIES
+  policies, counts = (TINY_POLICIES, (8,)) if a.tiny else (policies, (8, 16))
+  cells = [(m, p, g) for m in counts for p in policies for g in ("mean", "rda")]
   point = lambda c, **more: dict(zip(RDA_KEYS, c), delivery=a.delivery, **more)
-  rows = _rda_rows(a) if a.results else []
+  rows = dt.rda_rows(sp.read_rows(a.results), a.delivery) if a.results else []
   done = {(*search.cell_of(r, RDA_KEYS), float(r["outer_lr"]), int(r["seed"])) for r in rows}
   if a.part == "rda":
-    lrs = [lr * a.lr_scale for lr in het.OUTER_LRS]
+    lrs = [lr * a.lr_scale for lr in (het.OUTER_LRS[1:2] if a.tiny else het.OUTER_LRS)]
     return [point(c, outer_lr=lr, seed=0) for c in cells for lr in lrs if (*c, lr, 0) not in done]
   if a.part == "rda_extend":
+    if a.tiny:
+      return []
     return [point(c[:-1], outer_lr=c[-1], seed=0) for c in search.past_edges(rows, RDA_KEYS, cells)]
   best = search.need_winners(rows, RDA_KEYS, cells, a.results)
   todo = [(c, s) for c in cells for s in range(1, a.seeds) if (*c, best[c], s) not in done]

@@ -130,3 +130,47 @@ def findings(
             )
         )
   return out
+
+
+# Point 4: radial-directional averaging against the mean, cells (learners, policy, merge).
+RDA_KEYS = ("learners", "policy", "merge")
+RDA_POLICIES = ("wait_all", "k1_grace")
+
+
+def rda_rows(rows: Sequence[Row], delivery: str) -> list[Row]:
+  """Point 4's rows at equal tokens under `delivery`: its own (they have `merge`) and point 3's
+  text rows at the paper setting of its policies, which are its (M = 8, rda) cells (the same
+  runs)."""
+  out = []
+  for r in rows:
+    if budget_of(r) != "tokens" or r.get("delivery") != delivery:
+      continue
+    if r.get("merge"):
+      out.append(r)
+    elif (r.get("setting"), r.get("domain")) == ("paper", "text") and r["policy"] in RDA_POLICIES:
+      out.append(dict(r, learners=8, merge="rda"))
+  return out
+
+
+def rda_cells(rows: Sequence[Row]) -> dict[tuple, Cell]:
+  """Each (learners, policy, merge) at its winning outer lr (lowest seed-0 eval loss)."""
+  return {k: Cell(lr, tuple(at)) for k, (lr, at) in search.at_winners(rows, RDA_KEYS).items()}
+
+
+def rda_findings(table: dict[tuple, Cell]) -> list[tuple[str, str, str]]:
+  """(claim, verdict, numbers) per (learners, policy): RDA against the plain mean."""
+  out = []
+  for m, policy in sorted({k[:2] for k in table}):
+    rda, mean = table.get((m, policy, "rda")), table.get((m, policy, "mean"))
+    if rda is None or mean is None:
+      continue
+    verdict = {1: "better", 0: "within the seed spread", -1: "worse"}[_compare(rda, mean, "text")]
+    out.append(
+        (
+            f"M = {m}, {policy}: RDA against the mean",
+            verdict,
+            f"{_say(rda, 'text')} at lr {rda.outer_lr:g} vs {_say(mean, 'text')} at lr"
+            f" {mean.outer_lr:g}; learners per merge {rda.mean('mean_quorum'):.2f}",
+        )
+    )
+  return out
