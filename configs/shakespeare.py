@@ -144,6 +144,11 @@ def base_config() -> ml_collections.ConfigDict:
           " remaining devices (with data=-1: all of them); preset: -1 for model sizes from 35m",
       ),
       expert=(1, ">1: a mixture of experts' weights split over an expert axis of this size"),
+      tensor=(
+          1,
+          ">1: tensor parallelism: attention heads, MLP width and vocabulary split over a"
+          " 'tensor' axis of this size (models/logical.py)",
+      ),
   )
   c.outer = keys.section("outer", **_outer())
   c.sim = keys.section(

@@ -151,6 +151,8 @@ def _domains(c) -> Problems:
   ]
   if "expert" in c.mesh:
     tests.append(("mesh.expert", _pos, "must be >= 1"))
+  if "tensor" in c.mesh:
+    tests.append(("mesh.tensor", _pos, "must be >= 1"))
   return [(key, why) for key, ok, why in tests if _has(c, key) and not _safe(ok, _get(c, key))]
 
 

@@ -75,9 +75,8 @@ def optimizer_config(config: ml_collections.ConfigDict) -> step_lib.OptimizerCon
 
 def island_mesh(config: ml_collections.ConfigDict, devices: Sequence[jax.Device]):
   """The island's mesh over `devices`, shaped by the config's `mesh` section."""
-  return sharding.make_island_mesh(
-      devices, config.mesh.data, config.mesh.fsdp, config.mesh.get("expert", 1)
-  )
+  m = config.mesh
+  return sharding.make_island_mesh(devices, m.data, m.fsdp, m.get("expert", 1), m.get("tensor", 1))
 
 
 def step_fns(

@@ -1,10 +1,12 @@
 """Island meshes and partition rules for parameters, optimizer state and batches.
 
-An island is a 2-D mesh ('data', 'fsdp'), or 3-D ('data', 'fsdp', 'expert') for expert
-parallelism. Batches are split over every axis; each weight matrix is split over 'fsdp' along the
-dimension named in the rules below (ZeRO-3 style), and replicated over 'data'; a mixture of
-experts' weights are split over 'expert' along their expert dimension (a rule's axis the mesh
-lacks is dropped, so the same rules serve every mesh). Optimizer moments follow the parameters they belong to, because rules match path suffixes.
+An island is a mesh ('data', 'fsdp'), with a 'tensor' axis for tensor parallelism and an 'expert'
+axis for expert parallelism. Batches are split over 'data', 'fsdp' and 'expert'; each weight
+matrix's dimensions carry logical names (PARAM_RULES) that models/logical.py maps to mesh axes:
+its model width over 'fsdp' (ZeRO-3 style), its heads or MLP width over 'tensor', a mixture of
+experts' expert dimension over 'expert', replicated over 'data' (a rule's axis the mesh lacks is
+dropped, so the same rules serve every mesh). Optimizer moments follow the parameters they belong
+to, because rules match path suffixes.
 Learners stacked on one mesh (inner/stacked.py) add a leading 'learners' axis to all of it.
 """
 
@@ -15,21 +17,27 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-DATA, FSDP, EXPERT, LEARNERS = "data", "fsdp", "expert", "learners"
+from diloco.models import logical
+
+DATA, FSDP, TENSOR, EXPERT = logical.DATA, logical.FSDP, logical.TENSOR, logical.EXPERT
+LEARNERS = "learners"
 BATCH_AXES = (DATA, FSDP, EXPERT)
 
-# (regex on the '/'-joined leaf path, spec). The first match wins; unmatched leaves are replicated.
-PARAM_RULES: tuple[tuple[str, P], ...] = (
-    (r"embed/embedding$", P(FSDP, None)),  # [V, D]
-    (r"attn/qkv$", P(FSDP, None, None, None)),  # [D, 3, H, Dh]
-    (r"attn/q$", P(FSDP, None, None)),  # [D, H, Dh] (grouped-query attention)
-    (r"attn/kv$", P(FSDP, None, None, None)),  # [D, 2, Hkv, Dh]
-    (r"attn/out$", P(None, None, FSDP)),  # [H, Dh, D]
-    (r"mlp/wi$", P(FSDP)),  # [D, F] or [D, 2, F]
-    (r"mlp/wo$", P(None, FSDP)),  # [F, D]
-    (r"moe/wi$", P(EXPERT)),  # [E, D, F] or [E, D, 2, F]
-    (r"moe/wo$", P(EXPERT)),  # [E, F, D]
-    (r"unembed/kernel$", P(FSDP, None)),  # [D, V]
+# (regex on the '/'-joined leaf path, the logical names of its dimensions): the first match of the
+# leaf's rank wins; unmatched leaves are replicated. models/logical.py maps names to mesh axes.
+PARAM_RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+    (r"embed/embedding$", ("embed_vocab", "embed_table")),  # [V, D]
+    (r"attn/qkv$", ("embed", None, "heads", None)),  # [D, 3, H, Dh]
+    (r"attn/q$", ("embed", "heads", None)),  # [D, H, Dh] (grouped-query attention)
+    (r"attn/kv$", ("embed", None, "kv_heads", None)),  # [D, 2, Hkv, Dh]
+    (r"attn/out$", ("heads", None, "embed")),  # [H, Dh, D]
+    (r"mlp/wi$", ("embed", "mlp")),  # [D, F] (gelu)
+    (r"mlp/wi$", ("embed", None, "mlp")),  # [D, 2, F] (swiglu)
+    (r"mlp/wo$", ("mlp", "embed")),  # [F, D]
+    (r"moe/wi$", ("expert", None, None)),  # [E, D, F]
+    (r"moe/wi$", ("expert", None, None, None)),  # [E, D, 2, F]
+    (r"moe/wo$", ("expert", None, None)),  # [E, F, D]
+    (r"unembed/kernel$", ("embed", "vocab")),  # [D, V]
 )
 
 
@@ -47,22 +55,26 @@ def _tile(n: int, data: int, fsdp: int) -> tuple[int, int]:
 
 
 def make_island_mesh(
-    devices: Sequence[jax.Device], data: int = -1, fsdp: int = 1, expert: int = 1
+    devices: Sequence[jax.Device], data: int = -1, fsdp: int = 1, expert: int = 1, tensor: int = 1
 ) -> Mesh:
-  """A ('data', 'fsdp') mesh over exactly these devices, with an 'expert' axis when expert > 1;
-  -1 takes what is left."""
-  shape, names = island_shape(len(devices), data, fsdp, expert)
+  """A ('data', 'fsdp') mesh over exactly these devices, with a 'tensor' axis when tensor > 1 and
+  an 'expert' axis when expert > 1; -1 takes what is left."""
+  shape, names = island_shape(len(devices), data, fsdp, expert, tensor)
   auto = (jax.sharding.AxisType.Auto,) * len(names)  # the compiler propagates shardings
   return jax.make_mesh(shape, names, axis_types=auto, devices=list(devices))
 
 
 def island_shape(
-    n: int, data: int = -1, fsdp: int = 1, expert: int = 1
+    n: int, data: int = -1, fsdp: int = 1, expert: int = 1, tensor: int = 1
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
   """The shape and axis names of an island's mesh over n devices (`make_island_mesh`)."""
   if expert < 1 or n % expert:
     raise ValueError(f"mesh.expert={expert} does not divide {n} devices")
-  shape, names = _tile(n // expert, data, fsdp), (DATA, FSDP)
+  if tensor < 1 or (n // expert) % tensor:
+    raise ValueError(f"mesh.tensor={tensor} does not divide {n // expert} devices")
+  shape, names = _tile(n // expert // tensor, data, fsdp), (DATA, FSDP)
+  if tensor > 1:
+    shape, names = (*shape, tensor), (*names, TENSOR)
   if expert > 1:
     shape, names = (*shape, expert), (*names, EXPERT)
   return shape, names
@@ -94,10 +106,10 @@ def path_str(path) -> str:
 
 
 def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
-  """The partition spec of one leaf; a dimension that does not divide falls back to replicated."""
-  for pattern, spec in PARAM_RULES:
-    if re.search(pattern, path) and len(shape) >= len(spec):
-      spec = P(*(a if a in mesh.axis_names else None for a in spec))
+  """The partition spec of one leaf; a dimension the mesh axis does not divide is refused."""
+  for pattern, names in PARAM_RULES:
+    if re.search(pattern, path) and len(shape) == len(names):
+      spec = logical.spec(names, mesh.axis_names)
       size = dict(mesh.shape)
       for dim, axis in zip(shape, spec):
         if axis is not None and dim % size[axis]:

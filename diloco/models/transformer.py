@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from diloco.models import attention, moe
+from diloco.models import attention, logical, moe
 
 ATTENTION = attention.KINDS
 # auto (attention.AUTO): what measured fastest on the backend (BENCHMARKS.md): ours on GPUs (1.17x
@@ -209,6 +209,9 @@ class Attention(nnx.Module):
       q_BxLxHxK = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.q[...].astype(dtype))
       kv_BxLx2xGxK = jnp.einsum("bld,dtgk->bltgk", x_BxLxD, self.kv[...].astype(dtype))
       k_BxLxGxK, v_BxLxGxK = kv_BxLx2xGxK[:, :, 0], kv_BxLx2xGxK[:, :, 1]
+    q_BxLxHxK = logical.constrain(q_BxLxHxK, logical.HEADS)
+    k_BxLxGxK = logical.constrain(k_BxLxGxK, logical.KV_HEADS)
+    v_BxLxGxK = logical.constrain(v_BxLxGxK, logical.KV_HEADS)
     if cfg.qk_norm:
       q_BxLxHxK, k_BxLxGxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxGxK)
     q_BxLxHxK = rotary(q_BxLxHxK, cfg.rope_base, positions_BxL)
@@ -222,6 +225,7 @@ class Attention(nnx.Module):
     q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = self.queries_keys_values(x_BxLxD, positions_BxL)
     kind = attention_kind(cfg.attention)
     o_BxLxHxK = attention.attend(kind, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, cfg.causal, segment_ids_BxL)
+    o_BxLxHxK = logical.constrain(o_BxLxHxK, logical.HEADS)
     return jnp.einsum("blhk,hkd->bld", o_BxLxHxK, self.out[...].astype(dtype))
 
 
@@ -241,6 +245,7 @@ class Mlp(nnx.Module):
       h_BxLxF = jax.nn.silu(h_BxLx2xF[:, :, 0]) * h_BxLx2xF[:, :, 1]
     else:
       h_BxLxF = jax.nn.gelu(jnp.einsum("bld,df->blf", x_BxLxD, self.wi[...].astype(dtype)))
+    h_BxLxF = logical.constrain(h_BxLxF, logical.MLP)
     return jnp.einsum("blf,fd->bld", h_BxLxF, self.wo[...].astype(dtype))
 
 
@@ -262,6 +267,7 @@ class Block(nnx.Module):
     """The block's output and its routing stats [load_balance, router_z, dropped, idle experts'
     share, least load] (zeros when dense)."""
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), segment_ids_BxL, positions_BxL)
+    x_BxLxD = logical.constrain(x_BxLxD, logical.HIDDEN)
     if not hasattr(self, "moe"):
       return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD)), jnp.zeros((5,), jnp.float32)
     y_BxLxD, r = self.moe(self.mlp_norm(x_BxLxD))
@@ -292,15 +298,15 @@ class Transformer(nnx.Module):
     cfg = self.cfg
     if tokens_BxL.shape[1] > cfg.max_len:
       raise ValueError(f"sequence length {tokens_BxL.shape[1]} exceeds max_len={cfg.max_len}")
-    x_BxLxD = self.embed(tokens_BxL).astype(cfg.dtype)
+    x_BxLxD = logical.constrain(self.embed(tokens_BxL).astype(cfg.dtype), logical.HIDDEN)
     x_BxLxD, aux = run_blocks(cfg, self.blocks, x_BxLxD, segment_ids_BxL, positions_BxL)
-    x_BxLxD = self.final_norm(x_BxLxD)
+    x_BxLxD = logical.constrain(self.final_norm(x_BxLxD), logical.HIDDEN)
     if cfg.tied_embeddings:
       table_VxD = self.embed.embedding[...].astype(cfg.dtype)
       logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, table_VxD)
     else:
       logits_BxLxV = self.unembed(x_BxLxD)
-    return logits_BxLxV.astype(jnp.float32), aux
+    return logical.constrain(logits_BxLxV, logical.LOGITS).astype(jnp.float32), aux
 
   def objective(self, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """What training minimises, and its parts as metrics (`loss`: the cross entropy; with

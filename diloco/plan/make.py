@@ -87,9 +87,9 @@ def slice_shape(config, pod: tpu.PodType) -> tuple[int, ...]:
 def check_mesh(config, pod: tpu.PodType, vocab_size: int) -> None:
   """The island's mesh tiles the slice and every parameter divides along its sharded axes."""
   mesh = config.mesh
-  expert = mesh.get("expert", 1)
+  expert, tensor = mesh.get("expert", 1), mesh.get("tensor", 1)
   try:
-    shape, names = sharding.island_shape(pod.chips, mesh.data, mesh.fsdp, expert)
+    shape, names = sharding.island_shape(pod.chips, mesh.data, mesh.fsdp, expert, tensor)
   except ValueError as e:
     raise checks.ConfigError(
         [

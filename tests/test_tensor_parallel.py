@@ -1,0 +1,68 @@
+"""Tensor parallelism with logical axes (models/logical.py, inner/sharding.py): parameters split
+over 'tensor' by their logical names, activations constrained, the same loss as one device, and
+no all-gather of the batch's hidden states or logits in the compiled step."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from diloco.inner import checkpoint, sharding, step as step_lib
+from diloco.models import transformer as tr
+
+CFG = tr.ModelConfig(
+    vocab_size=256, d_model=64, num_layers=2, num_heads=4, d_ff=128, max_len=64, attention="einsum"
+)
+OPT = step_lib.OptimizerConfig(warmup_steps=0, decay_steps=0)
+B, L = 8, 64
+
+
+def _batch():
+  tokens = np.random.default_rng(0).integers(0, 256, (B, L + 1)).astype(np.int32)
+  return {"inputs_BxL": tokens[:, :-1], "targets_BxL": tokens[:, 1:]}
+
+
+def test_parameters_split_by_their_logical_names_and_the_loss_is_one_devices():
+  mesh = sharding.make_island_mesh(jax.devices()[:8], data=1, fsdp=4, tensor=2)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+  fns = step_lib.build_step_fns(CFG, OPT, mesh)
+  specs = {
+      sharding.path_str(p): s.spec
+      for p, s in jax.tree_util.tree_leaves_with_path(fns.state_shardings.params)
+  }
+  assert specs["blocks/0/attn/qkv"] == P("fsdp", None, "tensor", None)
+  assert specs["blocks/0/attn/out"] == P("tensor", None, "fsdp")
+  assert specs["blocks/0/mlp/wi"] == P("fsdp", None, "tensor")  # [D, 2, F]
+  assert specs["blocks/0/mlp/wo"] == P("tensor", "fsdp")
+  assert specs["embed/embedding"] == P("fsdp", "tensor")
+  one = step_lib.build_step_fns(CFG, OPT, sharding.make_island_mesh(jax.devices()[:1]))
+  losses = []
+  for f in (fns, one):
+    state = f.init(jax.random.key(0))
+    state, m = f.train(state, step_lib.put_batch(_batch(), f.mesh))
+    losses.append(float(m["loss"]))
+    _, m = f.train(state, step_lib.put_batch(_batch(), f.mesh))
+    losses.append(float(m["loss"]))
+  assert losses[0] == pytest.approx(losses[2], abs=1e-5)  # the first step: the same model
+  assert losses[1] == pytest.approx(losses[3], abs=1e-4)  # after one update on either mesh
+
+
+def test_the_compiled_step_never_gathers_the_batchs_hidden_states_or_logits():
+  mesh = sharding.make_island_mesh(jax.devices()[:8], data=1, fsdp=4, tensor=2)
+  fns = step_lib.build_step_fns(CFG, OPT, mesh)
+  state = checkpoint.abstract_like(jax.eval_shape(fns.init, jax.random.key(0)), fns.state_shardings)
+  batch = {
+      k: jax.ShapeDtypeStruct((B, L), jnp.int32, sharding=sharding.batch_sharding(mesh, 2))
+      for k in ("inputs_BxL", "targets_BxL")
+  }
+  hlo = fns.train.lower(state, batch).compile().as_text()
+  gathered = re.findall(r"= (\w+\[[\d,]*\])\S* all-gather", hlo)
+  assert gathered, "an FSDP step gathers its weights"
+  activations = {f"f32[{B},{L},{CFG.d_model}]", f"f32[{B},{L},{CFG.vocab_size}]"}
+  activations |= {f"bf16[{B},{L},{CFG.d_model}]"}
+  assert not activations & set(gathered), gathered
+  # every gather is of a weight: its shape holds the model width, not the batch and the sequence
+  assert all(f"{B},{L}" not in g for g in gathered), gathered
