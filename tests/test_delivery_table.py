@@ -123,6 +123,12 @@ def test_rda_points_reuse_point_3s_rows_and_scale_their_rates(tmp_path):
   assert dv.get_sweep(f"part=rda_extend,{arg}") == [
       dict(learners=8, policy="k1_grace", merge="rda", delivery="rebase", outer_lr=0.1, seed=0)
   ]
+  # point 4's own rows share the workdir; point 3's stages read past them
+  rda = dict(learners=16, policy="k1_grace", merge="mean", delivery="rebase", outer_lr=0.05)
+  rda.update(seed=0, eval_loss=1.8, name="p4", status="done")
+  (tmp_path / "rda.jsonl").write_text(json.dumps(rda) + "\n")
+  extend = dv.get_sweep(f"part=extend,domains=text,policies=k1_grace,results={tmp_path}")
+  assert [(p["delivery"], p["outer_lr"]) for p in extend] == [("rebase", 0.1)]
 
 
 def test_rda_against_the_mean_by_hand():

@@ -176,7 +176,11 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     raise ValueError(f"unknown part {a.part!r}; known: tune, extend, seeds, time, {RDA_PARTS}")
   if not a.results:
     raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
-  rows = [r for r in sp.read_rows(a.results) if (r.get("budget") or "tokens") == "tokens"]
+  rows = [  # point 3's rows (point 4's, in the same workdir, have `merge`)
+      r
+      for r in sp.read_rows(a.results)
+      if (r.get("budget") or "tokens") == "tokens" and not r.get("merge")
+  ]
   if a.part == "extend":
     return [] if a.tiny else _extend(rows, cells, a.rungs)
   best = search.need_winners(rows, KEYS, cells, a.results)
