@@ -129,6 +129,9 @@ def test_rda_points_reuse_point_3s_rows_and_scale_their_rates(tmp_path):
   (tmp_path / "rda.jsonl").write_text(json.dumps(rda) + "\n")
   extend = dv.get_sweep(f"part=extend,domains=text,policies=k1_grace,results={tmp_path}")
   assert [(p["delivery"], p["outer_lr"]) for p in extend] == [("rebase", 0.1)]
+  # a point of point 4's own stays listed (its stage's table keeps it; the sweep skips the run)
+  again = {(p["learners"], p["merge"], p["outer_lr"]) for p in dv.get_sweep(f"part=rda,{arg}")}
+  assert (16, "mean", 0.05) in again and again == tune
 
 
 def test_rda_against_the_mean_by_hand():

@@ -147,7 +147,13 @@ def _rda_sweep(a) -> list[dict]:
   cells = [(m, p, g) for m in counts for p in policies for g in ("mean", "rda")]
   point = lambda c, **more: dict(zip(RDA_KEYS, c), delivery=a.delivery, **more)
   rows = dt.rda_rows(sp.read_rows(a.results), a.delivery) if a.results else []
-  done = {(*search.cell_of(r, RDA_KEYS), float(r["outer_lr"]), int(r["seed"])) for r in rows}
+  # point 3's runs stand in for their points; point 4's own stay listed (the sweep skips them as
+  # finished, and a stage's table keeps every point it lists)
+  done = {
+      (*search.cell_of(r, RDA_KEYS), float(r["outer_lr"]), int(r["seed"]))
+      for r in rows
+      if "setting" in r
+  }
   if a.part == "rda":
     lrs = [lr * a.lr_scale for lr in (het.OUTER_LRS[1:2] if a.tiny else het.OUTER_LRS)]
     return [point(c, outer_lr=lr, seed=0) for c in cells for lr in lrs if (*c, lr, 0) not in done]
