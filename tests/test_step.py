@@ -52,7 +52,7 @@ def test_shardings_follow_the_rules_on_8_devices(data, fsdp):
   assert specs["embed"]["embedding"] == P("fsdp", None)
   assert specs["blocks"][0]["attn"]["qkv"] == P("fsdp", None, None, None)
   assert specs["blocks"][1]["attn"]["out"] == P(None, None, "fsdp")
-  assert specs["blocks"][0]["mlp"]["wi"] == P("fsdp")
+  assert specs["blocks"][0]["mlp"]["wi"] == P("fsdp", None, None)  # [D, 2, F]: embed, -, mlp
   assert specs["blocks"][0]["mlp"]["wo"] == P(None, "fsdp")
   assert specs["final_norm"]["scale"] == P()
   # Adam moments follow their parameters.
