@@ -49,9 +49,12 @@ def device_peak(device) -> Peak:
   raise ValueError(f"no peak FLOP/s known for {device.platform} device {kind!r}")
 
 
+CACHE_NAME = "diloco/peak_flops.json"  # under $XDG_CACHE_HOME, else ~/.cache
+
+
 def _cache_path() -> str:
   root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "diloco", "peak_flops.json")
+  return os.path.join(root, *CACHE_NAME.split("/"))
 
 
 def _machine_key() -> str:
@@ -84,7 +87,7 @@ def cpu_peak() -> Peak:
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump(cached, f, indent=1)
     os.replace(tmp, path)
-  return Peak(float(cached[key]), f"cpu float32 matmul measured on this machine ({path})")
+  return Peak(float(cached[key]), f"cpu float32 matmul measured on this machine ({CACHE_NAME})")
 
 
 def measure_cpu_matmul(n: int = MATMUL_N, reps: int = 5) -> float:
@@ -104,18 +107,30 @@ def measure_cpu_matmul(n: int = MATMUL_N, reps: int = 5) -> float:
   return 2.0 * n**3 / best
 
 
+class Meter:
+  """tokens/s per device and MFU of runs over `devices`, their peak found once (a CPU's cache is
+  read once, not at every logged row). A CPU run's devices share one host: its peak counts once."""
+
+  def __init__(self, devices):
+    devices = list(devices)
+    self.chips = 1 if devices[0].platform == "cpu" else len(devices)
+    try:
+      self.peak, self.reason = device_peak(devices[0]), ""
+    except ValueError as e:  # an accelerator without a figure: the rate, and why no MFU
+      self.peak, self.reason = None, str(e)
+
+  def __call__(self, tokens_per_s: float, flops_per_token: float) -> dict:
+    per_chip = tokens_per_s / self.chips
+    if self.peak is None:
+      return {"tokens_per_s_per_chip": per_chip, "mfu": None, "peak_source": self.reason}
+    return {
+        "tokens_per_s_per_chip": per_chip,
+        "mfu": tokens_per_s * flops_per_token / (self.chips * self.peak.flops_per_s),
+        "peak_flops_per_s": self.peak.flops_per_s * self.chips,
+        "peak_source": self.peak.source,
+    }
+
+
 def utilisation(tokens_per_s: float, flops_per_token: float, devices) -> dict:
-  """tokens/s per device and MFU of a run over `devices` (a CPU run's devices share one host:
-  the host's measured peak counts once)."""
-  devices = list(devices)
-  chips = 1 if devices[0].platform == "cpu" else len(devices)
-  try:
-    peak = device_peak(devices[0])
-  except ValueError as e:  # an accelerator without a figure: the rate, and why no MFU
-    return {"tokens_per_s_per_chip": tokens_per_s / chips, "mfu": None, "peak_source": str(e)}
-  return {
-      "tokens_per_s_per_chip": tokens_per_s / chips,
-      "mfu": tokens_per_s * flops_per_token / (chips * peak.flops_per_s),
-      "peak_flops_per_s": peak.flops_per_s * chips,
-      "peak_source": peak.source,
-  }
+  """tokens/s per device and MFU of one run over `devices` (`Meter`)."""
+  return Meter(devices)(tokens_per_s, flops_per_token)

@@ -1,5 +1,6 @@
 """mode=dp: one island trains with SPMD data parallelism over all its devices."""
 
+import functools
 import math
 import os
 import time
@@ -84,8 +85,12 @@ class StepLogger:
     """The row's tokens/s per chip and MFU (none before a steady rate or without FLOPs)."""
     if not self.flops_per_token or rate != rate:
       return {}
-    u = peak.utilisation(rate, self.flops_per_token, jax.devices())
+    u = self.meter(rate, self.flops_per_token)
     return {"tokens_per_s_per_chip": u["tokens_per_s_per_chip"], "mfu": u["mfu"]}
+
+  @functools.cached_property
+  def meter(self) -> peak.Meter:
+    return peak.Meter(jax.devices())
 
   def tokens_per_s(self, step: int, now: float | None = None) -> float:
     if self.t_steady is None:

@@ -8,6 +8,7 @@
 """
 
 import collections
+import functools
 import math
 import time
 from typing import Any
@@ -125,12 +126,16 @@ class RunLog:
     if wall <= 0:
       return {}
     rate = (self.tokens - self.wall0[1]) / wall
-    u = peak.utilisation(rate, self.flops_per_token, jax.devices())
+    u = self.meter(rate, self.flops_per_token)
     return {
         "tokens_per_s": rate,
         "tokens_per_s_per_chip": u["tokens_per_s_per_chip"],
         "mfu": u["mfu"],
     }
+
+  @functools.cached_property
+  def meter(self) -> peak.Meter:
+    return peak.Meter(jax.devices())
 
   def on_log(self, record: dict) -> None:
     if record["event"] == "merge":
