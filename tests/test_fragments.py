@@ -258,3 +258,40 @@ def test_schedule_errors():
     F.Schedule(0, 5)
   with pytest.raises(ValueError, match=">= 0"):
     F.Schedule(2, 5).syncs_at(-1)
+
+
+def test_stacked_blocks_are_seen_block_by_block_and_written_back_in_place():
+  # a scanned model's tree: 3 layers of w [2] stacked to [3, 2], and the embedding
+  w = np.arange(6.0).reshape(3, 2)
+  stacked = {
+      "embed": {"embedding": np.zeros(4)},
+      "layers": {"w": w},
+      "final_norm": {"s": np.ones(1)},
+  }
+  flat = F.flatten(stacked)
+  assert list(flat) == ["blocks/0/w", "blocks/1/w", "blocks/2/w", "embed/embedding", "final_norm/s"]
+  np.testing.assert_array_equal(flat["blocks/1/w"], [2.0, 3.0])
+  assert list(F.flatten(stacked, view=False)) == ["embed/embedding", "final_norm/s", "layers/w"]
+  # strided over the views: block i -> fragment i mod 2, the embedding first, final_norm last
+  frag = F.make("strided", stacked, 2)
+  assert frag.paths == (
+      ("blocks/0/w", "blocks/2/w", "embed/embedding"),
+      ("blocks/1/w", "final_norm/s"),
+  )
+  new = F.insert(
+      stacked,
+      frag,
+      0,
+      {
+          "blocks/0/w": np.full(2, -1.0),
+          "blocks/2/w": np.full(2, -2.0),
+          "embed/embedding": np.ones(4),
+      },
+  )
+  np.testing.assert_array_equal(new["layers"]["w"], [[-1, -1], [2, 3], [-2, -2]])
+  assert new["final_norm"] is stacked["final_norm"] and w[0, 0] == 0  # untouched, inputs intact
+  assert F.leaves(new, ["blocks/2/w"])["blocks/2/w"].tolist() == [-2.0, -2.0]
+  back = F.unflatten(F.flatten(new), like=stacked)
+  np.testing.assert_array_equal(back["layers"]["w"], new["layers"]["w"])
+  with pytest.raises(KeyError, match="neither a leaf nor a view"):
+    F.leaves(stacked, ["blocks/0/v"])

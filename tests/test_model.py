@@ -11,6 +11,7 @@ from flax import nnx
 
 from diloco.config import variants
 from diloco.models import transformer as tr
+from diloco.outer import fragments
 
 TINY = tr.ModelConfig(**{**variants.MODEL_SIZES["tiny"], "vocab_size": 256})
 
@@ -204,14 +205,22 @@ def test_scanned_layers_compute_the_loops_loss_and_gradients_on_the_same_paramet
   cfg = tr.ModelConfig(**{**vars(TINY), "num_layers": 3, **extra})
   loop = tr.Transformer(cfg, nnx.Rngs(0))
   scanned = tr.Transformer(tr.ModelConfig(**{**vars(cfg), "scan_layers": True}), nnx.Rngs(0))
-  # the same tree, leaf for leaf: a loop's checkpoint, fragments and rules serve the scan
-  assert jax.tree.structure(nnx.state(loop)) == jax.tree.structure(nnx.state(scanned))
+  # stored stacked ([3, ...] under layers/), seen per block: the loop's leaves, value for value
+  pure = lambda m: nnx.to_pure_dict(nnx.state(m))
+  stacked = pure(scanned)
+  assert "blocks" not in stacked and stacked["layers"]["attn_norm"]["scale"].shape == (3, 32)
+  flat0, flat1 = fragments.flatten(pure(loop)), fragments.flatten(stacked)
+  assert list(flat0) == list(flat1)
+  for k in flat0:
+    np.testing.assert_array_equal(flat0[k], flat1[k])
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
   batch = {"inputs_BxL": tokens, "targets_BxL": tokens}
   grad = nnx.jit(nnx.value_and_grad(lambda m: m.objective(batch)[0]))
   (l0, g0), (l1, g1) = grad(loop), grad(scanned)
   assert float(l0) == pytest.approx(float(l1), abs=1e-6)
-  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+  g0, g1 = fragments.flatten(nnx.to_pure_dict(g0)), fragments.flatten(nnx.to_pure_dict(g1))
+  assert list(g0) == list(g1)
+  for k in g0:
+    np.testing.assert_allclose(g0[k], g1[k], atol=1e-6)
   with pytest.raises(ValueError, match="scan_layers needs blocks of one kind"):
     tr.ModelConfig(**{**vars(cfg), "scan_layers": True, "num_experts": 4, "moe_every": 2})

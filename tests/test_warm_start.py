@@ -54,11 +54,17 @@ def test_an_island_starts_from_the_checkpoints_params_with_a_fresh_optimizer(sou
   _assert_bits(fragments.flatten(jax.device_get(isl.init_state().params)), params)
 
 
-def test_diloco_starts_its_synchronizer_and_learners_from_the_checkpoint(source, tmp_path):
+@pytest.fixture(scope="module")
+def warm_diloco(source, tmp_path_factory):
+  """A runlocal DiLoCo run warm-started from `source`: its parts, summary and workdir."""
+  config = _config("runlocal,mode=diloco", init_from=source[0])
+  parts, tmp_path = build.local_learners(config), tmp_path_factory.mktemp("warm")
+  return parts, train.train_and_evaluate(config, str(tmp_path), parts=parts), tmp_path
+
+
+def test_diloco_starts_its_synchronizer_and_learners_from_the_checkpoint(source, warm_diloco):
   workdir, cold, params = source
-  config = _config("runlocal,mode=diloco", init_from=workdir)
-  parts = build.local_learners(config)
-  warm = train.train_and_evaluate(config, str(tmp_path), parts=parts)
+  parts, warm, tmp_path = warm_diloco
   _assert_bits(parts.params0, params)  # what the synchronizer starts from
   # The learners start from the model the source run took 40 steps to reach: at step 5 their
   # training losses are already below the source run's at step 5, and its final eval loss.
@@ -82,3 +88,35 @@ def test_a_missing_or_empty_directory_is_refused(tmp_path):
     warm_start.checkpoint_dir(str(tmp_path / "nope"))
   with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
     island_lib.build_island(_config("runlocal", init_from=str(tmp_path)), jax.devices()[:1])
+
+
+def test_a_loop_models_checkpoint_loads_into_the_scanned_model_and_back(source, tmp_path):
+  workdir, _, params = source
+  scanned = island_lib.build_island(_config("runlocal", model__scan_layers=True), jax.devices()[:1])
+  ckpt = checkpoint.Checkpointer(warm_start.checkpoint_dir(workdir), every=1, set_aside=False)
+  step, state = ckpt.restore(scanned.abstract_state())  # saved per block, read stacked
+  ckpt.close()
+  assert step == 40 and "layers" in state.params and "blocks" not in state.params
+  _assert_bits(fragments.flatten(jax.device_get(state.params)), params)
+  mu = state.opt_state[1][0].mu["layers"]["attn"]["out"]  # the optimizer's state is stacked too
+  assert mu.shape[0] == 2 and np.any(np.asarray(mu))
+  # ...and a scanned model's checkpoint loads into the loop's
+  back = checkpoint.Checkpointer(str(tmp_path), every=1, async_save=False)
+  back.save(40, state, force=True)
+  loop = island_lib.build_island(_config("runlocal"), jax.devices()[:1])
+  step, state = back.restore(loop.abstract_state())
+  back.close()
+  assert sorted(state.params["blocks"]) == [0, 1]
+  _assert_bits(fragments.flatten(jax.device_get(state.params)), params)
+  np.testing.assert_array_equal(state.opt_state[1][0].mu["blocks"][1]["attn"]["out"], mu[1])
+
+
+def test_diloco_runs_the_scanned_model_as_the_loops(source, warm_diloco, tmp_path):
+  workdir, _, params = source
+  config = _config("runlocal,mode=diloco", init_from=workdir, model__scan_layers=True)
+  parts = build.local_learners(config)
+  scanned = train.train_and_evaluate(config, str(tmp_path), parts=parts)
+  _assert_bits(parts.params0, params)  # the synchronizer sees the blocks one by one
+  # the same run as the loop's but for the order of float operations inside the scan
+  assert scanned["eval_loss"] == pytest.approx(warm_diloco[1]["eval_loss"], rel=1e-4)
+  assert scanned["eval_loss"] != warm_diloco[1]["eval_loss"]  # (it did run the scan)

@@ -178,8 +178,9 @@ MODEL_MEANINGS = {
     "rope_base": "base of the rotary position embedding's frequencies",
     "dtype": "compute dtype (float32 | bfloat16 | float16); weights and optimizer stay float32",
     "remat": "recompute in the backward pass: none | block | dots",
-    "scan_layers": "run the blocks as one scan (compiled once whatever the depth; parameters stay"
-    " per block: fragments and checkpoints as without); needs moe_every=1",
+    "scan_layers": "run the blocks as one scan over parameters stored stacked (layers/...; compile"
+    " time nearly flat in depth); fragments see them per block, a loop's checkpoint converts;"
+    " needs moe_every=1",
     "num_experts": "mixture of experts: experts per sparse block (0: a dense model)",
     "top_k": "experts each token is routed to",
     "capacity_factor": "tokens an expert takes per group, as a multiple of an even share",

@@ -11,6 +11,8 @@ warm starts) leaves it in place. A save that fails, now or in the background, wi
 storage library raises (an OSError; tensorstore's ValueError "RESOURCE_EXHAUSTED ... No space left
 on device" for a full disk) is one logged line, its temporary directory is removed and training
 goes on; orbax writes into a temporary directory, so the previous checkpoint stays as it was.
+A checkpoint of a model whose blocks were stored the other way (`model.scan_layers`) is converted
+on restore (models/layer_stack.py).
 """
 
 import glob
@@ -25,6 +27,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from diloco.inner import manifest
+from diloco.models import layer_stack
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's directory of a save in progress
 
@@ -237,12 +240,28 @@ class Checkpointer:
       if not intact:
         raise FileNotFoundError(f"no intact checkpoint to restore in {self.directory}")
       step = intact[0]
+    try:
+      return step, self._restore(step, abstract_state, data_iter)
+    except (ValueError, KeyError, TypeError) as error:
+      # A model's blocks in the other form (a loop's checkpoint for a scanned model, or back):
+      # restored as saved, then converted. Anything else that does not fit (another model) is
+      # orbax's error: that is no corruption.
+      other = layer_stack.other_form(abstract_state)
+      if other is None:
+        raise
+      try:
+        saved = self._restore(step, other, data_iter)
+      except (ValueError, KeyError, TypeError):
+        raise error from None
+    logging.info("checkpoint %d: blocks converted to this model's form (model.scan_layers)", step)
+    place = lambda like, x: jax.device_put(x, like.sharding) if hasattr(like, "sharding") else x
+    return step, jax.tree.map(place, abstract_state, layer_stack.other_form(saved))
+
+  def _restore(self, step: int, abstract_state: Any, data_iter: Any | None) -> Any:
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-    # An intact step that does not fit (another model) raises orbax's error: that is no corruption.
-    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-    return step, restored["state"]
+    return self._manager.restore(step, args=ocp.args.Composite(**items))["state"]
 
   def wait(self) -> None:
     self._seal()

@@ -41,6 +41,9 @@ PARAM_RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 )
 
 
+STACKED = r"(^|/)layers/"  # the stacked blocks' leaves (and their optimizer state's)
+
+
 def _tile(n: int, data: int, fsdp: int) -> tuple[int, int]:
   """(data, fsdp) sizes that tile n devices; -1 takes what is left (both -1: fsdp takes all)."""
   if data == -1 and fsdp == -1:
@@ -106,7 +109,11 @@ def path_str(path) -> str:
 
 
 def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
-  """The partition spec of one leaf; a dimension the mesh axis does not divide is refused."""
+  """The partition spec of one leaf; a dimension the mesh axis does not divide is refused. A
+  leaf of the stacked blocks (`layers/...`, model.scan_layers) is its block's leaf with a leading
+  layer axis, kept whole."""
+  if re.search(STACKED, path) and shape:
+    return P(None, *spec_for(re.sub(STACKED, r"\1blocks/0/", path, count=1), shape[1:], mesh))
   for pattern, names in PARAM_RULES:
     if re.search(pattern, path) and len(shape) == len(names):
       spec = logical.spec(names, mesh.axis_names)

@@ -16,6 +16,9 @@ Parameter tree (as `nnx.split(model)[1].to_pure_dict()`), which fragments and pa
   blocks/{i}/moe/wo          [E, F, D]      `moe_every`-th block)
   final_norm/scale           [D]
   unembed/kernel             [D, V]   (only when embeddings are untied)
+With `scan_layers` the blocks are stored stacked instead: layers/attn/q [N, D, H, Dh] and so on, a
+leading layer axis on each block leaf (models/layer_stack.py shows them to the outer loop as the
+blocks/{i}/... above).
 """
 
 import dataclasses
@@ -282,7 +285,7 @@ class Transformer(nnx.Module):
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
-    self.blocks = nnx.List([Block(cfg, rngs, cfg.is_moe(i)) for i in range(cfg.num_layers)])
+    set_blocks(self, [Block(cfg, rngs, cfg.is_moe(i)) for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.d_model)
     if not cfg.tied_embeddings:
       self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
@@ -299,7 +302,7 @@ class Transformer(nnx.Module):
     if tokens_BxL.shape[1] > cfg.max_len:
       raise ValueError(f"sequence length {tokens_BxL.shape[1]} exceeds max_len={cfg.max_len}")
     x_BxLxD = logical.constrain(self.embed(tokens_BxL).astype(cfg.dtype), logical.HIDDEN)
-    x_BxLxD, aux = run_blocks(cfg, self.blocks, x_BxLxD, segment_ids_BxL, positions_BxL)
+    x_BxLxD, aux = run_blocks(cfg, blocks_of(self), x_BxLxD, segment_ids_BxL, positions_BxL)
     x_BxLxD = logical.constrain(self.final_norm(x_BxLxD), logical.HIDDEN)
     if cfg.tied_embeddings:
       table_VxD = self.embed.embedding[...].astype(cfg.dtype)
@@ -346,6 +349,22 @@ def output_z_loss(logits_BxLxV: jax.Array) -> jax.Array:
   return jnp.mean(jnp.square(jax.nn.logsumexp(logits_BxLxV, axis=-1)))
 
 
+def set_blocks(model: nnx.Module, blocks: list) -> None:
+  """The blocks as `model.blocks` (a list), or with `scan_layers` as `model.layers`: one block
+  whose parameters are the blocks' stacked on a leading layer axis (built block by block, so both
+  forms start from the same values)."""
+  if not model.cfg.scan_layers:
+    model.blocks = nnx.List(blocks)
+    return
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
+  model.layers = nnx.merge(nnx.graphdef(blocks[0]), stacked)
+
+
+def blocks_of(model: nnx.Module):
+  """`model.layers` (stacked) or `model.blocks` (a list), whichever `set_blocks` made."""
+  return model.layers if model.cfg.scan_layers else model.blocks
+
+
 def run_blocks(
     cfg: ModelConfig, blocks, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None
 ):
@@ -381,12 +400,11 @@ def run_blocks(
 
 
 def _scan_blocks(
-    cfg: ModelConfig, blocks, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None
+    cfg: ModelConfig, layers, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None
 ) -> tuple[jax.Array, jax.Array]:
-  """The blocks as one `jax.lax.scan`: their parameters stacked on a leading layer axis inside
-  the step (gradients flow back to each block's own), one block's program applied N times."""
-  graphdef = nnx.graphdef(blocks[0])
-  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
+  """The blocks as one `jax.lax.scan` over `layers`, the block whose parameters are stacked on a
+  leading layer axis (`set_blocks`): one block's program applied N times."""
+  graphdef, stacked = nnx.split(layers)
 
   def body(x_BxLxD, state):
     return nnx.merge(graphdef, state)(x_BxLxD, segment_ids_BxL, positions_BxL)

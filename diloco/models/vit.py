@@ -80,9 +80,8 @@ class ViT(nnx.Module):
     self.patch = nnx.Linear(k, d, use_bias=False, rngs=rngs)
     if cfg.pool == "cls":
       self.cls = nnx.Param(jnp.zeros((d,), jnp.float32))
-    self.blocks = nnx.List(
-        [transformer.Block(cfg, rngs, cfg.is_moe(i)) for i in range(cfg.num_layers)]
-    )
+    blocks = [transformer.Block(cfg, rngs, cfg.is_moe(i)) for i in range(cfg.num_layers)]
+    transformer.set_blocks(self, blocks)
     self.final_norm = transformer.RMSNorm(d)
     self.head = nnx.Linear(d, cfg.num_classes, use_bias=False, rngs=rngs)
 
@@ -95,7 +94,7 @@ class ViT(nnx.Module):
           self.cls[...].astype(cfg.dtype), (x_BxNxD.shape[0], 1, cfg.d_model)
       )
       x_BxNxD = jnp.concatenate([cls_Bx1xD, x_BxNxD], axis=1)
-    x_BxNxD, aux = transformer.run_blocks(cfg, self.blocks, x_BxNxD)
+    x_BxNxD, aux = transformer.run_blocks(cfg, transformer.blocks_of(self), x_BxNxD)
     x_BxNxD = self.final_norm(x_BxNxD)
     pooled_BxD = x_BxNxD[:, 0] if cfg.pool == "cls" else jnp.mean(x_BxNxD, axis=1)
     return self.head(pooled_BxD).astype(jnp.float32), aux

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from diloco.models import layer_stack
+
 SEP = "/"
 KINDS = ("strided", "balanced")
 EMBED_KEY = "embed"
@@ -49,8 +51,17 @@ def is_flat(params: Params) -> bool:
   return not any(isinstance(v, Mapping) for v in params.values())
 
 
-def flatten(params: Params) -> dict[str, Any]:
-  """Path-keyed flat dict of the leaves, sorted by path (a flat dict comes back re-sorted)."""
+def flatten(params: Params, view: bool = True) -> dict[str, Any]:
+  """Path-keyed flat dict of the leaves, sorted by path (a flat dict comes back re-sorted). A
+  scanned model's stacked blocks (`layers/...`) come as the loop's `blocks/{i}/...`, one view per
+  layer (models/layer_stack.py), unless `view` is False."""
+  out = _flatten(params)
+  if view and any(layer_stack.is_stacked_path(k) for k in out):
+    return dict(sorted(layer_stack.expand(out).items()))
+  return out
+
+
+def _flatten(params: Params) -> dict[str, Any]:
   if not isinstance(params, Mapping):
     raise ValueError(f"params must be a dict, got {type(params).__name__}")
   if is_flat(params):
@@ -94,9 +105,18 @@ def unflatten(flat: Mapping[str, Any], like: Params | None = None) -> Params:
       node[leaf] = value
     return root
   _check_same_paths(list(flat), leaf_paths(like), "unflatten")
+  raw = flatten(like, view=False)
+  if any(layer_stack.is_stacked_path(k) for k in raw):
+    flat = layer_stack.collapse(flat, raw)
   if is_flat(like):
     return {path: flat[path] for path in like}
   return _rebuild(like, "", flat, prefixes=None)
+
+
+def leaves(params: Params, paths: Sequence[str]) -> dict[str, Any]:
+  """The leaves at `paths` (views of the stacked blocks sliced one by one, not all of them)."""
+  raw = flatten(params, view=False)
+  return {k: raw[k] if k in raw else layer_stack.read(raw, k) for k in paths}
 
 
 def _rebuild(
@@ -287,6 +307,15 @@ def insert(params: Params, frag: Fragmentation, p: int, values: Mapping[str, Any
       raise ValueError(
           f"insert {path!r}: dtype {np.dtype(new.dtype)} != {np.dtype(old[path].dtype)}"
       )
+  return replace(params, values)
+
+
+def replace(params: Params, values: Mapping[str, Any]) -> Params:
+  """New params (same form as ``params``) with the leaves at ``values``' paths replaced (views of
+  stacked blocks included: only the stacked leaves they fall in are rebuilt); inputs untouched."""
+  raw = flatten(params, view=False)
+  if any(layer_stack.is_stacked_path(k) for k in raw):
+    values = layer_stack.write(raw, values)
   if is_flat(params):
     return {**params, **values}
   prefixes = {path.rsplit(SEP, k)[0] for path in values for k in range(1, path.count(SEP) + 1)}

@@ -362,12 +362,12 @@ class Learner:
       }
 
   def _read(self, p: int) -> dict[str, np.ndarray]:
-    flat = fragments.flatten(self.state.params)
-    return {k: np.asarray(jax.device_get(flat[k])) for k in self.frag.paths[p]}
+    flat = fragments.leaves(self.state.params, self.frag.paths[p])
+    return {k: np.asarray(jax.device_get(v)) for k, v in flat.items()}
 
   def _write(self, values: Mapping[str, np.ndarray]) -> None:
-    flat = dict(fragments.flatten(self.state.params))
-    for k, v in values.items():
-      flat[k] = jax.device_put(np.asarray(v, flat[k].dtype), flat[k].sharding)
-    params = fragments.unflatten(flat, like=self.state.params)
-    self.state = self.state._replace(params=params)
+    old = fragments.leaves(self.state.params, list(values))
+    new = {
+        k: jax.device_put(np.asarray(v, old[k].dtype), old[k].sharding) for k, v in values.items()
+    }
+    self.state = self.state._replace(params=fragments.replace(self.state.params, new))

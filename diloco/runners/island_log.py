@@ -212,7 +212,7 @@ def evaluate_global(
   """Eval loss and bits per byte of the synchronizer's global parameters, on one island (`final`:
   on the final evaluation's records)."""
   flat = sync.global_params()
-  shardings = fragments.flatten(isl.fns.state_shardings.params)
-  placed = {k: jax.device_put(flat[k], shardings[k]) for k in shardings}
   like = isl.abstract_state().params
+  shapes = fragments.flatten(like)  # carrying the shardings (a stacked leaf's views: their own)
+  placed = {k: jax.device_put(flat[k], shapes[k].sharding) for k in shapes}
   return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like), isl.data, final)
