@@ -12,6 +12,9 @@ import time
 import numpy as np
 from proc_helpers import read_jsonl, wait_for
 
+from configs import shakespeare
+from diloco.config import build
+from diloco.outer import fragments, ownership
 from diloco.rpc import local
 
 SPEC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps=100000"
@@ -28,14 +31,24 @@ def _step(c, m: int, before: float = float("inf")) -> int:
   return max([r["step"] for r in rows if r["time"] < before], default=0)
 
 
-def _holds_new(c, m: int, back_at: float) -> bool:
-  """Whether learner m's last progress row holds every fragment the restarted shard 1 merged
-  at least at the version of its first merge since the restart."""
+def _owned(shard: int) -> set[int]:
+  """The fragments `shard` owns, as the processes cut them (the initial parameters' bytes)."""
+  config = shakespeare.get_config(SPEC.split(":", 1)[1])
+  config.outer.update(dict(fragments=4, fragment_kind="balanced", sync_shards=2))
+  params0 = build.initial_params(config)
+  frag = fragments.make("balanced", params0, 4)
+  owner_of = ownership.owners([frag.nbytes(p, params0) for p in range(4)], 2)
+  return set(ownership.owned(owner_of, shard))
+
+
+def _holds_new(c, m: int, back_at: float, owned: set[int]) -> bool:
+  """Whether learner m's last progress row holds every fragment of the restarted shard 1 (all of
+  `owned` merged since the restart) at least at the version of its first merge since then."""
   first: dict[int, int] = {}
   for r in _merges(c, "sync1", back_at):
     first.setdefault(r["fragment"], r["version"])
   rows = read_jsonl(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))
-  return bool(first) and all(rows[-1]["versions"][p] >= v for p, v in first.items())
+  return set(first) == owned and all(rows[-1]["versions"][p] >= v for p, v in first.items())
 
 
 def _summary(c, name: str) -> dict:
@@ -44,6 +57,7 @@ def _summary(c, name: str) -> dict:
 
 
 def test_a_killed_shard_holds_back_only_its_fragments_and_restarts(tmp_path):
+  owned1 = _owned(1)
   c = local.LocalCluster(SPEC, 2, str(tmp_path), overrides=FOUR_FRAGMENTS, shards=2)
   try:
     c.start()
@@ -70,7 +84,11 @@ def test_a_killed_shard_holds_back_only_its_fragments_and_restarts(tmp_path):
         180,
         "shard 1 never merged both learners' uploads again",
     )
-    wait_for(lambda: all(_holds_new(c, m, back_at) for m in (0, 1)), 120, "merges never arrived")
+    wait_for(
+        lambda: all(_holds_new(c, m, back_at, owned1) for m in (0, 1)),
+        120,
+        "shard 1's merges of each of its fragments never arrived",
+    )
     ended_at = time.time()
   finally:
     c.stop(grace_s=20.0)
@@ -86,6 +104,7 @@ def test_a_killed_shard_holds_back_only_its_fragments_and_restarts(tmp_path):
   shards = [_summary(c, f"sync{s}") for s in (0, 1)]
   owned = [s["owned"] for s in shards]
   assert sorted(owned[0] + owned[1]) == [0, 1, 2, 3] and not set(owned[0]) & set(owned[1])
+  assert set(owned[1]) == owned1  # (what the wait above took for shard 1's)
   # Each shard merged only its own fragments; shard 1 restarted from its checkpoint as its own
   # generation 1 (shard 0 never restarted) and merged them again, with both learners.
   assert {r["fragment"] for r in _merges(c, "sync0")} <= set(owned[0])
