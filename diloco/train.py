@@ -18,6 +18,7 @@ from diloco import data as data_lib, metrics
 from diloco.config import bounds, checks, deploy as deploy_lib, keys
 from diloco.plan import peak
 from diloco.recovery import workdir as workdir_lib
+from diloco.rpc import multihost
 from diloco.runners import compare, dp, islands
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
@@ -69,7 +70,8 @@ def train_and_evaluate(
       hold.release()
       hold.acquire()
     if distributed:
-      jax.distributed.initialize()
+      if not jax.distributed.is_initialized():  # (experiments.train's --coordinator did it)
+        multihost.initialize(True)
       if jax.process_index() == 0:  # the island's processes share the workdir: one holds it
         hold.acquire()
     with data_lib.reuse_splits():  # the runner's islands and the summary read the data once

@@ -14,6 +14,7 @@ from ml_collections import config_flags
 
 from diloco import train
 from diloco.config import cli as config_cli
+from diloco.rpc import multihost
 from diloco.runtime import preemption
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP, lock_config=True)
@@ -24,6 +25,15 @@ _RESTART = flags.DEFINE_bool(
     "Start over in a workdir that holds a run: the old run is moved to WORKDIR.old-N, never "
     "deleted (without it, a workdir with another config is refused, listing the keys that differ).",
 )
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator",
+    "",
+    "HOST:PORT of JAX process 0, for a multi-process run where JAX cannot find its cluster itself"
+    " (several processes on one machine); needs --config.distributed=True, --num_processes and"
+    " --process_id.",
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes of the job (--coordinator).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (--coordinator).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -32,6 +42,12 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:  # the libraries' INFO logs drown the progress bar
     logging.set_verbosity(logging.WARNING)
+  if _COORDINATOR.value:
+    if not _CONFIG.value.get("distributed", False):
+      raise app.UsageError(
+          "--coordinator starts a multi-process run: add --config.distributed=True"
+      )
+    multihost.initialize(True, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   with preemption.stop_on_signals():  # a signal while it sets up stops it after its first step
     summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, restart=_RESTART.value)
   print(train.format_summary(summary), flush=True)

@@ -14,6 +14,7 @@ from diloco import metrics
 from diloco.inner import checkpoint, evaluation, island as island_lib, step as step_lib
 from diloco.outer import fragments
 from diloco.plan import peak
+from diloco.rpc import multihost
 from diloco.runtime import preemption
 
 
@@ -163,6 +164,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "first_loss": logger.first_loss,
       "wall_s": time.perf_counter() - logger.t_start,
       "tokens_per_s": logger.tokens_per_s(last),
-      "params_sha256": metrics.params_sha256(fragments.flatten(jax.device_get(state.params))),
+      # (gathered from every process where FSDP spans processes)
+      "params_sha256": metrics.params_sha256(
+          {k: multihost.host_value(v) for k, v in fragments.flatten(state.params).items()}
+      ),
       **eval_row,
   }
