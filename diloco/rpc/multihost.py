@@ -78,8 +78,8 @@ class SpmdLearner(Learner):
     return {k: host_value(v) for k, v in fragments.flatten(self.state.params).items()}
 
   def _read(self, p: int) -> dict[str, np.ndarray]:
-    flat = fragments.flatten(self.state.params)
-    return {k: host_value(flat[k]) for k in self.frag.paths[p]}
+    flat = fragments.leaves(self.state.params, self.frag.paths[p])
+    return {k: host_value(v) for k, v in flat.items()}
 
   def step(self, batch):
     if self.announce is not None:
