@@ -156,3 +156,26 @@ def test_with_fp4_the_merge_log_still_matches(tmp_path):
   seq = _run("decoupled", str(tmp_path / "seq"), False)
   got = _run("decoupled", str(tmp_path / "stacked"), True)
   assert got[2] == seq[2] and len(got[2]) > 10
+
+
+def test_a_scanned_models_blocks_are_read_and_written_by_their_views():
+  """The learners' stack of a scanned model ([M, layers, ...] leaves): learner 1's block 1 of
+  attn/out written through its view changes that layer of that row alone."""
+  scanned = transformer.ModelConfig(**{**vars(MODEL), "scan_layers": True})
+  mesh = sharding.make_stacked_mesh(jax.devices()[:1], 1)
+  stack = stacked.Stack(stacked.build_stacked_fns(scanned, OPT, mesh, 2, "vmap"))
+  init = step_lib.build_step_fns(scanned, OPT, sharding.make_island_mesh(jax.devices()[:1])).init
+  for i in range(2):
+    stack.set_state(i, init(jax.random.key(i)))
+  paths = ["blocks/0/attn/out", "blocks/1/attn/out", "embed/embedding"]
+  before = [stack.read(i, paths) for i in (0, 1)]
+  value = np.full(before[1]["blocks/1/attn/out"].shape, 0.25, np.float32)
+  stack.write(1, {"blocks/1/attn/out": value})
+  after = [stack.read(i, paths) for i in (0, 1)]
+  np.testing.assert_array_equal(after[1]["blocks/1/attn/out"], value)
+  for k in paths:
+    np.testing.assert_array_equal(after[0][k], before[0][k])
+    if k != "blocks/1/attn/out":
+      np.testing.assert_array_equal(after[1][k], before[1][k])
+  stored = jax.device_get(stack.state.params["layers"]["attn"]["out"])  # [M, layers, H, Dh, D]
+  np.testing.assert_array_equal(stored[1, 1], value)

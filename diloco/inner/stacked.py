@@ -29,7 +29,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from diloco.inner import sharding, step as step_lib
-from diloco.models import transformer
+from diloco.models import layer_stack, transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,17 +268,32 @@ class Stack:
     self.steps += int(mask_M.sum())
 
   def read(self, i: int, paths: Sequence[str]) -> dict[str, np.ndarray]:
-    """Learner i's values of these parameters ('/'-joined paths), on the host."""
+    """Learner i's values of these parameters ('/'-joined paths; a scanned model's blocks as
+    their `blocks/{j}/...` views), on the host."""
     self.flush(i)
     leaves = self._params_by_path()
-    return dict(zip(paths, get_rows([leaves[k] for k in paths], i)))
+    where = {k: (k, None) if k in leaves else layer_stack.view_of(k) for k in paths}
+    sources = list(dict.fromkeys(src for src, _ in where.values()))
+    rows = dict(zip(sources, get_rows([leaves[k] for k in sources], i)))
+    return {k: rows[src] if j is None else rows[src][j] for k, (src, j) in where.items()}
 
   def write(self, i: int, values: Mapping[str, Any]) -> None:
     """Replaces learner i's values of these parameters (in place: the old blocks are donated)."""
     self.flush(i)
     leaves = self._params_by_path()
-    keys = list(values)
-    leaves.update(zip(keys, set_rows([leaves[k] for k in keys], i, [values[k] for k in keys])))
+    rows = {k: v for k, v in values.items() if k in leaves}
+    layers: dict[str, dict[int, Any]] = {}  # a stacked leaf's layers that views replace
+    for k, v in values.items():
+      if k not in leaves:
+        src, j = layer_stack.view_of(k)
+        layers.setdefault(src, {})[j] = v
+    for src, row in zip(layers, get_rows([leaves[k] for k in layers], i)):
+      row = np.array(row)
+      for j, v in layers[src].items():
+        row[j] = np.asarray(jax.device_get(v))
+      rows[src] = row
+    keys = list(rows)
+    leaves.update(zip(keys, set_rows([leaves[k] for k in keys], i, [rows[k] for k in keys])))
     params = jax.tree.unflatten(self._params_tree, list(leaves.values()))
     self.state = self.state._replace(params=params)
 

@@ -94,8 +94,15 @@ def collapse(flat: Mapping[str, Any], like: Mapping[str, Any]) -> dict[str, Any]
   return out
 
 
+def view_of(path: str) -> tuple[str, int]:
+  """(the stacked leaf's path, the layer) that `blocks/{i}/<leaf>` views."""
+  view = _view_of(path)
+  if view is None:
+    raise KeyError(f"{path!r} is neither a leaf nor a view of a stacked leaf")
+  return view
+
+
 def _view_of(path: str) -> tuple[str, int] | None:
-  """(the stacked leaf's path, the layer) that `blocks/{i}/<leaf>` views, else None."""
   top, _, rest = path.partition(SEP)
   index, _, leaf = rest.partition(SEP)
   if top != BLOCKS or not index.isdigit() or not leaf:
