@@ -50,7 +50,8 @@ def put(parts: list, like: Any) -> Any:
   if not isinstance(like, jax.Array) and not any(isinstance(p, jax.Array) for p in parts):
     return np.stack(parts)
   out = jnp.stack(parts)
-  return jax.device_put(out, like.sharding) if isinstance(like, jax.Array) else out
+  placed = isinstance(like, jax.Array) and not isinstance(like, jax.core.Tracer)
+  return jax.device_put(out, like.sharding) if placed else out
 
 
 def num_layers(flat: Mapping[str, Any]) -> int:

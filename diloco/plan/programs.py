@@ -211,7 +211,7 @@ def receive(learner: Learner, p: int) -> Compiled:
   incoming = {k: flat[k] for k in paths}
 
   def put(params, values):
-    return fragments.unflatten({**fragments.flatten(params), **values}, like=params)
+    return fragments.replace(params, values)
 
   shardings = jax.tree.map(lambda x: x.sharding, params)
   fn = jax.jit(put, out_shardings=shardings, donate_argnums=0)
