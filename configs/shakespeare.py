@@ -205,7 +205,7 @@ def _outer() -> dict:
       overlap=(Auto(0), "tau: a fragment sent at step t is applied after step t+tau"),
       alpha=(0.0, "theta_p <- alpha*theta_local + (1-alpha)*theta_global on arrival"),
       delivery=(
-          "replace",
+          Auto("replace"),
           "what a merged fragment does to a learner: replace (its fragment, progress since its "
           "last upload lost) | rebase (keeps the progress the merge lacks) | at_own_sync (held "
           "until tau steps after the learner's own next upload)",
@@ -221,7 +221,7 @@ def _outer() -> dict:
       error_feedback=(False, "learners add what the codec dropped to their next upload"),
       downlink_codec=("", "merged updates sent back; '' = same as codec"),
       optimizer=("nesterov", "outer optimizer: nesterov | sgd | delayed_nesterov"),
-      lr=(0.4, "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md)"),
+      lr=(Auto(0.4), "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md)"),
       momentum=(0.9, "outer Nesterov momentum"),
       delayed_period=(4, "delayed_nesterov: momentum every N merges"),
       delayed_c=(0.0, "delayed_nesterov: c (0: plain SGD between momentum updates)"),

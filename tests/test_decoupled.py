@@ -113,8 +113,8 @@ def test_a_rebase_keeps_what_a_learner_trained_after_its_merged_upload():
   the synchronizer restarted), again after 3 (u1: merged, the merge never came back) and after 5
   (u2: refused as a duplicate of that base; u3, computed then, was never sent). Taking the merged version with `rebase` keeps the 2
   steps after u1: θ ← Θ_new + ((θ − Θ_old) + decode(u1)), counters at 2; a plain receive
-  (outer.alpha = 0) drops them."""
-  config = _config("runlocal,mode=decoupled")
+  (outer.alpha = 0, delivery replace) drops them."""
+  config = _config("runlocal,mode=decoupled", outer__delivery="replace")
   parts = build.local_learners(config)
   learner, batches = parts.make_learner(0, holds_start=True), parts.islands[0].data.train_iter
   ups = []

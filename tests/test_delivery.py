@@ -165,8 +165,12 @@ def test_under_the_global_anchor_a_learner_uploads_its_fragment():
         (dict(delivery="rebase", alpha=0.5), "alpha"),
         (dict(anchor="latest"), "outer.anchor"),
         (dict(anchor="global", delivery="rebase"), "outer.delivery=rebase"),
-        (dict(anchor="global", codec="fp4"), "outer.codec='fp4'"),
-        (dict(anchor="global", codec="fp32", error_feedback=True), "error feedback"),
+        (dict(anchor="global"), "outer.delivery=rebase"),  # the Decoupled preset's rule
+        (dict(anchor="global", delivery="replace", codec="fp4"), "outer.codec='fp4'"),
+        (
+            dict(anchor="global", delivery="replace", codec="fp32", error_feedback=True),
+            "error feedback",
+        ),
     ],
 )
 def test_a_delivery_rule_that_makes_no_sense_is_refused_by_name(overrides, key):

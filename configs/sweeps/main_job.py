@@ -10,7 +10,8 @@ The winner of each method (lowest final eval loss, scored on the whole validatio
 notebooks/results/main_job/. The main job itself never tunes (the papers' protocol: each method
 at its own best, chosen before the reported run). `tiny`: the same sweep on `runlocal`.
 
-Point variants: method=dp|diloco|decoupled, lr=X (0: optimizer.lr), seed=S.
+Point variants: method=dp|diloco|decoupled, lr=X (0: optimizer.lr), seed=S; `methods=decoupled`
+(comma-separated) sweeps only those methods.
 """
 
 import ml_collections
@@ -24,7 +25,7 @@ SWEEP_KEYS = ("eval_loss", "eval_bpb", "tokens", "params", "sim_time_s", "wall_s
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
-  return variants.parse_arg(arg, tiny=False, method="dp", lr=0.0, seed=0)
+  return variants.parse_arg(arg, tiny=False, method="dp", lr=0.0, seed=0, methods="")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -40,4 +41,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
   lrs = LRS[1:3] if a.tiny else LRS
-  return [{"method": m, "lr": lr} for m in METHODS for lr in lrs]
+  methods = a.methods.split(",") if a.methods else METHODS
+  return [{"method": m, "lr": lr} for m in methods for lr in lrs]
