@@ -14,7 +14,7 @@ from ml_collections import config_flags
 
 from diloco.config import cli as config_cli
 from diloco.launch import cli
-from diloco.rpc import learner_main
+from diloco.rpc import learner_main, multihost
 from diloco.runtime import preemption
 
 _TOKEN = cli.define_token_flag()
@@ -27,15 +27,7 @@ _SYNC = flags.DEFINE_string(
     "in shard order.",
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "This learner's outputs and checkpoints.")
-_COORD = flags.DEFINE_string(
-    "coordinator",
-    "",
-    "HOST:PORT of JAX process 0 of this learner "
-    "(several processes on one machine); empty: one process, or "
-    "--config.distributed=True to let JAX find its peers.",
-)
-_NPROC = flags.DEFINE_integer("num_processes", 0, "With --coordinator: processes of this learner.")
-_PID = flags.DEFINE_integer("process_id", -1, "With --coordinator: this process's index.")
+_COORD, _NPROC, _PID = multihost.define_cluster_flags("this learner")
 flags.mark_flags_as_required(["config", "learner_id", "synchronizer", "workdir"])
 
 

@@ -25,15 +25,7 @@ _RESTART = flags.DEFINE_bool(
     "Start over in a workdir that holds a run: the old run is moved to WORKDIR.old-N, never "
     "deleted (without it, a workdir with another config is refused, listing the keys that differ).",
 )
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator",
-    "",
-    "HOST:PORT of JAX process 0, for a multi-process run where JAX cannot find its cluster itself"
-    " (several processes on one machine); needs --config.distributed=True, --num_processes and"
-    " --process_id.",
-)
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes of the job (--coordinator).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (--coordinator).")
+_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID = multihost.define_cluster_flags("this run")
 flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from absl import flags
 
 from diloco.outer import fragments
 from diloco.outer.learner import Learner
@@ -28,6 +29,21 @@ NOOP, STEP, RECEIVE, UPLOAD, END, REBASE, NOT_MERGED = range(7)
 OP_NAMES = {NOOP: "noop", STEP: "step", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
 OP_NAMES[REBASE] = "rebase"  # a receive that keeps the progress after a merged upload
 OP_NAMES[NOT_MERGED] = "not_merged"  # an upload refused or never sent (not for a rebase)
+
+
+def define_cluster_flags(of: str) -> tuple:
+  """--coordinator, --num_processes and --process_id: a multi-process job of `of` on one machine,
+  where JAX cannot find its peers itself (the flags of experiments.train and experiments.learner).
+  """
+  coordinator = flags.DEFINE_string(
+      "coordinator",
+      "",
+      f"HOST:PORT of JAX process 0 of {of} (several processes on one machine); empty: one process,"
+      " or --config.distributed=True to let JAX find its peers.",
+  )
+  processes = flags.DEFINE_integer("num_processes", 0, f"With --coordinator: processes of {of}.")
+  index = flags.DEFINE_integer("process_id", -1, "With --coordinator: this process's index.")
+  return coordinator, processes, index
 
 
 def initialize(
