@@ -19,6 +19,7 @@ import atexit
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 from typing import Any
@@ -34,6 +35,22 @@ _MAX_VALUE_CHARS = 80
 
 class WorkdirError(ValueError):
   """The workdir holds another run; the message says how to start over or where else to go."""
+
+
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def local_path(workdir: str) -> str:
+  """`workdir` made absolute; WorkdirError for a bucket URL (`gs://...`), which the project's
+  file calls would turn into a local directory (`./gs:/...`), lost with the machine."""
+  if URL.match(workdir):
+    raise WorkdirError(
+        f"--workdir={workdir}: bucket URLs are not supported yet; checkpoints, metrics and "
+        f"summaries are written with local file calls, so it would become the local directory "
+        f"{os.path.abspath(workdir)} and be lost with the machine. Give a local path or a "
+        f"shared filesystem's mount"
+    )
+  return os.path.abspath(workdir)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, str]:
@@ -118,7 +135,7 @@ def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, 
   Writes nothing, except the rename of the whole workdir when `restart` moves an old run aside.
   `ignore`: dotted keys that may differ on a resume (how a run is watched, where it stops).
   """
-  workdir = os.path.abspath(workdir)
+  workdir = local_path(workdir)
   held = _held_run(workdir, config, ignore)
   if held is None:
     return "new"
@@ -156,7 +173,7 @@ class Hold:
   with a note."""
 
   def __init__(self, workdir: str):
-    self.workdir = os.path.abspath(workdir)
+    self.workdir = local_path(workdir)
     self._fd: int | None = None
 
   @property

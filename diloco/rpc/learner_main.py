@@ -29,6 +29,7 @@ import numpy as np
 from diloco import jsonl, metrics
 from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer import integrity
+from diloco.recovery import workdir as workdir_lib
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost, transport
 from diloco.runtime import async_link, learner_loop, preemption, sharded_link
@@ -144,6 +145,7 @@ def run(
   config = checks.prepare(config)
   targets = shard_targets(target, config.outer.sync_shards)
   _join_job(config, cluster)
+  workdir_lib.local_path(workdir)  # a bucket URL is refused before anything is written
   os.makedirs(workdir, exist_ok=True)
   faults = _faults(config, learner_id, workdir)
   learner = make_learner(config, learner_id)

@@ -23,7 +23,7 @@ from diloco.config import build, checks
 from diloco.outer import kernels, memory, optimizers
 from diloco.outer.sync_state import arrays_digest
 from diloco.outer.synchronizer import Synchronizer
-from diloco.recovery import sync_checkpoint
+from diloco.recovery import sync_checkpoint, workdir as workdir_lib
 from diloco.rpc import limits as limits_lib, service, status_board, status_server
 from diloco.runtime import preemption, sync_host
 from diloco.watch import progress
@@ -198,6 +198,7 @@ def run(
   memory.keep_freed_arrays()  # a merge round reuses the last one's arrays (outer/memory.py)
   deploy = config.deploy
   limits = limits_lib.Limits.from_deploy(deploy)
+  workdir_lib.local_path(workdir)  # a bucket URL is refused before anything is written
   os.makedirs(workdir, exist_ok=True)
   sync = make_synchronizer(config, shard)
   if sync.codec == "fp4" and isinstance(sync.tx, optimizers.SGD):
