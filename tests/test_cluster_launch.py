@@ -242,10 +242,19 @@ def test_the_pack_holds_only_what_a_learner_needs(tmp_path):
 
 
 def test_gcloud_local_synchronizer_and_the_script_dry_run():
+  command = [
+      sys.executable,
+      "scripts/tpu/commands.py",
+      "--config=configs/shakespeare.py:mode=decoupled",
+  ]
+  command += [*TPU_FLAGS, "--noplan"]  # tests/test_plan.py runs the plan of a dry run
+  # v5p-16 is two hosts per slice: the default workdir, each worker's $HOME, is refused by name
+  refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert refused.returncode != 0 and not refused.stdout.strip()
+  assert "--workdir=$HOME/runs/diloco is each worker's own disk" in refused.stderr
+  assert "2 hosts per slice" in refused.stderr
   out = subprocess.run(
-      [sys.executable, "scripts/tpu/commands.py", "--config=configs/shakespeare.py:mode=decoupled"]
-      + list(TPU_FLAGS)
-      + ["--noplan"],  # tests/test_plan.py runs the plan of a dry run
+      command + ["--workdir=/mnt/shared/runs"],
       cwd=REPO,
       capture_output=True,
       text=True,

@@ -57,6 +57,21 @@ def check(config, *, synchronizer: bool = True) -> list[str]:
   return names
 
 
+def check_workdir(workdir: str, config) -> None:
+  """ValueError when the slices have several hosts and `workdir` is each worker's own disk
+  (under $HOME or ~, relative, or /tmp): a multi-host learner's processes checkpoint one state
+  together, so they need one directory that every worker sees (a shared mount)."""
+  hosts = tpu_types.parse(config.deploy.tpu.accelerator_type).hosts
+  local = workdir.startswith(("$HOME", "~", "/tmp")) or not workdir.startswith("/")
+  if hosts > 1 and local:
+    raise ValueError(
+        f"--workdir={workdir} is each worker's own disk, and deploy.tpu.accelerator_type="
+        f"{config.deploy.tpu.accelerator_type} has {hosts} hosts per slice: a learner's "
+        "processes save one checkpoint together, so give --workdir on a mount every worker "
+        "shares (Filestore, a gcsfuse mount of a bucket)"
+    )
+
+
 def sync_places(config) -> list[tuple[str, str, int]]:
   """(VM or '' for this machine, internal address, port) of each synchronizer shard."""
   d, t, shards = config.deploy, config.deploy.tpu, config.outer.sync_shards
@@ -166,6 +181,7 @@ def commands(
   every process gets both, so all of them see the same config.
   """
   names = check(config)
+  check_workdir(workdir, config)
   d, t = config.deploy, config.deploy.tpu
   flags_ = _flags(spec, overrides)
   cmds = [staging.pack(stage)] if pack else []
@@ -193,6 +209,7 @@ def single_slice(
 ) -> list[list[str]]:
   """mode=dp on one slice: experiments.train as one multi-host JAX job (no synchronizer)."""
   check(config, synchronizer=False)
+  check_workdir(workdir, config)
   t = config.deploy.tpu
   name = f"{t.name_prefix}-dp"
   train = (

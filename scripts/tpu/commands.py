@@ -37,7 +37,11 @@ from diloco.launch import cli, gcloud, preflight  # noqa: E402
 
 
 def _define_flags() -> None:
-  cli.define_launcher_flags(gcloud.WORKDIR, "Outputs on each host.")
+  cli.define_launcher_flags(
+      gcloud.WORKDIR,
+      "Outputs; a slice of several hosts needs a mount every worker shares (the default, each"
+      " worker's $HOME, is refused there).",
+  )
   flags.DEFINE_bool("sweep", False, "--config is a sweep (get_sweep): one launch per point.")
 
 
