@@ -221,7 +221,11 @@ def _outer() -> dict:
       error_feedback=(False, "learners add what the codec dropped to their next upload"),
       downlink_codec=("", "merged updates sent back; '' = same as codec"),
       optimizer=("nesterov", "outer optimizer: nesterov | sgd | delayed_nesterov"),
-      lr=(Auto(0.4), "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md)"),
+      lr=(
+          Auto(0.4),
+          "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md; the Decoupled preset's "
+          "rebase: 0.1)",
+      ),
       momentum=(0.9, "outer Nesterov momentum"),
       delayed_period=(4, "delayed_nesterov: momentum every N merges"),
       delayed_c=(0.0, "delayed_nesterov: c (0: plain SGD between momentum updates)"),
