@@ -165,7 +165,6 @@ def test_under_the_global_anchor_a_learner_uploads_its_fragment():
         (dict(delivery="rebase", alpha=0.5), "alpha"),
         (dict(anchor="latest"), "outer.anchor"),
         (dict(anchor="global", delivery="rebase"), "outer.delivery=rebase"),
-        (dict(anchor="global"), "outer.delivery=rebase"),  # the Decoupled preset's rule
         (dict(anchor="global", delivery="replace", codec="fp4"), "outer.codec='fp4'"),
         (
             dict(anchor="global", delivery="replace", codec="fp32", error_feedback=True),

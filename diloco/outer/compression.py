@@ -124,6 +124,10 @@ def _as_f32(x: np.ndarray) -> np.ndarray:
   return x_N
 
 
+class NonFiniteError(ValueError):
+  """Values to encode hold NaN or Inf."""
+
+
 def _check_finite(amax: np.ndarray, x_N: np.ndarray) -> None:
   """ValueError if ``amax`` (max|x| of x_N or of its blocks; NaN propagates) is not all finite."""
   if amax.size and not np.isfinite(amax).all():
@@ -132,7 +136,7 @@ def _check_finite(amax: np.ndarray, x_N: np.ndarray) -> None:
 
 def _raise_non_finite(x_N: np.ndarray) -> None:
   bad = int(np.count_nonzero(~np.isfinite(x_N)))
-  raise ValueError(
+  raise NonFiniteError(
       f"cannot encode non-finite values: {bad} of {x_N.size} are NaN or Inf "
       "(after the cast to float32)"
   )

@@ -155,17 +155,25 @@ class Learner:
     return [p for p in self.schedule.syncs_at(self.steps) if self.c_steps[p] > 0]
 
   def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float) -> Upload:
-    """The outer gradient of fragment p against the last global version received."""
+    """The outer gradient of fragment p against the last global version received;
+    FloatingPointError naming this learner when its fragment is no longer finite (a run whose
+    loss went NaN between two log rows stops here, as at a logged NaN)."""
     local, (base, base_version, base_generation) = self._read(p), self._base(p)
+    try:
+      delta = (
+          compression.encode_tree(local, self.codec)
+          if self.anchor == "global"
+          else self.uplink.encode(p, base, local)
+      )
+    except compression.NonFiniteError as e:
+      raise FloatingPointError(
+          f"learner {self.index}: fragment {p} is not finite at step {self.steps} ({e}); stopping"
+      ) from e
     up = Upload(
         learner=self.index,
         fragment=p,
         base_version=base_version,
-        delta=(
-            compression.encode_tree(local, self.codec)
-            if self.anchor == "global"
-            else self.uplink.encode(p, base, local)
-        ),
+        delta=delta,
         steps=self.c_steps[p],
         tokens=self.c_tokens[p],
         time=arrival_time,
