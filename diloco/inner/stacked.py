@@ -272,26 +272,18 @@ class Stack:
     their `blocks/{j}/...` views), on the host."""
     self.flush(i)
     leaves = self._params_by_path()
-    where = {k: (k, None) if k in leaves else layer_stack.view_of(k) for k in paths}
-    sources = list(dict.fromkeys(src for src, _ in where.values()))
+    sources = list(dict.fromkeys(k if k in leaves else layer_stack.view_of(k)[0] for k in paths))
     rows = dict(zip(sources, get_rows([leaves[k] for k in sources], i)))
-    return {k: rows[src] if j is None else rows[src][j] for k, (src, j) in where.items()}
+    return {k: rows[k] if k in rows else layer_stack.read(rows, k) for k in paths}
 
   def write(self, i: int, values: Mapping[str, Any]) -> None:
     """Replaces learner i's values of these parameters (in place: the old blocks are donated)."""
     self.flush(i)
     leaves = self._params_by_path()
-    rows = {k: v for k, v in values.items() if k in leaves}
-    layers: dict[str, dict[int, Any]] = {}  # a stacked leaf's layers that views replace
-    for k, v in values.items():
-      if k not in leaves:
-        src, j = layer_stack.view_of(k)
-        layers.setdefault(src, {})[j] = v
-    for src, row in zip(layers, get_rows([leaves[k] for k in layers], i)):
-      row = np.array(row)
-      for j, v in layers[src].items():
-        row[j] = np.asarray(jax.device_get(v))
-      rows[src] = row
+    # the rows of the stacked leaves that views replace layers of, rebuilt on the host
+    sources = list(dict.fromkeys(layer_stack.view_of(k)[0] for k in values if k not in leaves))
+    held = dict(zip(sources, get_rows([leaves[k] for k in sources], i)))
+    rows = layer_stack.write(held, {k: np.asarray(jax.device_get(v)) for k, v in values.items()})
     keys = list(rows)
     leaves.update(zip(keys, set_rows([leaves[k] for k in keys], i, [rows[k] for k in keys])))
     params = jax.tree.unflatten(self._params_tree, list(leaves.values()))

@@ -56,31 +56,28 @@ def put(parts: list, like: Any) -> Any:
 
 def num_layers(flat: Mapping[str, Any]) -> int:
   """Layers of a flat dict's stacked leaves (0 if it has none)."""
-  sizes = {_lead(v) for k, v in flat.items() if is_stacked_path(k)}
+  sizes = {int(v.shape[0]) for k, v in flat.items() if is_stacked_path(k)}
   if len(sizes) > 1:
     raise ValueError(f"stacked leaves disagree on the number of layers: {sorted(sizes)}")
   return sizes.pop() if sizes else 0
 
 
-def _lead(x: Any) -> int:
-  if isinstance(x, NamedSharding):
-    raise ValueError("a sharding does not say how many layers it stacks; pass its shape's tree")
-  return int(x.shape[0])
-
-
-def expand(flat: Mapping[str, Any], layers: int | None = None) -> dict[str, Any]:
-  """`flat` with each `layers/<leaf>` replaced by `blocks/{i}/<leaf>` for every layer i (shardings
-  need `layers`, which they do not carry)."""
-  n = num_layers(flat) if layers is None else layers
-  out = {}
-  for path, x in flat.items():
-    if not is_stacked_path(path):
-      out[path] = x
-      continue
-    leaf = path.split(SEP, 1)[1]
-    for i in range(n):
-      out[f"{BLOCKS}{SEP}{i}{SEP}{leaf}"] = take(x, i)
+def view_paths(flat: Mapping[str, Any]) -> list[str]:
+  """`flat`'s paths with each `layers/<leaf>` replaced by `blocks/{i}/<leaf>` for every layer i
+  (nothing is sliced)."""
+  n, out = num_layers(flat), []
+  for path in flat:
+    if is_stacked_path(path):
+      leaf = path.split(SEP, 1)[1]
+      out += [f"{BLOCKS}{SEP}{i}{SEP}{leaf}" for i in range(n)]
+    else:
+      out.append(path)
   return out
+
+
+def expand(flat: Mapping[str, Any]) -> dict[str, Any]:
+  """`flat` with each stacked leaf replaced by its per-layer views (`view_paths`)."""
+  return {p: flat[p] if p in flat else read(flat, p) for p in view_paths(flat)}
 
 
 def collapse(flat: Mapping[str, Any], like: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,10 +110,10 @@ def _view_of(path: str) -> tuple[str, int] | None:
 
 def read(flat: Mapping[str, Any], path: str) -> Any:
   """The view `path` (`blocks/{i}/<leaf>`) of a flat dict of the stacked form."""
-  view = _view_of(path)
-  if view is None or view[0] not in flat:
+  source, i = view_of(path)
+  if source not in flat:
     raise KeyError(f"{path!r} is neither a leaf nor a view of a stacked leaf")
-  return take(flat[view[0]], view[1])
+  return take(flat[source], i)
 
 
 def write(flat: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -188,7 +185,7 @@ def unstack(tree: Any) -> Any:
       return node
     layers = node[STACKED]
     leaves, structure = jax.tree.flatten(layers)
-    n = {_lead(x) for x in leaves if not isinstance(x, NamedSharding)}
+    n = {int(x.shape[0]) for x in leaves}
     if len(n) != 1:
       raise ValueError(f"stacked leaves disagree on the number of layers: {sorted(n)}")
     blocks = {

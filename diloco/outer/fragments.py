@@ -75,8 +75,8 @@ def _flatten(params: Params) -> dict[str, Any]:
 
 
 def leaf_paths(params: Params) -> list[str]:
-  """Sorted leaf paths."""
-  return list(flatten(params))
+  """Sorted leaf paths (a stacked leaf's views by name: nothing is sliced)."""
+  return sorted(layer_stack.view_paths(flatten(params, view=False)))
 
 
 def _check_same_paths(have: Sequence[str], want: Sequence[str], what: str) -> None:
