@@ -4,7 +4,7 @@ the progress a learner made between its syncs.
 Learner 0 of the tiny Decoupled runlocal config with an fp32 uplink (so that an upload decodes to
 exactly Θ_base − θ); its fragment 0 starts at Θ0 (version 0). "Another learner's merge" is a
 full-values Send of version 1, Θ1 = Θ0 − 1/4 (not merging learner 0's upload); "its own merge" is
-an update to version 2 that does (`includes_own`).
+an update to version 2 that does (`Send.own`, the key of the upload merged).
 """
 
 import jax
@@ -41,7 +41,7 @@ def _others(learner) -> tuple[dict, protocol.Send]:
 def _own(learner, version: int) -> tuple[dict, protocol.Send]:
   step = {k: np.full_like(v, -0.125) for k, v in learner.global_copy[0].items()}
   update = compression.encode_tree(step, "fp32")
-  send = protocol.Send(0, 0, version, update=update, includes_own=True)
+  send = protocol.Send(0, 0, version, update=update, own=learner.sent[0][-1].key)
   return {k: learner.global_copy[0][k] + step[k] for k in step}, send
 
 
@@ -103,6 +103,32 @@ def test_at_own_sync_holds_merges_until_its_own_merge_follows_its_upload():
   learner.receive(send)  # the version merging its upload: taken at once (tau = 0)
   assert _same(learner._read(0), two) and learner.c_steps[0] == 0
   assert learner.base_versions[0] == 2 and learner.adopt_at[0] == -1
+
+
+def test_rebase_takes_the_upload_a_rejoin_answer_names_and_a_restored_learner_starts_over():
+  # Learner 0 uploads u (2 steps) on version 0 and trains 1 more step; the merge of u is lost in
+  # a synchronizer restart, and after its Join it sends the fragment again, computed afresh (3
+  # steps, the same base). The Join's answer, version 1 in full, names u: only the step after u
+  # is kept on top of it (the copy's 3 would count u's 2 twice).
+  learner, batches = _learner("rebase")
+  theta0 = learner.global_copy[0]
+  _steps(learner, batches, 2)
+  u = _upload(learner, 0.0)
+  _steps(learner, batches, 1)
+  copy = _upload(learner, 1.0)
+  assert (copy.key, u.key) == ((0, 0, 3), (0, 0, 2))
+  before = learner._read(0)
+  one = {k: v - 0.25 for k, v in theta0.items()}
+  learner.receive(protocol.Send(0, 0, 1, values=one, own=u.key))
+  d = compression.decode_tree(u.delta)
+  assert _same(learner._read(0), {k: one[k] + ((before[k] - theta0[k]) + d[k]) for k in one})
+  assert learner.c_steps[0] == 1 and 0 not in learner.sent
+  # A learner restored from a checkpoint from before u knows no upload of that key: the progress
+  # it holds since version 0 is in the merge, and it takes version 1 as it is.
+  restored, _ = _learner("rebase")
+  _steps(restored, batches, 1)
+  restored.receive(protocol.Send(0, 0, 1, values=one, own=u.key))
+  assert _same(restored._read(0), one) and restored.c_steps[0] == 0
 
 
 def test_at_own_sync_with_overlap_takes_the_newest_tau_steps_later_mixed_by_alpha():

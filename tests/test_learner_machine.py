@@ -48,7 +48,13 @@ class Held:
 
 def _update(p, version, base_gen=0, gen=0, corrupt=False, own=False):
   send = Send(
-      0, p, version, update=UPDATE, generation=gen, base_generation=base_gen, includes_own=own
+      0,
+      p,
+      version,
+      update=UPDATE,
+      generation=gen,
+      base_generation=base_gen,
+      own=(0, version - 1, 1) if own else None,
   )
   return dataclasses.replace(send, checksum=send.checksum + 1) if corrupt else send
 

@@ -163,10 +163,20 @@ def _bits_equal(a: dict, b: dict) -> bool:
 
 
 def test_a_crashed_learner_rejoins_holding_exactly_the_global_fragments(tmp_path):
-  """Learner 2 crashes at t=13.5 s for 8 s: it was in step 14, its last checkpoint is step 8."""
+  """Learner 2 crashes at t=13.5 s for 8 s: it was in step 14, its last checkpoint is step 8.
+
+  Under `outer.delivery=replace` at its outer lr, where a fragment it is sent overwrites its own. (Under the
+  Decoupled preset's rebase it keeps what its checkpoint trained that the merge lacks, unless
+  the Join's answer names its upload as merged: tests/test_delivery.py works both by hand.)
+  """
   # (The second crash comes after the run's end: never reached, not counted as scheduled.)
   w = Watch().run(
-      _config("crash learner 2 at t=13.5s for 8s; crash learner 0 at t=9999s for 1s", eval_every=2),
+      _config(
+          "crash learner 2 at t=13.5s for 8s; crash learner 0 at t=9999s for 1s",
+          eval_every=2,
+          outer__delivery="replace",
+          outer__lr=0.4,  # (replace's rate; the preset's 0.1 is rebase's)
+      ),
       str(tmp_path),
   )
   s = w.summary

@@ -211,7 +211,8 @@ def test_min_quorum_merges_with_the_live_learners_while_others_stall():
     assert record["version"] == v + 1 and record["time"] == v + 0.75
     assert [s.learner for s in _of(actions, Send)] == [0, 1, 2, 3]
     # Each send says whether it merges its learner's upload (the delivery rules read it).
-    assert [s.includes_own for s in _of(actions, Send)] == [True, True, False, False]
+    # (`Send.own`: the key of the upload merged, (base generation, base version, steps)).
+    assert [s.own for s in _of(actions, Send)] == [(0, v, 1), (0, v, 1), None, None]
     assert all(s.checksum_ok() for s in _of(actions, Send))
   np.testing.assert_array_equal(sync.globals[0][E], PARAMS["embed"]["embedding"] - 3.0)
 
@@ -269,6 +270,34 @@ def test_merged_work_sums_the_steps_and_tokens_of_merged_uploads_and_survives_a_
       "3": 0.0,
   }
   assert shares["2"]["merged_steps"] == {"0": 7, "1": 6} and shares["2"]["merged_tokens"] == 104
+
+
+def test_a_join_answer_names_the_joiners_merged_upload_whose_merge_it_never_got():
+  # Learner 0's upload (base 0, 3 steps) is merged into version 1; the sends are lost in a
+  # restart from a checkpoint that holds the merge. Rejoining with version 0, learner 0 is told
+  # that what it gets holds that upload (a rebasing learner would keep its 3 steps twice
+  # otherwise); learner 1, which holds version 1, gets nothing; learner 2, whose upload was
+  # merged into version 2, is told on its own key whatever version it holds before 2.
+  sync = _sync(
+      policies.Policy(policies.MinQuorum(1), policies.NoGrace(), **EQUAL_MEAN),
+      optimizers.sgd(1.0),
+      learners=3,
+  )
+  delta = {E: _f([1.0, 1.0], [1.0, 1.0]), W0: _f([0.0, 0.5], [0.0, 0.0])}
+  sends = _of(sync.handle(_up(0, 0, delta, base=0, steps=3)), Send)
+  assert [s.own for s in sends] == [(0, 0, 3), None, None]
+  sends = _of(sync.handle(_up(2, 0, delta, base=0, steps=5)), Send)  # stale by one: version 2
+  assert [s.own for s in sends] == [None, None, (0, 0, 5)]
+  again = Synchronizer(PARAMS, FRAG, sync.policy, optimizers.sgd(1.0))
+  again.restart(sync.state_dict(), 1)
+  (send,) = _of(again.handle(Join(0, 5.0, (0, 0), (0, 0))), Send)
+  assert (send.fragment, send.version, send.own) == (0, 2, (0, 0, 3))
+  assert _of(again.handle(Join(1, 5.0, (2, 0), (0, 0))), Send) == []
+  (send,) = _of(again.handle(Join(2, 5.0, (1, 0), (0, 0))), Send)
+  assert send.own == (0, 0, 5)
+  # Once a learner holds the version that merged its upload, a rejoin names nothing.
+  (send,) = _of(again.handle(Join(0, 6.0, (1, 0), (0, 0))), Send)
+  assert send.own is None
 
 
 # ---- grace window ----

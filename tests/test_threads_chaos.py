@@ -240,11 +240,15 @@ def test_crashed_learner_rejoins_holding_the_global_fragments(learner_faults):
 
 def test_corrupt_and_poisoned_uploads_are_rejected_and_counted(learner_faults):
   run, _, _ = learner_faults
-  assert run["rejected"]["checksum"] >= 1 and run["rejected"]["non_finite"] >= 1
-  assert run["chaos"]["tainted"] == {
-      "corrupt_up": {"rejected (checksum)": 1, "sent": 1},
-      "poison_nan": {"rejected (non_finite)": 1, "sent": 1},
-  }
+  tainted = run["chaos"]["tainted"]
+  assert tainted["corrupt_up"] == {"rejected (checksum)": 1, "sent": 1}, tainted
+  # The poisoned upload is refused by the finite screen, or before it as a copy of one already
+  # merged: a learner that joins again early on (seen: learner 0 at step 20, its uploads of steps
+  # 2-8 unanswered) sends them again, computed afresh, and the merges of the first ones may have
+  # been made meanwhile (under the Decoupled preset's rebase only that merge answers them).
+  (code,) = [k[len("rejected (") : -1] for k in tainted["poison_nan"] if k != "sent"]
+  assert tainted["poison_nan"]["sent"] == 1 and code in ("non_finite", "duplicate"), tainted
+  assert run["rejected"]["checksum"] >= 1 and run["rejected"][code] >= 1, run["rejected"]
   assert run["chaos"]["tainted_merged"] == 0 and run["chaos"]["global_params_finite"]
 
 

@@ -276,12 +276,13 @@ def test_messages_round_trip_field_by_field():
   join = protocol.Join(1, 0.5, (0, -1), (2, 2))
   assert transport.decode_message(transport.encode_message(join)) == join
   # The mark of a merge that holds the receiver's upload (issue 51) travels, and is checked.
-  own = protocol.Send(learner=2, fragment=1, version=5, values=values, includes_own=True)
+  own = protocol.Send(learner=2, fragment=1, version=5, values=values, own=(1, 4, 8))
   back = transport.decode_message(transport.encode_message(own))
   plain = protocol.Send(learner=2, fragment=1, version=5, values=values)
-  assert back.includes_own is True and back.checksum_ok() and back.checksum != plain.checksum
-  flipped = dataclasses.replace(back, includes_own=False, checksum=back.checksum)
-  assert not flipped.checksum_ok()
+  assert back.own == (1, 4, 8) and back.checksum_ok() and back.checksum != plain.checksum
+  for forged in (None, (1, 4, 9)):  # the mark dropped, or another upload named
+    flipped = dataclasses.replace(back, own=forged, checksum=back.checksum)
+    assert not flipped.checksum_ok()
 
 
 def test_malformed_messages_name_the_problem():

@@ -18,7 +18,9 @@ What a merged fragment does to the local parameters is the delivery rule (`outer
   arrives first;
 - rebase: the learner keeps the progress the version does not hold:
   θ_p ← Θ_new + (θ_p − Θ_held) + [the version merges its pending upload u] decode(u), its
-  counters less u's steps and tokens;
+  counters less u's steps and tokens. The synchronizer names u (`Send.own`), also in what it
+  answers a Join with when the merge of u never reached the learner (a restart, a partition);
+  a learner restored from before u no longer knows it, and takes the version as it is;
 - at_own_sync: versions that arrive are held, θ_p untouched, and the newest is taken (mixed with
   `alpha`) only at the learner's own sync point: τ steps after its upload of p (`overlap`), once
   the version merging that upload has arrived (so that its next upload, built against the version
@@ -216,10 +218,9 @@ class Learner:
 
     Under replace, `rebase` (learner_machine.Apply) says the version merged this learner's last
     upload of p neither refused nor dropped unsent (a copy sent again was refused as a
-    duplicate), and the progress made after that upload is kept, as under the rebase rule. (An
-    earlier upload on the same version, sent before a restart of the synchronizer that lost its
-    merge, is not the one merged. With a lossy codec and error feedback, decode(u) is what the
-    synchronizer saw, so the quantisation error may be sent twice.)
+    duplicate), and the progress made after that upload is kept, as under the rebase rule. (With
+    a lossy codec and error feedback, decode(u) is what the synchronizer saw, so the
+    quantisation error may be sent twice.)
     A send that regressed (`learner_machine.regressed`: a restart lost merges the learner holds)
     becomes its base only, under every rule: θ and the counters stay, and the next upload
     carries the difference.
@@ -250,6 +251,8 @@ class Learner:
       elif send.includes_own and self.adopt_at[p] >= 0:
         self.own_merged[p] = 1
         self._maybe_adopt(p)
+    elif send.includes_own and merged_up is None:  # restored from before that upload: its
+      self._replace(p, new)  # progress since the version held is in the merge
     elif self.delivery == "rebase" or (rebase and merged_up is not None):
       self._keep_progress(p, old, new, merged_up)
     else:
@@ -257,11 +260,15 @@ class Learner:
 
   def _merged_upload(self, p: int, send: Send, take: bool) -> Upload | None:
     """The upload of p that `send` merges, if known, forgetting the uploads it answers: under
-    replace, every one sent since p was last received (`take`: the last is the one merged);
-    under the other rules, only when the send merges this learner's upload (`includes_own`)."""
+    replace, every one sent since p was last received; under the other rules, only when the
+    send merges one of this learner's uploads. The merged one is the upload with the send's
+    key (`Send.own`; copies sent again after a restart share the base, and their steps tell
+    them apart), else with `take` the last sent."""
     if self.delivery == "replace" or take or send.includes_own:
       sent = self.sent.pop(p, [])
-      if sent and (send.includes_own or take):
+      if send.includes_own:
+        return next((u for u in reversed(sent) if u.key == send.own), None)
+      if sent and take:
         return sent[-1]
     return None
 

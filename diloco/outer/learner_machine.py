@@ -32,8 +32,9 @@ The rules:
   version as its base and sends the difference again (`regressed`).
 - **Delivery rules** (`Learner.delivery`). Under replace every merged fragment answers the
   learner's unanswered upload of it (its progress was replaced); under rebase and at_own_sync
-  only the one that merges that upload does (`Send.includes_own`), and until then the learner
-  sends no other upload of that fragment (the synchronizer would take it for a copy).
+  only the one that merges that upload does (`Send.own` names it, in a Join's answer too when
+  the learner never got that merge), and until then the learner sends no other upload of that
+  fragment (the synchronizer would take it for a copy).
 - **Rebase.** A copy refused as a duplicate of the version held means an earlier upload on it was
   merged and its merge never came back: that merge, when it arrives, is applied with the progress
   made after the upload kept on top (`Apply.rebase`), which is then sent again.

@@ -73,6 +73,12 @@ class Upload:
     return self.checksum == self.expected_checksum()
 
   @property
+  def key(self) -> tuple[int, int, int]:
+    """(base_generation, base_version, steps): which of a learner's uploads of a fragment this
+    is (two with one key carry the same progress on the same base)."""
+    return (self.base_generation, self.base_version, self.steps)
+
+  @property
   def nbytes(self) -> int:
     return compression.tree_nbytes(self.delta)
 
@@ -103,7 +109,9 @@ class Send:
   base_generation: int = 0  # an update applies to version - 1 of this generation
   checksum: int | None = None  # None: computed now; `send_checksum` reuses a payload's CRC
   inner_steps: int = 0  # DyLU: the learner's inner steps between syncs from now on; 0 = as it was
-  includes_own: bool = False  # this version merges the receiving learner's pending upload
+  # The receiving learner's upload this version merges, as (base_generation, base_version,
+  # steps) (`Upload.key`), or None: the learner takes exactly that upload's progress as merged.
+  own: tuple[int, int, int] | None = None
 
   def __post_init__(self):
     if self.checksum is None:
@@ -121,11 +129,16 @@ class Send:
         self.base_generation,
         payload_crc,
         self.inner_steps,
-        self.includes_own,
+        self.own,
     )
 
   def checksum_ok(self) -> bool:
     return self.checksum == self.expected_checksum()
+
+  @property
+  def includes_own(self) -> bool:
+    """This version merges one of the receiving learner's uploads."""
+    return self.own is not None
 
   @property
   def nbytes(self) -> int:
@@ -200,15 +213,15 @@ def send_checksum(
     base_generation: int,
     payload_crc: int,
     inner_steps: int = 0,
-    includes_own: bool = False,
+    own: tuple[int, int, int] | None = None,
 ) -> int:
   """A Send's checksum from its header numbers and the CRC of its payload (shared by a merge's
-  sends of one encoded update); a DyLU step count and the includes-own mark join the header
-  when set."""
+  sends of one encoded update); a DyLU step count and the merged own upload's key join the
+  header when set."""
   header = (fragment, version, generation, base_generation) + (
       (inner_steps,) if inner_steps else ()
   )
-  header += (-1,) if includes_own else ()
+  header += (-1, *own) if own is not None else ()
   return integrity.with_header(header, payload_crc)
 
 

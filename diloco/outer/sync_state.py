@@ -29,6 +29,9 @@ class FragmentState:
   residual: dict[str, np.ndarray]  # the downlink codec's error feedback, by path
   version: int = 0  # merges committed
   contributed: dict[int, int] = dataclasses.field(default_factory=dict)  # m -> last merged base
+  # m -> (its last merged upload's `Upload.key`..., the version that merged it): a learner that
+  # joins without that version is told its upload is in what it gets (`Send.own`).
+  last_merged: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
   merged: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # m -> [steps, tokens]
   norms: list[float] = dataclasses.field(default_factory=list)  # recent finite Δ norms (screen)
 
@@ -55,6 +58,7 @@ def state_dict(sync) -> dict[str, Any]:
       "lineage": [[g, list(v)] for g, v in sorted(sync.lineage.items())],
       "contributed": [sorted(f.contributed.items()) for f in frags.values()],
       "merged": [[[m, *st] for m, st in sorted(f.merged.items())] for f in frags.values()],
+      "last_merged": [[[m, *k] for m, k in sorted(f.last_merged.items())] for f in frags.values()],
       "norms": [list(f.norms) for f in frags.values()],
       "rms": list(sync.rms),
       "members": sorted(sync.members),
@@ -96,6 +100,7 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
         version=int(arrays["versions"][i_p]),
         contributed={int(m): int(v) for m, v in meta["contributed"][i_p]},
         merged={int(m): [int(a), int(b)] for m, a, b in _merged(meta, i_p)},
+        last_merged={int(m): tuple(int(x) for x in k) for m, *k in _kept(meta, "last_merged", i_p)},
         norms=[float(x) for x in meta["norms"][i_p]],
     )
   sync.generation = int(meta["generation"])
@@ -107,8 +112,13 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
 
 def _merged(meta: Mapping[str, Any], i_p: int) -> list:
   """The merged work of the i_p-th owned fragment ([] in a checkpoint from before it was kept)."""
-  merged = meta.get("merged")
-  return merged[i_p] if merged is not None else []
+  return _kept(meta, "merged", i_p)
+
+
+def _kept(meta: Mapping[str, Any], key: str, i_p: int) -> list:
+  """meta[key] of the i_p-th owned fragment ([] in a checkpoint from before it was kept)."""
+  rows = meta.get(key)
+  return rows[i_p] if rows is not None else []
 
 
 def _hash_arrays(state: Mapping[str, Any]) -> Any:

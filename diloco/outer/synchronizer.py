@@ -146,8 +146,11 @@ class Synchronizer:
     actions: list[Action] = [Log({"event": "join", "learner": event.learner, "time": event.time})]
     for p in self.owned:
       v, g = event.versions[p], gens[p]
-      if v != self.fragments[p].version or not admission.known(self._history(), p, g, v):
-        actions.append(self._send(event.learner, p))
+      known = admission.known(self._history(), p, g, v)
+      if v != self.fragments[p].version or not known:
+        actions.append(
+            self._send(event.learner, p, own=self._unseen_own(event.learner, p, v, known))
+        )
     # Rounds in progress do not wait for a learner that (re)joins in their middle, unless the
     # quorum counts every member (synchronous DiLoCo without elasticity waits for it).
     late = [
@@ -297,6 +300,7 @@ class Synchronizer:
     f.version += 1
     for u in ups:
       f.contributed[u.learner] = max(u.base_version, f.contributed.get(u.learner, -1))
+      f.last_merged[u.learner] = (*u.key, f.version)
       work = f.merged.setdefault(u.learner, [0, 0])
       work[0], work[1] = work[0] + u.steps, work[1] + u.tokens
     return encoded
@@ -305,9 +309,9 @@ class Synchronizer:
     """Version v of fragment p to every live learner (or its contributors), and the
     checkpoint if one is due."""
     crc = integrity.tree_crc(encoded)
-    merged = {u.learner for u in ups}
-    to = self.live if self.policy.broadcast == "all" else self.live & merged
-    actions: list[Action] = [self._send(m, p, encoded, crc, m in merged) for m in sorted(to)]
+    own = {u.learner: u.key for u in ups}
+    to = self.live if self.policy.broadcast == "all" else self.live & set(own)
+    actions: list[Action] = [self._send(m, p, encoded, crc, own.get(m)) for m in sorted(to)]
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
     return actions
@@ -322,11 +326,19 @@ class Synchronizer:
   def _reset_round(self, p: int) -> None:
     self.rounds[p] = rounds.Round()
 
+  def _unseen_own(self, learner: int, p: int, held: int, known: bool) -> tuple | None:
+    """The key of `learner`'s last merged upload of p if the version it holds (`held`, of this
+    lineage when `known`) predates that merge: its answer was lost (a restart, a partition) or
+    the learner was restored from before it, so what the learner gets now holds that upload."""
+    last = self.fragments[p].last_merged.get(learner)
+    return tuple(last[:3]) if known and last is not None and last[3] > held else None
+
   def _send(
-      self, learner: int, p: int, update=None, update_crc: int | None = None, own: bool = False
+      self, learner: int, p: int, update=None, update_crc: int | None = None, own=None
   ) -> Send:
     """Fragment p's newest version for `learner`: the update when it holds the one before,
-    else the full values; `own`: the version merges that learner's upload (`Send.includes_own`)."""
+    else the full values; `own`: the key of that learner's upload the version merges
+    (`Send.own`)."""
     num = self.frag.num_fragments
     held = self.held.setdefault(learner, [-1] * num)
     held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
@@ -347,11 +359,11 @@ class Synchronizer:
           base_generation=held_gen[p],
           checksum=crc,
           inner_steps=h,
-          includes_own=own,
+          own=own,
       )
     else:
       values = {k: x.copy() for k, x in self.fragments[p].values.items()}
-      send = Send(learner, p, v, values=values, generation=g, inner_steps=h, includes_own=own)
+      send = Send(learner, p, v, values=values, generation=g, inner_steps=h, own=own)
     held[p], held_gen[p] = v, g
     return send
 
