@@ -64,7 +64,7 @@ def test_rebase_keeps_what_the_merge_lacks_and_drops_only_its_own_merged_upload(
   theta0 = learner.global_copy[0]
   _steps(learner, batches, 2)
   up = _upload(learner, 0.0)
-  assert up.steps == 2 and learner.c_steps[0] == 2  # the counters go on until it is merged
+  assert up.steps == up.step == 2 and learner.c_steps[0] == 2  # the counters go on until merged
   _steps(learner, batches, 1)
   before = learner._read(0)
   one, send = _others(learner)

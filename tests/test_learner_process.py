@@ -126,13 +126,21 @@ def test_learners_whose_synchronizer_stays_away_save_say_what_and_deliver_after_
     c.start()
     # Learner 0 is the faster one (learner 1 reached 26 when it was at 50): kill at its step 25.
     wait_for(lambda: rows(0) and rows(0)[-1]["step"] >= 25 and rows(1), 120, "step 25")
+    at_kill = {m: rows(m)[-1]["step"] for m in (0, 1)}  # (as far as their logs had got)
     c.kill("sync")
     codes = c.wait(120)
     assert codes == {"sync": -9, "learner0": 75, "learner1": 75}, codes
     held, s_unreachable = {}, {}
     for m in (0, 1):
       s = _json(os.path.join(c.workdir, f"learner{m}", "summary.json"))
-      assert s["steps"] == 80 and not s["settled"] and s["unreachable_steps"] >= 40
+      # Most of what was left after the kill was trained unreachable (on a loaded machine learner 1
+      # may be either side of learner 0; its log, and noticing the outage, lag a few steps).
+      assert s["steps"] == 80 and not s["settled"], s
+      assert s["unreachable_steps"] >= (80 - at_kill[m]) // 2 > 0, (
+          m,
+          at_kill,
+          s["unreachable_steps"],
+      )
       # Every fragment fell due while it was away (H=8): all four are named, each with at
       # least the steps trained since the kill.
       assert sorted(s["undelivered_steps"]) == ["0", "1", "2", "3"], s["undelivered_steps"]

@@ -219,8 +219,10 @@ def test_trained_steps_over_a_learners_processes_by_hand():
       m, dict(step=step, start=start, session=session, finished=False)
   )
   beat(0, "a", 0, 10)
-  beat(0, "a", 0, 15)  # killed after step 15, no checkpoint: the next process starts at 0
-  beat(0, "b", 0, 60)
+  board.uploaded(0, "a", 15)  # killed after its upload of step 15, before a heartbeat said so;
+  board.uploaded(0, "a", 12)  # (an older upload arriving late changes nothing)
+  board.uploaded(0, "z", 40)  # (a process no heartbeat opened: where it started is not known)
+  beat(0, "b", 0, 60)  # the next process starts at 0: no checkpoint
   beat(1, "c", 0, 21)  # its synchronizer away from step 21; it trains to 80, saves, exits
   beat(1, "d", 80, 80)  # ... and is started again from that save
   beat(2, "e", 0, 30)

@@ -182,6 +182,7 @@ class Learner:
         sent_time=sent_time,
         step_time=step_time,
         base_generation=base_generation,
+        step=self.steps,
     )
     self.sent.setdefault(p, []).append(up)
     if self.delivery == "at_own_sync":  # its own sync point: the newest version, tau steps on

@@ -57,6 +57,9 @@ class Upload:
   step_time: float  # the learner's recent seconds per inner step
   base_generation: int = 0  # synchronizer generation of base_version
   checksum: int | None = None  # None: computed now, as the sender does
+  # The learner's inner steps when it sent this (-1: not said): how far a process trained, for
+  # one killed before its next heartbeat (the status board's trained steps).
+  step: int = -1
 
   def __post_init__(self):
     if self.checksum is None:

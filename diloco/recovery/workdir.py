@@ -29,6 +29,7 @@ from absl import logging
 CONFIG = "config.json"
 RUN_OUTPUTS = ("summary.json", "metrics.jsonl", "checkpoints")  # any one means a run was here
 MAX_LINES = 20  # differing keys listed in a refusal; the rest are counted
+HOLDER_WAITS = 40  # 50 ms reads of a hold file still empty before a refusal says so (2 s)
 _ABSENT = "(absent)"
 _MAX_VALUE_CHARS = 80
 
@@ -189,6 +190,11 @@ class Hold:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except BlockingIOError:
         holder = _read_holder(fd)
+        for _ in range(HOLDER_WAITS):  # the holder took the lock and is writing who it is
+          if holder:
+            break
+          time.sleep(0.05)
+          holder = _read_holder(fd)
         os.close(fd)
         raise WorkdirError(
             f"workdir {self.workdir} is in use by another run: {_describe(holder)}. Wait for it "

@@ -112,6 +112,15 @@ class StatusBoard:
         if not curve or curve[-1][1] != report.get("step"):
           curve.append((now, report.get("step"), float(report["loss"])))
 
+  def uploaded(self, learner: int, session: str, step: int) -> None:
+    """An upload of `learner`'s process `session` sent after inner step `step`: it trained that
+    far, though killed before a heartbeat said so (a session no heartbeat opened is left out:
+    where it started is not known)."""
+    with self._lock:
+      span = self._sessions.get(learner, {}).get(session)
+      if span is not None and step >= 0:
+        span[1] = max(span[1], step)
+
   # ---- the snapshot ----
 
   def snapshot(self) -> dict[str, Any]:

@@ -161,6 +161,7 @@ def watched_host(
       on_log=log,
       on_checkpoint=on_checkpoint,
       on_progress=board.report,
+      on_upload=board.uploaded,
   )
   board.host = host
   return host, board

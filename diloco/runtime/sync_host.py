@@ -51,12 +51,14 @@ class SyncHost:
       on_log: Callable[[dict], None] = lambda r: None,
       on_checkpoint: Callable[[Synchronizer], None] = lambda s: None,
       on_progress: Callable[[int, dict], None] = lambda m, report: None,
+      on_upload: Callable[[int, str, int], None] = lambda m, session, step: None,
       clock: Callable[[], float] = time.monotonic,
   ):
     self.sync, self.absent_after_s, self.max_learners = sync, absent_after_s, max_learners
     self.progress_per_s = progress_per_s
     self.on_log, self.on_checkpoint, self.clock = on_log, on_checkpoint, clock
     self.on_progress = on_progress  # what a heartbeat reports (the status page), under the lock
+    self.on_upload = on_upload  # (learner, session, its step) of each upload, under the lock
     self.t0 = clock()
     self.cond = threading.Condition()
     self.sessions: dict[int, str] = {}
@@ -176,6 +178,7 @@ class SyncHost:
       if up.learner != learner:
         raise self._refuse(Code.INVALID, f"upload names learner {up.learner}, sent by {learner}")
       now = self.now()
+      self.on_upload(learner, session, up.step)  # (trained, whatever the synchronizer decides)
       up = dataclasses.replace(up, time=now, sent_time=now if started is None else started)
       before = self.merges
       actions = self.sync.handle(up)
