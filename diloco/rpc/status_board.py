@@ -56,8 +56,9 @@ class StatusBoard:
   def trained_steps(self) -> dict[int, int]:
     """Learner -> inner steps trained over its processes (sessions, in the order they came):
     the furthest step any reached, plus the steps trained again by a process that started
-    behind that (restored from an older checkpoint, or from scratch). A process that reported
-    nothing, or died after its last heartbeat, is counted as far as it reported."""
+    behind that (restored from an older checkpoint, or from scratch). A process that died after
+    its last heartbeat is counted as far as its heartbeats and uploads (`uploaded`) showed; one
+    that reported nothing, not at all."""
     with self._lock:
       return {m: _trained(list(s.values())) for m, s in sorted(self._sessions.items())}
 
