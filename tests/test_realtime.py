@@ -48,6 +48,47 @@ class _Link:
     return self.sends
 
 
+class _JoinLink(_Link):
+  """Answers a Join with `sends` (queued before the Join returns, as the host does), once."""
+
+  def __init__(self, sends):
+    super().__init__(sends)
+    self.uploaded = []
+
+  def join(self, versions, generations):
+    pass
+
+  def poll(self, wait_s):
+    sends, self.sends = self.sends, []
+    return sends
+
+  def upload(self, up):
+    self.uploaded.append(up.fragment)
+
+
+@pytest.mark.parametrize("delivery, sent_again", [("rebase", []), ("replace", [3])])
+def test_a_rebasing_learner_reads_the_joins_answer_before_it_sends_again(delivery, sent_again):
+  # Its upload of fragment 3 on version 0 (8 steps) is unanswered; it holds version 1 (another
+  # learner's merge, kept on top under rebase). The synchronizer merged the upload into
+  # version 2 and restarted before sending it. The Join's answer, version 2, names the upload:
+  # under rebase it is read first, answers the upload, and nothing is sent again (a copy on
+  # version 1 is no duplicate of the base-0 upload: it would be merged, its 8 steps twice).
+  # Under replace the copy goes first, as before (an arrival would overwrite its progress).
+  learner = _Learner()
+  learner.delivery, learner.versions, learner.c_steps = delivery, [1] * 4, [8] * 4
+  learner.upload = lambda p, **_: protocol.Upload(0, p, 1, {}, 8, 64, 0.0, time.monotonic(), 0.0)
+  own = protocol.Send(0, 3, 2, values={"w": np.zeros(2, np.float32)}, own=(0, 0, 8))
+  link = _JoinLink([own])
+  loop = learner_loop._LearnerLoop(
+      learner, link, threading.Event(), heartbeat_s=1.0, max_backoff_s=1.0, rng=random.Random(0)
+  )
+  loop.machine.inflight[3] = 8
+  assert loop.ensure_joined()
+  assert link.uploaded == sent_again
+  loop.deliver(0.0)
+  assert learner.received == [own] and 3 not in loop.machine.inflight
+
+
 @pytest.mark.parametrize(
     "send, applied, dropped, joined",
     [

@@ -131,6 +131,13 @@ class _LearnerLoop:
     self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
     self.joins += 1
     self.machine.join_sent(self.last_beat)
+    if getattr(self.learner, "delivery", "replace") == "rebase":
+      # The Join's answer first (the host queued it before the Join returned): it may name an
+      # unanswered upload as merged (`Send.own`), whose copy computed afresh on a newer base
+      # would be merged again; and under rebase an arrival never drops progress.
+      self.deliver(0.0)
+      if not self.joined:
+        return False
     # What it holds unanswered goes now, before a merge can arrive and overwrite it (after a
     # resync too: some of it may never have left).
     self._decide(self.machine.joined_unseen())
