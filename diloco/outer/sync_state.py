@@ -99,7 +99,7 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
         residual={k: np.array(arrays[f"residual.{p}.{i}"]) for i, k in enumerate(paths)},
         version=int(arrays["versions"][i_p]),
         contributed={int(m): int(v) for m, v in meta["contributed"][i_p]},
-        merged={int(m): [int(a), int(b)] for m, a, b in _merged(meta, i_p)},
+        merged={int(m): [int(a), int(b)] for m, a, b in _kept(meta, "merged", i_p)},
         last_merged={int(m): tuple(int(x) for x in k) for m, *k in _kept(meta, "last_merged", i_p)},
         norms=[float(x) for x in meta["norms"][i_p]],
     )
@@ -108,11 +108,6 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
   sync.rms = [float(x) for x in meta["rms"]]
   sync.members = {int(m) for m in meta["members"]}
   sync.ema_step.value, sync.ema_quorum.value, sync.ema_sync.value = meta["ema"]
-
-
-def _merged(meta: Mapping[str, Any], i_p: int) -> list:
-  """The merged work of the i_p-th owned fragment ([] in a checkpoint from before it was kept)."""
-  return _kept(meta, "merged", i_p)
 
 
 def _kept(meta: Mapping[str, Any], key: str, i_p: int) -> list:
