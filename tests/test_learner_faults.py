@@ -49,14 +49,18 @@ def test_a_straggle_window_slows_the_learner_process_by_its_factor(tmp_path):
   2.5-4 s (its first merges' compiles), too few to measure its speed."""
   _cluster(tmp_path, 300, "straggle learner 1 at t=5s for 4s x3")
   events = read_jsonl(str(tmp_path / "learner1" / learner_faults.LOG_FILE))
-  assert [e["event"] for e in events] == ["straggle"] and events[0]["factor"] == 3.0
+  assert [e["event"] for e in events] == ["straggle", "straggle_end"], events
+  assert events[0]["factor"] == 3.0 and 9.0 <= events[1]["time"] < 10.0, events
   before, during, after = (_speed(tmp_path, 1, a, b) for a, b in ((2.5, 5), (5.1, 9), (9.1, 12)))
   # The window's steps also lose the cores to the other processes (and, under `pytest -n 2`, to
   # the other worker's tests), so the ratio overshoots 3 more than it undershoots: 4.24 in a quiet
   # CI run, 6.9 beside another worker (23.5 against 3.4 steps/s). The upper bound only catches a
   # stretch applied twice (9).
   assert 2.2 < before / during < 8.5, (before, during, after)
-  assert after / during > 2.2, (before, during, after)  # back to speed (learner 0 may be done)
+  # After the window the speed is the machine's: a CI run measured 24.2, 7.1 and only 14.2 steps/s
+  # (the other worker's tests took the cores), so the end is checked by its event above and its
+  # speed, unloaded, by the sleeping test below; here only that it is faster than the window's.
+  assert after > during, (before, during, after)
 
 
 def test_a_crash_ends_the_process_and_it_resumes_from_its_checkpoint(tmp_path):
@@ -100,24 +104,33 @@ def test_a_restarted_process_keeps_the_schedule_clock(tmp_path):
 def test_a_straggle_from_the_start_first_measures_the_learners_speed(tmp_path):
   """Straggling from its first step the learner has no speed of its own yet: it measures it over
   MEASURE_STEPS steps after the warm-up (here 20 ms sleeps stand in for the device), then runs at
-  a third of it; the fault is logged once, at its first step."""
+  a third of it until the window ends at 2 s, and at its own speed after; the start is logged at
+  its first step, the end at the first step after the window."""
   import time
 
   faults = learner_faults.ProcessFaults(
-      chaos.parse("straggle learner 0 at t=0s for 1000s x3"), 0, str(tmp_path)
+      chaos.parse("straggle learner 0 at t=0s for 2s x3"), 0, str(tmp_path)
   )
   faults.after_step(1)  # the first step starts the schedule's clock
+
+  def mean_step(first, n):
+    t0 = time.monotonic()
+    for step in range(first, first + n):
+      time.sleep(0.02)
+      faults.after_step(step)
+    return (time.monotonic() - t0) / n
+
   measured = learner_faults.WARMUP_STEPS + learner_faults.MEASURE_STEPS
-  t0 = time.monotonic()
-  for step in range(2, measured + 2):
-    time.sleep(0.02)
-    faults.after_step(step)
-  plain = (time.monotonic() - t0) / measured
-  t0 = time.monotonic()
-  for step in range(measured + 2, measured + 7):
-    time.sleep(0.02)
-    faults.after_step(step)
-  stretched = (time.monotonic() - t0) / 5
+  plain = mean_step(2, measured)  # about 0.3 s
+  stretched = mean_step(measured + 2, 5)  # about 0.3 s more
+  assert faults.clock.now() < 1.5, faults.clock.now()  # all inside the window
+  time.sleep(2.0 - faults.clock.now())
+  after = mean_step(measured + 7, 5)
   assert plain < 0.03 and 2.7 < stretched / plain < 3.3, (plain, stretched)
+  assert after < 0.03, (plain, stretched, after)
   events = read_jsonl(str(tmp_path / learner_faults.LOG_FILE))
-  assert [(e["event"], e["step"], e["factor"]) for e in events] == [("straggle", 1, 3.0)]
+  assert [(e["event"], e["step"]) for e in events] == [
+      ("straggle", 1),
+      ("straggle_end", measured + 7),
+  ]
+  assert events[0]["factor"] == 3.0

@@ -21,7 +21,8 @@ WORKDIR/chaos_clock.json so that a restarted process keeps the same clock; a fau
 
 sync_crash faults are not the learner's: they are refused here (the synchronizer process is
 killed and restarted from outside, see scripts/chaos_local.py). Every fault this process applies
-is appended to WORKDIR/chaos.jsonl.
+is appended to WORKDIR/chaos.jsonl, and the first unstretched step after a straggle as
+"straggle_end".
 """
 
 import json
@@ -141,6 +142,8 @@ class ProcessFaults:
     factor = self.clock.layer.stretch(self.m, self.clock.now())
     if factor > 1 and not self._straggling:
       self._log({"event": "straggle", "step": step, "factor": factor, "busy": self.busy})
+    elif factor == 1 and self._straggling:
+      self._log({"event": "straggle_end", "step": step})
     if self._last is not None and factor > 1 and self._measured >= MEASURE_STEPS:
       self._until(self._last + factor * self._mean)
     elif self._last is not None:  # not straggling, or its speed not measured yet
