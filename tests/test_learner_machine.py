@@ -169,6 +169,34 @@ def test_a_synchronizer_restart_resends_what_is_unanswered():
   assert machine.resend_due(1, None, now=1.0) == [lm.Upload(1)]
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_a_rebasing_learner_back_from_a_synchronizer_restart_resends_after_the_joins_answer(named):
+  # Fragment 0 uploaded at step 2 on version 0, then 2 more steps. The synchronizer restarts; its
+  # checkpoint may hold a merge of that upload whose send was lost. Under rebase a copy computed
+  # afresh on a newer base is no duplicate of it, so the machine joins and waits for the answer:
+  # one that names the upload as merged (`Send.own`) answers it, one that does not leaves it
+  # unanswered. Either way the fragment goes again now, with what the learner has beyond what
+  # was merged (`resend_due` sends it only if that is some progress).
+  held = Held(c_steps=[2, 2], steps=2, delivery="rebase")
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  assert machine.stepped([0]) == [lm.Upload(0)]
+  held.step(), held.step()
+  assert machine.sync_restarted() == [lm.Rejoin("sync_restart")]
+  assert machine.join_answered({0, 1}) == []  # the answer owes fragments 0 and 1
+  assert machine.arrived(_values(1, 3, gen=1)) == [lm.Apply(_values(1, 3, gen=1))]
+  answer = _update(0, 1, own=named)
+  assert machine.arrived(answer) == [lm.Apply(answer), lm.Resend(0, None)]
+  assert machine.undelivered() == ({} if named else {0: 4})
+
+
+def test_a_rebasing_learner_resends_at_once_when_the_join_is_answered_with_nothing():
+  held = Held(c_steps=[2, 2], steps=2, delivery="rebase")
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  machine.stepped([1])
+  assert machine.shard_restarted([1]) == [lm.Rejoin("shard_restart")]
+  assert machine.join_answered(set()) == [lm.Resend(1, None)]
+
+
 def test_a_real_time_join_resends_what_was_decided_while_the_synchronizer_was_away():
   # Issue 49, point 3: steps 1-3 uploaded fragment 0 (unanswered when the synchronizer died);
   # steps 4-6 ran unjoined and made fragment 1 due (decided, held). A Join to the restarted

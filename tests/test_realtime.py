@@ -28,6 +28,8 @@ class _Learner:
 
   def receive(self, send, rebase=False):
     self.received.append(send)
+    if send.own is not None and getattr(self, "delivery", "replace") == "rebase":
+      self.c_steps[send.fragment] -= send.own[2]  # the merged upload's steps leave the counter
 
 
 UPDATE = compression.encode_tree({"w": np.ones(2, np.float32)}, "fp32")
@@ -66,17 +68,27 @@ class _JoinLink(_Link):
     self.uploaded.append(up.fragment)
 
 
-@pytest.mark.parametrize("delivery, sent_again", [("rebase", []), ("replace", [3])])
-def test_a_rebasing_learner_reads_the_joins_answer_before_it_sends_again(delivery, sent_again):
+@pytest.mark.parametrize(
+    "delivery, trained_after, sent_again",
+    [("rebase", 0, []), ("rebase", 3, [3]), ("replace", 0, [3])],
+)
+def test_a_rebasing_learner_reads_the_joins_answer_before_it_sends_again(
+    delivery, trained_after, sent_again
+):
   # Its upload of fragment 3 on version 0 (8 steps) is unanswered; it holds version 1 (another
-  # learner's merge, kept on top under rebase). The synchronizer merged the upload into
-  # version 2 and restarted before sending it. The Join's answer, version 2, names the upload:
-  # under rebase it is read first, answers the upload, and nothing is sent again (a copy on
-  # version 1 is no duplicate of the base-0 upload: it would be merged, its 8 steps twice).
-  # Under replace the copy goes first, as before (an arrival would overwrite its progress).
+  # learner's merge, kept on top under rebase), and trained `trained_after` steps since. The
+  # synchronizer merged the upload into version 2 and restarted before sending it. The Join's
+  # answer, version 2, names the upload: under rebase it is read first and answers the upload;
+  # only the steps trained after it go again (a copy of all on version 1 is no duplicate of the
+  # base-0 upload: it would be merged, its 8 steps twice; and a learner that finished while
+  # away would never send those later steps). Under replace the copy goes first, as before (an
+  # arrival would overwrite its progress).
   learner = _Learner()
-  learner.delivery, learner.versions, learner.c_steps = delivery, [1] * 4, [8] * 4
-  learner.upload = lambda p, **_: protocol.Upload(0, p, 1, {}, 8, 64, 0.0, time.monotonic(), 0.0)
+  steps = 8 + trained_after
+  learner.delivery, learner.versions, learner.c_steps = delivery, [1] * 4, [steps] * 4
+  learner.upload = lambda p, **_: protocol.Upload(
+      0, p, 1, {}, learner.c_steps[p], 64, 0.0, time.monotonic(), 0.0
+  )
   own = protocol.Send(0, 3, 2, values={"w": np.zeros(2, np.float32)}, own=(0, 0, 8))
   link = _JoinLink([own])
   loop = learner_loop._LearnerLoop(
@@ -86,7 +98,9 @@ def test_a_rebasing_learner_reads_the_joins_answer_before_it_sends_again(deliver
   assert loop.ensure_joined()
   assert link.uploaded == sent_again
   loop.deliver(0.0)
-  assert learner.received == [own] and 3 not in loop.machine.inflight
+  # Unanswered after: only the rebasing learner's later steps (under replace the answer came
+  # after the copy, and answers it).
+  assert learner.received == [own] and (3 in loop.machine.inflight) == (trained_after > 0)
 
 
 @pytest.mark.parametrize(

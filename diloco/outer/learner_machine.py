@@ -162,13 +162,18 @@ class LearnerMachine:
     # Fragments whose upload on the version held was merged, the merge not received yet (a
     # copy sent again after a Join was refused as a duplicate): its arrival rebases.
     self.merged_unseen: set[int] = set()
+    # Rebasing, back from a synchronizer restart: its unanswered uploads wait for the Join's
+    # answer (`after_join`), which may name one as merged; `answering` is what the answer owes.
+    self.after_join: set[int] = set()
+    self.answering: set[int] | None = None
     self.skipped = 0  # due uploads not sent: the last one of that fragment was unanswered
     # What it decided, in order: ("upload", p, base version, step), ("apply", p, version, step)
     # and ("rejoin", why, step): two runtimes given the same events decide the same (`digest`).
     self.decisions: list[tuple] = []
 
   _STATE = ("inflight", "join_inflight", "last_join", "restoring", "awaiting", "resent")
-  _STATE += ("skipped", "decisions", "merged_unseen")
+  _STATE += ("skipped", "decisions", "merged_unseen", "after_join", "answering")
+  _NEWER = {"after_join": set(), "answering": None}  # absent from older snapshots
 
   def state(self) -> dict:
     """Its protocol state (not the learner it reads), for a snapshot of a virtual run."""
@@ -176,7 +181,7 @@ class LearnerMachine:
 
   def load_state(self, state: dict) -> None:
     for k in self._STATE:
-      setattr(self, k, copy.deepcopy(state[k]))
+      setattr(self, k, copy.deepcopy(state[k] if k in state else self._NEWER[k]))
 
   # ---- steps ----
 
@@ -211,7 +216,7 @@ class LearnerMachine:
     code = verdict(send, self.held, self.num_fragments)
     if code is not None:
       rejoin = self._resync() if code in REJOIN_ON_SEND else None
-      return [Drop(send, code)] + ([rejoin] if rejoin is not None else [])
+      return [Drop(send, code)] + ([rejoin] if rejoin is not None else []) + self._answered(send)
     p = send.fragment
     if self._delivery() == "replace" or send.includes_own or self.held.versions[p] < 0:
       self.inflight.pop(p, None)  # (under the other rules, its upload is still pending there)
@@ -230,7 +235,23 @@ class LearnerMachine:
       if not self.awaiting:
         self.awaiting = None
         out.append(Rejoined())
-    return out
+    return out + self._answered(send)
+
+  def _answered(self, send: protocol.Send) -> list[Decision]:
+    """The uploads held back for the Join's answer go once all of it has arrived: those it did
+    not name as merged, computed afresh."""
+    if self.answering is None:
+      return []
+    self.answering.discard(send.fragment)
+    return [] if self.answering else self._after_join()
+
+  def _after_join(self) -> list[Decision]:
+    """Every one held back, even one the answer named as merged: the progress trained after
+    that upload (kept under rebase) goes now, not with a next scheduled upload that may never
+    come (a learner that finished while the synchronizer was away). `resend_due` sends only
+    what has progress."""
+    held_back, self.after_join, self.answering = self.after_join, set(), None
+    return [Resend(p, None) for p in sorted(held_back)]
 
   def refused(self, refusal: protocol.Refused) -> list[Decision]:
     """The synchronizer refused an upload of this learner (its Refused action, or the code a
@@ -280,23 +301,29 @@ class LearnerMachine:
   def join_answered(self, sends_to_me: set[int]) -> list[Decision]:
     """The synchronizer took the Join; `sends_to_me` are the fragments it answered with."""
     self.join_inflight = False
+    out: list[Decision] = []
+    if self.after_join:
+      self.answering = set(sends_to_me)
+      if not self.answering:
+        out = self._after_join()
     if self.restoring:
       self.restoring, self.awaiting = False, set(sends_to_me)
       if not self.awaiting:
         self.awaiting = None
         return [Rejoined()]
-    return []
+    return out
 
-  def joined_unseen(self) -> list[Decision]:
+  def joined_unseen(self, answered: set[int] = frozenset()) -> list[Decision]:
     """A real-time Join went through. Such a learner cannot see whether the synchronizer still
     holds its unanswered uploads (one that restarted forgot them; the virtual clock knows,
     `sync_restarted`), nor those it decided on while the synchronizer was away, so it sends
     each again, computed afresh: a copy replaces one still pending there, and one already
     merged is refused as a duplicate (the learner then resyncs). Nothing it trained while
-    away waits for a next scheduled upload that another learner's merge may overwrite first.
-    """
+    away waits for a next scheduled upload that another learner's merge may overwrite first,
+    or that never comes. `answered`: those the Join's answer named as merged (read first,
+    under rebase), whose later progress goes too."""
     self.join_inflight = False
-    return [Resend(p, None) for p in sorted(self.inflight)]
+    return [Resend(p, None) for p in sorted(set(self.inflight) | set(answered))]
 
   def holding(self) -> None:
     """A learner restored with nothing left to train: the progress its checkpoint holds may
@@ -332,28 +359,39 @@ class LearnerMachine:
     """Back from a crash (its state restored or started over): nothing it sent is pending."""
     self.inflight.clear()
     self.merged_unseen.clear()
+    self.after_join, self.answering = set(), None
     self.join_inflight, self.restoring, self.awaiting = False, True, None
     return [self._rejoin("restored")]
 
   def crashed(self) -> None:
     self.inflight.clear()
     self.merged_unseen.clear()
+    self.after_join, self.answering = set(), None
     self.join_inflight, self.restoring, self.awaiting = False, False, None
 
   def sync_restarted(self) -> list[Decision]:
     """The synchronizer came back as a new generation: join it, and send again every upload
-    still unanswered, computed afresh."""
+    still unanswered, computed afresh (`_resend_after`)."""
     self.join_inflight = False
-    resend = [Resend(p, None) for p in sorted(self.inflight)]
-    return [self._rejoin("sync_restart")] + resend
+    return [self._rejoin("sync_restart")] + self._resend_after(sorted(self.inflight))
 
   def shard_restarted(self, fragments: list[int]) -> list[Decision]:
     """One synchronizer shard came back as a new generation: join (every shard; the others
     answer what changed), and send again the unanswered uploads of the fragments it owns."""
     self.join_inflight = False
-    resend = [Resend(p, None) for p in sorted(self.inflight) if p in fragments]
-    return [self._rejoin("shard_restart")] + resend
+    unanswered = [p for p in sorted(self.inflight) if p in fragments]
+    return [self._rejoin("shard_restart")] + self._resend_after(unanswered)
+
+  def _resend_after(self, fragments: list[int]) -> list[Decision]:
+    """At once, or under rebase after the Join's answer: it may name one of them as merged
+    (`Send.own`, a merge whose send the restart lost), and a copy computed afresh on a newer
+    base is no duplicate of that upload: it would be merged again."""
+    if self._delivery() != "rebase":
+      return [Resend(p, None) for p in fragments]
+    self.after_join, self.answering = self.after_join | set(fragments), None
+    return []
 
   def sync_lost(self) -> None:
     """The synchronizer went down: a Join on its way to it is lost."""
     self.join_inflight = False
+    self.answering = None  # (an answer on its way still lands; the next restart resends)

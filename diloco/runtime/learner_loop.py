@@ -131,6 +131,7 @@ class _LearnerLoop:
     self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
     self.joins += 1
     self.machine.join_sent(self.last_beat)
+    unanswered = set(self.machine.inflight)
     if getattr(self.learner, "delivery", "replace") == "rebase":
       # The Join's answer first (the host queued it before the Join returned): it may name an
       # unanswered upload as merged (`Send.own`), whose copy computed afresh on a newer base
@@ -139,8 +140,10 @@ class _LearnerLoop:
       if not self.joined:
         return False
     # What it holds unanswered goes now, before a merge can arrive and overwrite it (after a
-    # resync too: some of it may never have left).
-    self._decide(self.machine.joined_unseen())
+    # resync too: some of it may never have left), with what it trained after an upload the
+    # answer named as merged.
+    answered = unanswered - set(self.machine.inflight)
+    self._decide(self.machine.joined_unseen(answered))
     self._send(self.outbox)
     return self.joined  # (the sending may have found it gone again)
 
