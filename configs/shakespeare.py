@@ -223,8 +223,8 @@ def _outer() -> dict:
       optimizer=("nesterov", "outer optimizer: nesterov | sgd | delayed_nesterov"),
       lr=(
           Auto(0.4),
-          "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md; delivery=rebase wants "
-          "0.1 in the README main job)",
+          "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md; the Decoupled preset's "
+          "rebase: 0.1)",
       ),
       momentum=(0.9, "outer Nesterov momentum"),
       delayed_period=(4, "delayed_nesterov: momentum every N merges"),

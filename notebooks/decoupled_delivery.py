@@ -14,7 +14,8 @@
 # %% [markdown]
 # # Decoupled DiLoCo: where each learner's work goes, under each delivery rule
 #
-# With `outer.delivery=replace` (every preset's rule) every merged fragment replaces the learner's
+# With `outer.delivery=replace` (every preset's rule until this study; the Decoupled preset has
+# taken `rebase` since, by the table below) every merged fragment replaces the learner's
 # copy, so its progress since its own last upload is lost whenever another learner's merge
 # arrives first: in issue 32's heterogeneous runs only 15% of the trained learner-steps reached a
 # merge at K = 1. Two rules keep that work (`diloco/outer/learner.py`):
@@ -162,10 +163,10 @@ for budget in dv.BUDGETS:
 # one seed has no spread, so any difference counts there). Vision cells too are at the rate of
 # their lowest eval loss; for the ViT the loss kept falling to rates where accuracy had already
 # dropped, so its accuracies are at loss-optimal rates. BENCHMARKS.md, "Where each learner's work
-# goes", has the commands, which stages had run, the README main job under each rule, and why the
-# default stays `replace` though this table supports `rebase` (better at K = 1 with and without
-# grace on text, level or better on vision): after a synchronizer restart, rebase counted a
-# learner's merged steps twice in tests/test_grpc.py.
+# goes", has the commands, which stages had run, the README main job under each rule, and the
+# default this table set: `rebase` for the Decoupled preset (better than `replace` at K = 1 with
+# and without grace on text, level or better on vision; worse in the README main job's two
+# learners).
 
 # %% [markdown]
 # ## Radial-directional averaging where it can matter (point 4)

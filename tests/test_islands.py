@@ -271,9 +271,13 @@ def test_streaming_syncs_every_parameter_once_per_h_steps(runs):
 
 
 def test_after_a_sync_learners_hold_the_synchronizers_fragment_bitwise(runs):
-  """α=0: a received fragment overwrites the local one; with fp4 uplink and downlink too."""
-  for mode in ("diloco", "streaming", "decoupled"):
+  """α=0: a received fragment overwrites the local one under `outer.delivery=replace`; with fp4
+  uplink and downlink too. (Decoupled DiLoCo's preset rebases, keeping what a merge lacks:
+  tests/test_delivery.py works that by hand.)"""
+  assert runs["decoupled"].config.outer.delivery == "rebase"
+  for mode in ("diloco", "streaming"):
     run = runs[mode]
+    assert run.config.outer.delivery == "replace", mode
     assert len(run.receives) == 2 * run.summary["merges"], mode
     assert all(same for *_, same in run.receives), mode
 

@@ -6,7 +6,8 @@ A preset fills only keys that were not given explicitly (diloco/config/resolve.p
 holds what `runlocal` changes per mode on top. diloco/train.py maps each mode to its runner.
 
 Decoupled DiLoCo (paper defaults, reconstructed): P=24 balanced fragments, each synced every H=24
-steps, tau=2, quorum K=1, adaptive grace, token weights, RDA, fp4; learners never wait. Merges are
+steps, tau=2, quorum K=1, adaptive grace, token weights, RDA, fp4; learners never wait and keep
+the progress a merge they were not part of lacks (`outer.delivery=rebase`, outer lr 0.1). Merges are
 damped by staleness: learners in phase whose uploads of one base merge one by one (K=1, a grace
 window shorter than their spread) would otherwise add their outer gradients up. Outer gradients
 above 4x the recent median norm are clipped to it: after an outage of the synchronizer, learners
@@ -50,9 +51,11 @@ DECOUPLED = {
     "outer.blocking": False,
     "outer.staleness_damping": True,
     "outer.clip_factor": 4.0,
-    # Not yet `outer.delivery=rebase` at outer lr 0.1, which issue 51's table at the paper's
-    # setting supports: under a synchronizer restart rebase counts a learner's merged steps twice
-    # (tests/test_grpc.py, BENCHMARKS.md "Where each learner's work goes", "The default").
+    # issue 51's table at the paper's setting: rebase keeps each learner's work and beats replace
+    # at K=1 (with and without grace), text and vision; it wants a smaller outer rate (its best
+    # in the README main job: 0.1, where replace's is 0.4)
+    "outer.delivery": "rebase",
+    "outer.lr": 0.1,
 }
 MODES: dict[str, dict[str, Any]] = {
     "dp": {},  # one island, data-parallel SPMD over every local device; `outer` is unused
