@@ -1,0 +1,1 @@
+"""Prepared corpora: documents in, tokenized ArrayRecord shards and their manifest out."""

@@ -1,0 +1,141 @@
+"""The documents of a raw corpus: text files (a file is a document), JSON Lines (a named field of
+each line) and Parquet (a named column of each row), on any file system fsspec serves (local,
+gs://, s3://), cut into pieces that workers read on their own.
+
+A piece is a byte range of a JSON Lines file (a line belongs to the piece it starts in), a range
+of a Parquet file's row groups, or one whole text file. Pieces depend only on the files' sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator, Sequence
+
+import fsspec
+
+FORMATS = ("text", "jsonl", "parquet")
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+  """Part of one input file: bytes [start, end) of JSON Lines, row groups [start, end) of Parquet,
+  or the whole text file (0, size)."""
+
+  path: str  # as fsspec names it, with its protocol (gs://b/x.jsonl) or a local path
+  start: int
+  end: int
+  size: int  # bytes it covers (Parquet: its row groups' compressed bytes), for balancing
+
+
+def list_inputs(patterns: Sequence[str]) -> list[str]:
+  """The files the globs match, sorted, each once; ValueError naming a glob that matches none."""
+  found: dict[str, None] = {}
+  for pattern in patterns:
+    files = fsspec.open_files(pattern, mode="rb")
+    paths = [f.full_name for f in files if not f.fs.isdir(f.path)]
+    if not paths:
+      raise ValueError(f"input {pattern!r} matches no files")
+    found.update(dict.fromkeys(sorted(paths)))
+  return list(found)
+
+
+def pieces(paths: Sequence[str], fmt: str, target_bytes: int) -> list[Piece]:
+  """Each file cut into pieces of about `target_bytes` (text files stay whole)."""
+  if fmt not in FORMATS:
+    raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+  out = []
+  for path in paths:
+    fs, local = fsspec.core.url_to_fs(path)
+    size = int(fs.size(local))
+    if fmt == "text":
+      out.append(Piece(path, 0, size, size))
+    elif fmt == "jsonl":
+      n = max(1, math.ceil(size / max(target_bytes, 1)))
+      bounds = [size * i // n for i in range(n + 1)]
+      out += [Piece(path, a, b, b - a) for a, b in zip(bounds, bounds[1:]) if b > a]
+    else:
+      out += _parquet_pieces(path, fs, local, target_bytes)
+  return out
+
+
+def _parquet_pieces(path, fs, local, target_bytes) -> list[Piece]:
+  import pyarrow.parquet as pq  # (only Parquet needs it)
+
+  try:
+    with fs.open(local, "rb") as f:
+      meta = pq.ParquetFile(f).metadata
+  except Exception as e:  # pyarrow raises its own ArrowInvalid on a file that is not Parquet
+    raise ValueError(f"{path}: not a readable Parquet file: {e}") from e
+  out, start, size = [], 0, 0
+  for g in range(meta.num_row_groups):
+    size += meta.row_group(g).total_byte_size
+    if size >= target_bytes or g == meta.num_row_groups - 1:
+      out.append(Piece(path, start, g + 1, size))
+      start, size = g + 1, 0
+  return out
+
+
+def read(piece: Piece, fmt: str, field: str = "text") -> Iterator[tuple[str, str]]:
+  """(name, text) of every document of the piece, in file order. A name says where the document
+  is: `path` (text), `path@offset` (JSON Lines), `path#row` (Parquet, the file's row index)."""
+  fs, local = fsspec.core.url_to_fs(piece.path)
+  if fmt == "text":
+    data = fs.cat_file(local)
+    try:
+      yield piece.path, data.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{piece.path}: not UTF-8 text ({e})") from e
+  elif fmt == "jsonl":
+    yield from _jsonl(piece, fs, local, field)
+  elif fmt == "parquet":
+    yield from _parquet(piece, fs, local, field)
+  else:
+    raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+
+
+def _jsonl(piece: Piece, fs, local: str, field: str) -> Iterator[tuple[str, str]]:
+  with fs.open(local, "rb") as f:
+    pos = piece.start
+    if pos > 0:  # the line that started before the piece is the previous piece's
+      f.seek(pos - 1)
+      pos += len(f.readline()) - 1
+    while pos < piece.end:
+      line = f.readline()
+      if not line:
+        break
+      where = f"{piece.path}@{pos}"
+      pos += len(line)
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not a JSON line ({e.msg})") from e
+      text = record.get(field) if isinstance(record, dict) else None
+      if not isinstance(text, str):
+        raise ValueError(f"{where}: no string field {field!r} (keys: {_keys(record)})")
+      yield where, text
+
+
+def _keys(record) -> str:
+  return ", ".join(sorted(record)[:8]) if isinstance(record, dict) else type(record).__name__
+
+
+def _parquet(piece: Piece, fs, local: str, field: str) -> Iterator[tuple[str, str]]:
+  import pyarrow.parquet as pq
+
+  with fs.open(local, "rb") as f:
+    pf = pq.ParquetFile(f)
+    if field not in pf.schema_arrow.names:
+      raise ValueError(
+          f"{piece.path}: no column {field!r} (columns: {', '.join(pf.schema_arrow.names[:8])})"
+      )
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(piece.start))
+    for g in range(piece.start, piece.end):
+      for text in pf.read_row_group(g, columns=[field]).column(0).to_pylist():
+        if not isinstance(text, str):
+          raise ValueError(f"{piece.path}#{row}: column {field!r} is {type(text).__name__}")
+        yield f"{piece.path}#{row}", text
+        row += 1

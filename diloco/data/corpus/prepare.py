@@ -1,0 +1,216 @@
+"""Prepares a corpus: raw documents in (text, JSON Lines, Parquet), ArrayRecord shards of token ids
+out, with their manifest (diloco/data/corpus/manifest.py). `python -m experiments.prepare` runs it.
+
+- The inputs are cut into pieces (documents.py) and the pieces dealt to shards balanced by size
+  (`shards.balanced_assignment`), so the plan depends only on the files, the format and the shard
+  count. It is written first (OUTPUT/plan.json) and a resumed preparation must find the same one.
+- Workers (processes) each write whole shards: to a local temporary file, then moved to OUTPUT
+  (a rename, or one upload to a bucket), then a marker `<shard>.done` with its counts and sha256.
+  A shard without its marker is written again; one with it is skipped.
+- The manifest is written last: a preparation killed half way leaves none, and training refuses a
+  directory without one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import tqdm
+from array_record.python import array_record_module
+
+from diloco.data import shards as shards_lib
+from diloco.data.corpus import documents, files, manifest as manifest_lib, tokenizer_files
+
+PLAN = "plan.json"
+PIECES_PER_SHARD = 4  # pieces are cut this much finer than shards, to balance them
+BATCH = 256  # documents tokenized at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """What to prepare: every field but `workers` is part of the plan a resume must match."""
+
+  inputs: tuple[str, ...]
+  fmt: str
+  tokenizer: str
+  output: str
+  shards: int
+  field: str = "text"
+  eod_token: str | None = None
+
+
+def plan(spec: Spec) -> list[list[documents.Piece]]:
+  """The pieces of each shard."""
+  if spec.shards < 1:
+    raise ValueError(f"shards must be >= 1, got {spec.shards}")
+  paths = documents.list_inputs(spec.inputs)
+  total = sum(files.size(p) for p in paths)
+  target = max(1, total // (spec.shards * PIECES_PER_SHARD))
+  pieces = documents.pieces(paths, spec.fmt, target)
+  if len(pieces) < spec.shards:
+    raise ValueError(
+        f"the inputs make {len(pieces)} pieces ({len(paths)} files of {spec.fmt}), too few for "
+        f"{spec.shards} shards: ask for at most {len(pieces)}"
+    )
+  groups = shards_lib.balanced_assignment([p.size for p in pieces], spec.shards)
+  return [[pieces[i] for i in g] for g in groups]
+
+
+def _plan_record(spec: Spec, tok: tokenizer_files.PretrainedTokenizer, groups) -> dict:
+  return {
+      "inputs": list(spec.inputs),
+      "format": spec.fmt,
+      "field": spec.field,
+      "tokenizer_sha256": tok.sha256,
+      "eod_id": tok.eod_id,
+      "shards": [[dataclasses.asdict(p) for p in g] for g in groups],
+  }
+
+
+def _claim(spec: Spec, record: dict) -> None:
+  """Writes the plan, or checks that the one there is the same (a resume)."""
+  path = files.join(spec.output, PLAN)
+  if files.exists(files.join(spec.output, manifest_lib.NAME)) and not files.exists(path):
+    raise ValueError(f"{spec.output} holds a corpus this command did not prepare; use another")
+  if not files.exists(path):
+    files.put_bytes(path, json.dumps(record, indent=1).encode())
+    return
+  have = json.loads(files.read_bytes(path))
+  differ = [k for k in record if have.get(k) != record[k]]
+  if differ:
+    raise ValueError(
+        f"{path}: {spec.output} holds a preparation of something else (its {', '.join(differ)} "
+        "differ); resume it with the same arguments, or prepare into a new directory"
+    )
+
+
+def prepare(spec: Spec, workers: int = 1, progress: bool = True) -> manifest_lib.Manifest:
+  """Prepares (or resumes preparing) `spec.output`; returns its manifest."""
+  tok = tokenizer_files.load(spec.tokenizer, spec.eod_token)
+  groups = plan(spec)
+  _claim(spec, _plan_record(spec, tok, groups))
+  n = len(groups)
+  shards: list[manifest_lib.Shard | None] = [_done(spec.output, i, n) for i in range(n)]
+  todo = [i for i in range(n) if shards[i] is None]
+  bar = tqdm.tqdm(total=n, initial=n - len(todo), unit="shard", disable=not progress)
+  jobs = [(spec, i, n, groups[i]) for i in todo]
+  with bar, _pool(workers) as pool:
+    for shard in pool.map(_write_shard, jobs) if pool else map(_write_shard, jobs):
+      shards[int(shard.name[6:11])] = shard
+      bar.update(1)
+      bar.set_postfix(tokens=sum(s.tokens for s in shards if s))
+  m = manifest_lib.Manifest(
+      tok.describe(),
+      tok.vocab_size,
+      tok.eod_id,
+      manifest_lib.dtype_for(tok.vocab_size),
+      tuple(shards),
+      {"inputs": list(spec.inputs), "format": spec.fmt, "field": spec.field},
+  )
+  manifest_lib.write(spec.output, m)
+  return m
+
+
+def _pool(workers: int):
+  if workers <= 1:
+    return _NoPool()
+  # spawn: the parent may hold JAX's threads, which a fork would copy in a broken state
+  context = multiprocessing.get_context("spawn")
+  return concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+
+
+class _NoPool:
+
+  def __enter__(self):
+    return None
+
+  def __exit__(self, *exc):
+    return False
+
+
+def _done(output: str, index: int, count: int) -> manifest_lib.Shard | None:
+  """The shard's record if it was written whole (its marker there, its size as recorded)."""
+  name = manifest_lib.shard_name(index, count)
+  marker = files.join(output, name + ".done")
+  if not files.exists(marker):
+    return None
+  shard = manifest_lib.Shard(**json.loads(files.read_bytes(marker)))
+  path = files.join(output, name)
+  return shard if files.exists(path) and files.size(path) == shard.bytes else None
+
+
+_TOKENIZER: dict[tuple, tokenizer_files.PretrainedTokenizer] = {}  # one load per worker process
+
+
+def _write_shard(job) -> manifest_lib.Shard:
+  spec, index, count, pieces = job
+  key = (spec.tokenizer, spec.eod_token)
+  if key not in _TOKENIZER:
+    _TOKENIZER[key] = tokenizer_files.load(*key)
+  tok = _TOKENIZER[key]
+  dtype = np.dtype(manifest_lib.dtype_for(tok.vocab_size))
+  name = manifest_lib.shard_name(index, count)
+  fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp")
+  os.close(fd)
+  writer = array_record_module.ArrayRecordWriter(tmp, manifest_lib.ARRAY_RECORD_OPTIONS)
+  docs = tokens = 0
+  max_id = -1
+  try:
+    for ids in _token_docs(tok, pieces, spec):
+      writer.write(ids.astype(dtype).tobytes())
+      docs, tokens, max_id = docs + 1, tokens + len(ids), max(max_id, int(ids.max()))
+  finally:
+    writer.close()
+  if docs == 0:
+    os.remove(tmp)
+    raise ValueError(
+        f"shard {name} got no documents from {pieces[0].path} and the rest: fewer shards"
+    )
+  with open(tmp, "rb") as f:
+    sha = hashlib.file_digest(f, "sha256").hexdigest()
+  shard = manifest_lib.Shard(name, docs, tokens, os.path.getsize(tmp), sha, max_id)
+  files.put_file(tmp, files.join(spec.output, name))
+  files.put_bytes(
+      files.join(spec.output, name + ".done"), json.dumps(dataclasses.asdict(shard)).encode()
+  )
+  return shard
+
+
+def _token_docs(tok, pieces: Sequence[documents.Piece], spec: Spec) -> Iterator[np.ndarray]:
+  """Token ids of every non-empty document of the pieces, in order."""
+  batch: list[str] = []
+  for piece in pieces:
+    for _, text in documents.read(piece, spec.fmt, spec.field):
+      batch.append(text)
+      if len(batch) == BATCH:
+        yield from (ids for ids in tok.encode_batch(batch) if len(ids))
+        batch = []
+  if batch:
+    yield from (ids for ids in tok.encode_batch(batch) if len(ids))
+
+
+def sample_texts(inputs: Sequence[str], fmt: str, field: str, max_bytes: int) -> Iterator[str]:
+  """Documents for training a tokenizer: taken in turn from every file's pieces until
+  `max_bytes` of text, so a sample of a large corpus is spread over its files."""
+  paths = documents.list_inputs(inputs)
+  pieces = documents.pieces(paths, fmt, max(1, max_bytes // max(1, 4 * len(paths))))
+  readers = [documents.read(p, fmt, field) for p in pieces]
+  seen = 0
+  while readers and seen < max_bytes:
+    for reader in list(readers):
+      doc = next(reader, None)
+      if doc is None:
+        readers.remove(reader)
+        continue
+      seen += len(doc[1])
+      yield doc[1]
+      if seen >= max_bytes:
+        return
