@@ -215,6 +215,32 @@ def test_a_real_time_join_resends_what_was_decided_while_the_synchronizer_was_aw
   assert machine.undelivered() == {1: 6}
 
 
+@pytest.mark.parametrize("answer", ["merged", "duplicate", "stale"])
+def test_a_rebasing_learners_join_sends_its_unanswered_uploads_as_they_were(answer):
+  # Fragment 0's upload is unanswered at a Join: it goes again as it was (`as_sent`), and what
+  # was trained after it waits for the merge that names it. Refused as a duplicate (it was
+  # merged), the learner resyncs and still waits for that merge; refused for another reason
+  # (not merged), all of its progress goes at once, computed afresh.
+  held = Held(c_steps=[3, 3], steps=3, delivery="rebase")
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  machine.stepped([0])
+  resends = [lm.Resend(0, None, as_sent=True), lm.Resend(1, None)]
+  assert machine.joined_unseen(answered={1}) == resends
+  assert machine.resend_due(0, None, now=7.0, as_sent=True) == [lm.Upload(0)]
+  if answer == "stale":
+    assert machine.refused(_refused(0, Code.STALE, 7.0)) == [lm.Resend(0, None)]
+    return
+  merge = _update(0, 1, own=True)
+  if answer == "duplicate":  # (on the version held: the merge rebases, and the rest goes)
+    assert machine.refused(_refused(0, Code.DUPLICATE, 7.0)) == [lm.Rejoin("refused")]
+    assert machine.arrived(merge) == [lm.Apply(merge, rebase=True), lm.Resend(0, (0, 1))]
+  else:
+    assert machine.arrived(merge) == [lm.Apply(merge), lm.Resend(0, None)]
+  held.apply(merge)
+  later = _update(0, 2, own=True)
+  assert machine.arrived(later) == [lm.Apply(later)]  # once only
+
+
 def test_a_duplicate_on_the_version_held_rebases_the_arrival_and_resends_the_rest():
   # Its upload of fragment 0 on (0, 0) was merged and the synchronizer died before the answer
   # came; the copy sent after the Join is refused as a duplicate of that base. The merged

@@ -103,6 +103,28 @@ def test_a_rebasing_learner_reads_the_joins_answer_before_it_sends_again(
   assert learner.received == [own] and (3 in loop.machine.inflight) == (trained_after > 0)
 
 
+def test_a_rebasing_learner_rejoining_sends_its_pending_upload_as_it_was():
+  # Its upload of fragment 3 on version 1 (8 steps) is pending; another learner's merge, version
+  # 2, arrived since (kept on top under rebase), then a refusal made it join again. The Join
+  # sends the pending upload as it was, on version 1 with a new time: a copy computed afresh on
+  # version 2 would be no duplicate, and the synchronizer merged the upload since (a gRPC run
+  # counted those 62 steps twice that way). Under replace version 2 would have answered it.
+  learner = _Learner()
+  learner.delivery, learner.versions, learner.c_steps = "rebase", [2] * 4, [8] * 4
+  pending = protocol.Upload(0, 3, 1, {}, 8, 64, 0.0, 5.0, 0.0)
+  learner.sent_again = lambda p, now: dataclasses.replace(pending, sent_time=now)
+  learner.upload = lambda p, **_: pytest.fail("computed afresh")
+  link = _JoinLink([])
+  link.upload = lambda up: link.uploaded.append(up)
+  loop = learner_loop._LearnerLoop(
+      learner, link, threading.Event(), heartbeat_s=1.0, max_backoff_s=1.0, rng=random.Random(0)
+  )
+  loop.machine.inflight[3] = 8
+  assert loop.ensure_joined()
+  (again,) = link.uploaded
+  assert (again.base_version, again.steps) == (1, 8) and again.sent_time > 5.0
+
+
 @pytest.mark.parametrize(
     "send, applied, dropped, joined",
     [

@@ -203,6 +203,17 @@ class Learner:
     if self.own_merged[p] and 0 <= self.adopt_at[p] <= self.steps:
       self._replace(p, self.global_copy[p])
 
+  def sent_again(self, p: int, sent_time: float) -> Upload | None:
+    """The last upload of p sent and not answered, as it was, stamped `sent_time` (a refusal of
+    the copy leaves the original pending); None if there is none, or if it was made against the
+    version held now (then a copy computed afresh, on the same base, carries more and is as
+    safe: a duplicate if the upload was merged, its replacement if it is pending)."""
+    if not self.sent.get(p) or self.sent[p][-1].key[:2] == (self.generations[p], self.versions[p]):
+      return None
+    copy = dataclasses.replace(self.sent[p][-1], sent_time=sent_time)
+    self.sent[p].append(copy)
+    return copy
+
   def not_merged(self, p: int, sent_time: float | None) -> None:
     """The upload of fragment p made at `sent_time` was not merged: refused, or never sent."""
     self.sent[p] = [u for u in self.sent.get(p, []) if u.sent_time != sent_time]

@@ -102,10 +102,12 @@ class Rejoin:
 
 @dataclasses.dataclass(frozen=True)
 class Resend:
-  """Upload `fragment` again soon, computed afresh, if the version held is still `base`."""
+  """Upload `fragment` again soon, computed afresh, if the version held is still `base`; with
+  `as_sent`, the unanswered upload itself where the runtime still has it (`joined_unseen`)."""
 
   fragment: int
   base: tuple[int, int]  # (generation, version) the refused upload was built on
+  as_sent: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,14 +168,17 @@ class LearnerMachine:
     # answer (`after_join`), which may name one as merged; `answering` is what the answer owes.
     self.after_join: set[int] = set()
     self.answering: set[int] | None = None
+    # Rebasing: fragments whose unanswered upload went again as it was (`joined_unseen`); what
+    # was trained after it goes once a merge names it (`arrived`), or afresh if it is refused.
+    self.as_sent: dict[int, float] = {}  # fragment -> when the copy went
     self.skipped = 0  # due uploads not sent: the last one of that fragment was unanswered
     # What it decided, in order: ("upload", p, base version, step), ("apply", p, version, step)
     # and ("rejoin", why, step): two runtimes given the same events decide the same (`digest`).
     self.decisions: list[tuple] = []
 
   _STATE = ("inflight", "join_inflight", "last_join", "restoring", "awaiting", "resent")
-  _STATE += ("skipped", "decisions", "merged_unseen", "after_join", "answering")
-  _NEWER = {"after_join": set(), "answering": None}  # absent from older snapshots
+  _STATE += ("skipped", "decisions", "merged_unseen", "after_join", "answering", "as_sent")
+  _NEWER = {"after_join": set(), "answering": None, "as_sent": {}}  # absent from older snapshots
 
   def state(self) -> dict:
     """Its protocol state (not the learner it reads), for a snapshot of a virtual run."""
@@ -228,8 +233,11 @@ class LearnerMachine:
       out.append(Resend(p, (send.generation, send.version)))
     elif p in self.merged_unseen:  # what it trained after its merged upload goes again
       self.merged_unseen.discard(p)
+      self.as_sent.pop(p, None)
       self.decisions.append(("rebase", p, send.version, self.held.steps))
       out = [Apply(send, rebase=True), Resend(p, (send.generation, send.version))]
+    elif send.includes_own and self.as_sent.pop(p, None) is not None:
+      out.append(Resend(p, None))  # what it trained after the upload it sent again as it was
     if self.awaiting is not None:
       self.awaiting.discard(send.fragment)
       if not self.awaiting:
@@ -260,6 +268,10 @@ class LearnerMachine:
     self.inflight.pop(p, None)
     out: list[Decision] = []
     sent = refusal.sent_time
+    copy = sent is not None and self.as_sent.get(p) == sent  # of an unanswered upload
+    if copy and refusal.code is not Code.DUPLICATE:  # not merged: all of it goes, afresh
+      del self.as_sent[p]
+      return [Resend(p, None)]
     base = (refusal.base_generation, refusal.base_version)
     held = (self.held.generations[p], self.held.versions[p])
     if refusal.code is Code.DUPLICATE and base == held and self._delivery() != "at_own_sync":
@@ -270,7 +282,9 @@ class LearnerMachine:
       out.append(Resend(p, (refusal.base_generation, refusal.base_version)))
     return [d for d in out if d is not None]
 
-  def resend_due(self, p: int, base: tuple[int, int] | None, now: float) -> list[Upload]:
+  def resend_due(
+      self, p: int, base: tuple[int, int] | None, now: float, as_sent: bool = False
+  ) -> list[Upload]:
     """Time to send fragment p again (after a refusal, a dropped send, a synchronizer restart):
     only if the version held is still `base` (None: any) and there is progress to send;
     otherwise its round is over and the next scheduled upload carries the progress. An upload
@@ -280,6 +294,8 @@ class LearnerMachine:
     if same and held.c_steps[p] > 0 and held.versions[p] >= 0:
       self.inflight.setdefault(p, held.steps)
       self.resent.add((p, now))
+      if as_sent:
+        self.as_sent[p] = now
       return [Upload(p)]
     self.inflight.pop(p, None)
     return []
@@ -321,9 +337,16 @@ class LearnerMachine:
     merged is refused as a duplicate (the learner then resyncs). Nothing it trained while
     away waits for a next scheduled upload that another learner's merge may overwrite first,
     or that never comes. `answered`: those the Join's answer named as merged (read first,
-    under rebase), whose later progress goes too."""
+    under rebase), whose later progress goes too.
+
+    Under rebase an unanswered upload goes again as it was sent (`as_sent`): others' merges
+    may have moved the version held since, and a copy computed afresh on that newer base is no
+    duplicate of the upload, which the synchronizer may still hold or have merged since the
+    answer was read (the Join may be a resync, not a restart): both would be merged."""
     self.join_inflight = False
-    return [Resend(p, None) for p in sorted(set(self.inflight) | set(answered))]
+    rebase = self._delivery() == "rebase"
+    out = [Resend(p, None, as_sent=rebase) for p in sorted(self.inflight)]
+    return out + [Resend(p, None) for p in sorted(set(answered) - set(self.inflight))]
 
   def holding(self) -> None:
     """A learner restored with nothing left to train: the progress its checkpoint holds may
@@ -359,14 +382,14 @@ class LearnerMachine:
     """Back from a crash (its state restored or started over): nothing it sent is pending."""
     self.inflight.clear()
     self.merged_unseen.clear()
-    self.after_join, self.answering = set(), None
+    self.after_join, self.answering, self.as_sent = set(), None, {}
     self.join_inflight, self.restoring, self.awaiting = False, True, None
     return [self._rejoin("restored")]
 
   def crashed(self) -> None:
     self.inflight.clear()
     self.merged_unseen.clear()
-    self.after_join, self.answering = set(), None
+    self.after_join, self.answering, self.as_sent = set(), None, {}
     self.join_inflight, self.restoring, self.awaiting = False, False, None
 
   def sync_restarted(self) -> list[Decision]:

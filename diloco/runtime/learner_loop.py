@@ -170,8 +170,10 @@ class _LearnerLoop:
       elif isinstance(d, learner_machine.Rejoin):
         self.joined = False  # messages were lost, or the base refused: join again
       elif isinstance(d, learner_machine.Resend):
-        for up in self.machine.resend_due(d.fragment, d.base, time.monotonic()):
-          self.outbox.append(self._upload(up.fragment, self.step_time))
+        now = time.monotonic()
+        for up in self.machine.resend_due(d.fragment, d.base, now, as_sent=d.as_sent):
+          copy = self.learner.sent_again(up.fragment, now) if d.as_sent else None
+          self.outbox.append(copy or self._upload(up.fragment, self.step_time))
 
   def beat(self, finished: bool = False) -> bool:
     try:
