@@ -65,6 +65,7 @@ def test_a_jsonl_corpus_becomes_shards_that_hold_every_document_once(tmp_path, b
   # Byte-level BPE is lossless: each record decodes to one input document, each exactly once.
   assert sorted(bpe.decode(d) for d in docs) == sorted(texts)
   assert m.tokens == sum(len(d) for d in docs) == sum(len(bpe.encode(t)) for t in texts)
+  assert sum(s.text_bytes for s in m.shards) == sum(len(t.encode()) for t in texts)
   assert max(int(d.max()) for d in docs) == max(s.max_id for s in m.shards) < m.vocab_size
   assert manifest_lib.read(spec.output) == m
   manifest_lib.check(spec.output, m, vocab_size=bpe.vocab_size)

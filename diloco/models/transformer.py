@@ -315,7 +315,7 @@ class Transformer(nnx.Module):
     """What training minimises, and its parts as metrics (`loss`: the cross entropy; with
     `z_loss` > 0, `z_loss`: the unweighted output z-loss, added times model.z_loss)."""
     logits_BxLxV, aux = self.forward(*_inputs(batch))
-    loss = cross_entropy(logits_BxLxV, batch["targets_BxL"])
+    loss = cross_entropy(logits_BxLxV, batch["targets_BxL"], batch.get("targets_mask_BxL"))
     total = with_aux_losses(self.cfg, loss, aux)
     if not self.cfg.z_loss:
       return total, {"loss": loss, **aux}
@@ -339,9 +339,16 @@ def token_nll(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
   return -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
 
 
-def cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
-  """Mean cross entropy in nats of integer targets (any leading shape)."""
-  return jnp.mean(token_nll(logits_BxLxV, targets_BxL))
+def cross_entropy(
+    logits_BxLxV: jax.Array, targets_BxL: jax.Array, mask_BxL: jax.Array | None = None
+) -> jax.Array:
+  """Mean cross entropy in nats of integer targets (any leading shape); with a mask, over the
+  targets it keeps (packed documents: none across a join)."""
+  nll_BxL = token_nll(logits_BxLxV, targets_BxL)
+  if mask_BxL is None:
+    return jnp.mean(nll_BxL)
+  mask_BxL = mask_BxL.astype(nll_BxL.dtype)
+  return jnp.sum(nll_BxL * mask_BxL) / jnp.maximum(jnp.sum(mask_BxL), 1.0)
 
 
 def output_z_loss(logits_BxLxV: jax.Array) -> jax.Array:

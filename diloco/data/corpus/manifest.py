@@ -35,6 +35,7 @@ class Shard:
   bytes: int
   sha256: str
   max_id: int  # the largest id it holds (-1: none)
+  text_bytes: int = 0  # UTF-8 bytes of its documents' text (bits per byte = loss / bytes per token)
 
 
 @dataclasses.dataclass(frozen=True)

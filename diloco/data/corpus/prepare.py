@@ -161,12 +161,13 @@ def _write_shard(job) -> manifest_lib.Shard:
   fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp")
   os.close(fd)
   writer = array_record_module.ArrayRecordWriter(tmp, manifest_lib.ARRAY_RECORD_OPTIONS)
-  docs = tokens = 0
+  docs = tokens = text_bytes = 0
   max_id = -1
   try:
-    for ids in _token_docs(tok, pieces, spec):
+    for ids, nbytes in _token_docs(tok, pieces, spec):
       writer.write(ids.astype(dtype).tobytes())
       docs, tokens, max_id = docs + 1, tokens + len(ids), max(max_id, int(ids.max()))
+      text_bytes += nbytes
   finally:
     writer.close()
   if docs == 0:
@@ -176,7 +177,7 @@ def _write_shard(job) -> manifest_lib.Shard:
     )
   with open(tmp, "rb") as f:
     sha = hashlib.file_digest(f, "sha256").hexdigest()
-  shard = manifest_lib.Shard(name, docs, tokens, os.path.getsize(tmp), sha, max_id)
+  shard = manifest_lib.Shard(name, docs, tokens, os.path.getsize(tmp), sha, max_id, text_bytes)
   files.put_file(tmp, files.join(spec.output, name))
   files.put_bytes(
       files.join(spec.output, name + ".done"), json.dumps(dataclasses.asdict(shard)).encode()
@@ -184,17 +185,22 @@ def _write_shard(job) -> manifest_lib.Shard:
   return shard
 
 
-def _token_docs(tok, pieces: Sequence[documents.Piece], spec: Spec) -> Iterator[np.ndarray]:
-  """Token ids of every non-empty document of the pieces, in order."""
+def _token_docs(tok, pieces: Sequence[documents.Piece], spec: Spec) -> Iterator[tuple]:
+  """(token ids, UTF-8 bytes) of every non-empty document of the pieces, in order."""
   batch: list[str] = []
   for piece in pieces:
     for _, text in documents.read(piece, spec.fmt, spec.field):
       batch.append(text)
       if len(batch) == BATCH:
-        yield from (ids for ids in tok.encode_batch(batch) if len(ids))
+        yield from _encoded(tok, batch)
         batch = []
-  if batch:
-    yield from (ids for ids in tok.encode_batch(batch) if len(ids))
+  yield from _encoded(tok, batch)
+
+
+def _encoded(tok, texts: list[str]) -> Iterator[tuple]:
+  for ids, text in zip(tok.encode_batch(texts) if texts else [], texts):
+    if len(ids):
+      yield ids, len(text.encode("utf-8"))
 
 
 def sample_texts(inputs: Sequence[str], fmt: str, field: str, max_bytes: int) -> Iterator[str]:

@@ -1,0 +1,131 @@
+"""Training batches streamed from a prepared corpus (manifest.py), one reader per process.
+
+Reader r of R reads only the shards `assign` deals it (round robin; R = learners x processes per
+learner, r = learner x processes + process), whole shards, so a reader of a bucket fetches only
+its own (`local_shards`). Its documents are shuffled with its own seed, a new order each epoch,
+each followed by the end-of-document id, concatenated and split into sequences of seq_len + 1
+tokens (grain's ConcatThenSplitIterDataset), with the segment id (1, 2, ... per sequence) and the
+position in its document of every token. Across a join the loss is not taken: the
+end-of-document token predicts nothing (`targets_mask_BxL` is 0 where the target lies in another
+document than its input). Ids are checked against the vocabulary as each record is read (a bad
+one names its shard and record). The reader's position is grain iterator state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+
+import grain
+import numpy as np
+
+from diloco.data.corpus import files, manifest as manifest_lib
+
+
+def assign(num_shards: int, readers: int) -> list[list[int]]:
+  """The shard indices of each reader, round robin; every reader gets at least one."""
+  if readers < 1:
+    raise ValueError(f"readers must be >= 1, got {readers}")
+  if num_shards < readers:
+    raise ValueError(
+        f"{num_shards} shards cannot give each of {readers} readers (learners x processes) "
+        f"shards of its own: prepare the corpus with --shards={readers} or more"
+    )
+  return [list(range(r, num_shards, readers)) for r in range(readers)]
+
+
+def local_shards(
+    directory: str, m: manifest_lib.Manifest, indices: list[int], cache_dir: str
+) -> list[str]:
+  """Local paths of those shards: in place for a local corpus; from a bucket, copied once into
+  cache_dir (keyed by each shard's sha256, checked after the copy)."""
+  out = []
+  for i in indices:
+    shard = m.shards[i]
+    path = files.join(directory, shard.name)
+    if files.is_local(path):
+      out.append(path)
+      continue
+    local = os.path.join(cache_dir, "shards", f"{shard.sha256[:24]}.array_record")
+    if not (os.path.exists(local) and os.path.getsize(local) == shard.bytes):
+      os.makedirs(os.path.dirname(local), exist_ok=True)
+      tmp = f"{local}.{os.getpid()}.tmp"
+      with open(tmp, "wb") as f:
+        f.write(files.read_bytes(path))
+      with open(tmp, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+      if digest != shard.sha256:
+        os.remove(tmp)
+        raise ValueError(f"{path}: sha256 {digest[:12]}, the manifest says {shard.sha256[:12]}")
+      os.replace(tmp, local)
+    out.append(local)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decode:
+  """Record bytes -> {'tokens': ids + [eod]} as int32, checked against the vocabulary."""
+
+  names: tuple[str, ...]  # shard of each record run
+  starts: tuple[int, ...]  # first global record index of each shard, then the total
+  dtype: str
+  vocab_size: int
+  eod_id: int
+
+  def __call__(self, index: int, record: bytes) -> dict:
+    ids = (
+        np.frombuffer(record, self.dtype)
+        if len(record) % np.dtype(self.dtype).itemsize == 0
+        else None
+    )
+    if ids is None or (ids.size and int(ids.max()) >= self.vocab_size):
+      s = int(np.searchsorted(self.starts, index, side="right")) - 1
+      what = "a torn record" if ids is None else f"token id {int(ids.max())}"
+      raise ValueError(
+          f"{self.names[s]} record {index - self.starts[s]}: {what} (vocabulary {self.vocab_size})"
+      )
+    return {"tokens": np.append(ids.astype(np.int32), np.int32(self.eod_id))}
+
+
+def dataset(
+    paths: list[str],
+    shards: list[manifest_lib.Shard],
+    m: manifest_lib.Manifest,
+    *,
+    seed: int,
+    seq_len: int,
+    batch_size: int,
+    vocab_size: int | None = None,
+) -> grain.IterDataset:
+  """Endless batches of `batch_size` packed sequences from the shards at `paths` (their
+  manifest entries `shards`): {'inputs_BxL', 'targets_BxL', 'segment_ids_BxL', 'positions_BxL',
+  'targets_mask_BxL'}, all [batch_size, seq_len] int32."""
+  if seq_len < 1 or batch_size < 1:
+    raise ValueError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}")
+  counts = [s.documents for s in shards]
+  decode = _Decode(
+      tuple(s.name for s in shards),
+      tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)])),
+      m.dtype,
+      vocab_size if vocab_size is not None else m.vocab_size,
+      m.eod_id,
+  )
+  records = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
+  docs = records.map_with_index(decode).shuffle(seed=seed).repeat(None)
+  stream = docs.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=64))
+  packed = grain.experimental.ConcatThenSplitIterDataset(
+      stream, length_struct={"tokens": seq_len + 1}
+  )
+  return packed.batch(batch_size).map(_batch)
+
+
+def _batch(b: dict) -> dict:
+  tokens, seg, pos = b["tokens"], b["tokens_segment_ids"], b["tokens_positions"]
+  return {
+      "inputs_BxL": tokens[:, :-1].astype(np.int32),
+      "targets_BxL": tokens[:, 1:].astype(np.int32),
+      "segment_ids_BxL": seg[:, :-1].astype(np.int32),
+      "positions_BxL": pos[:, :-1].astype(np.int32),
+      "targets_mask_BxL": (seg[:, 1:] == seg[:, :-1]).astype(np.int32),
+  }
