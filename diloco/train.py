@@ -58,6 +58,8 @@ def train_and_evaluate(
     problems = bounds.problems(config, bounds.local_memory())  # this machine holds the step
     if problems:
       raise checks.ConfigError(problems, config)
+  if config.data.source == "corpus":  # a bad corpus is named before the workdir is touched
+    data_lib.check_corpus(config.data)
   distributed = config.get("distributed", False)
   hold = workdir_lib.Hold(workdir)
   if not distributed:  # one run at a time in a workdir: a second is refused naming the first

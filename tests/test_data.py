@@ -59,6 +59,8 @@ def test_default_data_config_keys():
       "val_array_record_glob",
       "npz_glob",
       "val_npz_glob",
+      "corpus",
+      "val_corpus",
       "tokenizer",
       "sp_vocab_size",
       "iid",

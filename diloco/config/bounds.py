@@ -72,6 +72,16 @@ def data_problems(c: ml_collections.ConfigDict, splits) -> Problems:
   """More learners than training documents when each learner trains on its own (data.iid=False)."""
   if c.mode in ("dp", "compare") or c.data.get("iid", False):
     return []
+  manifest = getattr(splits, "manifest", None)  # a prepared corpus: whole shards per learner
+  if manifest is not None and c.outer.learners > len(manifest.shards):
+    return [
+        (
+            "outer.learners",
+            f"{c.outer.learners:,} learners but the corpus {c.data.corpus} has "
+            f"{len(manifest.shards)} shards, and with data.iid=False each learner reads shards of "
+            "its own; lower outer.learners, prepare more shards, or set data.iid=True",
+        )
+    ]
   documents = len(getattr(getattr(splits, "train", None), "names", ()) or ())
   if documents and c.outer.learners > documents:
     return [

@@ -212,6 +212,8 @@ DEPENDENT = (
     ("data.val_array_record_glob", "", "data.source", "array_record"),
     ("data.npz_glob", "", "data.source", "npz_glob"),
     ("data.val_npz_glob", "", "data.source", "npz_glob"),
+    ("data.corpus", "", "data.source", "corpus"),
+    ("data.val_corpus", "", "data.source", "corpus"),
     ("data.sp_vocab_size", 1024, "data.tokenizer", "sentencepiece"),
     ("outer.delayed_period", 4, "outer.optimizer", "delayed_nesterov"),
     ("outer.delayed_c", 0.0, "outer.optimizer", "delayed_nesterov"),
@@ -222,6 +224,8 @@ NEEDS = (
     ("data.source", "text_glob", "data.text_glob"),
     ("data.source", "array_record", "data.array_record_glob"),
     ("data.source", "npz_glob", "data.npz_glob"),
+    ("data.source", "corpus", "data.corpus"),
+    ("data.source", "corpus", "data.val_corpus"),
 )
 
 

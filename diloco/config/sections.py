@@ -10,7 +10,10 @@ def data() -> ml_collections.ConfigDict:
   """The `data` section with its defaults (Shakespeare, byte tokens, shards by play)."""
   return keys.section(
       "data",
-      source=("shakespeare", "shakespeare | text_glob | array_record | digits | npz_glob"),
+      source=(
+          "shakespeare",
+          "shakespeare | text_glob | array_record | corpus | digits | npz_glob",
+      ),
       cache_dir=(
           config_dict.placeholder(str),
           "prepared data; None: $DILOCO_DATA_DIR, else " "~/.cache/diloco",
@@ -23,6 +26,8 @@ def data() -> ml_collections.ConfigDict:
           "",
           "source=array_record: validation shards; empty: the last 10% " "of the records",
       ),
+      corpus=("", "source=corpus: a prepared corpus, a directory or URL (experiments.prepare)"),
+      val_corpus=("", "source=corpus: the prepared validation corpus (read whole into memory)"),
       npz_glob=("", "source=npz_glob: .npz files of 'images' and 'labels' (data/images.py)"),
       val_npz_glob=("", "source=npz_glob: validation files; empty: the last 10% of npz_glob's"),
       tokenizer=("byte", "byte (vocabulary 256) | sentencepiece (trained on the training split)"),

@@ -3,6 +3,7 @@
 from diloco.data.pipeline import (
     Datasets,
     build_datasets,
+    check_corpus,
     describe,
     load_splits,
     make_datasets,
@@ -16,6 +17,7 @@ __all__ = [
     "PackedTokenSource",
     "PreparedCorpus",
     "build_datasets",
+    "check_corpus",
     "describe",
     "load_splits",
     "make_datasets",

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +28,7 @@ from diloco.data import archive as archive_lib, batching, images, shakespeare, s
 from diloco.data import tokenizers
 from diloco.data.batching import EvalSet, TrainBatchSource
 
-SOURCES = ("shakespeare", "text_glob", "array_record", "digits", "npz_glob")
+SOURCES = ("shakespeare", "text_glob", "array_record", "corpus", "digits", "npz_glob")
 IMAGE_SOURCES = ("digits", "npz_glob")  # data/images.py: images and labels, not tokens
 TOKENIZERS = ("byte", "sentencepiece")
 VAL_FRACTION = 10  # without a validation glob, the last 1/10 of the files (records) is held out
@@ -49,6 +50,7 @@ class Datasets:
   shard_plays: tuple[str, ...]  # documents of this shard (play names for Shakespeare)
   train_dataset: grain.IterDataset  # iter() it again for a fresh iterator at batch 0
   image_shape: tuple[int, ...] = ()  # (H, W, C) of image data; () for text
+  packed: bool = False  # batches pack documents: segment ids, positions, a loss mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,8 +172,60 @@ def _array_record_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -
   )
 
 
+@dataclasses.dataclass
+class CorpusSplits:
+  """A prepared corpus (data/corpus/): its manifest, streamed per reader at training time, and
+  its validation corpus in memory, each document followed by the end-of-document id."""
+
+  directory: str
+  manifest: Any  # corpus.manifest.Manifest
+  val: sources.TokenCorpus
+  vocab_size: int
+  eod_id: int
+  bytes_per_token: float  # validation text bytes over its tokens, end-of-document ids included
+  cache_dir: str  # where a reader copies its shards of a bucket
+
+
+def check_corpus(cfg: ml_collections.ConfigDict) -> tuple:
+  """The training and validation manifests of data.source=corpus, checked (every shard there at
+  its size, ids below the vocabulary, one tokenizer): ValueError naming the file otherwise. Cheap
+  (no shard is read): train.py calls it before the workdir is touched."""
+  from diloco.data.corpus import manifest as manifest_lib
+
+  if not cfg.corpus or not cfg.val_corpus:
+    raise ValueError(
+        "data.source='corpus' needs data.corpus and data.val_corpus (prepared corpora)"
+    )
+  train, val = manifest_lib.read(cfg.corpus), manifest_lib.read(cfg.val_corpus)
+  manifest_lib.check(cfg.corpus, train)
+  manifest_lib.check(cfg.val_corpus, val, vocab_size=train.vocab_size)
+  manifest_lib.check_tokenizer(cfg.val_corpus, val, train.tokenizer["sha256"], cfg.corpus)
+  return train, val
+
+
+def _corpus_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -> CorpusSplits:
+  from diloco.data.corpus import stream
+
+  del expected_sha256
+  train, val = check_corpus(cfg)
+  cache = os.path.join(archive_lib.resolve_cache_dir(cfg.cache_dir), "corpus")
+  names, docs = stream.load_documents(cfg.val_corpus, val, os.path.join(cache, "val"))
+  text_bytes = sum(s.text_bytes for s in val.shards)
+  corpus = sources.TokenCorpus.from_documents(names, docs, [0] * len(docs))
+  return CorpusSplits(
+      cfg.corpus,
+      train,
+      corpus,
+      train.vocab_size,
+      train.eod_id,
+      text_bytes / len(corpus.tokens) if text_bytes else 1.0,
+      cache,
+  )
+
+
 _LOADERS = {
     "shakespeare": _shakespeare_splits,
+    "corpus": _corpus_splits,
     "text_glob": _text_glob_splits,
     "array_record": _array_record_splits,
     "digits": lambda cfg, _: images.load_digits(cfg.cache_dir),
@@ -234,6 +288,10 @@ def eval_source(splits: Splits | images.ImageSplits, seq_len: int):
   """The validation records evaluation draws its fixed batches from."""
   if isinstance(splits, images.ImageSplits):
     return splits.val
+  if isinstance(splits, CorpusSplits):
+    from diloco.data.corpus import stream
+
+    return stream.PackedDocuments(splits.val.tokens, seq_len, splits.eod_id)
   return sources.PackedTokenSource(splits.val.tokens, seq_len)
 
 
@@ -269,6 +327,13 @@ def describe(
     out = {"source": data_cfg.source, "classes": splits.num_classes}
     out.update(train_images=len(splits.train), val_images=len(splits.val))
     bytes_per_token = 0.0
+  elif isinstance(splits, CorpusSplits):
+    m = splits.manifest
+    out = {"source": "corpus", "corpus": splits.directory, "tokenizer": m.tokenizer}
+    out.update(vocab_size=m.vocab_size, eod_id=m.eod_id, train_shards=len(m.shards))
+    out.update(train_tokens=m.tokens, train_documents=m.documents)
+    out.update(val_tokens=len(splits.val.tokens), val_documents=len(splits.val.names))
+    bytes_per_token = splits.bytes_per_token
   else:
     out = {"source": data_cfg.source, "tokenizer": data_cfg.tokenizer}
     out["vocab_size"] = splits.vocab_size
@@ -311,6 +376,12 @@ def make_datasets(
     )
   if seq_len < 1:
     raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+  if isinstance(splits, CorpusSplits):
+    where = dict(shard_index=shard_index, num_shards=num_shards)
+    where.update(process_index=process_index, process_count=process_count)
+    return _corpus_datasets(
+        splits, data_cfg, seed=seed, global_batch_size=global_batch_size, seq_len=seq_len, **where
+    )
   train = shard_corpus(splits.train, shard_index, num_shards, data_cfg.iid)
   packed_train = sources.PackedTokenSource(train.tokens, seq_len)
   where = dict(process_index=process_index, process_count=process_count)
@@ -346,6 +417,59 @@ def _batched(train, seed, global_batch_size, shard_index, *, process_index, proc
       grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   )
   return dataset
+
+
+def _corpus_datasets(
+    splits: CorpusSplits,
+    data_cfg,
+    *,
+    seed,
+    global_batch_size,
+    seq_len,
+    shard_index,
+    num_shards,
+    process_index,
+    process_count,
+) -> Datasets:
+  """Datasets streamed from a prepared corpus: this process reads only the shards dealt to it
+  (by learner, then by process in its island; with data.iid every learner's processes share all
+  of them, each learner in its own order)."""
+  from diloco.data.corpus import stream
+
+  shards.check_shard(shard_index, num_shards)
+  if global_batch_size % process_count:
+    raise ValueError(
+        f"batch_size={global_batch_size} does not split over {process_count} processes"
+    )
+  iid = data_cfg.iid or num_shards == 1
+  readers = process_count if iid else num_shards * process_count
+  reader = process_index if iid else shard_index * process_count + process_index
+  m = splits.manifest
+  mine = stream.assign(len(m.shards), readers)[reader]
+  paths = stream.local_shards(splits.directory, m, mine, splits.cache_dir)
+  dataset = stream.dataset(
+      paths,
+      [m.shards[i] for i in mine],
+      m,
+      seed=seed * 1_000_003 + shard_index,
+      seq_len=seq_len,
+      batch_size=global_batch_size // process_count,
+  )
+  where = dict(process_index=process_index, process_count=process_count)
+  _log.info(
+      "Corpus %s shard %d of %d, process %d: shards %s.",
+      splits.directory, shard_index, num_shards, process_index, mine,
+  )  # fmt: skip
+  return Datasets(
+      train_iter=iter(dataset),
+      eval_set=eval_set(splits, data_cfg, seq_len=seq_len, **where),
+      vocab_size=splits.vocab_size,
+      bytes_per_token=splits.bytes_per_token,
+      train_tokens=sum(m.shards[i].tokens for i in mine),
+      shard_plays=tuple(m.shards[i].name for i in mine),
+      train_dataset=dataset,
+      packed=True,
+  )
 
 
 def _image_datasets(

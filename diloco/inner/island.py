@@ -57,7 +57,8 @@ def model_config(
       raise ValueError(f"images are {h}x{w}; the ViT takes square images")
     fields = {**model, "image_size": h, "channels": c}
     return vit.VitConfig(**{**fields, "num_classes": data.vocab_size})
-  cfg = transformer.ModelConfig(**{**model, "vocab_size": data.vocab_size})
+  packed = getattr(data, "packed", False)  # (a plan's stand-in has no such field)
+  cfg = transformer.ModelConfig(**{**model, "vocab_size": data.vocab_size, "packed": packed})
   if backend is not None:
     cfg = dataclasses.replace(cfg, attention=transformer.attention_kind(cfg.attention, backend))
   backend = backend or jax.default_backend()

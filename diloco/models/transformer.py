@@ -87,6 +87,9 @@ class ModelConfig:
   qk_norm: bool = False  # RMSNorm of each head's queries and keys (learned scale) before rotary
   # weight of the output z-loss, mean(logsumexp(logits)^2), in a decoder's training objective
   z_loss: float = 0.0
+  # batches pack documents (a prepared corpus, data/corpus/stream.py): they carry segment ids,
+  # positions and a loss mask (`batch_example`), which the step's shardings must name
+  packed: bool = False
 
   def __post_init__(self):
     if self.d_model % self.num_heads:
@@ -143,7 +146,10 @@ class ModelConfig:
   def batch_example(self, batch: int = 1) -> dict[str, jax.ShapeDtypeStruct]:
     """The batch this model trains on, as shapes: next-token prediction over sequences."""
     seq = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
-    return {"inputs_BxL": seq, "targets_BxL": seq}
+    out = {"inputs_BxL": seq, "targets_BxL": seq}
+    if self.packed:
+      out.update(segment_ids_BxL=seq, positions_BxL=seq, targets_mask_BxL=seq)
+    return out
 
   def build(self, rngs: nnx.Rngs) -> "Transformer":
     return Transformer(self, rngs)
@@ -323,9 +329,15 @@ class Transformer(nnx.Module):
     return total + self.cfg.z_loss * z, {"loss": loss, "z_loss": z, **aux}
 
   def evaluate(self, batch) -> dict[str, jax.Array]:
-    """The held-out measures of each row [B]: its next-token cross entropy (mean over tokens)."""
+    """The held-out measures of each row [B]: its next-token cross entropy (mean over tokens;
+    packed documents: over the targets the mask keeps)."""
     nll_BxL = token_nll(self(*_inputs(batch)), batch["targets_BxL"])
-    return {"loss": jnp.mean(nll_BxL, axis=-1)}
+    mask_BxL = batch.get("targets_mask_BxL")
+    if mask_BxL is None:
+      return {"loss": jnp.mean(nll_BxL, axis=-1)}
+    mask_BxL = mask_BxL.astype(nll_BxL.dtype)
+    kept_B = jnp.maximum(jnp.sum(mask_BxL, axis=-1), 1.0)
+    return {"loss": jnp.sum(nll_BxL * mask_BxL, axis=-1) / kept_B}
 
 
 def _inputs(batch) -> tuple:

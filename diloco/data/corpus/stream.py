@@ -129,3 +129,63 @@ def _batch(b: dict) -> dict:
       "positions_BxL": pos[:, :-1].astype(np.int32),
       "targets_mask_BxL": (seg[:, 1:] == seg[:, :-1]).astype(np.int32),
   }
+
+
+def document_fields(inputs_BxL: np.ndarray, eod_id: int) -> dict[str, np.ndarray]:
+  """Segment ids, positions and the loss mask of sequences cut from documents joined by
+  `eod_id` (what `dataset` gives, for sequences that were not packed by it: evaluation's). A new
+  segment starts after each end-of-document id; the mask drops the target it predicts."""
+  is_eod_BxL = inputs_BxL == eod_id
+  b, length = inputs_BxL.shape
+  before_BxL = np.concatenate(
+      [np.zeros((b, 1), np.int64), np.cumsum(is_eod_BxL, axis=1)[:, :-1]], 1
+  )
+  t_L = np.arange(length)
+  starts_BxL = np.where(np.concatenate([np.ones((b, 1), bool), is_eod_BxL[:, :-1]], 1), t_L, 0)
+  return {
+      "segment_ids_BxL": (before_BxL + 1).astype(np.int32),
+      "positions_BxL": (t_L - np.maximum.accumulate(starts_BxL, axis=1)).astype(np.int32),
+      "targets_mask_BxL": (~is_eod_BxL).astype(np.int32),
+  }
+
+
+class PackedDocuments:
+  """Evaluation records of a corpus's documents joined by `eod_id` (a `PackedTokenSource` whose
+  batches carry `document_fields`)."""
+
+  def __init__(self, tokens_1d: np.ndarray, seq_len: int, eod_id: int):
+    from diloco.data import sources
+
+    self._packed = sources.PackedTokenSource(tokens_1d, seq_len)
+    self.eod_id = eod_id
+
+  def __len__(self) -> int:
+    return len(self._packed)
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    return self._packed[index]
+
+  def batch(self, records_B: np.ndarray) -> dict[str, np.ndarray]:
+    out = self._packed.batch(records_B)
+    return out | document_fields(out["inputs_BxL"], self.eod_id)
+
+
+def load_documents(
+    directory: str, m: manifest_lib.Manifest, cache_dir: str
+) -> tuple[list[str], list[np.ndarray]]:
+  """Every document of a (validation) corpus, each followed by the end-of-document id: shard
+  names and arrays, in shard then record order. For a corpus that fits in memory."""
+  from array_record.python import array_record_module
+
+  paths = local_shards(directory, m, list(range(len(m.shards))), cache_dir)
+  names, docs = [], []
+  for shard, path in zip(m.shards, paths):
+    decode = _Decode((shard.name,), (0, shard.documents), m.dtype, m.vocab_size, m.eod_id)
+    reader = array_record_module.ArrayRecordReader(path)
+    try:
+      for i, record in enumerate(reader.read_all()):
+        names.append(f"{shard.name}#{i}")
+        docs.append(decode(i, record)["tokens"])
+    finally:
+      reader.close()
+  return names, docs

@@ -1,0 +1,102 @@
+"""Training on a prepared corpus (`data.source=corpus`): each learner's process reads only its
+shards, batches pack documents (the model sees segment ids, positions and the loss mask), the
+validation corpus is scored with the same masks, and a run stopped and resumed ends with the
+uninterrupted run's parameters."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from configs import shakespeare
+from diloco import train
+from diloco.data import pipeline
+from diloco.data.corpus import prepare, tokenizer_files
+
+WORDS = "the of and to in a is that for it as was with be by on not he this are".split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """A train corpus of 4 shards and a validation corpus of 1, byte-level BPE of 300 ids."""
+  d = tmp_path_factory.mktemp("corpus")
+  rng = np.random.default_rng(0)
+  texts = [" ".join(rng.choice(WORDS, rng.integers(20, 120))) for _ in range(400)]
+  for name, part in (("train", texts[:360]), ("val", texts[360:])):
+    with open(d / f"{name}.jsonl", "w") as f:
+      f.writelines(json.dumps({"text": t}) + "\n" for t in part)
+  tok = tokenizer_files.train("bpe", texts, 300, str(d / "tokenizer.json"))
+  for name, shards in (("train", 4), ("val", 1)):
+    spec = prepare.Spec((str(d / f"{name}.jsonl"),), "jsonl", tok.path, str(d / name), shards)
+    prepare.prepare(spec, progress=False)
+  return d
+
+
+def _config(corpus, variant="runlocal,mode=dp", **more):
+  c = shakespeare.get_config(variant)
+  c.progress_bar = False
+  c.data.source, c.data.corpus, c.data.val_corpus = (
+      "corpus",
+      str(corpus / "train"),
+      str(corpus / "val"),
+  )
+  c.data.cache_dir = str(corpus / "cache")
+  c.update_from_flattened_dict(more)
+  return c
+
+
+def test_each_learners_process_reads_only_its_shards(corpus):
+  cfg = _config(corpus).data
+  splits = pipeline.load_splits(cfg)
+  names = [s.name for s in splits.manifest.shards]
+  where = dict(seed=0, global_batch_size=4, seq_len=16)
+  for learner, process, want in ((0, 0, [0, 2]), (1, 0, [1, 3])):
+    d = pipeline.make_datasets(splits, cfg, **where, shard_index=learner, num_shards=2,
+                               process_index=process, process_count=1)  # fmt: skip
+    assert d.shard_plays == tuple(names[i] for i in want) and d.packed
+  d = pipeline.make_datasets(splits, cfg, **where, shard_index=1, num_shards=2, process_index=1,
+                             process_count=2)  # fmt: skip
+  assert d.shard_plays == (names[3],)
+  batch = next(d.train_iter)
+  assert batch["inputs_BxL"].shape == (2, 16) and set(batch) >= {
+      "segment_ids_BxL",
+      "targets_mask_BxL",
+  }
+  with pytest.raises(ValueError, match="4 shards cannot give each of 6 readers"):
+    pipeline.make_datasets(splits, cfg, **where, shard_index=0, num_shards=3, process_index=0,
+                           process_count=2)  # fmt: skip
+
+
+def test_a_run_on_the_corpus_trains_and_resumes_to_the_same_parameters(corpus, tmp_path):
+  config = _config(corpus, steps=12, checkpoint_every=6)
+  workdir = str(tmp_path / "run")
+  whole = train.train_and_evaluate(config, workdir)
+  assert whole["data"]["source"] == "corpus" and whole["data"]["train_shards"] == 4
+  assert np.isfinite(whole["eval_loss"]) and whole["eval_loss"] < np.log(300)
+  # As if stopped after step 6: its checkpoint holds the reader's position in the corpus.
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "12"))
+  resumed = train.train_and_evaluate(config, workdir)
+  assert resumed["resumed_from_step"] == 6
+  assert resumed["params_sha256"] == whole["params_sha256"]
+
+
+def test_a_corpus_that_is_not_there_is_named_before_the_workdir_is_touched(corpus, tmp_path):
+  config = _config(corpus)
+  config.data.corpus = str(tmp_path / "nothing")
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"nothing/manifest.json does not exist.*did not finish"):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+  config = _config(corpus)
+  config.data.val_corpus = ""
+  with pytest.raises(Exception, match="data.val_corpus"):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_decoupled_learners_train_on_their_own_shards(corpus, tmp_path):
+  s = train.train_and_evaluate(_config(corpus, "runlocal,mode=decoupled", steps=16), str(tmp_path))
+  assert s["data"]["train_shards"] == 4 and np.isfinite(s["eval_loss"])
+  assert [r["merged_share"] > 0 for r in s["per_learner"]] == [True, True]
