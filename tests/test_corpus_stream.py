@@ -31,7 +31,9 @@ def _corpus(directory, shards_docs, vocab=100):
       sha = hashlib.file_digest(f, "sha256").hexdigest()
     ids = [x for d in docs for x in d]
     shards.append(
-        manifest_lib.Shard(name, len(docs), len(ids), os.path.getsize(path), sha, int(max(ids)))
+        manifest_lib.Shard(
+            name, len(docs), len(ids), os.path.getsize(path), sha, int(max(ids, default=-1))
+        )
     )
   m = manifest_lib.Manifest({"kind": "hand"}, vocab, EOD, dtype, tuple(shards), {})
   manifest_lib.write(str(directory), m)
@@ -156,3 +158,11 @@ def test_the_loss_of_a_packed_batch_takes_no_target_across_a_join(tmp_path):
       )
       > 1e-4
   )
+
+
+def test_an_empty_shard_is_refused_naming_it(tmp_path):
+  m = _corpus(tmp_path, [[[1, 2]], []])
+  with pytest.raises(
+      ValueError, match="shard-00001-of-00002.array_record: shard holds no documents"
+  ):
+    manifest_lib.check(str(tmp_path), m)
