@@ -50,7 +50,8 @@ def test_a_straggle_window_slows_the_learner_process_by_its_factor(tmp_path):
   _cluster(tmp_path, 300, "straggle learner 1 at t=5s for 4s x3")
   events = read_jsonl(str(tmp_path / "learner1" / learner_faults.LOG_FILE))
   assert [e["event"] for e in events] == ["straggle", "straggle_end"], events
-  assert events[0]["factor"] == 3.0 and 9.0 <= events[1]["time"] < 10.0, events
+  assert events[0]["factor"] == 3.0
+  assert 9.0 <= events[1]["time"] < 11.0, events  # the first step after 9 s (a slow one: late)
   before, during, after = (_speed(tmp_path, 1, a, b) for a, b in ((2.5, 5), (5.1, 9), (9.1, 12)))
   # The window's steps also lose the cores to the other processes (and, under `pytest -n 2`, to
   # the other worker's tests), so the ratio overshoots 3 more than it undershoots: 4.24 in a quiet
