@@ -15,19 +15,15 @@ import time
 
 import pytest
 
+from diloco.rpc import local
+
 BUCKET = "diloco-test"
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def gcs_server():
   """Yields the bucket's URL (gs://BUCKET) while a server runs; the environment points at it."""
-  port = _free_port()
+  port = local.free_port()
   proc = subprocess.Popen(
       [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1"]
       + ["--port", str(port), "--in-memory", "--default-bucket", BUCKET],

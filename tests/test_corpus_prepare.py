@@ -75,7 +75,7 @@ def test_a_jsonl_corpus_becomes_shards_that_hold_every_document_once(tmp_path, b
 def test_json_lines_pieces_hold_each_line_once_wherever_the_cuts_fall(tmp_path, target):
   texts = _texts(40)
   (path,) = _jsonl(tmp_path, texts, files=1)
-  pieces = documents.pieces([str(path)], "jsonl", target)
+  pieces = documents.pieces(documents.list_inputs([str(path)]), "jsonl", target)
   got = [t for p in pieces for _, t in documents.read(p, "jsonl")]
   assert got == texts and pieces[-1].end == os.path.getsize(path)
 
@@ -84,7 +84,7 @@ def test_parquet_and_text_inputs(tmp_path, bpe):
   pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
   texts = _texts(60)
   pq.write_table(pa.table({"body": texts}), tmp_path / "a.parquet", row_group_size=10)
-  pieces = documents.pieces([str(tmp_path / "a.parquet")], "parquet", 1)
+  pieces = documents.pieces(documents.list_inputs([str(tmp_path / "a.parquet")]), "parquet", 1)
   assert len(pieces) == 6  # one per row group at a target of one byte
   assert [t for p in pieces for _, t in documents.read(p, "parquet", "body")] == texts
   names = [

@@ -6,22 +6,16 @@ run's parameters. The bucket is the Cloud Storage server of tests/object_store.p
 import json
 import os
 import shutil
-import socket
 import subprocess
 
 import numpy as np
 
 from diloco.data.corpus import files, manifest as manifest_lib, prepare, tokenizer_files
+from diloco.rpc import local
 from object_store import bucket  # noqa: F401 (a fixture)
 from proc_helpers import REPO, train_command
 
 WORDS = "the of and to in a is that for it as was with be by on not he this are".split()
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _prepare(tmp_path, bucket_url):
@@ -43,7 +37,7 @@ def _prepare(tmp_path, bucket_url):
 
 
 def _run(tmp_path, bucket_url, workdir):
-  port = _free_port()
+  port = local.free_port()
   flags = (
       "--config.distributed=True",
       "--config.mesh.fsdp=4",

@@ -3,12 +3,12 @@
 from diloco.data.pipeline import (
     Datasets,
     build_datasets,
-    check_corpus,
     describe,
     load_splits,
     make_datasets,
     reuse_splits,
 )
+from diloco.data.corpus.splits import check as check_corpus
 from diloco.data.shakespeare import ensure_prepared, prepare_corpus, PreparedCorpus
 from diloco.data.sources import PackedTokenSource, write_array_record
 

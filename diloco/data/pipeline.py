@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,8 @@ import numpy as np
 
 from diloco.data import archive as archive_lib, batching, images, shakespeare, shards, sources
 from diloco.data import tokenizers
+from diloco.data.corpus import splits as corpus_splits, stream
+from diloco.data.corpus.splits import CorpusSplits
 from diloco.data.batching import EvalSet, TrainBatchSource
 
 SOURCES = ("shakespeare", "text_glob", "array_record", "corpus", "digits", "npz_glob")
@@ -172,60 +173,9 @@ def _array_record_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -
   )
 
 
-@dataclasses.dataclass
-class CorpusSplits:
-  """A prepared corpus (data/corpus/): its manifest, streamed per reader at training time, and
-  its validation corpus in memory, each document followed by the end-of-document id."""
-
-  directory: str
-  manifest: Any  # corpus.manifest.Manifest
-  val: sources.TokenCorpus
-  vocab_size: int
-  eod_id: int
-  bytes_per_token: float  # validation text bytes over its tokens, end-of-document ids included
-  cache_dir: str  # where a reader copies its shards of a bucket
-
-
-def check_corpus(cfg: ml_collections.ConfigDict) -> tuple:
-  """The training and validation manifests of data.source=corpus, checked (every shard there at
-  its size, ids below the vocabulary, one tokenizer): ValueError naming the file otherwise. Cheap
-  (no shard is read): train.py calls it before the workdir is touched."""
-  from diloco.data.corpus import manifest as manifest_lib
-
-  if not cfg.corpus or not cfg.val_corpus:
-    raise ValueError(
-        "data.source='corpus' needs data.corpus and data.val_corpus (prepared corpora)"
-    )
-  train, val = manifest_lib.read(cfg.corpus), manifest_lib.read(cfg.val_corpus)
-  manifest_lib.check(cfg.corpus, train)
-  manifest_lib.check(cfg.val_corpus, val, vocab_size=train.vocab_size)
-  manifest_lib.check_tokenizer(cfg.val_corpus, val, train.tokenizer["sha256"], cfg.corpus)
-  return train, val
-
-
-def _corpus_splits(cfg: ml_collections.ConfigDict, expected_sha256: str) -> CorpusSplits:
-  from diloco.data.corpus import stream
-
-  del expected_sha256
-  train, val = check_corpus(cfg)
-  cache = os.path.join(archive_lib.resolve_cache_dir(cfg.cache_dir), "corpus")
-  names, docs = stream.load_documents(cfg.val_corpus, val, os.path.join(cache, "val"))
-  text_bytes = sum(s.text_bytes for s in val.shards)
-  corpus = sources.TokenCorpus.from_documents(names, docs, [0] * len(docs))
-  return CorpusSplits(
-      cfg.corpus,
-      train,
-      corpus,
-      train.vocab_size,
-      train.eod_id,
-      text_bytes / len(corpus.tokens) if text_bytes else 1.0,
-      cache,
-  )
-
-
 _LOADERS = {
     "shakespeare": _shakespeare_splits,
-    "corpus": _corpus_splits,
+    "corpus": lambda cfg, _: corpus_splits.load(cfg),
     "text_glob": _text_glob_splits,
     "array_record": _array_record_splits,
     "digits": lambda cfg, _: images.load_digits(cfg.cache_dir),
@@ -289,8 +239,6 @@ def eval_source(splits: Splits | images.ImageSplits, seq_len: int):
   if isinstance(splits, images.ImageSplits):
     return splits.val
   if isinstance(splits, CorpusSplits):
-    from diloco.data.corpus import stream
-
     return stream.PackedDocuments(splits.val.tokens, seq_len, splits.eod_id)
   return sources.PackedTokenSource(splits.val.tokens, seq_len)
 
@@ -328,12 +276,7 @@ def describe(
     out.update(train_images=len(splits.train), val_images=len(splits.val))
     bytes_per_token = 0.0
   elif isinstance(splits, CorpusSplits):
-    m = splits.manifest
-    out = {"source": "corpus", "corpus": splits.directory, "tokenizer": m.tokenizer}
-    out.update(vocab_size=m.vocab_size, eod_id=m.eod_id, train_shards=len(m.shards))
-    out.update(train_tokens=m.tokens, train_documents=m.documents)
-    out.update(val_tokens=len(splits.val.tokens), val_documents=len(splits.val.names))
-    bytes_per_token = splits.bytes_per_token
+    out, bytes_per_token = corpus_splits.describe(splits), splits.bytes_per_token
   else:
     out = {"source": data_cfg.source, "tokenizer": data_cfg.tokenizer}
     out["vocab_size"] = splits.vocab_size
@@ -419,50 +362,14 @@ def _batched(train, seed, global_batch_size, shard_index, *, process_index, proc
   return dataset
 
 
-def _corpus_datasets(
-    splits: CorpusSplits,
-    data_cfg,
-    *,
-    seed,
-    global_batch_size,
-    seq_len,
-    shard_index,
-    num_shards,
-    process_index,
-    process_count,
-) -> Datasets:
-  """Datasets streamed from a prepared corpus: this process reads only the shards dealt to it
-  (by learner, then by process in its island; with data.iid every learner's processes share all
-  of them, each learner in its own order)."""
-  from diloco.data.corpus import stream
-
-  shards.check_shard(shard_index, num_shards)
-  if global_batch_size % process_count:
-    raise ValueError(
-        f"batch_size={global_batch_size} does not split over {process_count} processes"
-    )
-  iid = data_cfg.iid or num_shards == 1
-  readers = process_count if iid else num_shards * process_count
-  reader = process_index if iid else shard_index * process_count + process_index
+def _corpus_datasets(splits: CorpusSplits, data_cfg, *, seq_len, **where) -> Datasets:
+  """Datasets streamed from a prepared corpus (`corpus_splits.reader`)."""
+  dataset, mine = corpus_splits.reader(splits, iid=data_cfg.iid, seq_len=seq_len, **where)
   m = splits.manifest
-  mine = stream.assign(len(m.shards), readers)[reader]
-  paths = stream.local_shards(splits.directory, m, mine, splits.cache_dir)
-  dataset = stream.dataset(
-      paths,
-      [m.shards[i] for i in mine],
-      m,
-      seed=seed * 1_000_003 + shard_index,
-      seq_len=seq_len,
-      batch_size=global_batch_size // process_count,
-  )
-  where = dict(process_index=process_index, process_count=process_count)
-  _log.info(
-      "Corpus %s shard %d of %d, process %d: shards %s.",
-      splits.directory, shard_index, num_shards, process_index, mine,
-  )  # fmt: skip
+  processes = dict(process_index=where["process_index"], process_count=where["process_count"])
   return Datasets(
       train_iter=iter(dataset),
-      eval_set=eval_set(splits, data_cfg, seq_len=seq_len, **where),
+      eval_set=eval_set(splits, data_cfg, seq_len=seq_len, **processes),
       vocab_size=splits.vocab_size,
       bytes_per_token=splits.bytes_per_token,
       train_tokens=sum(m.shards[i].tokens for i in mine),

@@ -332,12 +332,7 @@ class Transformer(nnx.Module):
     """The held-out measures of each row [B]: its next-token cross entropy (mean over tokens;
     packed documents: over the targets the mask keeps)."""
     nll_BxL = token_nll(self(*_inputs(batch)), batch["targets_BxL"])
-    mask_BxL = batch.get("targets_mask_BxL")
-    if mask_BxL is None:
-      return {"loss": jnp.mean(nll_BxL, axis=-1)}
-    mask_BxL = mask_BxL.astype(nll_BxL.dtype)
-    kept_B = jnp.maximum(jnp.sum(mask_BxL, axis=-1), 1.0)
-    return {"loss": jnp.sum(nll_BxL * mask_BxL, axis=-1) / kept_B}
+    return {"loss": masked_mean(nll_BxL, batch.get("targets_mask_BxL"), axis=-1)}
 
 
 def _inputs(batch) -> tuple:
@@ -356,11 +351,15 @@ def cross_entropy(
 ) -> jax.Array:
   """Mean cross entropy in nats of integer targets (any leading shape); with a mask, over the
   targets it keeps (packed documents: none across a join)."""
-  nll_BxL = token_nll(logits_BxLxV, targets_BxL)
-  if mask_BxL is None:
-    return jnp.mean(nll_BxL)
-  mask_BxL = mask_BxL.astype(nll_BxL.dtype)
-  return jnp.sum(nll_BxL * mask_BxL) / jnp.maximum(jnp.sum(mask_BxL), 1.0)
+  return masked_mean(token_nll(logits_BxLxV, targets_BxL), mask_BxL)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array | None, axis: int | None = None) -> jax.Array:
+  """The mean of x over `axis` (None: all), over the entries the mask keeps where there is one."""
+  if mask is None:
+    return jnp.mean(x, axis=axis)
+  mask = mask.astype(x.dtype)
+  return jnp.sum(x * mask, axis=axis) / jnp.maximum(jnp.sum(mask, axis=axis), 1.0)
 
 
 def output_z_loss(logits_BxLxV: jax.Array) -> jax.Array:

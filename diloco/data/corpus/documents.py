@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import fsspec
+
+from diloco.data.corpus import files
 
 FORMATS = ("text", "jsonl", "parquet")
 
@@ -29,26 +31,32 @@ class Piece:
   size: int  # bytes it covers (Parquet: its row groups' compressed bytes), for balancing
 
 
-def list_inputs(patterns: Sequence[str]) -> list[str]:
-  """The files the globs match, sorted, each once; ValueError naming a glob that matches none."""
-  found: dict[str, None] = {}
+def list_inputs(patterns: Sequence[str]) -> dict[str, int]:
+  """Path -> bytes of the files the globs match, sorted, each once (one listing a glob);
+  ValueError naming a glob that matches none."""
+  found: dict[str, int] = {}
   for pattern in patterns:
-    files = fsspec.open_files(pattern, mode="rb")
-    paths = [f.full_name for f in files if not f.fs.isdir(f.path)]
-    if not paths:
+    fs, root = fsspec.core.url_to_fs(pattern)
+    local = files.is_local(pattern)
+    entries = fs.glob(root, detail=True)
+    matched = {
+        (name if local else fs.unstrip_protocol(name)): int(info["size"])
+        for name, info in entries.items()
+        if info["type"] == "file"
+    }
+    if not matched:
       raise ValueError(f"input {pattern!r} matches no files")
-    found.update(dict.fromkeys(sorted(paths)))
-  return list(found)
+    found.update(sorted(matched.items()))
+  return found
 
 
-def pieces(paths: Sequence[str], fmt: str, target_bytes: int) -> list[Piece]:
-  """Each file cut into pieces of about `target_bytes` (text files stay whole)."""
+def pieces(inputs: Mapping[str, int], fmt: str, target_bytes: int) -> list[Piece]:
+  """Each file (path -> bytes, `list_inputs`) cut into pieces of about `target_bytes` (text
+  files stay whole)."""
   if fmt not in FORMATS:
     raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
   out = []
-  for path in paths:
-    fs, local = fsspec.core.url_to_fs(path)
-    size = int(fs.size(local))
+  for path, size in inputs.items():
     if fmt == "text":
       out.append(Piece(path, 0, size, size))
     elif fmt == "jsonl":
@@ -56,6 +64,7 @@ def pieces(paths: Sequence[str], fmt: str, target_bytes: int) -> list[Piece]:
       bounds = [size * i // n for i in range(n + 1)]
       out += [Piece(path, a, b, b - a) for a, b in zip(bounds, bounds[1:]) if b > a]
     else:
+      fs, local = fsspec.core.url_to_fs(path)
       out += _parquet_pieces(path, fs, local, target_bytes)
   return out
 

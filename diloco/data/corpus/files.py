@@ -43,6 +43,23 @@ def put_file(local_src: str, path: str) -> None:
     os.remove(local_src)
 
 
+def get_file(path: str, local_dst: str) -> None:
+  """Copies `path` to the local file `local_dst`, in blocks (a shard need not fit in memory)."""
+  fs, p = fsspec.core.url_to_fs(path)
+  fs.get_file(p, local_dst)
+
+
+def sizes(directory: str) -> dict[str, int]:
+  """Name -> bytes of every file directly in `directory`, from one listing."""
+  fs, p = fsspec.core.url_to_fs(directory)
+  listed = fs.ls(p, detail=True)
+  return {
+      e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e["size"])
+      for e in listed
+      if e["type"] == "file"
+  }
+
+
 def read_bytes(path: str) -> bytes:
   fs, p = fsspec.core.url_to_fs(path)
   return fs.cat_file(p)

@@ -95,13 +95,14 @@ def check(directory: str, manifest: Manifest, vocab_size: int | None = None) -> 
         f"{files.join(directory, NAME)}: the corpus's vocabulary of {manifest.vocab_size} ids "
         f"does not fit the model's {vocab_size}"
     )
+  sizes = files.sizes(directory)  # (one listing, not a request per shard)
   for s in manifest.shards:
     path = files.join(directory, s.name)
-    if not files.exists(path):
+    if s.name not in sizes:
       raise ValueError(f"{path}: shard listed in the manifest is missing")
     if s.documents == 0:
       raise ValueError(f"{path}: shard holds no documents")
-    have = files.size(path)
+    have = sizes[s.name]
     if have != s.bytes:
       raise ValueError(f"{path}: {have} bytes, the manifest says {s.bytes} (truncated or replaced)")
     if s.max_id >= manifest.vocab_size:

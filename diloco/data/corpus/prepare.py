@@ -52,8 +52,7 @@ def plan(spec: Spec) -> list[list[documents.Piece]]:
   if spec.shards < 1:
     raise ValueError(f"shards must be >= 1, got {spec.shards}")
   paths = documents.list_inputs(spec.inputs)
-  total = sum(files.size(p) for p in paths)
-  target = max(1, total // (spec.shards * PIECES_PER_SHARD))
+  target = max(1, sum(paths.values()) // (spec.shards * PIECES_PER_SHARD))
   pieces = documents.pieces(paths, spec.fmt, target)
   if len(pieces) < spec.shards:
     raise ValueError(
@@ -103,8 +102,8 @@ def prepare(spec: Spec, workers: int = 1, progress: bool = True) -> manifest_lib
   bar = tqdm.tqdm(total=n, initial=n - len(todo), unit="shard", disable=not progress)
   jobs = [(spec, i, n, groups[i]) for i in todo]
   with bar, _pool(workers) as pool:
-    for shard in pool.map(_write_shard, jobs) if pool else map(_write_shard, jobs):
-      shards[int(shard.name[6:11])] = shard
+    for i, shard in zip(todo, pool.map(_write_shard, jobs) if pool else map(_write_shard, jobs)):
+      shards[i] = shard
       bar.update(1)
       bar.set_postfix(tokens=sum(s.tokens for s in shards if s))
   m = manifest_lib.Manifest(

@@ -51,8 +51,7 @@ def local_shards(
     if not (os.path.exists(local) and os.path.getsize(local) == shard.bytes):
       os.makedirs(os.path.dirname(local), exist_ok=True)
       tmp = f"{local}.{os.getpid()}.tmp"
-      with open(tmp, "wb") as f:
-        f.write(files.read_bytes(path))
+      files.get_file(path, tmp)
       with open(tmp, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
       if digest != shard.sha256:

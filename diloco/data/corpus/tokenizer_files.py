@@ -19,7 +19,6 @@ import numpy as np
 
 from diloco.data.corpus import files
 
-KINDS = ("sentencepiece", "hf")
 TRAINABLE = ("sentencepiece", "bpe")
 # Names an end-of-document token goes by, tried in order when none is named.
 EOD_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
