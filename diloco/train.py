@@ -16,6 +16,7 @@ from absl import logging
 
 from diloco import data as data_lib, metrics
 from diloco.config import bounds, checks, deploy as deploy_lib, keys
+from diloco.data.corpus import mixture
 from diloco.plan import peak
 from diloco.recovery import workdir as workdir_lib
 from diloco.rpc import multihost
@@ -84,7 +85,7 @@ def train_and_evaluate(
       workdir_lib.write_config(workdir, config.to_json(indent=2))
       summary = run(config, workdir, **runner_options)
       if config.mode != "compare":  # each compared run's summary has its own
-        summary["data"] = data_summary(config)
+        summary["data"] = data_summary(config, summary.pop("corpus_tokens", None))
         summary.update(utilisation(summary))
     summary["workdir"] = os.path.abspath(workdir)
     if jax.process_index() == 0:
@@ -114,9 +115,15 @@ def utilisation(summary: dict[str, Any]) -> dict[str, Any]:
   return peak.utilisation(rate, per_token, jax.devices())
 
 
-def data_summary(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """summary.json's `data`: the source, tokenizer, splits and evaluation set of a resolved config."""
-  return data_lib.describe(data_lib.load_splits(config.data), config.data, seq_len=config.seq_len)
+def data_summary(config: ml_collections.ConfigDict, corpus_tokens=None) -> dict[str, Any]:
+  """summary.json's `data`: the source, tokenizer, splits and evaluation set of a resolved config;
+  with `corpus_tokens` (the tokens the run's readers gave from each corpus), its `mixture`."""
+  splits = data_lib.load_splits(config.data)
+  out = data_lib.describe(splits, config.data, seq_len=config.seq_len)
+  if corpus_tokens is not None:
+    names, shares = [t.directory for t in splits.train], [t.weight for t in splits.train]
+    out["mixture"] = mixture.contributions(names, shares, [corpus_tokens])
+  return out
 
 
 def format_summary(summary: dict[str, Any]) -> str:

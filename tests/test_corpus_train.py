@@ -50,7 +50,7 @@ def _config(corpus, variant="runlocal,mode=dp", **more):
 def test_each_learners_process_reads_only_its_shards(corpus):
   cfg = _config(corpus).data
   splits = pipeline.load_splits(cfg)
-  names = [s.name for s in splits.manifest.shards]
+  names = [s.name for s in splits.train[0].manifest.shards]
   where = dict(seed=0, global_batch_size=4, seq_len=16)
   for learner, process, want in ((0, 0, [0, 2]), (1, 0, [1, 3])):
     d = pipeline.make_datasets(splits, cfg, **where, shard_index=learner, num_shards=2,
@@ -100,3 +100,49 @@ def test_decoupled_learners_train_on_their_own_shards(corpus, tmp_path):
   s = train.train_and_evaluate(_config(corpus, "runlocal,mode=decoupled", steps=16), str(tmp_path))
   assert s["data"]["train_shards"] == 4 and np.isfinite(s["eval_loss"])
   assert [r["merged_share"] > 0 for r in s["per_learner"]] == [True, True]
+
+
+def _other(corpus, name, tokenizer):
+  """A second corpus of other words (2 shards), prepared with `tokenizer`."""
+  rng = np.random.default_rng(1)
+  words = "one two three four five six seven eight nine ten".split()
+  texts = [" ".join(rng.choice(words, rng.integers(20, 120))) for _ in range(120)]
+  with open(corpus / f"{name}.jsonl", "w") as f:
+    f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+  spec = prepare.Spec((str(corpus / f"{name}.jsonl"),), "jsonl", tokenizer, str(corpus / name), 2)
+  prepare.prepare(spec, progress=False)
+  return str(corpus / name)
+
+
+def test_a_mixture_trains_on_each_corpus_by_its_weight_and_records_it(corpus, tmp_path):
+  other = _other(corpus, "other", str(corpus / "tokenizer.json"))
+  config = _config(corpus, steps=12, **{"data.corpus_weights": "1,3"})
+  config.data.corpus = f"{corpus / 'train'},{other}"
+  s = train.train_and_evaluate(config, str(tmp_path / "run"))
+  got = s["data"]["mixture"]
+  assert [g["corpus"] for g in got] == [str(corpus / "train"), other]
+  assert [g["weight"] for g in got] == [0.25, 0.75]
+  # Every input token of the 12 steps counted once, about a quarter from the first corpus.
+  assert sum(g["tokens"] for g in got) == 12 * config.batch_size * config.seq_len
+  assert got[0]["share"] == pytest.approx(0.25, abs=0.06)
+  assert s["data"]["train_shards"] == 6 and np.isfinite(s["eval_loss"])
+
+
+def test_a_mixture_of_two_tokenizers_or_the_wrong_weights_is_refused(corpus, tmp_path):
+  tok = tokenizer_files.train("bpe", ["other words entirely"] * 50, 280, str(tmp_path / "t.json"))
+  odd = _other(tmp_path, "odd", tok.path)
+  workdir = tmp_path / "run"
+  config = _config(corpus)
+  config.data.corpus = f"{corpus / 'train'},{odd}"
+  with pytest.raises(ValueError, match=r"tokenizer .*train.*is not the one .*odd/manifest.json"):
+    train.train_and_evaluate(config, str(workdir))
+  config = _config(corpus, **{"data.corpus_weights": "1"})
+  config.data.corpus = f"{corpus / 'train'},{corpus / 'train'}x"
+  with pytest.raises(ValueError, match="manifest.json does not exist"):
+    train.train_and_evaluate(config, str(workdir))
+  config.data.corpus = (
+      f"{corpus / 'train'},{_other(corpus, 'other2', str(corpus / 'tokenizer.json'))}"
+  )
+  with pytest.raises(ValueError, match=r"corpus_weights='1' gives 1 weights for 2 corpora"):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()

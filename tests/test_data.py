@@ -60,6 +60,7 @@ def test_default_data_config_keys():
       "npz_glob",
       "val_npz_glob",
       "corpus",
+      "corpus_weights",
       "val_corpus",
       "tokenizer",
       "sp_vocab_size",

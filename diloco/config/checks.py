@@ -214,6 +214,7 @@ DEPENDENT = (
     ("data.val_npz_glob", "", "data.source", "npz_glob"),
     ("data.corpus", "", "data.source", "corpus"),
     ("data.val_corpus", "", "data.source", "corpus"),
+    ("data.corpus_weights", "", "data.source", "corpus"),
     ("data.sp_vocab_size", 1024, "data.tokenizer", "sentencepiece"),
     ("outer.delayed_period", 4, "outer.optimizer", "delayed_nesterov"),
     ("outer.delayed_c", 0.0, "outer.optimizer", "delayed_nesterov"),

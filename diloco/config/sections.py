@@ -26,7 +26,15 @@ def data() -> ml_collections.ConfigDict:
           "",
           "source=array_record: validation shards; empty: the last 10% " "of the records",
       ),
-      corpus=("", "source=corpus: a prepared corpus, a directory or URL (experiments.prepare)"),
+      corpus=(
+          "",
+          "source=corpus: a prepared corpus, a directory or URL (experiments.prepare); several, "
+          "comma-separated, are mixed",
+      ),
+      corpus_weights=(
+          "",
+          "source=corpus: each corpus's share of the training tokens ('0.7,0.3'); '' = by tokens",
+      ),
       val_corpus=("", "source=corpus: the prepared validation corpus (read whole into memory)"),
       npz_glob=("", "source=npz_glob: .npz files of 'images' and 'labels' (data/images.py)"),
       val_npz_glob=("", "source=npz_glob: validation files; empty: the last 10% of npz_glob's"),

@@ -364,16 +364,15 @@ def _batched(train, seed, global_batch_size, shard_index, *, process_index, proc
 
 def _corpus_datasets(splits: CorpusSplits, data_cfg, *, seq_len, **where) -> Datasets:
   """Datasets streamed from a prepared corpus (`corpus_splits.reader`)."""
-  dataset, mine = corpus_splits.reader(splits, iid=data_cfg.iid, seq_len=seq_len, **where)
-  m = splits.manifest
+  dataset, read, names = corpus_splits.reader(splits, iid=data_cfg.iid, seq_len=seq_len, **where)
   processes = dict(process_index=where["process_index"], process_count=where["process_count"])
   return Datasets(
       train_iter=iter(dataset),
       eval_set=eval_set(splits, data_cfg, seq_len=seq_len, **processes),
       vocab_size=splits.vocab_size,
       bytes_per_token=splits.bytes_per_token,
-      train_tokens=sum(m.shards[i].tokens for i in mine),
-      shard_plays=tuple(m.shards[i].name for i in mine),
+      train_tokens=sum(s.tokens for src in read for s in src.shards),
+      shard_plays=tuple(names),
       train_dataset=dataset,
       packed=True,
   )

@@ -70,6 +70,16 @@ def initialize(
     jax.distributed.initialize()
 
 
+def summed(counts: list[int]) -> list[int]:
+  """Per-process counts summed over the processes (a collective: every process calls it)."""
+  if jax.process_count() == 1:
+    return list(counts)
+  from jax.experimental import multihost_utils
+
+  every = np.asarray(multihost_utils.process_allgather(np.asarray(counts, np.int64)))
+  return [int(x) for x in every.reshape(jax.process_count(), -1).sum(0)]
+
+
 def host_value(x) -> np.ndarray:
   """The full value of one array on this host (gathered from every process if sharded)."""
   if not isinstance(x, jax.Array) or x.is_fully_addressable:

@@ -11,6 +11,7 @@ import ml_collections
 import tqdm
 
 from diloco import metrics
+from diloco.data.corpus import mixture
 from diloco.inner import checkpoint, evaluation, island as island_lib, step as step_lib
 from diloco.outer import fragments
 from diloco.plan import peak
@@ -169,4 +170,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           {k: multihost.host_value(v) for k, v in fragments.flatten(state.params).items()}
       ),
       **eval_row,
+      "corpus_tokens": _corpus_tokens(data.train_iter),
   }
+
+
+def _corpus_tokens(train_iter) -> list[int] | None:
+  """The tokens per corpus this island read (all its processes'); None unless source=corpus."""
+  counts = mixture.read_tokens([train_iter])
+  return None if counts is None else multihost.summed(counts)

@@ -16,6 +16,7 @@ import numpy as np
 from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
+from diloco.data.corpus import mixture
 from diloco.inner import warm_start
 from diloco.outer import fragments, protocol
 from diloco.runners import island_log, island_summary
@@ -84,6 +85,7 @@ def _run(
   # Each learner's protocol decisions (learner_machine): the threads runtime's must match.
   summary["learner_decisions"] = [m.digest() for m in runtime.machines]
   summary["uploads_skipped"] = sum(m.skipped for m in runtime.machines)
+  summary["corpus_tokens"] = mixture.read_tokens(iters)  # (None unless data.source=corpus)
   like = parts.islands[0].abstract_state().params  # saved for evaluate, sample and init_from
   final_params = fragments.unflatten(runtime.sync.global_params(), like=like)
   warm_start.save_final(workdir, summary["steps"], final_params)

@@ -1,5 +1,6 @@
-"""A prepared corpus as a run's data (data.source=corpus): its manifests checked, its validation
-corpus in memory, and the streamed reader of one process (data/pipeline.py assembles them)."""
+"""Prepared corpora as a run's data (data.source=corpus): their manifests checked, the validation
+corpus in memory, and the streamed reader of one process over one corpus or a mixture
+(data/pipeline.py assembles them)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,27 @@ import grain
 import ml_collections
 
 from diloco.data import archive as archive_lib, shards, sources
-from diloco.data.corpus import manifest as manifest_lib, stream
+from diloco.data.corpus import manifest as manifest_lib, mixture, stream
 
 _log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class CorpusSplits:
-  """A prepared corpus (data/corpus/): its manifest, streamed per reader at training time, and
-  its validation corpus in memory, each document followed by the end-of-document id."""
+@dataclasses.dataclass(frozen=True)
+class TrainCorpus:
+  """One corpus of the training mixture: where it is, its manifest, its share of the tokens."""
 
   directory: str
   manifest: manifest_lib.Manifest
+  weight: float
+
+
+@dataclasses.dataclass
+class CorpusSplits:
+  """Prepared corpora (data/corpus/): the training corpora, streamed per reader at training time
+  (mixed by their weights), and the validation corpus in memory, each document followed by the
+  end-of-document id."""
+
+  train: tuple[TrainCorpus, ...]
   val: sources.TokenCorpus
   vocab_size: int
   eod_id: int
@@ -30,18 +40,32 @@ class CorpusSplits:
   cache_dir: str  # where a reader copies its shards of a bucket
 
 
-def check(cfg: ml_collections.ConfigDict) -> tuple[manifest_lib.Manifest, manifest_lib.Manifest]:
-  """The training and validation manifests of data.source=corpus, checked (every shard there at
-  its size, ids below the vocabulary, one tokenizer): ValueError naming the file otherwise. Cheap
-  (no shard is read): train.py calls it before the workdir is touched."""
+def check(cfg: ml_collections.ConfigDict) -> tuple[tuple[TrainCorpus, ...], manifest_lib.Manifest]:
+  """The training corpora (with their token shares) and the validation manifest of
+  data.source=corpus, checked (every shard there at its size, ids below the vocabulary, one
+  tokenizer and vocabulary for all): ValueError naming the file otherwise. Cheap (no shard is
+  read): train.py calls it before the workdir is touched."""
   if not cfg.corpus or not cfg.val_corpus:
     raise ValueError(
         "data.source='corpus' needs data.corpus and data.val_corpus (prepared corpora)"
     )
-  train, val = manifest_lib.read(cfg.corpus), manifest_lib.read(cfg.val_corpus)
-  manifest_lib.check(cfg.corpus, train)
-  manifest_lib.check(cfg.val_corpus, val, vocab_size=train.vocab_size)
-  manifest_lib.check_tokenizer(cfg.val_corpus, val, train.tokenizer["sha256"], cfg.corpus)
+  dirs = mixture.directories(cfg.corpus)
+  manifests = [manifest_lib.read(d) for d in dirs]
+  first = manifests[0]
+  for d, m in zip(dirs, manifests):
+    manifest_lib.check(d, m)
+    if d != dirs[0]:
+      manifest_lib.check_tokenizer(d, m, first.tokenizer["sha256"], dirs[0])
+      if (m.vocab_size, m.eod_id) != (first.vocab_size, first.eod_id):
+        raise ValueError(
+            f"{d}: vocabulary {m.vocab_size} and end-of-document id {m.eod_id}, but {dirs[0]} "
+            f"has {first.vocab_size} and {first.eod_id}: a mixture needs one tokenizer"
+        )
+  shares = mixture.weights(cfg.get("corpus_weights", ""), len(dirs), [m.tokens for m in manifests])
+  val = manifest_lib.read(cfg.val_corpus)
+  manifest_lib.check(cfg.val_corpus, val, vocab_size=first.vocab_size)
+  manifest_lib.check_tokenizer(cfg.val_corpus, val, first.tokenizer["sha256"], dirs[0])
+  train = tuple(TrainCorpus(d, m, w) for d, m, w in zip(dirs, manifests, shares))
   return train, val
 
 
@@ -53,22 +77,25 @@ def load(cfg: ml_collections.ConfigDict) -> CorpusSplits:
   text_bytes = sum(s.text_bytes for s in val.shards)
   corpus = sources.TokenCorpus.from_documents(names, docs, [0] * len(docs))
   return CorpusSplits(
-      cfg.corpus,
       train,
       corpus,
-      train.vocab_size,
-      train.eod_id,
+      train[0].manifest.vocab_size,
+      train[0].manifest.eod_id,
       text_bytes / len(corpus.tokens) if text_bytes else 1.0,
       cache,
   )
 
 
 def describe(splits: CorpusSplits) -> dict:
-  """What summary.json's `data` says of the corpus (without the evaluation sample's fields)."""
-  m = splits.manifest
-  out = {"source": "corpus", "corpus": splits.directory, "tokenizer": m.tokenizer}
-  out.update(vocab_size=m.vocab_size, eod_id=m.eod_id, train_shards=len(m.shards))
-  out.update(train_tokens=m.tokens, train_documents=m.documents)
+  """What summary.json's `data` says of the corpora (without the evaluation sample's fields)."""
+  train = splits.train
+  out = {"source": "corpus", "corpus": ",".join(t.directory for t in train)}
+  out.update(tokenizer=train[0].manifest.tokenizer, vocab_size=splits.vocab_size)
+  out.update(eod_id=splits.eod_id, train_shards=sum(len(t.manifest.shards) for t in train))
+  out.update(train_tokens=sum(t.manifest.tokens for t in train))
+  out.update(train_documents=sum(t.manifest.documents for t in train))
+  if len(train) > 1:
+    out["weights"] = {t.directory: round(t.weight, 6) for t in train}
   out.update(val_tokens=len(splits.val.tokens), val_documents=len(splits.val.names))
   return out
 
@@ -84,10 +111,11 @@ def reader(
     num_shards: int,
     process_index: int,
     process_count: int,
-) -> tuple[grain.IterDataset, list[int]]:
-  """This process's training batches and the shards it reads: the ones dealt to it by learner,
-  then by process in its island (with `iid` every learner's processes share all of them, each
-  learner in its own order)."""
+) -> tuple[grain.IterDataset, list[stream.Source], list[str]]:
+  """This process's training batches, what it reads of each corpus and those shards' names (a
+  mixture's prefixed with their corpus): of each corpus, the shards dealt to
+  it by learner, then by process in its island (with `iid` every learner's processes share all of
+  them, each learner in its own order)."""
   shards.check_shard(shard_index, num_shards)
   if global_batch_size % process_count:
     raise ValueError(
@@ -96,19 +124,31 @@ def reader(
   iid = iid or num_shards == 1
   readers = process_count if iid else num_shards * process_count
   index = process_index if iid else shard_index * process_count + process_index
-  m = splits.manifest
-  mine = stream.assign(len(m.shards), readers)[index]
-  paths = stream.local_shards(splits.directory, m, mine, splits.cache_dir)
-  dataset = stream.dataset(
-      paths,
-      [m.shards[i] for i in mine],
-      m,
+  sources_, mine, labels = [], [], []
+  for t in splits.train:
+    try:
+      indices = stream.assign(len(t.manifest.shards), readers)[index]
+    except ValueError as e:
+      raise ValueError(f"{t.directory}: {e}") from e
+    paths = stream.local_shards(t.directory, t.manifest, indices, splits.cache_dir)
+    sources_.append(stream.Source(paths, [t.manifest.shards[i] for i in indices], t.manifest))
+    mine.append(indices)
+    prefix = f"{t.directory}/" if len(splits.train) > 1 else ""
+    labels += [f"{prefix}{t.manifest.shards[i].name}" for i in indices]
+  weights = mixture.document_weights(
+      [t.weight for t in splits.train],
+      [sum(s.tokens for s in src.shards) for src in sources_],
+      [sum(s.documents for s in src.shards) for src in sources_],
+  )
+  dataset = stream.mixed(
+      sources_,
+      weights,
       seed=seed * 1_000_003 + shard_index,
       seq_len=seq_len,
       batch_size=global_batch_size // process_count,
   )
   _log.info(
-      "Corpus %s shard %d of %d, process %d: shards %s.",
-      splits.directory, shard_index, num_shards, process_index, mine,
+      "Corpus shard %d of %d, process %d: shards %s of %s.",
+      shard_index, num_shards, process_index, mine, [t.directory for t in splits.train],
   )  # fmt: skip
-  return dataset, mine
+  return dataset, sources_, labels

@@ -8,7 +8,8 @@ tokens (grain's ConcatThenSplitIterDataset), with the segment id (1, 2, ... per 
 position in its document of every token. Across a join the loss is not taken: the
 end-of-document token predicts nothing (`targets_mask_BxL` is 0 where the target lies in another
 document than its input). Ids are checked against the vocabulary as each record is read (a bad
-one names its shard and record). The reader's position is grain iterator state.
+one names its shard and record). The reader's position is grain iterator state. Several
+corpora are mixed document by document (`mixed`, mixture.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import grain
 import numpy as np
 
-from diloco.data.corpus import files, manifest as manifest_lib
+from diloco.data.corpus import files, manifest as manifest_lib, mixture
 
 
 def assign(num_shards: int, readers: int) -> list[list[int]]:
@@ -64,13 +65,15 @@ def local_shards(
 
 @dataclasses.dataclass(frozen=True)
 class _Decode:
-  """Record bytes -> {'tokens': ids + [eod]} as int32, checked against the vocabulary."""
+  """Record bytes -> {'tokens': ids + [eod], 'corpus': its corpus index per token} as int32,
+  checked against the vocabulary."""
 
   names: tuple[str, ...]  # shard of each record run
   starts: tuple[int, ...]  # first global record index of each shard, then the total
   dtype: str
   vocab_size: int
   eod_id: int
+  corpus: int = 0  # the corpus's index in a mixture
 
   def __call__(self, index: int, record: bytes) -> dict:
     ids = (
@@ -84,39 +87,67 @@ class _Decode:
       raise ValueError(
           f"{self.names[s]} record {index - self.starts[s]}: {what} (vocabulary {self.vocab_size})"
       )
-    return {"tokens": np.append(ids.astype(np.int32), np.int32(self.eod_id))}
+    tokens = np.append(ids.astype(np.int32), np.int32(self.eod_id))
+    return {"tokens": tokens, "corpus": np.full(tokens.shape, self.corpus, np.int32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One corpus of a reader: the local paths of its shards and their manifest entries."""
+
+  paths: list[str]
+  shards: list[manifest_lib.Shard]
+  manifest: manifest_lib.Manifest
+
+
+def _documents(src: Source, index: int, seed: int, vocab_size: int | None) -> grain.MapDataset:
+  """The documents of one corpus, decoded, in a new shuffled order each epoch, endless."""
+  counts = [s.documents for s in src.shards]
+  m = src.manifest
+  decode = _Decode(
+      tuple(s.name for s in src.shards),
+      tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)])),
+      m.dtype,
+      vocab_size if vocab_size is not None else m.vocab_size,
+      m.eod_id,
+      index,
+  )
+  records = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(src.paths))
+  return records.map_with_index(decode).shuffle(seed=seed + 7919 * index).repeat(None)
+
+
+def mixed(
+    sources: list[Source],
+    document_weights: list[float],
+    *,
+    seed: int,
+    seq_len: int,
+    batch_size: int,
+    vocab_size: int | None = None,
+) -> mixture.Counted:
+  """Endless batches of `batch_size` packed sequences drawn from `sources` by
+  `document_weights` (grain's mixing of documents; mixture.py turns token shares into them):
+  {'inputs_BxL', 'targets_BxL', 'segment_ids_BxL', 'positions_BxL', 'targets_mask_BxL'}, all
+  [batch_size, seq_len] int32; the iterator counts the tokens of each source."""
+  if seq_len < 1 or batch_size < 1:
+    raise ValueError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}")
+  docs = [_documents(src, i, seed, vocab_size) for i, src in enumerate(sources)]
+  both = docs[0] if len(docs) == 1 else grain.MapDataset.mix(docs, list(document_weights))
+  stream = both.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=64))
+  packed = grain.experimental.ConcatThenSplitIterDataset(
+      stream, length_struct={"tokens": seq_len + 1, "corpus": seq_len + 1}
+  )
+  return mixture.Counted(packed.batch(batch_size).map(_batch), len(sources))
 
 
 def dataset(
     paths: list[str],
     shards: list[manifest_lib.Shard],
     m: manifest_lib.Manifest,
-    *,
-    seed: int,
-    seq_len: int,
-    batch_size: int,
-    vocab_size: int | None = None,
-) -> grain.IterDataset:
-  """Endless batches of `batch_size` packed sequences from the shards at `paths` (their
-  manifest entries `shards`): {'inputs_BxL', 'targets_BxL', 'segment_ids_BxL', 'positions_BxL',
-  'targets_mask_BxL'}, all [batch_size, seq_len] int32."""
-  if seq_len < 1 or batch_size < 1:
-    raise ValueError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}")
-  counts = [s.documents for s in shards]
-  decode = _Decode(
-      tuple(s.name for s in shards),
-      tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)])),
-      m.dtype,
-      vocab_size if vocab_size is not None else m.vocab_size,
-      m.eod_id,
-  )
-  records = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
-  docs = records.map_with_index(decode).shuffle(seed=seed).repeat(None)
-  stream = docs.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=64))
-  packed = grain.experimental.ConcatThenSplitIterDataset(
-      stream, length_struct={"tokens": seq_len + 1}
-  )
-  return packed.batch(batch_size).map(_batch)
+    **kwargs,
+) -> mixture.Counted:
+  """`mixed` of one corpus: the shards at `paths` (their manifest entries `shards`)."""
+  return mixed([Source(paths, shards, m)], [1.0], **kwargs)
 
 
 def _batch(b: dict) -> dict:
@@ -127,6 +158,7 @@ def _batch(b: dict) -> dict:
       "segment_ids_BxL": seg[:, :-1].astype(np.int32),
       "positions_BxL": pos[:, :-1].astype(np.int32),
       "targets_mask_BxL": (seg[:, 1:] == seg[:, :-1]).astype(np.int32),
+      mixture.SOURCE: b["corpus"][:, :-1].astype(np.int32),
   }
 
 
