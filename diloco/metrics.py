@@ -52,7 +52,12 @@ class MetricsWriter:
 
   @classmethod
   def for_run(cls, config: ml_collections.ConfigDict, workdir: str, **resume: Any):
-    """The writer of a run of `config`: its `trackers`, given the resolved config."""
+    """The writer of a run of `config`: its `trackers`, given the resolved config. Of an island
+    of several processes sharing the workdir, process 0's alone (the others' `Unwritten`)."""
+    import jax
+
+    if jax.process_index() != 0:
+      return Unwritten()
     spec = config.get("trackers", "jsonl,tensorboard")
     return cls(workdir, **resume, trackers=spec, config=json.loads(config.to_json()))
 
@@ -69,6 +74,20 @@ class MetricsWriter:
   def close(self) -> None:
     for tracker in self._trackers:
       tracker.close()
+
+
+class Unwritten:
+  """A `MetricsWriter` that writes nothing: a process other than 0 of a multi-process island,
+  whose rows process 0 writes (two writers of one file would truncate and rename it at once)."""
+
+  def write(self, row: dict[str, Any], prefix: str = "") -> None:
+    del row, prefix
+
+  def position(self) -> int:
+    return 0
+
+  def close(self) -> None:
+    pass
 
 
 def aux_terms(step_metrics: dict[str, Any]) -> dict[str, float]:

@@ -1,38 +1,66 @@
-"""A prepared corpus in a bucket, trained on by one learner island of two processes
-(`jax.distributed` on the loopback, FSDP over both): each process copies and reads only its own
-shards, and the run stopped after its middle checkpoint and resumed ends with the uninterrupted
-run's parameters. The bucket is the Cloud Storage server of tests/object_store.py."""
+"""The corpus issue's acceptance run: a generated corpus of 24 MB of JSON Lines in a bucket, a
+byte-level BPE tokenizer of 8,192 ids trained on it by `experiments.prepare tokenizer`, its shards
+written to the bucket by `experiments.prepare shards`, and one learner island of two processes
+(`jax.distributed` on the loopback, FSDP over both) training on it: each process copies and reads
+only its own shards, and the run stopped after its middle checkpoint and resumed ends with the
+uninterrupted run's parameters. The bucket is the Cloud Storage server of tests/object_store.py."""
 
 import json
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 
-from diloco.data.corpus import files, manifest as manifest_lib, prepare, tokenizer_files
+from diloco.data.corpus import files, manifest as manifest_lib
 from diloco.rpc import local
 from object_store import bucket  # noqa: F401 (a fixture)
 from proc_helpers import REPO, train_command
 
-WORDS = "the of and to in a is that for it as was with be by on not he this are".split()
+RAW_BYTES = 24_000_000
+VOCAB = 8192
 
 
-def _prepare(tmp_path, bucket_url):
-  """A train corpus of 4 shards and a validation corpus of 1 in the bucket (byte-level BPE)."""
-  rng = np.random.default_rng(0)
-  texts = [" ".join(rng.choice(WORDS, rng.integers(20, 120))) for _ in range(400)]
-  for name, part in (("train", texts[:360]), ("val", texts[360:])):
-    files.put_bytes(
-        f"{bucket_url}/raw/{name}.jsonl",
-        "".join(json.dumps({"text": t}) + "\n" for t in part).encode(),
-    )
-  tok = tokenizer_files.train("bpe", texts, 300, f"{bucket_url}/tokenizer.json")
+def _generated_jsonl(size: int, seed: int) -> bytes:
+  """JSON Lines of `size` bytes: documents of 50-600 words drawn (Zipf, s = 1.1) from 20,000
+  words of 1-3 syllables, enough distinct text for 8,192 BPE ids."""
+  rng = np.random.default_rng(0)  # the same words for every split
+  syllables = [a + b for a in "bcdfghjklmnprstvwz" for b in ("a", "e", "i", "o", "u", "ai", "ou")]
+  words = np.array(["".join(rng.choice(syllables, k)) for k in rng.integers(1, 4, 20_000)])
+  p = 1.0 / np.arange(1, len(words) + 1) ** 1.1
+  rng = np.random.default_rng(seed)
+  lines, total = [], 0
+  while total < size:
+    text = " ".join(words[rng.choice(len(words), int(rng.integers(50, 600)), p=p / p.sum())])
+    lines.append(json.dumps({"text": text}) + "\n")
+    total += len(lines[-1])
+  return "".join(lines).encode()
+
+
+def _prepare_command(what: str, *flags: str) -> None:
+  command = [sys.executable, "-m", "experiments.prepare", what, "--format=jsonl", "--field=text"]
+  done = subprocess.run(
+      command + list(flags), cwd=REPO, capture_output=True, text=True, timeout=300
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _prepare(bucket_url):
+  """Raw JSON Lines in the bucket; the tokenizer trained on the training split by the command; a
+  train corpus of 4 shards (2 workers) and a validation corpus of 1, all in the bucket."""
+  files.put_bytes(f"{bucket_url}/raw/train.jsonl", _generated_jsonl(RAW_BYTES, 1))
+  files.put_bytes(f"{bucket_url}/raw/val.jsonl", _generated_jsonl(200_000, 2))
+  tokenizer = f"{bucket_url}/tokenizer.json"
+  _prepare_command(
+      "tokenizer", f"--inputs={bucket_url}/raw/train.jsonl", "--kind=bpe",
+      f"--vocab_size={VOCAB}", f"--tokenizer={tokenizer}",
+  )  # fmt: skip
   for name, shards in (("train", 4), ("val", 1)):
-    spec = prepare.Spec(
-        (f"{bucket_url}/raw/{name}.jsonl",), "jsonl", tok.path, f"{bucket_url}/{name}", shards
-    )
-    prepare.prepare(spec, progress=False)
+    _prepare_command(
+        "shards", f"--inputs={bucket_url}/raw/{name}.jsonl", f"--tokenizer={tokenizer}",
+        f"--output={bucket_url}/{name}", f"--shards={shards}", "--workers=2", "--noprogress",
+    )  # fmt: skip
   return manifest_lib.read(f"{bucket_url}/train")
 
 
@@ -61,16 +89,23 @@ def _run(tmp_path, bucket_url, workdir):
         )
     )
   outs = [p.communicate(timeout=300)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
+  assert [p.returncode for p in procs] == [0, 0], "\n\n".join(o[-4000:] for o in outs)
   with open(os.path.join(workdir, "summary.json")) as f:
     return json.load(f)
 
 
 def test_two_processes_read_their_own_shards_from_a_bucket_and_resume_exactly(tmp_path, bucket):
-  m = _prepare(tmp_path, bucket)
+  m = _prepare(bucket)
+  assert m.vocab_size == VOCAB and max(s.max_id for s in m.shards) > 4000  # (8,192 BPE ids used)
+  assert sum(s.text_bytes for s in m.shards) > 0.9 * RAW_BYTES
   workdir = str(tmp_path / "run")
   whole = _run(tmp_path, bucket, workdir)
   assert whole["finished"] and whole["data"]["source"] == "corpus"
+  assert whole["data"]["vocab_size"] == VOCAB
+  # The two processes' readers gave half the global batch each: 12 steps of it in all.
+  with open(os.path.join(workdir, "config.json")) as f:
+    c = json.load(f)
+  assert whole["data"]["mixture"][0]["tokens"] == 12 * c["batch_size"] * c["seq_len"]
   # Each process copied only its shards (round robin: process 0 shards 0 and 2, process 1 the
   # others) into its own cache; the validation corpus, which both score, to both.
   for i, mine in ((0, [0, 2]), (1, [1, 3])):

@@ -3,7 +3,8 @@
 Rows are those of experiments.sweep over the four stage files (configs/sweeps/scaling_inner.py,
 scaling_outer.py, scaling_seeds.py, scaling_overtrain.py): a `size`, a `method` (dp or diloco),
 `learners` and `outer_lr` for DiLoCo, the peak inner `lr`, the global `batch`, a `seed`, an
-`overtrain` factor (absent: 1) and the run's `eval_loss`. A method is 'dp' or M (DiLoCo's learners).
+`overtrain` factor (absent: 1) and the run's `eval_loss`. A method is 'dp', M (DiLoCo's learners)
+or 'decM' (Decoupled DiLoCo of M learners, configs/sweeps/scaling_decoupled.py).
 
 Winners, as the paper picks them: stage (a) the (inner lr, batch) of the lowest final eval loss per
 (size, method) at outer lr STAGE_A_OUTER_LR; stage (b) the outer lr of the lowest loss per (size, M)
@@ -23,7 +24,11 @@ TINY_METHODS = ("dp", 2)  # what the tiny modes of the stage files compare
 STAGE_A_OUTER_LR = 0.6
 OUTER_LRS = (0.2, 0.4, 0.6, 0.8, 1.0)
 
-Method = str | int  # 'dp' or M
+DECOUPLED = ("dec2", "dec4", "dec8")  # Decoupled DiLoCo's column: M = 2, 4, 8
+TINY_DECOUPLED = ("dec2",)
+DECOUPLED_OUTER_LRS = (0.1, 0.2, 0.4)  # a doubling ladder (rebase's best in the main job: 0.1)
+
+Method = str | int  # 'dp', M or 'decM'
 LADDER_BASE = 2e-2  # the inner learning rates tried are 2e-2 x sqrt(2)^k
 
 
@@ -43,7 +48,16 @@ def read_rows(workdir: str) -> list[dict[str, Any]]:
 
 
 def method_of(row: dict[str, Any]) -> Method:
+  if row["method"] == "decoupled":
+    return f"dec{int(row['learners'])}"
   return "dp" if row["method"] == "dp" else int(row["learners"])
+
+
+def learners_of(method: Method) -> int:
+  """M of a method (data-parallel: 1)."""
+  if method == "dp":
+    return 1
+  return int(method[3:]) if isinstance(method, str) else method
 
 
 def point(
@@ -57,10 +71,11 @@ def point(
     tiny: bool = False,
 ) -> dict[str, Any]:
   """A sweep point (its keys always in this order, so one run has one name in every stage)."""
-  out = {"size": size, "method": "dp" if method == "dp" else "diloco", "lr": lr, "batch": batch}
+  name = "dp" if method == "dp" else ("decoupled" if isinstance(method, str) else "diloco")
+  out = {"size": size, "method": name, "lr": lr, "batch": batch}
   out["seed"] = seed
   if method != "dp":
-    out.update(learners=method, outer_lr=outer_lr)
+    out.update(learners=learners_of(method), outer_lr=outer_lr)
   if overtrain != 1:
     out["overtrain"] = overtrain
   return {**out, "tiny": True} if tiny else out
@@ -124,12 +139,29 @@ def outer_winner(rows, size: str, m: int) -> float | None:
   return min(got, key=got.get) if got else None
 
 
+def decoupled_cells(rows, size: str, method: str) -> dict[float, float]:
+  """Decoupled DiLoCo 'decM': outer lr -> final eval loss at DiLoCo M's stage-(a) winner (its
+  inner lr and batch, reused), seed 0."""
+  best = inner_winner(rows, size, learners_of(method))
+  return {
+      float(r["outer_lr"]): r["eval_loss"]
+      for r in _rows(rows, size, method)
+      if best is not None and (float(r["lr"]), int(r["batch"])) == best
+  }
+
+
 def winning_point(rows, size: str, method: Method, seed: int = 0, overtrain: int = 1, tiny=False):
-  """The sweep point of (size, method)'s winning cell (stage (a), then (b) for DiLoCo)."""
-  best = inner_winner(rows, size, method)
+  """The sweep point of (size, method)'s winning cell (stage (a), then (b) for DiLoCo; Decoupled
+  DiLoCo: DiLoCo's stage-(a) winner at the same M, and its own outer rate)."""
+  inner = learners_of(method) if isinstance(method, str) and method != "dp" else method
+  best = inner_winner(rows, size, inner)
   if best is None:
-    raise ValueError(f"no stage-(a) rows of size {size} and method {method}")
-  outer = None if method == "dp" else outer_winner(rows, size, method)  # None: stage (b) not run
+    raise ValueError(f"no stage-(a) rows of size {size} and method {inner}")
+  if isinstance(method, str) and method != "dp":
+    got = decoupled_cells(rows, size, method)
+    outer = min(got, key=got.get) if got else None
+  else:  # None: stage (b) not run
+    outer = None if method == "dp" else outer_winner(rows, size, method)
   outer = STAGE_A_OUTER_LR if outer is None else outer
   return point(size, method, *best, seed=seed, outer_lr=outer, overtrain=overtrain, tiny=tiny)
 
@@ -169,6 +201,9 @@ def table(rows, sizes: Iterable[str], overtrain: int = 1) -> dict[tuple[str, Met
   for s in sizes:
     for method in METHODS:
       if inner_winner(rows, s, method) is not None:
+        out[(s, method)] = cell_losses(rows, s, method, overtrain)
+    for method in DECOUPLED:
+      if decoupled_cells(rows, s, method):
         out[(s, method)] = cell_losses(rows, s, method, overtrain)
   return out
 
@@ -257,3 +292,23 @@ def overtrain_finding(at_1x: list[Finding], at_4x: list[Finding]) -> Finding:
   ok = all(x == y for x, y in pairs) if pairs else None
   nums = "; ".join(f"{claim[:3]} at 4x: {v} ({n})" for claim, v, n in at_4x)
   return ("(6) findings (1)-(3) read the same overtrained 4x", _verdict(ok), nums)
+
+
+def decoupled_finding(tab: dict[tuple[str, Method], list[float]], sizes: Sequence[str]) -> Finding:
+  """The paper's "Decoupled DiLoCo performs better with scale relative to data-parallel": for each M, its
+  relative gap to DP falls from size to size (the sizes with DP's cell and Decoupled's)."""
+  mu = {k: mean(v) for k, v in tab.items() if v}
+  per_m = {}
+  for method in DECOUPLED:
+    have = [s for s in sizes if (s, "dp") in mu and (s, method) in mu]
+    if len(have) >= 2:
+      per_m[method] = [(s, gap(mu[(s, method)], mu[(s, "dp")])) for s in have]
+  ok = None
+  if per_m:
+    ok = all(a[1] > b[1] for g in per_m.values() for a, b in zip(g, g[1:]))
+  nums = "; ".join(
+      f"M={learners_of(m)}: " + " -> ".join(f"{s} {x:+.2f}%" for s, x in g)
+      for m, g in per_m.items()
+  )
+  claim = "Decoupled DiLoCo's relative gap to DP shrinks as N grows (M = 2, 4, 8)"
+  return (claim, _verdict(ok), nums)

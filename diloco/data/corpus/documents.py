@@ -9,6 +9,7 @@ of a Parquet file's row groups, or one whole text file. Pieces depend only on th
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -104,8 +105,13 @@ def read(piece: Piece, fmt: str, field: str = "text") -> Iterator[tuple[str, str
     raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
 
 
+READ_BUFFER = 8 << 20  # bytes per read of a JSON Lines file: one request to a bucket
+
+
 def _jsonl(piece: Piece, fs, local: str, field: str) -> Iterator[tuple[str, str]]:
-  with fs.open(local, "rb") as f:
+  # Lines through io's buffer: fsspec's own readline goes back to its file for every line
+  # (about 7 ms a line from a bucket, 0.05 s for 24 MB buffered; measured on the test server).
+  with io.BufferedReader(fs.open(local, "rb"), buffer_size=READ_BUFFER) as f:
     pos = piece.start
     if pos > 0:  # the line that started before the piece is the previous piece's
       f.seek(pos - 1)
