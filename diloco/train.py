@@ -16,7 +16,7 @@ from absl import logging
 
 from diloco import data as data_lib, metrics
 from diloco.config import bounds, checks, deploy as deploy_lib, keys
-from diloco.data.corpus import mixture
+from diloco.data.corpus import mixture, splits as corpus_splits
 from diloco.plan import peak
 from diloco.recovery import workdir as workdir_lib
 from diloco.rpc import multihost
@@ -59,9 +59,13 @@ def train_and_evaluate(
     problems = bounds.problems(config, bounds.local_memory())  # this machine holds the step
     if problems:
       raise checks.ConfigError(problems, config)
-  if config.data.source == "corpus":  # a bad corpus is named before the workdir is touched
-    data_lib.check_corpus(config.data)
   distributed = config.get("distributed", False)
+  if distributed and not jax.distributed.is_initialized():  # (experiments.train's --coordinator
+    multihost.initialize(True)  # does it)
+  if config.data.source == "corpus":  # a bad corpus is named before the workdir is touched
+    corpus_splits.fetch_own(
+        config.data, *_readers(config), jax.process_index(), jax.process_count()
+    )
   hold = workdir_lib.Hold(workdir)
   if not distributed:  # one run at a time in a workdir: a second is refused naming the first
     hold.acquire()
@@ -73,8 +77,6 @@ def train_and_evaluate(
       hold.release()
       hold.acquire()
     if distributed:
-      if not jax.distributed.is_initialized():  # (experiments.train's --coordinator did it)
-        multihost.initialize(True)
       if jax.process_index() == 0:  # the island's processes share the workdir: one holds it
         hold.acquire()
     with data_lib.reuse_splits():  # the runner's islands and the summary read the data once
@@ -93,6 +95,13 @@ def train_and_evaluate(
     return summary
   finally:
     hold.release()
+
+
+def _readers(config: ml_collections.ConfigDict) -> tuple[list[int], int]:
+  """The learners whose data this process reads, and how many learners share the data."""
+  if config.mode in ("dp", "compare"):  # (compare: its data-parallel run reads every shard)
+    return [0], 1
+  return list(range(config.outer.learners)), config.outer.learners
 
 
 def _write_summary(workdir: str, summary: dict[str, Any]) -> None:

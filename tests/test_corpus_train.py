@@ -13,7 +13,7 @@ import pytest
 from configs import shakespeare
 from diloco import train
 from diloco.data import pipeline
-from diloco.data.corpus import prepare, tokenizer_files
+from diloco.data.corpus import prepare, splits as corpus_splits, tokenizer_files
 
 WORDS = "the of and to in a is that for it as was with be by on not he this are".split()
 
@@ -96,10 +96,20 @@ def test_a_corpus_that_is_not_there_is_named_before_the_workdir_is_touched(corpu
   assert not workdir.exists()
 
 
-def test_decoupled_learners_train_on_their_own_shards(corpus, tmp_path):
-  s = train.train_and_evaluate(_config(corpus, "runlocal,mode=decoupled", steps=16), str(tmp_path))
+def test_decoupled_learners_train_on_their_own_shards_and_resume_their_readers(corpus, tmp_path):
+  config = _config(corpus, "runlocal,mode=decoupled", steps=16)
+  s = train.train_and_evaluate(config, str(tmp_path / "whole"))
   assert s["data"]["train_shards"] == 4 and np.isfinite(s["eval_loss"])
   assert [r["merged_share"] > 0 for r in s["per_learner"]] == [True, True]
+  # Stopped after 7 steps and resumed from the run's snapshot, which holds both learners'
+  # reader positions (and counts): the same parameters, and the same tokens read.
+  config.stop_after_steps = 7
+  part = train.train_and_evaluate(config, str(tmp_path / "split"))
+  assert part["stopped_by"] == "stop_after_steps"
+  config.stop_after_steps = 0
+  rest = train.train_and_evaluate(config, str(tmp_path / "split"))
+  assert rest["params_sha256"] == s["params_sha256"]
+  assert rest["data"]["mixture"] == s["data"]["mixture"]
 
 
 def _other(corpus, name, tokenizer):
@@ -144,5 +154,22 @@ def test_a_mixture_of_two_tokenizers_or_the_wrong_weights_is_refused(corpus, tmp
       f"{corpus / 'train'},{_other(corpus, 'other2', str(corpus / 'tokenizer.json'))}"
   )
   with pytest.raises(ValueError, match=r"corpus_weights='1' gives 1 weights for 2 corpora"):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_a_corrupt_shard_of_the_same_size_is_named_before_the_workdir_is_touched(corpus, tmp_path):
+  copy = tmp_path / "train"
+  shutil.copytree(corpus / "train", copy)
+  config = _config(corpus, "runlocal,mode=decoupled")
+  config.data.corpus = str(copy)
+  # Checked once (learner 1 of 2 reads shards 1 and 3), then one byte of shard 1 changes.
+  corpus_splits.fetch_own(config.data, [0, 1], 2, 0, 1)
+  shard = copy / "shard-00001-of-00004.array_record"
+  data = bytearray(shard.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  shard.write_bytes(bytes(data))
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"shard-00001-of-00004.array_record: sha256 \w+, the "):
     train.train_and_evaluate(config, str(workdir))
   assert not workdir.exists()

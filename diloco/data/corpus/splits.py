@@ -100,6 +100,40 @@ def describe(splits: CorpusSplits) -> dict:
   return out
 
 
+def _dealt(t: TrainCorpus, iid, shard_index, num_shards, process_index, process_count) -> list[int]:
+  """The shards of `t` that learner `shard_index`'s process reads."""
+  iid = iid or num_shards == 1
+  readers = process_count if iid else num_shards * process_count
+  index = process_index if iid else shard_index * process_count + process_index
+  try:
+    return stream.assign(len(t.manifest.shards), readers)[index]
+  except ValueError as e:
+    raise ValueError(f"{t.directory}: {e}") from e
+
+
+def fetch_own(
+    cfg: ml_collections.ConfigDict,
+    learners: list[int],
+    num_shards: int,
+    process_index: int,
+    process_count: int,
+) -> None:
+  """`check`, then this process's shards of every corpus (those of its `learners`) copied from a
+  bucket or, local, checked in place, each against its sha256: a corrupt shard is named before
+  the run writes anything (each process reads only its own shards, once per file)."""
+  train, _ = check(cfg)
+  cache = os.path.join(archive_lib.resolve_cache_dir(cfg.cache_dir), "corpus")
+  for t in train:
+    mine = sorted(
+        {
+            i
+            for m in learners
+            for i in _dealt(t, cfg.iid, m, num_shards, process_index, process_count)
+        }
+    )
+    stream.local_shards(t.directory, t.manifest, mine, cache)
+
+
 def reader(
     splits: CorpusSplits,
     *,
@@ -121,15 +155,10 @@ def reader(
     raise ValueError(
         f"batch_size={global_batch_size} does not split over {process_count} processes"
     )
-  iid = iid or num_shards == 1
-  readers = process_count if iid else num_shards * process_count
-  index = process_index if iid else shard_index * process_count + process_index
+  where = (iid, shard_index, num_shards, process_index, process_count)
   sources_, mine, labels = [], [], []
   for t in splits.train:
-    try:
-      indices = stream.assign(len(t.manifest.shards), readers)[index]
-    except ValueError as e:
-      raise ValueError(f"{t.directory}: {e}") from e
+    indices = _dealt(t, *where)
     paths = stream.local_shards(t.directory, t.manifest, indices, splits.cache_dir)
     sources_.append(stream.Source(paths, [t.manifest.shards[i] for i in indices], t.manifest))
     mine.append(indices)

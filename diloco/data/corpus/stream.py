@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 
 import grain
@@ -39,13 +40,15 @@ def assign(num_shards: int, readers: int) -> list[list[int]]:
 def local_shards(
     directory: str, m: manifest_lib.Manifest, indices: list[int], cache_dir: str
 ) -> list[str]:
-  """Local paths of those shards: in place for a local corpus; from a bucket, copied once into
-  cache_dir (keyed by each shard's sha256, checked after the copy)."""
+  """Local paths of those shards, each checked against its sha256 once: a local corpus's in place
+  (a note in cache_dir/verified keeps the check while the file's size and mtime stay); a bucket's
+  copied once into cache_dir/shards (keyed by sha256). ValueError naming a shard that differs."""
   out = []
   for i in indices:
     shard = m.shards[i]
     path = files.join(directory, shard.name)
     if files.is_local(path):
+      _verify_in_place(path, shard, cache_dir)
       out.append(path)
       continue
     local = os.path.join(cache_dir, "shards", f"{shard.sha256[:24]}.array_record")
@@ -53,14 +56,41 @@ def local_shards(
       os.makedirs(os.path.dirname(local), exist_ok=True)
       tmp = f"{local}.{os.getpid()}.tmp"
       files.get_file(path, tmp)
-      with open(tmp, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-      if digest != shard.sha256:
+      try:
+        _check_digest(path, tmp, shard)
+      except ValueError:
         os.remove(tmp)
-        raise ValueError(f"{path}: sha256 {digest[:12]}, the manifest says {shard.sha256[:12]}")
+        raise
       os.replace(tmp, local)
     out.append(local)
   return out
+
+
+def _check_digest(name: str, local: str, shard: manifest_lib.Shard) -> None:
+  with open(local, "rb") as f:
+    digest = hashlib.file_digest(f, "sha256").hexdigest()
+  if digest != shard.sha256:
+    raise ValueError(
+        f"{name}: sha256 {digest[:12]}, the manifest says {shard.sha256[:12]} (corrupt or replaced)"
+    )
+
+
+def _verify_in_place(path: str, shard: manifest_lib.Shard, cache_dir: str) -> None:
+  """Checks a local shard's sha256 unless a note says this very file (path, size, mtime) was."""
+  st = os.stat(path)
+  seen = {"path": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+  note = os.path.join(cache_dir, "verified", f"{shard.sha256[:24]}.json")
+  try:
+    with open(note) as f:
+      if json.load(f) == seen:
+        return
+  except (OSError, ValueError):
+    pass
+  _check_digest(path, path, shard)
+  os.makedirs(os.path.dirname(note), exist_ok=True)
+  with open(f"{note}.{os.getpid()}.tmp", "w") as f:
+    json.dump(seen, f)
+  os.replace(f"{note}.{os.getpid()}.tmp", note)
 
 
 @dataclasses.dataclass(frozen=True)
