@@ -32,7 +32,12 @@ parameter on this CPU; depth and width grown together as in the paper's Table 3;
                                                           the 4.9 MB training split; 6.4 at 4x)
 `tiny`: sizes t1/t2 (d 8 and 16, one layer), 32-byte sequences and 12 steps, for the tests.
 
-Variants: size=xs|s|m|l, method=dp|diloco, learners=M, lr=X (peak inner), batch=B (global sequences),
+method=decoupled: Decoupled DiLoCo (the mode's preset: rebase, K = 1 with grace; P = 4
+fragments, the preset's 24 exceeding xs's 10 tensors) at H = 30, with the paper's heterogeneity: the second half of the M learners 18% slower
+per step, every step with a 10% log-normal jitter (simulated clock); the budget is the same tokens,
+whoever trains them (configs/sweeps/scaling_decoupled.py tunes its outer rate).
+
+Variants: size=xs|s|m|l, method=dp|diloco|decoupled, learners=M, lr=X (peak inner), batch=B (global sequences),
 outer_lr=X, seed=S, overtrain=1|4, tiny.
 """
 
@@ -53,6 +58,12 @@ TINY_SIZES = {"t1": (8, 1, 1, 2_728), "t2": (16, 1, 1, 6_736)}
 SEQ, TINY_SEQ, TINY_STEPS = 64, 32, 12
 H = 30
 TOKENS_PER_PARAM = 20
+METHODS = ("dp", "diloco", "decoupled")
+SLOWER, JITTER, FRAGMENTS = (
+    1.18,
+    0.1,
+    4,
+)  # the paper's heterogeneous setting (issue 51's `paper` speeds)
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
@@ -102,11 +113,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   table = sizes(a.tiny)
   if a.size not in table:
     raise ValueError(f"unknown size {a.size!r}; known: {sorted(table)}")
-  if a.method not in ("dp", "diloco"):
-    raise ValueError(f"method must be dp or diloco, got {a.method!r}")
+  if a.method not in METHODS:
+    raise ValueError(f"method must be one of {METHODS}, got {a.method!r}")
   if a.overtrain not in (1, 4):
     raise ValueError(f"overtrain must be 1 or 4, got {a.overtrain}")
-  m = a.learners if a.method == "diloco" else 1
+  m = 1 if a.method == "dp" else a.learners
   if a.batch % m:
     raise ValueError(f"global batch {a.batch} does not split over {m} learners")
   seq = TINY_SEQ if a.tiny else SEQ
@@ -120,6 +131,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer.update(dict(lr=a.lr, warmup_steps=warmup, decay_steps=t - warmup))
   c.data.iid = True
   c.outer.update(dict(inner_steps=min(H, t) if a.tiny else H, lr=a.outer_lr, momentum=0.9))
+  if a.method == "decoupled":
+    _heterogeneous(c, m)
   c.log_every = max(t // 20, 1)
   c.eval_every = max(t // 4, 1)
   c.checkpoint_every = t  # one checkpoint, at the end
@@ -129,6 +142,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.outer.inner_steps = 3
     c.data.eval_sequences, c.data.final_eval_sequences = 32, 64
   return c
+
+
+def _heterogeneous(c: ml_collections.ConfigDict, m: int) -> None:
+  """Decoupled DiLoCo at the paper's setting: the second half of the M learners 18% slower, every
+  step with a 10% log-normal jitter, on the simulated clock; the Decoupled preset (rebase) but
+  H, which stays the protocol's, and P = 4 fragments (xs has 10 tensors, fewer than the preset's
+  24; one P for every size)."""
+  c.outer.fragments = FRAGMENTS
+  c.sim.speeds = ",".join(["1"] * (m - m // 2) + [f"{SLOWER:g}"] * (m // 2))
+  c.sim.step_jitter = JITTER
 
 
 def stage_rows(a: ml_collections.ConfigDict) -> tuple[list[dict], list[str]]:

@@ -264,6 +264,60 @@ if not TINY:
   )
 
 # %% [markdown]
+# ## Decoupled DiLoCo's column (issue 55)
+#
+# The Decoupled DiLoCo paper's claim: "Decoupled DiLoCo performs better with scale relative to
+# data-parallel training" (2B to 9B dense). Here, under the same protocol and sizes: M = 2, 4, 8
+# learners of the Decoupled preset (rebase, K = 1 with the grace window, token weights,
+# radial-directional averaging, fp4 uplink) with P = 4 fragments and H = 30, the second half of
+# the learners 18% slower per step and every step with a 10% log-normal jitter, on the simulated
+# clock; the same token budget (D = 20N, whoever trains it). Each cell reuses DiLoCo M's stage-(a)
+# winner (inner lr and global batch, not re-tuned) and tunes its own outer rate on a doubling
+# ladder from {0.1, 0.2, 0.4}, extended past an edge; then three seeds at the winner
+# (configs/sweeps/scaling_decoupled.py).
+
+# %%
+DEC = list(sp.TINY_DECOUPLED if TINY else sp.DECOUPLED)
+SIZES_E = stage("decoupled", "part=tune", "decoupled_tune", SIZES_C)
+open_ = [] if TINY else SIZES_E  # tiny: one rate, not extended (time)
+for i in range(1, 6):
+  open_ = stage("decoupled", "part=extend", f"decoupled_extend{i}", open_)
+  if RESULTS_ONLY or not open_:
+    break
+SIZES_E = stage("decoupled", "part=seeds", "decoupled_seeds", SIZES_E)
+rows = sp.read_rows(RESULTS)
+dec_table = sp.table(rows, SIZES_E)
+dmu = {k: sp.mean(v) for k, v in dec_table.items() if v}
+for s in SIZES_E:
+  print(f"size {s}: Decoupled eval loss by outer lr (seed 0); * = winner")
+  for m in DEC:
+    got = sp.decoupled_cells(rows, s, m)
+    best = min(got, key=got.get)
+    print(
+        f"  M={sp.learners_of(m)}  "
+        + "  ".join(f"{lr:g}: {v:.4f}{'*' * (lr == best)}" for lr, v in sorted(got.items()))
+    )
+print("\neval loss, mean of seeds (seed half-range) [relative gap to DP]")
+print(
+    f"{'N':>9}{'DP':>18}"
+    + "".join(
+        f"{f'DiLoCo M={sp.learners_of(m)}':>28}{f'Decoupled M={sp.learners_of(m)}':>28}"
+        for m in DEC
+    )
+)
+for s in SIZES_E:
+  dp = dmu[(s, "dp")]
+  line = f"{params[s]:>9,}{dp:>10.4f} ({sp.spread(dec_table[(s, 'dp')]):.4f})"
+  for m in DEC:
+    for k in (sp.learners_of(m), m):
+      v = dmu[(s, k)]
+      line += f"{v:>10.4f} ({sp.spread(dec_table[(s, k)]):.4f}) [{sp.gap(v, dp):+6.2f}%]"
+  print(line)
+print(f"seeds per Decoupled cell: {sorted({len(dec_table[(s, m)]) for s in SIZES_E for m in DEC})}")
+claim, verdict, numbers = sp.decoupled_finding(dec_table, SIZES_E)
+print(f"\n{verdict.upper()}: {claim}\n    {numbers}")
+
+# %% [markdown]
 # ## The DiLoCo paper's Table 2, analogue
 #
 # From the previous study (configs/sweeps/scaling.py: 6.1M bytes, one inner learning rate, the

@@ -181,3 +181,47 @@ def test_overtraining_finding_compares_the_verdicts_decided_at_both_budgets():
       sp.overtrain_finding(at_1x, same)[2]
       == "(1) at 4x: shown (x); (2) at 4x: not shown (y); (3) at 4x: shown (z)"
   )
+
+
+def test_decoupled_column_reuses_dilocos_inner_winner_and_tunes_its_outer_rate(tmp_path):
+  c = scaling_laws.get_config("size=s,method=decoupled,learners=4,batch=8,lr=0.01,outer_lr=0.1")
+  # The same budget and schedule as DiLoCo M=4's; the preset's rule and quorum, the paper's speeds
+  assert (c.steps, c.batch_size, c.outer.learners, c.outer.inner_steps) == (1131, 2, 4, 30)
+  assert (c.outer.delivery, c.outer.quorum, c.outer.fragments, c.outer.lr) == ("rebase", 1, 4, 0.1)
+  assert (c.sim.speeds, c.sim.step_jitter) == ("1,1,1.18,1.18", 0.1)
+  dec = [  # M = 8 at DiLoCo's winner (0.02, 8): 0.1 wins; a run off it does not count
+      _row("s", "dec8", 0.02, 8, 2.30, outer_lr=0.1),
+      _row("s", "dec8", 0.02, 8, 2.35, outer_lr=0.2),
+      _row("s", "dec8", 0.02, 16, 1.00, outer_lr=0.2),
+      _row("s", "dec8", 0.02, 8, 2.34, outer_lr=0.1, seed=1),
+  ]
+  rows = ROWS + dec + [_row("s", 2, 0.01, 4, 2.1), _row("s", 4, 0.01, 8, 2.15)]
+  assert dec[0]["method"] == "decoupled" and sp.method_of(dec[0]) == "dec8"
+  assert sp.decoupled_cells(rows, "s", "dec8") == {0.1: 2.30, 0.2: 2.35}
+  assert sp.winning_point(rows, "s", "dec8") == sp.point("s", "dec8", 0.02, 8, 0, 0.1)
+  assert sp.table(rows, ["s"])[("s", "dec8")] == [2.30, 2.34]
+  lines = [json.dumps({**r, "status": "done", "name": f"run{i}"}) for i, r in enumerate(rows)]
+  (tmp_path / "rows.jsonl").write_text("\n".join(lines))
+  from configs.sweeps import scaling_decoupled as sd
+
+  tune = sd.get_sweep(f"sizes=s,results={tmp_path}")
+  assert [(p["learners"], p["lr"], p["batch"], p["outer_lr"]) for p in tune][::3] == [
+      (2, 0.01, 4, 0.1),
+      (4, 0.01, 8, 0.1),
+      (8, 0.02, 8, 0.1),
+  ]
+  assert [p["outer_lr"] for p in tune][-3:] == [0.1, 0.2, 0.4]
+  # M = 8's winner sits on the lowest rate tried: the next rung down; M = 2 and 4 have no rows
+  extend = sd.get_sweep(f"sizes=s,part=extend,results={tmp_path}")
+  assert [(p["method"], p["learners"], p["outer_lr"]) for p in extend] == [("decoupled", 8, 0.05)]
+  with pytest.raises(ValueError, match=r"no finished seed-0 rows for \('size', 'learners'\)"):
+    sd.get_sweep(f"sizes=s,part=seeds,results={tmp_path}")
+
+
+def test_decoupled_finding_reads_the_gaps_to_dp_against_n():
+  tab = {("s", "dp"): [2.0], ("m", "dp"): [1.5], ("s", "dec2"): [2.2], ("m", "dec2"): [1.56]}
+  claim, verdict, nums = sp.decoupled_finding(tab, ["s", "m"])
+  assert verdict == "shown" and nums == "M=2: s +10.00% -> m +4.00%"
+  tab[("m", "dec2")] = [1.8]  # +20%: the gap grew
+  assert sp.decoupled_finding(tab, ["s", "m"])[1] == "not shown"
+  assert sp.decoupled_finding(tab, ["s"])[1] == "not decided"
