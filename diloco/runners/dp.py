@@ -149,6 +149,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if not eval_row and stopped_by != preemption.SIGNAL:  # resumed at the final step: evaluate
     final = last == config.steps
     eval_row = evaluation.evaluate(fns, state.params, data, final)  # what was restored
+  counts = _corpus_tokens(data.train_iter)
   return {
       "mode": config.mode,
       "runtime": "spmd",
@@ -170,7 +171,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           {k: multihost.host_value(v) for k, v in fragments.flatten(state.params).items()}
       ),
       **eval_row,
-      "corpus_tokens": _corpus_tokens(data.train_iter),
+      **({"corpus_tokens": counts} if counts is not None else {}),
   }
 
 

@@ -85,7 +85,9 @@ def _run(
   # Each learner's protocol decisions (learner_machine): the threads runtime's must match.
   summary["learner_decisions"] = [m.digest() for m in runtime.machines]
   summary["uploads_skipped"] = sum(m.skipped for m in runtime.machines)
-  summary["corpus_tokens"] = mixture.read_tokens(iters)  # (None unless data.source=corpus)
+  counts = mixture.read_tokens(iters)  # (None unless data.source=corpus)
+  if counts is not None:
+    summary["corpus_tokens"] = counts
   like = parts.islands[0].abstract_state().params  # saved for evaluate, sample and init_from
   final_params = fragments.unflatten(runtime.sync.global_params(), like=like)
   warm_start.save_final(workdir, summary["steps"], final_params)
