@@ -247,6 +247,12 @@ def _outer() -> dict:
       ),
       staleness_damping=(Auto(False), "scale merges by the mean 1/(1+staleness) of their uploads"),
       broadcast=("all", "a merge goes to all live learners | contributors (async Local-SGD)"),
+      restart_window_s=(
+          0.0,
+          "broadcast=contributors, blocking: a merge's contributors wait up to this long for "
+          "others, then all waiting restart together from the newest model (async Local-SGD's "
+          "toy); cut short once every live learner waits",
+      ),
       dylu=(False, "DyLU: learner m syncs every floor(v_m/v_max * H) steps, speeds measured"),
       blocking=(
           Auto(True),

@@ -45,6 +45,15 @@ def check(outer: ml_collections.ConfigDict) -> None:
           "global anchor the learners send their fragment's values, which a low-bit codec "
           f"would ruin; use outer.codec in {learner_lib.GLOBAL_CODECS} without error feedback"
       )
+  window = outer.get("restart_window_s", 0.0)
+  if window < 0:
+    raise ValueError(f"outer.restart_window_s must be >= 0, got {window}")
+  if window > 0 and (broadcast != "contributors" or not outer.blocking):
+    raise ValueError(
+        f"outer.restart_window_s={window} holds back a merge's contributors, so it needs "
+        f"outer.broadcast='contributors' and blocking learners (got {broadcast!r}, "
+        f"blocking={outer.blocking})"
+    )
   if outer.get("dylu", False):
     if outer.inner_steps < 1:
       raise ValueError(f"outer.dylu needs outer.inner_steps >= 1, got {outer.inner_steps}")

@@ -178,6 +178,10 @@ class Policy:
   # "contributors" to that merge (asynchronous Local-SGD: a worker pulls the global model after
   # it pushes; the others keep training on what they hold and upload against it later).
   broadcast: str = "all"
+  # > 0 (with broadcast "contributors"): a merge's contributors are not answered at once; they
+  # wait until this long after the first of them (or until every live learner waits), then all
+  # restart together from the newest version (the restart window of Async Local-SGD's toy).
+  restart_window_s: float = 0.0
   dylu_inner_steps: int = 0  # >0: DyLU on, with the fastest learner's H (dylu.py)
   # What an outer gradient is taken against: "base", the version the learner started from
   # (Δ = Θ_base − θ, formed by the learner), or "global", the synchronizer's fragment when the
@@ -224,6 +228,7 @@ def from_config(config: ml_collections.ConfigDict) -> Policy:
       max_staleness=o.max_staleness,
       staleness_damping=o.staleness_damping,
       broadcast=o.broadcast,
+      restart_window_s=o.get("restart_window_s", 0.0),
       dylu_inner_steps=o.inner_steps if o.dylu else 0,
       anchor=o.get("anchor", "base"),
   )

@@ -99,6 +99,10 @@ class Synchronizer:
     self.dylu = (
         dylu.Dylu(policy.dylu_inner_steps, policy.ema_decay) if policy.dylu_inner_steps else None
     )
+    # The restart window (policy.restart_window_s): learner -> {fragment: its merged upload's
+    # key} held back, and when they are released.
+    self.waiting: dict[int, dict[int, tuple]] = {}
+    self.release_s: float | None = None
 
   # ---- events ----
 
@@ -112,7 +116,9 @@ class Synchronizer:
       return self._join(event)
     if isinstance(event, Leave):
       self.live.discard(event.learner)
-      return [a for p in self.owned for a in self._maybe_merge(p, event.time)]
+      self.waiting.pop(event.learner, None)
+      out = [a for p in self.owned for a in self._maybe_merge(p, event.time)]
+      return out + self._maybe_release(event.time)
     raise TypeError(f"unknown event {event!r}")
 
   def _join(self, event: Join) -> list[Action]:
@@ -199,7 +205,7 @@ class Synchronizer:
     for p, rnd in self.rounds.items():
       if rnd.deadline_s is not None and rnd.deadline_s <= now:
         actions += self._merge(p, now)
-    return actions
+    return actions + self._maybe_release(now)
 
   # ---- merging ----
 
@@ -271,7 +277,7 @@ class Synchronizer:
     version, quorum_s = self.fragments[p].version, self.rounds[p].quorum_s
     record = rounds.merge_record(p, now, version, quorum_s, ups, weights, staleness, clipped)
     self._reset_round(p)
-    return rejects + [Log(record)] + self._broadcast(p, ups, encoded)
+    return rejects + [Log(record)] + self._broadcast(p, ups, encoded, now)
 
   def _combine(self, p: int, now: float, ups: list[Upload], deltas: list[dict]):
     """The weighted merge of the screened uploads, leaving out any whose values make it
@@ -305,16 +311,39 @@ class Synchronizer:
       work[0], work[1] = work[0] + u.steps, work[1] + u.tokens
     return encoded
 
-  def _broadcast(self, p: int, ups: list[Upload], encoded) -> list[Action]:
-    """Version v of fragment p to every live learner (or its contributors), and the
-    checkpoint if one is due."""
+  def _broadcast(self, p: int, ups: list[Upload], encoded, now: float) -> list[Action]:
+    """Version v of fragment p to every live learner (or its contributors; held back to the
+    restart window's end with one), and the checkpoint if one is due."""
     crc = integrity.tree_crc(encoded)
     own = {u.learner: u.key for u in ups}
     to = self.live if self.policy.broadcast == "all" else self.live & set(own)
-    actions: list[Action] = [self._send(m, p, encoded, crc, own.get(m)) for m in sorted(to)]
+    actions: list[Action] = []
+    if self.policy.restart_window_s > 0:
+      for m in sorted(to):
+        self.waiting.setdefault(m, {})[p] = own.get(m)
+      if self.release_s is None:
+        self.release_s = now + self.policy.restart_window_s
+        actions.append(protocol.SetTimer(self.release_s))
+    else:
+      actions += [self._send(m, p, encoded, crc, own.get(m)) for m in sorted(to)]
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
-    return actions
+    return actions + self._maybe_release(now)
+
+  def _maybe_release(self, now: float) -> list[Action]:
+    """The restart window's end (its time, or every live learner waiting): each learner held
+    back is sent the newest version of the fragments it waits for."""
+    if self.release_s is None:
+      return []
+    if now < self.release_s and not self.live <= set(self.waiting):
+      return []
+    waiting, self.waiting, self.release_s = self.waiting, {}, None
+    return [
+        self._send(m, p, own=key, merged=True)
+        for m in sorted(waiting)
+        if m in self.live
+        for p, key in sorted(waiting[m].items())
+    ]
 
   def _reject_round(self, p: int, now: float, ups: list[Upload], why: str) -> list[Action]:
     """Rejects every upload of a round whose merge could not be committed."""
@@ -334,18 +363,24 @@ class Synchronizer:
     return tuple(last[:3]) if known and last is not None and last[3] > held else None
 
   def _send(
-      self, learner: int, p: int, update=None, update_crc: int | None = None, own=None
+      self,
+      learner: int,
+      p: int,
+      update=None,
+      update_crc: int | None = None,
+      own=None,
+      merged: bool = False,
   ) -> Send:
     """Fragment p's newest version for `learner`: the update when it holds the one before,
     else the full values; `own`: the key of that learner's upload the version merges
-    (`Send.own`)."""
+    (`Send.own`); `merged`: it answers a merge (a release), which carries DyLU's steps."""
     num = self.frag.num_fragments
     held = self.held.setdefault(learner, [-1] * num)
     held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
     v, g = self.fragments[p].version, self.generation
     h = (
         self.dylu.steps_for(learner, self.live)
-        if self.dylu is not None and update is not None
+        if self.dylu is not None and (update is not None or merged)
         else 0
     )
     if update is not None and held[p] == v - 1:

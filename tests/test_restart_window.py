@@ -1,0 +1,80 @@
+"""The restart window (outer.restart_window_s) of asynchronous Local-SGD as its authors' toy runs
+it: a merge's contributors wait, then restart together from the newest model. At equal learner
+speeds, Delayed Nesterov with period N = M learners then takes the steps of synchronous DiLoCo."""
+
+import numpy as np
+import pytest
+
+from configs import shakespeare
+from diloco.config import outer_check
+from diloco.outer import optimizers, policies, protocol
+from test_decoupled import _run
+
+
+def _config(**overrides):
+  c = shakespeare.get_config("runlocal,mode=diloco,model=tiny")
+  flat = {"steps": 12, "outer.inner_steps": 4, "outer.fragments": 1, "outer.codec": "fp32"}
+  flat |= {"outer.lr": 0.7, "outer.momentum": 0.9, "sim.step_jitter": 0.0, "data.iid": True}
+  c.update_from_flattened_dict(flat | overrides)
+  return c
+
+
+def test_delayed_nesterov_over_a_restart_window_is_synchronous_diloco_at_equal_speeds(tmp_path):
+  sync, sync_params, sync_merges = _run(_config(), str(tmp_path / "sync"))
+  dn = _config(**{
+      "outer.quorum": 1, "outer.broadcast": "contributors", "outer.restart_window_s": 0.5,
+      "outer.optimizer": "delayed_nesterov", "outer.delayed_period": 2, "outer.delayed_c": 0.0,
+  })  # fmt: skip
+  got, params, merges = _run(dn, str(tmp_path / "dn"))
+  # 3 rounds of H = 4: synchronous DiLoCo merges both learners at once, 3 times; Delayed
+  # Nesterov each learner's outer gradient alone (2 x 3), its parameter step at every second.
+  assert (len(sync_merges), len(merges)) == (3, 6)
+  assert [len(m["learners"]) for m in merges] == [1] * 6
+  # After each pair, the same parameters: m <- 0.9 m + (g1 + g2) / 2 and
+  # θ <- θ - ε (0.9 m + (g1 + g2) / 2), in two subtractions instead of one (float rounding).
+  for k in sync_params:
+    np.testing.assert_allclose(params[k], sync_params[k], rtol=1e-5, atol=1e-6)
+  assert got["eval_loss"] == pytest.approx(sync["eval_loss"], abs=1e-5)
+  # Without the window each learner restarts from the model its own merge made: not the same.
+  no_window = _config(**{
+      "outer.quorum": 1, "outer.broadcast": "contributors",
+      "outer.optimizer": "delayed_nesterov", "outer.delayed_period": 2, "outer.delayed_c": 0.0,
+  })  # fmt: skip
+  _, apart, _ = _run(no_window, str(tmp_path / "apart"))
+  assert max(float(np.abs(apart[k] - sync_params[k]).max()) for k in sync_params) > 1e-3
+
+
+def test_a_restart_window_needs_contributors_and_blocking_learners():
+  c = _config(**{"outer.restart_window_s": 0.5})
+  with pytest.raises(ValueError, match="needs outer.broadcast='contributors' and blocking"):
+    outer_check.check(c.outer)
+
+
+def test_the_window_holds_contributors_until_it_ends_then_sends_the_newest_version():
+  from test_synchronizer import E, EQUAL_MEAN, W0, _f, _merges, _of, _sync, _up
+
+  policy = policies.Policy(
+      policies.MinQuorum(1), policies.NoGrace(), **EQUAL_MEAN, broadcast="contributors",
+      restart_window_s=0.5,
+  )  # fmt: skip
+  sync = _sync(policy, optimizers.sgd(1.0), learners=3)
+  delta = {E: _f([1.0, 1.0], [1.0, 1.0]), W0: _f([0.0, 0.5], [0.0, 0.0])}
+  # Learner 0's upload merges at t = 1.0: nothing is sent, the window closes at 1.5.
+  first = sync.handle(_up(0, 0, delta, base=0, time=1.0))
+  assert len(_merges(first)) == 1 and not _of(first, protocol.Send)
+  assert _of(first, protocol.SetTimer) == [protocol.SetTimer(1.5)]
+  # Learner 1's, at 1.25, merges too (version 2), and waits with learner 0; 2 trains on.
+  second = sync.handle(_up(1, 0, delta, base=0, time=1.25))
+  assert len(_merges(second)) == 1 and not _of(second, protocol.Send)
+  assert not _of(sync.handle(protocol.Tick(1.4)), protocol.Send)
+  sends = _of(sync.handle(protocol.Tick(1.5)), protocol.Send)
+  # Both restart from version 2, both merges in it, each told its own upload is in it.
+  assert [(s.learner, s.version, s.own) for s in sends] == [(0, 2, (0, 0, 1)), (1, 2, (0, 0, 1))]
+  np.testing.assert_array_equal(sends[0].values[E], sync.globals[0][E])
+  # A window in which every live learner ends up waiting closes at once.
+  third = sync.handle(_up(2, 0, delta, base=0, time=2.0))
+  assert not _of(third, protocol.Send)
+  fourth = sync.handle(_up(0, 0, delta, base=2, time=2.1))
+  assert not _of(fourth, protocol.Send)
+  fifth = sync.handle(_up(1, 0, delta, base=2, time=2.2))
+  assert [s.learner for s in _of(fifth, protocol.Send)] == [0, 1, 2]
