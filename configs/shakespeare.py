@@ -253,6 +253,16 @@ def _outer() -> dict:
           "others, then all waiting restart together from the newest model (async Local-SGD's "
           "toy); cut short once every live learner waits",
       ),
+      fresh_inner_optimizer=(
+          False,
+          "each restart from a merge holding the learner's upload starts a fresh inner optimizer "
+          "(Async Local-SGD's toy; one fragment)",
+      ),
+      schedule_by=(
+          "own",
+          "own | global: at each such restart the inner schedule is at the steps all learners "
+          "merged / learners (the toy's data progress; one fragment)",
+      ),
       dylu=(False, "DyLU: learner m syncs every floor(v_m/v_max * H) steps, speeds measured"),
       blocking=(
           Auto(True),

@@ -161,6 +161,9 @@ class Parts:
         delivery=o.delivery,
         overlap=int(o.overlap),
         anchor=o.anchor,
+        fresh_optimizer=o.get("fresh_inner_optimizer", False),
+        schedule_by=o.get("schedule_by", "own"),
+        learners=int(o.learners),
     )
     if m in self.rows:
       stack, row = self.rows[m]

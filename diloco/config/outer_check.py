@@ -54,6 +54,15 @@ def check(outer: ml_collections.ConfigDict) -> None:
         f"outer.broadcast='contributors' and blocking learners (got {broadcast!r}, "
         f"blocking={outer.blocking})"
     )
+  schedule_by = outer.get("schedule_by", "own")
+  if schedule_by not in ("own", "global"):
+    raise ValueError(f"outer.schedule_by={schedule_by!r}: expected own or global")
+  restarts = outer.get("fresh_inner_optimizer", False) or schedule_by == "global"
+  if restarts and outer.fragments != 1:
+    raise ValueError(
+        f"outer.fresh_inner_optimizer / outer.schedule_by=global restart the inner optimizer "
+        f"when the whole model comes back: they need outer.fragments=1, got {outer.fragments}"
+    )
   if outer.get("dylu", False):
     if outer.inner_steps < 1:
       raise ValueError(f"outer.dylu needs outer.inner_steps >= 1, got {outer.inner_steps}")

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -85,6 +86,25 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   if cfg.clip_norm > 0:
     opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
   return opt
+
+
+def restarted(opt_state: optax.OptState, schedule_count: int | None, fresh: bool) -> optax.OptState:
+  """The inner optimizer's state for a learner that restarts from a merged model: `fresh`
+  zeroes its moments and counts (Adam's bias correction starts again), and `schedule_count`
+  (None: kept) sets where its learning-rate schedule is. Arrays keep their shardings."""
+
+  def put(x, value):
+    return jax.device_put(np.full(x.shape, value, x.dtype), x.sharding)
+
+  def walk(s):
+    if isinstance(s, optax.ScaleByScheduleState):
+      return s if schedule_count is None else s._replace(count=put(s.count, schedule_count))
+    if isinstance(s, tuple):  # optax's states are (named) tuples of states and trees
+      children = [walk(x) for x in s]
+      return type(s)(*children) if hasattr(s, "_fields") else type(s)(children)
+    return jax.tree.map(lambda x: put(x, 0), s) if fresh else s
+
+  return walk(opt_state)
 
 
 cross_entropy = transformer.cross_entropy

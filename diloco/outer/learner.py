@@ -81,6 +81,13 @@ class Learner:
   delivery: str = "replace"  # replace | rebase | at_own_sync (see the module doc)
   overlap: int = 0  # tau: at_own_sync takes the newest version tau steps after its upload
   anchor: str = "base"  # global: uploads carry θ_p, the synchronizer forms Θ_p − θ_p (policies)
+  # On each restart from a merged model that holds its own upload: a fresh inner optimizer, and
+  # the inner schedule at its own steps ("own") or at the steps all learners merged / `learners`
+  # ("global", `Send.progress`), as Async Local-SGD's toy (outer.fresh_inner_optimizer,
+  # outer.schedule_by; one fragment).
+  fresh_optimizer: bool = False
+  schedule_by: str = "own"
+  learners: int = 1
   # at_own_sync only (the other rules' base is the newest version held, `_base`): per fragment
   # the version θ_p started from (copy, version, generation), the
   # step from which the newest version is taken (after an upload; -1: none due), and whether
@@ -253,6 +260,10 @@ class Learner:
     self.sync_generations[s] = max(self.sync_generations[s], send.generation)
     if send.inner_steps and send.inner_steps != self.schedule.inner_steps:
       self.schedule = fragments.Schedule(self.frag.num_fragments, send.inner_steps)
+    if send.includes_own and (self.fresh_optimizer or self.schedule_by == "global"):
+      at = send.progress // self.learners if self.schedule_by == "global" else None
+      opt = step_lib.restarted(self.state.opt_state, at, self.fresh_optimizer)
+      self.state = self.state._replace(opt_state=opt)
     if keep_all:  # the new base only: the next upload carries what the restart lost
       self._rebased(p)
     elif held_nothing:

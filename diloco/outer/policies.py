@@ -182,6 +182,8 @@ class Policy:
   # wait until this long after the first of them (or until every live learner waits), then all
   # restart together from the newest version (the restart window of Async Local-SGD's toy).
   restart_window_s: float = 0.0
+  # Sends carry the inner steps merged so far (`Send.progress`): outer.schedule_by=global.
+  send_progress: bool = False
   dylu_inner_steps: int = 0  # >0: DyLU on, with the fastest learner's H (dylu.py)
   # What an outer gradient is taken against: "base", the version the learner started from
   # (Δ = Θ_base − θ, formed by the learner), or "global", the synchronizer's fragment when the
@@ -229,6 +231,7 @@ def from_config(config: ml_collections.ConfigDict) -> Policy:
       staleness_damping=o.staleness_damping,
       broadcast=o.broadcast,
       restart_window_s=o.get("restart_window_s", 0.0),
+      send_progress=o.get("schedule_by", "own") == "global",
       dylu_inner_steps=o.inner_steps if o.dylu else 0,
       anchor=o.get("anchor", "base"),
   )

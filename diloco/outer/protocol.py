@@ -115,6 +115,9 @@ class Send:
   # The receiving learner's upload this version merges, as (base_generation, base_version,
   # steps) (`Upload.key`), or None: the learner takes exactly that upload's progress as merged.
   own: tuple[int, int, int] | None = None
+  # outer.schedule_by=global: the inner steps merged into this fragment so far, all learners'
+  # (a restarting learner's inner schedule is at progress / learners); 0: not sent.
+  progress: int = 0
 
   def __post_init__(self):
     if self.checksum is None:
@@ -133,6 +136,7 @@ class Send:
         payload_crc,
         self.inner_steps,
         self.own,
+        self.progress,
     )
 
   def checksum_ok(self) -> bool:
@@ -217,6 +221,7 @@ def send_checksum(
     payload_crc: int,
     inner_steps: int = 0,
     own: tuple[int, int, int] | None = None,
+    progress: int = 0,
 ) -> int:
   """A Send's checksum from its header numbers and the CRC of its payload (shared by a merge's
   sends of one encoded update); a DyLU step count and the merged own upload's key join the
@@ -225,6 +230,7 @@ def send_checksum(
       (inner_steps,) if inner_steps else ()
   )
   header += (-1, *own) if own is not None else ()
+  header += (-2, progress) if progress else ()
   return integrity.with_header(header, payload_crc)
 
 

@@ -383,8 +383,9 @@ class Synchronizer:
         if self.dylu is not None and (update is not None or merged)
         else 0
     )
+    done = sum(w[0] for w in self.fragments[p].merged.values()) if self.policy.send_progress else 0
     if update is not None and held[p] == v - 1:
-      crc = protocol.send_checksum(p, v, g, held_gen[p], update_crc, h, own)
+      crc = protocol.send_checksum(p, v, g, held_gen[p], update_crc, h, own, done)
       send = Send(
           learner,
           p,
@@ -395,10 +396,11 @@ class Synchronizer:
           checksum=crc,
           inner_steps=h,
           own=own,
+          progress=done,
       )
     else:
       values = {k: x.copy() for k, x in self.fragments[p].values.items()}
-      send = Send(learner, p, v, values=values, generation=g, inner_steps=h, own=own)
+      send = Send(learner, p, v, values=values, generation=g, inner_steps=h, own=own, progress=done)
     held[p], held_gen[p] = v, g
     return send
 
