@@ -134,3 +134,16 @@ def test_fresh_inner_optimizers_keep_the_reduction_and_change_the_run(tmp_path):
   c = _config(**fresh, **{"outer.fragments": 2})
   with pytest.raises(ValueError, match="need outer.fragments=1, got 2"):
     outer_check.check(c.outer)
+
+
+def test_the_async_tables_toy_variant_runs_every_baseline_the_authors_way():
+  from configs.sweeps import async_regime as ar
+
+  for method in ("sync", "async", "dn", "dn_dylu"):
+    o = ar.get_config(f"toy=1,method={method},hetero=very").outer
+    assert (o.fresh_inner_optimizer, o.schedule_by, o.fragments) == (True, "global", 1)
+    # the toy's 0.5 s window against its fastest step of 0.58 s, in our 1 s steps
+    assert o.restart_window_s == (0.0 if method == "sync" else 0.862)
+    outer_check.check(o)
+  preset = ar.get_config("toy=1,method=decoupled").outer  # the project's own: as it is
+  assert (preset.fresh_inner_optimizer, preset.restart_window_s) == (False, 0.0)

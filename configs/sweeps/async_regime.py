@@ -20,6 +20,18 @@ paper's; not tuned here); part=extend: one rung past any winner on an edge (run 
 none); part=seeds: seed 1 (seeds=2; seeds=3 adds seed 2) of the cells that decide the paper's
 findings (sync, async, dn_dylu) at their winners. `tiny`: the test suite's version (tiny budgets,
 one rate, the none and very levels, seeds at very only).
+
+`toy` (issue 55): the asynchronous baseline as its authors' toy runs it (google-deepmind/asyncdiloco,
+AsyncLocalSGDToyExample.ipynb): every method but the Decoupled preset starts each round with a
+fresh inner optimizer, its schedule at the steps all learners merged / 4 (the toy indexes it by
+its data shard's progress), and the asynchronous ones hold a merge's contributors for a restart
+window, then restart them together from the newest model. The toy's window is 0.5 s against a
+fastest step of 0.58 s; ours is the same fraction of our fastest step (1 simulated second):
+TOY_WINDOW_S. Its own workdir (pretrain again there):
+
+  W=runs/async_toy
+  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=pretrain,toy=1 --workdir=$W --table=pretrain
+  python -m experiments.sweep --config=configs/sweeps/async_regime.py:part=tune,toy=1,results=$W --workdir=$W --table=tune --parallel=2
 """
 
 import importlib
@@ -36,6 +48,7 @@ base = importlib.import_module("configs.sweeps.async")  # `async` is a keyword
 SWEEP_KEYS = base.SWEEP_KEYS
 SWEEP_ONLY = ("part", "results", "seeds")
 OUTER_LRS = (0.1, 0.2, 0.4)  # the first table's 0.4 made naive async diverge
+TOY_WINDOW_S = round(0.5 / 0.58, 3)  # the toy's window over its fastest step, in our steps
 KEYS = ("method", "hetero")
 PRETRAIN = "stage=pretrain"  # the pretraining point's directory in the sweep's workdir
 UNNAMED_KEYS = ("config.init_from",)  # a path under the workdir: not in the points' names
@@ -53,6 +66,7 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
       hetero="none",
       outer_lr=0.4,
       seed=0,
+      toy=False,
   )
 
 
@@ -76,7 +90,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if a.stage != "train":
     raise ValueError(f"stage={a.stage!r}: expected pretrain or train")
   point = f"method={a.method},hetero={a.hetero},outer_lr={a.outer_lr},seed={a.seed}"
-  return base.get_config(point + ",budget=regime" + (",tiny" if a.tiny else ""))
+  c = base.get_config(point + ",budget=regime" + (",tiny" if a.tiny else ""))
+  if a.toy and a.method != "decoupled":  # (the preset's 24 fragments: not the toy's method)
+    c.outer.update(dict(fresh_inner_optimizer=True, schedule_by="global"))
+    if a.method != "sync":
+      c.outer.restart_window_s = TOY_WINDOW_S
+  return c
 
 
 def _cells(tiny: bool) -> list[tuple[str, str]]:
