@@ -98,6 +98,7 @@ def test_a_restarted_inner_optimizer_is_fresh_and_its_schedule_where_it_is_told(
   kept = step_lib.restarted(state, 5, fresh=False)  # the moments stay, the schedule moves
   assert int(kept[1][0].count) == 3 and float(kept[1][0].mu["w"][0, 0]) == float(adam.mu["w"][0, 0])
   assert int(kept[1][2].count) == 5
+  assert int(step_lib.schedule_count(kept, jnp.int32(3))) == 5  # what the logged lr reads
 
 
 def test_sends_carry_the_steps_merged_so_far_for_a_global_schedule():

@@ -88,6 +88,18 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   return opt
 
 
+def schedule_count(opt_state: optax.OptState, default: jax.Array) -> jax.Array:
+  """Where the optimizer's learning-rate schedule is (its ScaleByScheduleState's count): the
+  inner step, unless a restart moved it (`restarted`); `default` if it has none."""
+  if isinstance(opt_state, optax.ScaleByScheduleState):
+    return opt_state.count
+  if isinstance(opt_state, tuple):
+    for s in opt_state:
+      if (found := schedule_count(s, None)) is not None:
+        return found
+  return default
+
+
 def restarted(opt_state: optax.OptState, schedule_count: int | None, fresh: bool) -> optax.OptState:
   """The inner optimizer's state for a learner that restarts from a merged model: `fresh`
   zeroes its moments and counts (Adam's bias correction starts again), and `schedule_count`
@@ -182,7 +194,8 @@ def pure_fns(model_cfg: transformer.ModelConfig, opt_cfg: OptimizerConfig) -> Pu
     (_, parts), grads = jax.value_and_grad(objective, has_aux=True)(state.params, batch)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {**parts, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+    lr = schedule(schedule_count(state.opt_state, state.step))  # (the rate this update used)
+    metrics = {**parts, "grad_norm": optax.tree.norm(grads), "lr": lr}
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return PureFns(graphdef, shapes, init, train, loss_fn, measures, schedule)
