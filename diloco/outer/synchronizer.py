@@ -44,7 +44,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, ownership, policies, protocol, rounds, screening, sync_state
+from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, ownership, policies, protocol, restart_window, rounds, screening, sync_state
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, Tick, Upload
 
@@ -99,10 +99,11 @@ class Synchronizer:
     self.dylu = (
         dylu.Dylu(policy.dylu_inner_steps, policy.ema_decay) if policy.dylu_inner_steps else None
     )
-    # The restart window (policy.restart_window_s): learner -> {fragment: its merged upload's
-    # key} held back, and when they are released.
-    self.waiting: dict[int, dict[int, tuple]] = {}
-    self.release_s: float | None = None
+    self.window = (  # asynchronous Local-SGD's restart window (restart_window.py)
+        restart_window.RestartWindow(policy.restart_window_s)
+        if policy.restart_window_s > 0
+        else None
+    )
 
   # ---- events ----
 
@@ -116,7 +117,8 @@ class Synchronizer:
       return self._join(event)
     if isinstance(event, Leave):
       self.live.discard(event.learner)
-      self.waiting.pop(event.learner, None)
+      if self.window is not None:
+        self.window.drop(event.learner)
       out = [a for p in self.owned for a in self._maybe_merge(p, event.time)]
       return out + self._maybe_release(event.time)
     raise TypeError(f"unknown event {event!r}")
@@ -317,32 +319,20 @@ class Synchronizer:
     crc = integrity.tree_crc(encoded)
     own = {u.learner: u.key for u in ups}
     to = self.live if self.policy.broadcast == "all" else self.live & set(own)
-    actions: list[Action] = []
-    if self.policy.restart_window_s > 0:
-      for m in sorted(to):
-        self.waiting.setdefault(m, {})[p] = own.get(m)
-      if self.release_s is None:
-        self.release_s = now + self.policy.restart_window_s
-        actions.append(protocol.SetTimer(self.release_s))
+    if self.window is not None:
+      actions: list[Action] = list(self.window.hold(sorted(to), p, own, now))
     else:
-      actions += [self._send(m, p, encoded, crc, own.get(m)) for m in sorted(to)]
+      actions = [self._send(m, p, encoded, crc, own.get(m)) for m in sorted(to)]
     if self.checkpoint_every and self.merges % self.checkpoint_every == 0:
       actions.append(protocol.Checkpoint(self.merges))
     return actions + self._maybe_release(now)
 
   def _maybe_release(self, now: float) -> list[Action]:
-    """The restart window's end (its time, or every live learner waiting): each learner held
-    back is sent the newest version of the fragments it waits for."""
-    if self.release_s is None:
+    """At the restart window's end, the newest version to each learner it held back."""
+    if self.window is None:
       return []
-    if now < self.release_s and not self.live <= set(self.waiting):
-      return []
-    waiting, self.waiting, self.release_s = self.waiting, {}, None
     return [
-        self._send(m, p, own=key, merged=True)
-        for m in sorted(waiting)
-        if m in self.live
-        for p, key in sorted(waiting[m].items())
+        self._send(m, p, own=key, merged=True) for m, p, key in self.window.release(now, self.live)
     ]
 
   def _reject_round(self, p: int, now: float, ups: list[Upload], why: str) -> list[Action]:
