@@ -159,6 +159,11 @@ def base_config() -> ml_collections.ConfigDict:
       speeds=(Auto(""), "per learner slowdown, e.g. '1,1,1,3'; '' = all 1 (compare: last 3x)"),
       batch_sizes=("", "per learner batch, e.g. '32,32,16,16'; '' = all batch_size"),
       start_times=("", "per learner start (simulated s); '' = all 0"),
+      stop_times=(
+          "",
+          "per learner time after which it starts no step and leaves (simulated s); 0 or '' = "
+          "never (a learner that joins for a stretch: start_times and stop_times)",
+      ),
       latency_s=(0.1, "one-way latency of each learner-synchronizer link"),
       bandwidth_gbps=(1.0, "bandwidth of each link"),
   )

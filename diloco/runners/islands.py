@@ -198,6 +198,7 @@ def _clocks(config: ml_collections.ConfigDict) -> list[virtual.LearnerClock]:
   batches = build.batch_sizes(config)
   speeds = build.parse_list(sim.speeds, m_count, float, 1.0, "sim.speeds")
   starts = build.parse_list(sim.start_times, m_count, float, 0.0, "sim.start_times")
+  stops = build.parse_list(sim.get("stop_times", ""), m_count, float, 0.0, "sim.stop_times")
   if any(s <= 0 for s in speeds):
     raise ValueError(f"sim.speeds must be positive, got {sim.speeds!r}")
   return [
@@ -206,6 +207,7 @@ def _clocks(config: ml_collections.ConfigDict) -> list[virtual.LearnerClock]:
           rng=np.random.default_rng([config.seed, m]),
           jitter=sim.step_jitter,
           start_s=starts[m],
+          stop_s=stops[m],
       )
       for m in range(m_count)
   ]

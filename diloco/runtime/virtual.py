@@ -44,6 +44,7 @@ class LearnerClock:
   rng: np.random.Generator
   jitter: float
   start_s: float = 0.0
+  stop_s: float = 0.0  # > 0: it starts no step at or after this time, and leaves
   busy_s: float = 0.0
   idle_s: float = 0.0
   wasted_s: float = 0.0  # busy time whose work a crash lost
@@ -157,6 +158,11 @@ class VirtualRuntime:
     clock, learner = self.clocks[m], self.learners[m]
     if clock.done:
       return
+    if 0 < clock.stop_s <= self.now:  # its stretch is over (sim.stop_times): it leaves
+      self._stop_waiting(m)
+      clock.done = True
+      self._send_up(m, protocol.Leave(m, self.now))
+      return
     if self.machines[m].blocked():
       if clock.waiting_since is None:
         clock.waiting_since = self.now
@@ -199,7 +205,7 @@ class VirtualRuntime:
     """Saves the learner's checkpoint if due; returns whether it saved."""
     return self.recovery is not None and self.recovery.after_step(learner)
 
-  def _send_up(self, m: int, message: protocol.Upload | protocol.Join) -> None:
+  def _send_up(self, m: int, message: protocol.Upload | protocol.Join | protocol.Leave) -> None:
     """Puts learner m's message on its link to the synchronizer."""
     nbytes = message.nbytes if isinstance(message, protocol.Upload) else 0
     arrival = self.now + self.net.delay(nbytes)
