@@ -69,10 +69,15 @@ def check(cfg: ml_collections.ConfigDict) -> tuple[tuple[TrainCorpus, ...], mani
   return train, val
 
 
+def _cache_dir(cfg: ml_collections.ConfigDict) -> str:
+  """Where readers keep their copies of a bucket's shards and their checks' notes."""
+  return os.path.join(archive_lib.resolve_cache_dir(cfg.cache_dir), "corpus")
+
+
 def load(cfg: ml_collections.ConfigDict) -> CorpusSplits:
   """The checked manifests and the validation corpus read whole."""
   train, val = check(cfg)
-  cache = os.path.join(archive_lib.resolve_cache_dir(cfg.cache_dir), "corpus")
+  cache = _cache_dir(cfg)
   names, docs = stream.load_documents(cfg.val_corpus, val, os.path.join(cache, "val"))
   text_bytes = sum(s.text_bytes for s in val.shards)
   corpus = sources.TokenCorpus.from_documents(names, docs, [0] * len(docs))
@@ -122,7 +127,7 @@ def fetch_own(
   bucket or, local, checked in place, each against its sha256: a corrupt shard is named before
   the run writes anything (each process reads only its own shards, once per file)."""
   train, _ = check(cfg)
-  cache = os.path.join(archive_lib.resolve_cache_dir(cfg.cache_dir), "corpus")
+  cache = _cache_dir(cfg)
   for t in train:
     mine = sorted(
         {
