@@ -164,6 +164,11 @@ def base_config() -> ml_collections.ConfigDict:
           "per learner time after which it starts no step and leaves (simulated s); 0 or '' = "
           "never (a learner that joins for a stretch: start_times and stop_times)",
       ),
+      join_schedule=(
+          "own",
+          "a learner that starts late starts its lr schedule: own (at its first step) | clock"
+          " (where one of its speed started at t = 0 would be: start time / its step time)",
+      ),
       latency_s=(0.1, "one-way latency of each learner-synchronizer link"),
       bandwidth_gbps=(1.0, "bandwidth of each link"),
   )

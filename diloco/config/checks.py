@@ -146,6 +146,7 @@ def _domains(c) -> Problems:
       ("sim.step_s", _positive, "must be > 0"),
       ("sim.step_jitter", _nonneg, "must be >= 0"),
       ("sim.time_limit_s", _nonneg, "must be >= 0 (0: no limit)"),
+      ("sim.join_schedule", _among(("own", "clock")), "expected own or clock"),
       ("sim.latency_s", _nonneg, "must be >= 0"),
       ("sim.bandwidth_gbps", lambda v: v > 0, "must be > 0 (inf: no transfer time)"),
   ]

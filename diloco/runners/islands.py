@@ -17,7 +17,7 @@ from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
 from diloco.data.corpus import mixture
-from diloco.inner import warm_start
+from diloco.inner import step as step_lib, warm_start
 from diloco.outer import fragments, protocol
 from diloco.runners import island_log, island_summary
 from diloco.runtime import preemption, virtual, virtual_chaos, virtual_snapshot
@@ -43,6 +43,7 @@ def _run(
   o, t_wall = config.outer, time.perf_counter()
   parts = parts or build.local_learners(config, stacked_learners=build.stacks(config))
   learners = [parts.make_learner(m, holds_start=True) for m in range(o.learners)]
+  _join_schedules(config, learners)
   sync = parts.make_sync()
   for m in range(o.learners):
     sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
@@ -190,6 +191,19 @@ def draw_timeline(
       title=f"mode={config.mode}, M={o.learners}, speeds {config.sim.speeds or 'all 1'}",
       shares=shares,
   )
+
+
+def _join_schedules(config: ml_collections.ConfigDict, learners) -> None:
+  """`sim.join_schedule=clock`: a learner that starts late starts its learning-rate schedule
+  where one of its speed that started at t = 0 would be (its start time over its step time), as a
+  learner lent to a run for a stretch joins it mid-schedule; `own`: at its first step."""
+  if config.sim.get("join_schedule", "own") != "clock":
+    return
+  for learner, clock in zip(learners, _clocks(config)):
+    if clock.start_s > 0:
+      at = int(clock.start_s / clock.step_s)
+      opt = step_lib.restarted(learner.state.opt_state, at, fresh=False)
+      learner.state = learner.state._replace(opt_state=opt)
 
 
 def _clocks(config: ml_collections.ConfigDict) -> list[virtual.LearnerClock]:
