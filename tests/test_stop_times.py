@@ -21,18 +21,22 @@ def _config(**sim):
 def _first_lrs(workdir: str, m: int) -> list[float]:
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
-  return [r["lr"] for r in rows if r.get("learner") == m][:2]
+  return [r["lr"] for r in rows if r.get("learner") == m and "lr" in r][:2]
 
 
 def test_a_learner_joins_late_leaves_at_its_stop_time_and_the_run_goes_on(tmp_path):
   s = train.train_and_evaluate(
       _config(**{"sim.start_times": "0,0,6", "sim.stop_times": "0,0,14"}), str(tmp_path)
   )
-  # 1 s steps from just after t = 6 (its Join answered over 0.1 s links), none started at or
-  # after t = 14: 8. The budget of 3 x 24 steps is trained by the other two after it left.
+  # 1 s steps from t = 6.2 (its Join answered over 0.1 s links), none started at or after
+  # t = 14: 8. The budget of 3 x 24 steps is trained by the other two after it left.
   assert [r["steps"] for r in s["per_learner"]] == [32, 32, 8]
   assert s["finished"] and s["sim_time_s"] > 32
-  # Its schedule starts at its first step (join_schedule=own): warmup from lr 0.
+  # It joins the synchronizer when it starts (not live before: no round waits for it), and its
+  # schedule starts at its first step (join_schedule=own): warmup from lr 0.
+  with open(os.path.join(tmp_path, "metrics.jsonl"), encoding="utf-8") as f:
+    joins = [r for r in map(json.loads, f) if r.get("event") == "join" and r["learner"] == 2]
+  assert [r["time"] for r in joins] == [pytest.approx(6.1)]
   assert _first_lrs(str(tmp_path), 2) == [0.0, pytest.approx(0.002)]
 
 

@@ -43,10 +43,12 @@ def _run(
   o, t_wall = config.outer, time.perf_counter()
   parts = parts or build.local_learners(config, stacked_learners=build.stacks(config))
   learners = [parts.make_learner(m, holds_start=True) for m in range(o.learners)]
-  _join_schedules(config, learners)
+  clocks = _clocks(config)
+  _join_schedules(config, learners, clocks)
   sync = parts.make_sync()
   for m in range(o.learners):
-    sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
+    if clocks[m].joined:  # (one that starts late joins when it starts)
+      sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
   faults = build.faults(config)
   snap = None if faults else virtual_snapshot.load(workdir, config)
   recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
@@ -64,7 +66,7 @@ def _run(
   if faults:
     with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
       f.write(chaos.format_schedule(faults))
-  runtime = _runtime(config, parts, learners, sync, faults, log, on_step, recover, budget)
+  runtime = _runtime(config, parts, learners, sync, clocks, faults, log, on_step, recover, budget)
   iters = [parts.islands[m].data.train_iter for m in range(o.learners)]
   if snap is not None:
     virtual_snapshot.restore(runtime, iters, snap)
@@ -101,14 +103,14 @@ def _run(
   return summary
 
 
-def _runtime(config, parts, learners, sync, faults, log, on_step, recover, budget):
+def _runtime(config, parts, learners, sync, clocks, faults, log, on_step, recover, budget):
   """The virtual runtime of the run (with its fault schedule, the chaos runtime)."""
   o = config.outer
   stop_at = None
   if config.get("stop_after_steps", 0):  # per learner, like `step` in the logs
     stop_at = log.step + config.stop_after_steps
   net = virtual.Network(config.sim.latency_s, config.sim.bandwidth_gbps)
-  args = (learners, sync, _clocks(config), net)
+  args = (learners, sync, clocks, net)
   kwargs = dict(
       next_batch=lambda m: next(parts.islands[m].data.train_iter),
       token_budget=budget,
@@ -193,13 +195,13 @@ def draw_timeline(
   )
 
 
-def _join_schedules(config: ml_collections.ConfigDict, learners) -> None:
+def _join_schedules(config: ml_collections.ConfigDict, learners, clocks) -> None:
   """`sim.join_schedule=clock`: a learner that starts late starts its learning-rate schedule
   where one of its speed that started at t = 0 would be (its start time over its step time), as a
   learner lent to a run for a stretch joins it mid-schedule; `own`: at its first step."""
   if config.sim.get("join_schedule", "own") != "clock":
     return
-  for learner, clock in zip(learners, _clocks(config)):
+  for learner, clock in zip(learners, clocks):
     if clock.start_s > 0:
       at = int(clock.start_s / clock.step_s)
       opt = step_lib.restarted(learner.state.opt_state, at, fresh=False)
@@ -222,6 +224,7 @@ def _clocks(config: ml_collections.ConfigDict) -> list[virtual.LearnerClock]:
           jitter=sim.step_jitter,
           start_s=starts[m],
           stop_s=stops[m],
+          joined=starts[m] <= 0,
       )
       for m in range(m_count)
   ]

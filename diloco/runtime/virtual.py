@@ -50,6 +50,7 @@ class LearnerClock:
   wasted_s: float = 0.0  # busy time whose work a crash lost
   waiting_since: float | None = None
   done: bool = False
+  joined: bool = True  # False: it starts late and joins the synchronizer when it starts
 
   def duration(self) -> float:
     if self.jitter <= 0:
@@ -158,6 +159,9 @@ class VirtualRuntime:
     clock, learner = self.clocks[m], self.learners[m]
     if clock.done:
       return
+    if not clock.joined:  # a late start (sim.start_times): it joins now, trains once answered
+      clock.joined = True
+      return self._decide(m, self.machines[m].restored())
     if 0 < clock.stop_s <= self.now:  # its stretch is over (sim.stop_times): it leaves
       self._stop_waiting(m)
       clock.done = True
@@ -228,6 +232,11 @@ class VirtualRuntime:
   def _do_apply(self, m: int, d: learner_machine.Apply) -> None:
     self.learners[m].receive(d.send, rebase=d.rebase)
     self._wake(m)
+
+  def _do_rejoined(self, m: int, d: learner_machine.Rejoined) -> None:
+    """Learner m, started late, holds the global fragments its Join was answered with."""
+    del d
+    self._push(self.now, START, "start", m, owner=m)
 
   def _do_drop(self, m: int, d: learner_machine.Drop) -> None:
     del m, d  # counted by the chaos runtime

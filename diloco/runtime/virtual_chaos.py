@@ -243,8 +243,9 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
       super()._do_rejoin(m, None)
 
   def _do_rejoined(self, m: int, d) -> None:
-    del d
-    if m in self._rejoin and self.up[m]:
+    if m not in self._rejoin:  # a late start's first Join (sim.start_times)
+      return super()._do_rejoined(m, d)
+    if self.up[m]:
       self._rejoined(m)
 
   def _rejoined(self, m: int) -> None:

@@ -26,7 +26,7 @@ def time_to(curve: Sequence[dict[str, float]], target: float) -> float | None:
   """The first simulated time an eval curve ([{sim_time_s, eval_loss}], in time order) is at or
   below `target`, linear between evaluations; None if it never is."""
   prev = None
-  for point in curve:
+  for point in sorted(curve, key=lambda p: p["sim_time_s"]):  # (stable: a tie keeps its order)
     t, loss = float(point["sim_time_s"]), float(point["eval_loss"])
     if loss <= target:
       if prev is None:
@@ -57,8 +57,10 @@ def dp_time(
 
 
 def break_even_pause(work_s: float, extra: int, window: tuple[float, float]) -> float:
-  """The pause at which data-parallel's row is 1 (no faster than without the extra chips), by
-  bisection; the window's length if even that pause leaves it faster."""
+  """The pause from which data-parallel's row is 1 or more (no faster than without the extra
+  chips), by bisection; the window's length if even that pause leaves it faster. Its time jumps
+  where the work stops ending inside the window (the leaving pause is then paid too), so this
+  may be the pause of that jump rather than one where the row equals 1."""
   lo, hi = 0.0, window[1] - window[0] - 1e-9
   if dp_time(work_s, extra, window, hi) < work_s:
     return hi
