@@ -32,6 +32,7 @@ NOTEBOOKS = {
     "decoupled_delivery": (1, "rebase against replace"),
     "async_local_sgd": (1, "Delayed Nesterov + DyLU closes the gap"),
     "regime": (1, "regime: DiLoCo M=4 vs data-parallel"),
+    "scavenging": (1, "scavenged learners shorten Decoupled DiLoCo's run"),
 }
 TRAINING = (  # sweeps
     "scaling_laws",
@@ -39,6 +40,7 @@ TRAINING = (  # sweeps
     "heterogeneous",
     "async_local_sgd",
     "decoupled_delivery",
+    "scavenging",
 )
 
 

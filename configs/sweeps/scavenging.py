@@ -18,6 +18,11 @@ joins it mid-schedule, not at warmup). A run with extras ends at 1.2x the nomina
 reached the target by then is reported as such. Every run evaluates the global model on the same
 1,024 validation sequences about every 48 learner steps (all learners together) and at the end.
 `tiny`: the test suite's version (the tiny decoder at 24 steps of 8 x 32 bytes, extra 0 and 2).
+
+`outer_lr=X` runs every point at outer rate X instead of the preset's 0.1 (the check of why more
+extra learners gained less: half the rate, one seed, its own workdir):
+
+  python -m experiments.sweep --config=configs/sweeps/scavenging.py:seeds=1,outer_lr=0.05 --workdir=runs/scavenging_lr005 --parallel=1
 """
 
 import ml_collections
@@ -25,7 +30,7 @@ import ml_collections
 from configs import shakespeare
 from diloco.config import variants
 
-SWEEP_KEYS = ("eval_loss", "sim_time_s", "eval_curve", "tokens", "learners", "finished")
+SWEEP_KEYS = ("eval_loss", "sim_time_s", "eval_curve", "tokens", "learners", "merges", "finished")
 SWEEP_ONLY = ("seeds",)
 BASE = 4  # the run's own learners
 EXTRAS = (0, 1, 2, 4, 12)  # +25% each: +25, +50, +100, +300%
@@ -37,7 +42,7 @@ EVAL_SEQS = 1024
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
-  return variants.parse_arg(arg, tiny=False, extra=0, seed=0)
+  return variants.parse_arg(arg, tiny=False, extra=0, seed=0, outer_lr=0.1)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -51,6 +56,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   warmup = 2 if a.tiny else 50
   c.optimizer.update(dict(lr=1e-2, warmup_steps=warmup, decay_steps=steps - warmup))
   c.outer.update(dict(fragments=2 if a.tiny else 4, inner_steps=4 if a.tiny else 20))
+  c.outer.lr = a.outer_lr  # the preset's 0.1 unless told
   c.data.iid = True
   c.data.eval_sequences = c.data.final_eval_sequences = 32 if a.tiny else EVAL_SEQS
   start, stop = (round(s * steps * c.sim.step_s, 3) for s in STRETCH)
@@ -70,6 +76,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-  a = variants.parse_arg(arg, tiny=False, seeds=1)
+  a = variants.parse_arg(arg, tiny=False, seeds=1, outer_lr=0.1)
   extras = (0, 2) if a.tiny else EXTRAS
   return [dict(extra=k, seed=s) for s in range(a.seeds) for k in extras]
