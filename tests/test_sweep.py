@@ -246,3 +246,12 @@ def test_a_notebooks_stager_prefixes_tiny_and_names_the_table(sweep_file, tmp_pa
       (f"{path}:tiny,part=tune", ("W", True), dict(parallel=0, table="tune")),
       (f"{path}:part=seeds", ("W", False), dict(table="seeds")),
   ]
+
+
+def test_a_worker_whose_sweep_has_exited_runs_nothing_more(sweep_file, tmp_path):
+  # A pool worker outlives a killed sweep and still reads the points queued for it: it must not
+  # train them (with the code it imported then) nor write anything.
+  (point,) = sweep.points(_spec(sweep_file))[:1]
+  workdir = tmp_path / "runs"
+  summary, err = sweep_run._worker(point, str(workdir), parent=os.getppid() + 1)
+  assert summary is None and "has exited" in err and not workdir.exists()

@@ -32,8 +32,14 @@ def run_point(point: sweep.Point, workdir: str) -> dict[str, Any]:
   return train.train_and_evaluate(config, os.path.join(workdir, point.name))
 
 
-def _worker(point: sweep.Point, workdir: str) -> tuple[dict[str, Any] | None, str]:
-  """(summary, '') or (None, the error and its traceback); never raises."""
+def _worker(
+    point: sweep.Point, workdir: str, parent: int | None = None
+) -> tuple[dict[str, Any] | None, str]:
+  """(summary, '') or (None, the error and its traceback); never raises. A worker whose sweep
+  (`parent`, its pid) has exited runs none of the points still queued for it: they would train
+  with the code and configs of a sweep that is gone."""
+  if parent is not None and os.getppid() != parent:
+    return None, f"not run: the sweep that queued it (pid {parent}) has exited"
   _quiet()
   try:
     return run_point(point, workdir), ""
@@ -167,7 +173,7 @@ def _execute(todo: list[sweep.Point], workdir: str, parallel: int):
     return
   ctx = multiprocessing.get_context("spawn")
   with cf.ProcessPoolExecutor(max_workers=parallel, mp_context=ctx) as pool:
-    futures = {pool.submit(_worker, p, workdir): p for p in todo}
+    futures = {pool.submit(_worker, p, workdir, os.getpid()): p for p in todo}
     for fut in cf.as_completed(futures):
       try:
         outcome = fut.result()
