@@ -295,10 +295,11 @@ def _outer(c) -> Problems:
   if c.mode not in ("dp",) and isinstance(c.outer.learners, int) and c.outer.learners >= 1:
     m = c.outer.learners
     lists = (("speeds", float), ("batch_sizes", int), ("start_times", float), ("stop_times", float))
+    parsed = {}
     for key, kind in lists:
       try:
         default = 0.0 if key.endswith("_times") else 1
-        values = build.parse_list(c.sim.get(key, ""), m, kind, default, f"sim.{key}")
+        parsed[key] = values = build.parse_list(c.sim.get(key, ""), m, kind, default, f"sim.{key}")
       except ValueError as e:
         out.append((f"sim.{key}", str(e)))
         continue
@@ -306,9 +307,9 @@ def _outer(c) -> Problems:
         out.append((f"sim.{key}", "every entry must be positive"))
       if key == "stop_times" and any(v < 0 for v in values):
         out.append((f"sim.{key}", "every entry must be >= 0 (0: never)"))
-      elif key == "stop_times":
-        starts = build.parse_list(c.sim.get("start_times", ""), m, float, 0.0, "sim.start_times")
-        early = [i for i, (a, b) in enumerate(zip(starts, values)) if 0 < b <= a]
+      elif key == "stop_times" and "start_times" in parsed:
+        pairs = enumerate(zip(parsed["start_times"], values))
+        early = [i for i, (a, b) in pairs if 0 < b <= a]
         if early:
           out.append((f"sim.{key}", f"learners {early} would stop before they start"))
   return out

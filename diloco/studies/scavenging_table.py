@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from diloco.sim import calibration
+from diloco.studies import outer_lr_search as search
 
 # Published rows as issue 55 quotes them (a secondary source): training time relative to the
 # 4-learner run with +25 / +50 / +100 / +300% extra compute.
@@ -90,7 +91,7 @@ def spread(values: Sequence[float | None]) -> tuple[float, float]:
   """Mean and half range of the values (nan if any is None: a run that never got there)."""
   if not values or any(v is None for v in values):
     return math.nan, math.nan
-  return sum(values) / len(values), (max(values) - min(values)) / 2
+  return sum(values) / len(values), search.half_range(values)
 
 
 def dp_rows(extras: Sequence[int], work_s: float, window, pause_s: float = PAUSE_S) -> dict:
