@@ -3,14 +3,13 @@
 import hashlib
 import json
 import math
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
 import numpy as np
 
-from diloco import jsonl
+from diloco import jsonl, paths
 from diloco.watch import trackers as trackers_lib
 
 METRICS_FILE = "metrics.jsonl"
@@ -45,8 +44,8 @@ class MetricsWriter:
     """`resume_step`: keep the rows up to that step; `resume_bytes`: keep the file's first
     bytes, as `position()` gave them (a snapshot's); neither: start a new file. `trackers`: the
     `trackers` key; `config`: the resolved config the trackers record (wandb.config)."""
-    os.makedirs(workdir, exist_ok=True)
-    self.path = os.path.join(workdir, METRICS_FILE)
+    paths.makedirs(workdir)
+    self.path = paths.join(workdir, METRICS_FILE)
     self._jsonl = trackers_lib.Jsonl(self.path, resume_step, resume_bytes)
     self._trackers = [self._jsonl, *trackers_lib.make(trackers, workdir, config)]
 
@@ -107,13 +106,9 @@ def params_sha256(flat: dict[str, Any]) -> str:
 
 
 def write_summary(workdir: str, summary: dict[str, Any]) -> str:
-  """Writes summary.json atomically and returns its path."""
-  path = os.path.join(workdir, SUMMARY_FILE)
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(_plain(summary), f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, path)
+  """Writes summary.json whole or not at all and returns its path."""
+  path = paths.join(workdir, SUMMARY_FILE)
+  paths.write_text(path, json.dumps(_plain(summary), indent=2, sort_keys=True) + "\n")
   return path
 
 

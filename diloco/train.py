@@ -6,7 +6,6 @@ is resolved and checked whole (`prepare`), and only in a workdir that holds noth
 """
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ import jax
 import ml_collections
 from absl import logging
 
+from diloco import paths
 from diloco import data as data_lib, metrics
 from diloco.config import bounds, checks, deploy as deploy_lib, keys
 from diloco.data.corpus import mixture, splits as corpus_splits
@@ -89,7 +89,7 @@ def train_and_evaluate(
       if config.mode != "compare":  # each compared run's summary has its own
         summary["data"] = data_summary(config, summary.pop("corpus_tokens", None))
         summary.update(utilisation(summary))
-    summary["workdir"] = os.path.abspath(workdir)
+    summary["workdir"] = paths.absolute(workdir)
     if jax.process_index() == 0:
       _write_summary(workdir, summary)
     return summary

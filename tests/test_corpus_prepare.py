@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from array_record.python import array_record_module
 
-from diloco.data.corpus import documents, files, manifest as manifest_lib, prepare, tokenizer_files
+from diloco import paths
+from diloco.data.corpus import documents, manifest as manifest_lib, prepare, tokenizer_files
 from object_store import bucket  # noqa: F401 (a fixture)
 
 WORDS = "the of and to in a is that for it as was with be by on not he this are".split()
@@ -229,8 +230,8 @@ def test_inputs_tokenizer_and_shards_in_a_bucket(tmp_path, bpe, bucket):
 
   texts = _texts(120)
   for path in _jsonl(tmp_path, texts, files=2):
-    files.put_bytes(f"{bucket}/raw/{path.name}", path.read_bytes())
-  files.put_bytes(f"{bucket}/tok/tokenizer.json", files.read_bytes(bpe.path))
+    paths.write_bytes(f"{bucket}/raw/{path.name}", path.read_bytes())
+  paths.write_bytes(f"{bucket}/tok/tokenizer.json", paths.read_bytes(bpe.path))
   out = f"{bucket}/corpus"
   spec = prepare.Spec((f"{bucket}/raw/*.jsonl",), "jsonl", f"{bucket}/tok/tokenizer.json", out, 2)
   m = prepare.prepare(spec, progress=False)

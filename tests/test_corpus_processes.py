@@ -13,7 +13,8 @@ import sys
 
 import numpy as np
 
-from diloco.data.corpus import files, manifest as manifest_lib
+from diloco import paths
+from diloco.data.corpus import manifest as manifest_lib
 from diloco.rpc import local
 from object_store import bucket  # noqa: F401 (a fixture)
 from proc_helpers import REPO, train_command
@@ -49,8 +50,8 @@ def _prepare_command(what: str, *flags: str) -> None:
 def _prepare(bucket_url):
   """Raw JSON Lines in the bucket; the tokenizer trained on the training split by the command; a
   train corpus of 4 shards (2 workers) and a validation corpus of 1, all in the bucket."""
-  files.put_bytes(f"{bucket_url}/raw/train.jsonl", _generated_jsonl(RAW_BYTES, 1))
-  files.put_bytes(f"{bucket_url}/raw/val.jsonl", _generated_jsonl(200_000, 2))
+  paths.write_bytes(f"{bucket_url}/raw/train.jsonl", _generated_jsonl(RAW_BYTES, 1))
+  paths.write_bytes(f"{bucket_url}/raw/val.jsonl", _generated_jsonl(200_000, 2))
   tokenizer = f"{bucket_url}/tokenizer.json"
   _prepare_command(
       "tokenizer", f"--inputs={bucket_url}/raw/train.jsonl", "--kind=bpe",

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from array_record.python import array_record_module
 
-from diloco.data.corpus import files, manifest as manifest_lib, stream
+from diloco import paths
+from diloco.data.corpus import manifest as manifest_lib, stream
 from object_store import bucket  # noqa: F401 (a fixture)
 
 EOD = 0
@@ -117,7 +118,7 @@ def test_a_reader_of_a_bucket_copies_only_its_shards_and_checks_them(tmp_path, b
   local = tmp_path / "made"
   m = _corpus(local, [[[1, 2, 3]], [[4, 5]], [[6]]])
   for name in os.listdir(local):
-    files.put_bytes(f"{bucket}/c/{name}", (local / name).read_bytes())
+    paths.write_bytes(f"{bucket}/c/{name}", (local / name).read_bytes())
   cache = tmp_path / "cache"
   got = stream.local_shards(f"{bucket}/c", manifest_lib.read(f"{bucket}/c"), [0, 2], str(cache))
   assert sorted(os.listdir(cache / "shards")) == sorted(os.path.basename(p) for p in got)
@@ -125,7 +126,7 @@ def test_a_reader_of_a_bucket_copies_only_its_shards_and_checks_them(tmp_path, b
       m.shards[0].bytes,
       m.shards[2].bytes,
   ]
-  files.put_bytes(f"{bucket}/c/{m.shards[1].name}", b"x" * m.shards[1].bytes)  # replaced
+  paths.write_bytes(f"{bucket}/c/{m.shards[1].name}", b"x" * m.shards[1].bytes)  # replaced
   with pytest.raises(ValueError, match=f"{m.shards[1].name}: sha256 .*, the manifest says"):
     stream.local_shards(f"{bucket}/c", m, [1], str(cache))
 

@@ -227,11 +227,3 @@ def test_two_runs_started_together_on_one_workdir_one_is_refused(tmp_path):
   rows = metrics.read_jsonl(str(tmp_path / "run" / metrics.METRICS_FILE))
   steps = [r["step"] for r in rows if "loss" in r]
   assert len(steps) == len(set(steps))  # every step logged once
-
-
-@pytest.mark.parametrize("url", ["gs://bucket/run", "s3://bucket/run"])
-def test_a_bucket_workdir_is_refused_before_anything_is_written(url, tmp_path, monkeypatch):
-  monkeypatch.chdir(tmp_path)  # where `./gs:/bucket/run` would have gone
-  with pytest.raises(workdir_lib.WorkdirError, match=rf"--workdir={url}: bucket URLs are not"):
-    train.train_and_evaluate(shakespeare.get_config("runlocal"), url)
-  assert not list(tmp_path.iterdir())

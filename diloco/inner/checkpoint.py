@@ -15,9 +15,6 @@ A checkpoint of a model whose blocks were stored the other way (`model.scan_laye
 on restore (models/layer_stack.py).
 """
 
-import glob
-import os
-import shutil
 import threading
 from typing import Any
 
@@ -26,6 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from diloco import paths
 from diloco.inner import manifest
 from diloco.models import layer_stack
 
@@ -39,12 +37,6 @@ def _write_manifest(step_dir: str) -> None:
     manifest.write(step_dir)
   except OSError as e:
     logging.error("could not write the checksum manifest of %s (%s)", step_dir, e)
-
-
-def _tree_bytes(path: str) -> int:
-  return sum(
-      os.path.getsize(os.path.join(root, n)) for root, _, names in os.walk(path) for n in names
-  )
 
 
 def abstract_like(tree, shardings) -> Any:
@@ -65,7 +57,7 @@ class Checkpointer:
       async_save: bool = True,
       set_aside: bool = True,
   ):
-    self.every, self.directory, self.async_save = every, os.path.abspath(directory), async_save
+    self.every, self.directory, self.async_save = every, paths.absolute(directory), async_save
     self.set_aside = set_aside
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
@@ -88,7 +80,7 @@ class Checkpointer:
     self.failed_steps: list[int] = []  # the steps whose save failed, in order
 
   def step_dir(self, step: int) -> str:
-    return os.path.join(self.directory, str(step))
+    return paths.join(self.directory, str(step))
 
   def intact_steps(self) -> list[int]:
     """Steps whose files match their manifest, newest first (the others are logged and set aside).
@@ -145,7 +137,7 @@ class Checkpointer:
     try:
       return self._manager.save(step, args=args, force=force)
     except OSError as e:
-      leftover = [os.path.join(self.directory, f"{s}{TMP_SUFFIX}") for s in self.failed_steps]
+      leftover = [paths.join(self.directory, f"{s}{TMP_SUFFIX}") for s in self.failed_steps]
       if not any(path in str(e) for path in leftover):
         raise
       logging.info("the failed save's leftover error (%s) put aside; saving step %d", e, step)
@@ -157,12 +149,14 @@ class Checkpointer:
     largest committed step, or with none yet 2x the state's bytes (orbax's files took 1.15x of
     them on one device and 1.70x on eight here). Checked first, so that a full disk is one line
     rather than the storage library's errors from every thread it writes with."""
-    steps = [s for s in self._manager.all_steps() if os.path.isdir(self.step_dir(s))]
+    free = paths.free_bytes(self.directory)
+    if free == float("inf"):  # a bucket
+      return ""
+    steps = [s for s in self._manager.all_steps() if paths.isdir(self.step_dir(s))]
     if steps:
-      need = 1.25 * max(_tree_bytes(self.step_dir(s)) for s in steps)
+      need = 1.25 * max(paths.tree_bytes(self.step_dir(s)) for s in steps)
     else:
       need = 2.0 * sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state))
-    free = shutil.disk_usage(self.directory).free
     if free >= need:
       return ""
     return f"No space left for it: {free / 2**20:.1f} MiB free, about {need / 2**20:.1f} MiB needed"
@@ -180,8 +174,8 @@ class Checkpointer:
         type(error).__name__,
         first[:300],
     )
-    for path in glob.glob(os.path.join(self.directory, f"*{TMP_SUFFIX}*")):
-      shutil.rmtree(path, ignore_errors=True)
+    for path in paths.glob(paths.join(self.directory, f"*{TMP_SUFFIX}*")):
+      paths.rmtree(path)
     return False
 
   def _seal_committed(self) -> None:
@@ -189,9 +183,9 @@ class Checkpointer:
     exists); orbax calls it on its finalize thread right after a save commits."""
     with self._lock:
       pending = list(self._unsealed)
-    sealed = [s for s in pending if os.path.isdir(self.step_dir(s))]
+    sealed = [s for s in pending if manifest.committed(self.step_dir(s))]
     for step in sealed:
-      if not os.path.exists(os.path.join(self.step_dir(step), manifest.NAME)):
+      if not manifest.exists(self.step_dir(step)):
         _write_manifest(self.step_dir(step))
     with self._lock:
       self._unsealed = [s for s in self._unsealed if s not in sealed]
@@ -225,7 +219,7 @@ class Checkpointer:
     done = set(self._manager.all_steps())
     for step in pending:
       path = self.step_dir(step)
-      if step in done and os.path.isdir(path) and not manifest.exists(path):
+      if step in done and manifest.committed(path) and not manifest.exists(path):
         _write_manifest(path)
     with self._lock:
       self._unsealed = [s for s in self._unsealed if s not in pending]

@@ -1,35 +1,41 @@
-"""A checksum manifest beside each checkpoint: every file's size and sha256, written once the save
-is complete; a step whose files do not match it (truncated, a flipped byte, missing) is not used.
+"""A checksum manifest beside each checkpoint: every file's size and checksum, written once the
+save is complete; a step whose files do not match it (truncated, a flipped byte, missing) is not
+used.
 
-The manifest is `<step dir>/diloco_manifest.json`, written under a temporary name and renamed once
-orbax has committed the step (orbax writes into a temporary directory and commits by renaming it,
-or with `commit_success.txt` on object stores). A committed step whose manifest was never written
-(a kill between the two) is whole by orbax's commit: its owner writes the manifest when it next
-opens the directory (`seal_committed`). A step that fails its manifest is skipped; the owner of a
-checkpoint directory sets it aside (`<step>.corrupt-<n>`, kept for inspection) so that the run can
-save that step again.
+The manifest is `<step dir>/diloco_manifest.json`, written whole (diloco/paths.py) once orbax has
+committed the step (orbax writes into a temporary directory and commits by renaming it, or with
+`commit_success.txt` on object stores). A committed step whose manifest was never written (a kill
+between the two) is whole by orbax's commit: its owner writes the manifest when it next opens the
+directory (`seal_committed`). A step that fails its manifest is skipped; the owner of a checkpoint
+directory sets it aside (`<step>.corrupt-<n>`, kept for inspection) so that the run can save that
+step again.
+
+On a local disk the checksum is each file's sha256, read whole. In a bucket it is the CRC32C that
+the object store computed when each object was written (one listing gives them all), and a check
+lists the step again and compares: no byte of the checkpoint is read back. An object rewritten or
+cut short is a new upload with its own checksum and size, so it is caught the same way; a byte
+flipped at rest inside the store is the store's to catch (Cloud Storage checks the same CRC32C on
+every read).
 """
 
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Iterable
 
 from absl import logging
 
+from diloco import paths
+
 NAME = "diloco_manifest.json"
+COMMIT_MARKER = "commit_success.txt"  # orbax's commit of a step on an object store
 _CHUNK = 1 << 20
 
 
-def _files(step_dir: str) -> list[str]:
-  out = []
-  for root, _, names in os.walk(step_dir):
-    for n in names:
-      rel = os.path.relpath(os.path.join(root, n), step_dir)
-      if rel != NAME and not rel.startswith(NAME + "."):
-        out.append(rel)
-  return sorted(out)
+def _files(step_dir: str) -> dict[str, dict]:
+  """Rel path -> the storage's details of every file of the step but the manifest."""
+  listed = paths.files(step_dir)
+  return {r: i for r, i in sorted(listed.items()) if r != NAME and not r.startswith(NAME + ".")}
 
 
 def _sha256(path: str) -> str:
@@ -40,30 +46,42 @@ def _sha256(path: str) -> str:
   return h.hexdigest()
 
 
+def _checksums(step_dir: str) -> tuple[str, dict[str, list]]:
+  """("sha256" or "crc32c", rel path -> [size, digest]) of every file of the step."""
+  listed = _files(step_dir)
+  if paths.is_local(step_dir):
+    return "sha256", {
+        rel: [int(info["size"]), _sha256(os.path.join(step_dir, rel))]
+        for rel, info in listed.items()
+    }
+  return "crc32c", {rel: [int(info["size"]), info.get("crc32c")] for rel, info in listed.items()}
+
+
+def committed(step_dir: str) -> bool:
+  """Orbax committed the step: a local step is its final directory (a save in progress is a
+  `<step>.orbax-checkpoint-tmp-*` one); in a bucket, where orbax writes the final names from the
+  start, its commit marker is there."""
+  if paths.is_local(step_dir):
+    return os.path.isdir(step_dir)
+  return paths.exists(paths.join(step_dir, COMMIT_MARKER))
+
+
 def write(step_dir: str) -> dict[str, list]:
-  """Writes the manifest of every file now in `step_dir`; returns it (rel path -> [size, sha256])."""
-  entries = {}
-  for rel in _files(step_dir):
-    path = os.path.join(step_dir, rel)
-    entries[rel] = [os.path.getsize(path), _sha256(path)]
-  tmp = os.path.join(step_dir, f"{NAME}.tmp{os.getpid()}.{threading.get_ident()}")
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump({"files": entries}, f, indent=1, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(step_dir, NAME))
+  """Writes the manifest of every file now in `step_dir`; returns it (rel path -> [size, digest])."""
+  digest, entries = _checksums(step_dir)
+  record = {"files": entries} if digest == "sha256" else {"digest": digest, "files": entries}
+  paths.write_text(paths.join(step_dir, NAME), json.dumps(record, indent=1, sort_keys=True))
   return entries
 
 
 def exists(step_dir: str) -> bool:
-  return os.path.exists(os.path.join(step_dir, NAME))
+  return paths.exists(paths.join(step_dir, NAME))
 
 
 def seal_committed(step_dir: str) -> bool:
-  """Writes the manifest of a step orbax committed (its final directory: a save in progress is a
-  `<step>.orbax-checkpoint-tmp-*` directory) but that has none, because the process ended between
-  orbax's commit and the manifest; logs it. True when it wrote one."""
-  if not os.path.isdir(step_dir) or exists(step_dir):
+  """Writes the manifest of a step orbax committed (`committed`) that has none, because the
+  process ended between orbax's commit and the manifest; logs it. True when it wrote one."""
+  if not committed(step_dir) or exists(step_dir):
     return False
   manifest = write(step_dir)
   logging.warning(
@@ -79,25 +97,28 @@ def seal_committed(step_dir: str) -> bool:
 def problem(step_dir: str) -> str | None:
   """Why `step_dir` must not be restored (no manifest, a file missing, truncated or changed), or
   None when every file matches its manifest."""
-  path = os.path.join(step_dir, NAME)
-  if not os.path.isdir(step_dir):
+  if not paths.isdir(step_dir):
     return f"{step_dir} does not exist"
   try:
-    with open(path, encoding="utf-8") as f:
-      entries = json.load(f)["files"]
+    record = json.loads(paths.read_text(paths.join(step_dir, NAME)))
+    entries, kind = record["files"], record.get("digest", "sha256")
   except FileNotFoundError:
     return "no checksum manifest: the save did not finish"
   except (OSError, ValueError, KeyError) as e:
     return f"unreadable checksum manifest ({e})"
+  listed = _files(step_dir)
   for rel, (size, digest) in sorted(entries.items()):
-    file = os.path.join(step_dir, rel)
-    if not os.path.isfile(file):
+    if rel not in listed:
       return f"{rel} is missing"
-    got = os.path.getsize(file)
+    got = int(listed[rel]["size"])
     if got != size:
       return f"{rel} is truncated or grown: {got} bytes, {size} when saved"
-    if _sha256(file) != digest:
-      return f"{rel} does not match its sha256 (a changed byte)"
+    if kind == "sha256":
+      changed = _sha256(os.path.join(step_dir, rel)) != digest
+    else:
+      changed = listed[rel].get(kind) != digest
+    if changed:
+      return f"{rel} does not match its {kind} (a changed byte)"
   return None
 
 
@@ -109,10 +130,10 @@ def set_aside(directory: str, step: int) -> str:
   `max_to_keep`, never deleted; the step can be saved again. Nothing is deleted.
   """
   n = 1
-  while os.path.exists(os.path.join(directory, f"{step}.corrupt-{n}")):
+  while paths.exists(paths.join(directory, f"{step}.corrupt-{n}")):
     n += 1
-  target = os.path.join(directory, f"{step}.corrupt-{n}")
-  os.rename(os.path.join(directory, str(step)), target)
+  target = paths.join(directory, f"{step}.corrupt-{n}")
+  paths.rename(paths.join(directory, str(step)), target)
   return target
 
 
@@ -125,19 +146,16 @@ def intact_steps(
   the step's manifest file is unchanged, so asking again does not re-read the files."""
   out = []
   for step in sorted(steps, reverse=True):
-    step_dir = os.path.join(directory, str(step))
-    try:
-      st = os.stat(os.path.join(step_dir, NAME))
-      key = (step, st.st_mtime_ns, st.st_size)
-    except OSError:
-      key = None
+    step_dir = paths.join(directory, str(step))
+    version = paths.version(paths.join(step_dir, NAME))
+    key = None if version is None else (step, *version)
     why = memo[key] if memo is not None and key in memo else problem(step_dir)
     if memo is not None and key is not None:
       memo[key] = why
     if why is None:
       out.append(step)
       continue
-    if move and os.path.isdir(step_dir):
+    if move and paths.isdir(step_dir):
       why += f"; moved to {set_aside(directory, step)} (kept for inspection)"
       if memo is not None:
         memo.pop(key, None)

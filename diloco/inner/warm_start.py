@@ -8,13 +8,12 @@ saving its synchronizer's global parameters alone (`save_final`: WORKDIR/checkpo
 which is what is read from it. Evaluation and sampling of a finished run read the same way.
 """
 
-import os
-import shutil
 from typing import Any
 
 import jax
 import numpy as np
 
+from diloco import paths
 from diloco.inner import checkpoint
 
 FINAL = "final_params"  # under a run's checkpoints/: a multi-learner run's final global parameters
@@ -22,9 +21,9 @@ FINAL = "final_params"  # under a run's checkpoints/: a multi-learner run's fina
 
 def checkpoint_dir(path: str, what: str = "init_from") -> str:
   """`path/checkpoints` when `path` is a run's workdir, else `path` (a checkpoints directory)."""
-  inner = os.path.join(path, "checkpoints")
-  found = inner if os.path.isdir(inner) else path
-  if not os.path.isdir(found):
+  inner = paths.join(path, "checkpoints")
+  found = inner if paths.isdir(inner) else path
+  if not paths.isdir(found):
     raise FileNotFoundError(f"{what}={path!r}: no such run directory or checkpoints directory")
   return found
 
@@ -32,9 +31,9 @@ def checkpoint_dir(path: str, what: str = "init_from") -> str:
 def save_final(workdir: str, step: int, params: Any) -> str:
   """Saves a multi-learner run's final global parameters (a params tree of host arrays) as
   WORKDIR/checkpoints/final_params/<step>, replacing a save of that step; returns its path."""
-  directory = os.path.join(workdir, "checkpoints", FINAL)
-  if os.path.isdir(os.path.join(directory, str(step))):  # the same run, finished again
-    shutil.rmtree(os.path.join(directory, str(step)))
+  directory = paths.join(workdir, "checkpoints", FINAL)
+  if paths.isdir(paths.join(directory, str(step))):  # the same run, finished again
+    paths.rmtree(paths.join(directory, str(step)))
   ckpt = checkpoint.Checkpointer(directory, every=1, keep=1, async_save=False)
   try:
     ckpt.save(step, {"params": params}, force=True)
@@ -61,7 +60,7 @@ def newest(path: str, abstract_state: Any, what: str = "init_from") -> tuple[int
   if found is not None:
     step, params = found[0], found[1].params
   else:
-    final = os.path.join(directory, FINAL)
+    final = paths.join(directory, FINAL)
     found = _restore(final, {"params": abstract_state.params}, path, what)
     if found is None:
       raise FileNotFoundError(f"{what}={path!r}: {directory} holds no checkpoint")
@@ -78,7 +77,7 @@ def newest(path: str, abstract_state: Any, what: str = "init_from") -> tuple[int
 
 def _restore(directory: str, abstract: Any, path: str, what: str) -> tuple[int, Any] | None:
   """The newest intact step under `directory` restored into `abstract`, or None if none."""
-  if not os.path.isdir(directory):
+  if not paths.isdir(directory):
     return None
   ckpt = checkpoint.Checkpointer(directory, every=1, async_save=False, set_aside=False)
   try:

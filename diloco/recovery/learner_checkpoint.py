@@ -5,8 +5,7 @@ it) into its own directory; orbax writes each save into a temporary directory an
 complete, so a crash during a save leaves the previous one as the newest.
 """
 
-import os
-
+from diloco import paths
 from diloco.inner import checkpoint
 from diloco.outer.learner import Learner
 
@@ -17,7 +16,7 @@ class LearnerCheckpointer:
   def __init__(self, directory: str, every: int, keep: int = 2):
     if every < 0:
       raise ValueError(f"learner checkpoint interval must be >= 0, got {every}")
-    self.directory, self.every, self.keep = os.path.abspath(directory), every, keep
+    self.directory, self.every, self.keep = paths.absolute(directory), every, keep
     self._ckpt: checkpoint.Checkpointer | None = None
 
   def _manager(self) -> checkpoint.Checkpointer:

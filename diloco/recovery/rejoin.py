@@ -10,11 +10,10 @@ A run starts with empty checkpoint directories (multi-learner runs do not resume
 restart can find a checkpoint of an earlier run.
 """
 
-import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
+from diloco import paths
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
@@ -32,17 +31,17 @@ class Recovery:
       learner_every: int,
       sync_every: int,
   ):
-    root = os.path.join(workdir, "checkpoints")
+    root = paths.join(workdir, "checkpoints")
     for name in [f"learner{m}" for m in range(len(data_iters))] + ["synchronizer"]:
-      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+      paths.rmtree(paths.join(root, name))
     self.make_learner, self.data_iters = make_learner, data_iters
     self.learner_ckpts = [
-        LearnerCheckpointer(os.path.join(root, f"learner{m}"), learner_every)
+        LearnerCheckpointer(paths.join(root, f"learner{m}"), learner_every)
         for m in range(len(data_iters))
     ]
     self.sync_every = sync_every
     self.sync_ckpt = (
-        sync_checkpoint.SyncCheckpointer(os.path.join(root, "synchronizer")) if sync_every else None
+        sync_checkpoint.SyncCheckpointer(paths.join(root, "synchronizer")) if sync_every else None
     )
     self._initial_iters = [it.get_state() for it in data_iters]
     self.learner_saves = 0

@@ -10,13 +10,13 @@ step whose files match theirs, log why a newer one was passed over and rename th
 """
 
 import dataclasses
-import os
 from typing import Any
 
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from diloco import paths
 from diloco.inner import manifest
 
 
@@ -49,7 +49,7 @@ class SyncCheckpointer:
   """Saves `state_dict()`s synchronously and restores the newest one."""
 
   def __init__(self, directory: str, keep: int = 2):
-    self.directory, self.keep = os.path.abspath(directory), keep
+    self.directory, self.keep = paths.absolute(directory), keep
     self._verified: dict = {}  # manifest.intact_steps's verdicts
     self._open()
 
@@ -64,7 +64,7 @@ class SyncCheckpointer:
     set aside as `<merges>.corrupt-<n>`, so that those merges can be saved again)."""
     steps = self._manager.all_steps()
     for step in steps:  # committed by orbax, killed before its manifest: whole, sealed now
-      manifest.seal_committed(os.path.join(self.directory, str(step)))
+      manifest.seal_committed(paths.join(self.directory, str(step)))
     intact = manifest.intact_steps(self.directory, steps, self._verified, move=True)
     if len(intact) < len(steps):
       self._manager.reload()  # orbax caches its step list: forget the steps set aside
@@ -93,7 +93,7 @@ class SyncCheckpointer:
         logging.error("synchronizer checkpoint %d in %s failed (%s)", merges, self.directory, e)
         return False
       if saved:
-        manifest.write(os.path.join(self.directory, str(merges)))
+        manifest.write(paths.join(self.directory, str(merges)))
       return saved
     items["crash"] = _CrashingSave({"merges": merges})
     absl_logger = logging.get_absl_logger()

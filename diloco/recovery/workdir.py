@@ -19,12 +19,14 @@ import atexit
 import fcntl
 import json
 import os
-import re
 import socket
+import threading
 import time
 from typing import Any
 
 from absl import logging
+
+from diloco import paths
 
 CONFIG = "config.json"
 RUN_OUTPUTS = ("summary.json", "metrics.jsonl", "checkpoints")  # any one means a run was here
@@ -38,20 +40,9 @@ class WorkdirError(ValueError):
   """The workdir holds another run; the message says how to start over or where else to go."""
 
 
-URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def local_path(workdir: str) -> str:
-  """`workdir` made absolute; WorkdirError for a bucket URL (`gs://...`), which the project's
-  file calls would turn into a local directory (`./gs:/...`), lost with the machine."""
-  if URL.match(workdir):
-    raise WorkdirError(
-        f"--workdir={workdir}: bucket URLs are not supported yet; checkpoints, metrics and "
-        f"summaries are written with local file calls, so it would become the local directory "
-        f"{os.path.abspath(workdir)} and be lost with the machine. Give a local path or a "
-        f"shared filesystem's mount"
-    )
-  return os.path.abspath(workdir)
+def absolute(workdir: str) -> str:
+  """`workdir` made absolute; a bucket URL (`gs://...`) stays a URL (diloco/paths.py)."""
+  return paths.absolute(workdir)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, str]:
@@ -78,7 +69,7 @@ def _differences(old: dict, new: dict) -> list[str]:
 def _aside_path(workdir: str) -> str:
   """The first free `<workdir>.old-<N>`, N from 1."""
   n = 1
-  while os.path.lexists(f"{workdir}.old-{n}"):
+  while paths.exists(f"{workdir}.old-{n}"):
     n += 1
   return f"{workdir}.old-{n}"
 
@@ -102,8 +93,7 @@ def _refusal(workdir: str, why: str, lines: list[str]) -> WorkdirError:
 def _read_config(path: str) -> dict | None:
   """The saved config, or None when it cannot be read as a JSON object."""
   try:
-    with open(path, encoding="utf-8") as f:
-      saved = json.load(f)
+    saved = json.loads(paths.read_text(path))
   except (OSError, ValueError):
     return None
   return saved if isinstance(saved, dict) else None
@@ -114,12 +104,12 @@ def _held_run(
 ) -> tuple[str, list[str]] | None:
   """None when `workdir` holds no run; else why this run may not resume it ("" when it may) and
   the differing keys."""
-  if os.path.lexists(workdir) and not os.path.isdir(workdir):
+  if paths.isfile(workdir):
     raise WorkdirError(f"workdir {workdir} exists and is not a directory; pick another --workdir")
-  names = set(os.listdir(workdir)) if os.path.isdir(workdir) else set()
+  names = set(paths.listdir(workdir))
   outputs = sorted(names.intersection(RUN_OUTPUTS))
   if CONFIG in names:
-    saved = _read_config(os.path.join(workdir, CONFIG))
+    saved = _read_config(paths.join(workdir, CONFIG))
     if saved is None:
       return f"holds a run whose {CONFIG} is not a readable JSON object", []
     lines = [d for d in _differences(saved, config) if d.split(":", 1)[0] not in ignore]
@@ -136,7 +126,7 @@ def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, 
   Writes nothing, except the rename of the whole workdir when `restart` moves an old run aside.
   `ignore`: dotted keys that may differ on a resume (how a run is watched, where it stops).
   """
-  workdir = local_path(workdir)
+  workdir = absolute(workdir)
   held = _held_run(workdir, config, ignore)
   if held is None:
     return "new"
@@ -145,43 +135,39 @@ def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, 
     if not why:
       return "resume"
     raise _refusal(workdir, why, lines)
-  os.rename(workdir, _aside_path(workdir))
+  paths.rename(workdir, _aside_path(workdir))
   return "restarted"
 
 
 def write_config(workdir: str, config_json: str) -> None:
-  """Writes `config_json` to `<workdir>/config.json` atomically, creating the directory."""
-  os.makedirs(workdir, exist_ok=True)
-  tmp = os.path.join(workdir, f".{CONFIG}.tmp{os.getpid()}")
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(config_json)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(workdir, CONFIG))
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  """Writes `config_json` to `<workdir>/config.json` whole or not at all."""
+  paths.write_text(paths.join(workdir, CONFIG), config_json)
 
 
 HOLD = ".diloco-hold"  # the hold file: {"host", "pid", "since"} of the run that holds the workdir
 
 
-class Hold:
+def Hold(workdir: str) -> "LocalHold | BucketHold":  # pylint: disable=invalid-name
+  """The hold of `workdir`: a lock on a local disk, a lease in a bucket."""
+  workdir = absolute(workdir)
+  return BucketHold(workdir) if paths.is_url(workdir) else LocalHold(workdir)
+
+
+class LocalHold:
   """One run's exclusive hold on its workdir: an fcntl lock on WORKDIR/.diloco-hold, which says
   who holds it. A second run is refused naming the holder; the lock of a process that died (even
   by SIGKILL) is released by the kernel, so its hold is stale and the next run takes it over,
   with a note."""
 
   def __init__(self, workdir: str):
-    self.workdir = local_path(workdir)
+    self.workdir = workdir
     self._fd: int | None = None
 
   @property
   def path(self) -> str:
     return os.path.join(self.workdir, HOLD)
 
-  def acquire(self) -> "Hold":
+  def acquire(self) -> "LocalHold":
     """Takes the hold (creating the workdir); WorkdirError naming the holder when it is held."""
     os.makedirs(self.workdir, exist_ok=True)
     while True:
@@ -233,11 +219,93 @@ class Hold:
     os.close(self._fd)  # closing the descriptor releases the lock
     self._fd = None
 
-  def __enter__(self) -> "Hold":
+  def __enter__(self) -> "LocalHold":
     return self.acquire()
 
   def __exit__(self, *exc) -> None:
     self.release()
+
+
+LEASE_S = 90.0  # a bucket hold not renewed for this long is its dead holder's
+
+
+class BucketHold:
+  """One run's hold on a bucket workdir: a lease object WORKDIR/.diloco-hold that says who holds
+  it and when it last renewed (every LEASE_S / 6 s, on a thread). Object stores have no locks: a
+  hold renewed within LEASE_S refuses a second run naming the holder; an older one is a dead
+  holder's (even a SIGKILLed one stops renewing) and is taken over, with a note."""
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self._me: dict | None = None
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+
+  @property
+  def path(self) -> str:
+    return paths.join(self.workdir, HOLD)
+
+  def acquire(self) -> "BucketHold":
+    previous = _read_lease(self.path)
+    if previous and (previous.get("host"), previous.get("pid")) != _whoami():
+      age = time.time() - float(previous.get("beat", 0))
+      if age < LEASE_S:
+        raise WorkdirError(
+            f"workdir {self.workdir} is in use by another run: {_describe(previous)}, its hold "
+            f"renewed {age:.0f} s ago. Wait for it to end or stop it (a hold not renewed for "
+            f"{LEASE_S:.0f} s is taken over), or pick another --workdir."
+        )
+      logging.warning(
+          "workdir %s was held by %s, whose hold was last renewed %.0f s ago: taking it over",
+          self.workdir,
+          _describe(previous),
+          age,
+      )
+    now = time.time()
+    self._me = {"host": socket.gethostname(), "pid": os.getpid(), "since": now, "beat": now}
+    paths.write_text(self.path, json.dumps(self._me))
+    self._stop.clear()
+    self._thread = threading.Thread(target=self._renew, name="workdir-hold", daemon=True)
+    self._thread.start()
+    atexit.register(self.release)
+    return self
+
+  def _renew(self) -> None:
+    while not self._stop.wait(LEASE_S / 6):
+      try:
+        paths.write_text(self.path, json.dumps({**self._me, "beat": time.time()}))
+      except OSError as e:  # the bucket is unreachable for now: the next renewal tries again
+        logging.warning("could not renew the hold of %s (%s)", self.workdir, e)
+
+  def release(self) -> None:
+    """Stops renewing and removes the hold object if it is still this run's."""
+    if self._me is None:
+      return
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    held = _read_lease(self.path)
+    if held and (held.get("host"), held.get("pid")) == _whoami():
+      paths.remove(self.path)
+    self._me = None
+
+  def __enter__(self) -> "BucketHold":
+    return self.acquire()
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+def _whoami() -> tuple[str, int]:
+  return socket.gethostname(), os.getpid()
+
+
+def _read_lease(path: str) -> dict | None:
+  try:
+    holder = json.loads(paths.read_text(path))
+  except (OSError, ValueError):
+    return None
+  return holder if isinstance(holder, dict) else None
 
 
 def _read_holder(fd: int) -> dict | None:

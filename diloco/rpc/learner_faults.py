@@ -30,7 +30,7 @@ import os
 import time
 
 
-from diloco import jsonl
+from diloco import jsonl, paths
 from diloco.chaos import schedule as chaos
 from diloco.runtime import link as link_lib
 from diloco.runtime.faulty_link import FaultClock, FaultyLink, Shared
@@ -90,10 +90,9 @@ class ProcessFaults:
     mine = [f for f in faults if f.learner == m]
     self.clock = FaultClock(mine, scale, clock=time.time)
     self.shared = Shared(1, seed=m)
-    path = os.path.join(workdir, CLOCK_FILE)
-    if os.path.exists(path):
-      with open(path, encoding="utf-8") as f:
-        self.clock.t0 = float(json.load(f)["t0"])
+    path = paths.join(workdir, CLOCK_FILE)
+    if paths.exists(path):
+      self.clock.t0 = float(json.loads(paths.read_text(path))["t0"])
     self._born = self.clock.now()  # -inf before the first step of the first process
     self._last: float | None = None  # when the previous step (and its stretch) ended
     self._mean: float | None = None  # mean time between steps, not straggling
@@ -106,7 +105,7 @@ class ProcessFaults:
     return bool(self.clock.faults)
 
   def _log(self, record: dict) -> None:
-    with jsonl.open_append(os.path.join(self.workdir, LOG_FILE)) as f:
+    with jsonl.open_append(paths.join(self.workdir, LOG_FILE)) as f:
       f.write(json.dumps({"time": self.clock.now(), "pid": os.getpid(), **record}) + "\n")
 
   def wait_if_down(self) -> float:
@@ -131,10 +130,7 @@ class ProcessFaults:
     if self.clock.t0 is None:
       self.clock.start()
       self._born = 0.0
-      tmp = os.path.join(self.workdir, CLOCK_FILE + ".tmp")
-      with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"t0": self.clock.t0}, f)
-      os.replace(tmp, os.path.join(self.workdir, CLOCK_FILE))
+      paths.write_text(paths.join(self.workdir, CLOCK_FILE), json.dumps({"t0": self.clock.t0}))
     crash = self.clock.layer.crash(self.m, self.clock.now(), since=self._born)
     if crash is not None:
       self._log({"event": "crash", "step": step, "fault": crash.describe()})

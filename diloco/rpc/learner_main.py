@@ -14,6 +14,7 @@ the others follow it operation by operation (diloco/rpc/multihost.py).
 """
 
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -26,10 +27,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import jsonl, metrics
+from diloco import jsonl, metrics, paths
 from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer import integrity
-from diloco.recovery import workdir as workdir_lib
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost, transport
 from diloco.runtime import async_link, learner_loop, preemption, sharded_link
@@ -84,9 +84,9 @@ class _Progress:
         desc=f"learner {learner_id}",
         unit="step",
     )
-    with jsonl.open_append(os.path.join(workdir, "starts.jsonl")) as f:
+    with jsonl.open_append(paths.join(workdir, "starts.jsonl")) as f:
       f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **start}) + "\n")
-    self.f = jsonl.open_append(os.path.join(workdir, "progress.jsonl"))
+    self.f = jsonl.open_append(paths.join(workdir, "progress.jsonl"))
 
   def write(self, record: dict) -> None:
     self.f.write(json.dumps({**record, "time": time.time()}) + "\n")
@@ -145,12 +145,11 @@ def run(
   config = checks.prepare(config)
   targets = shard_targets(target, config.outer.sync_shards)
   _join_job(config, cluster)
-  workdir_lib.local_path(workdir)  # a bucket URL is refused before anything is written
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   faults = _faults(config, learner_id, workdir)
   learner = make_learner(config, learner_id)
   ckpt = LearnerCheckpointer(
-      os.path.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
+      paths.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
   )
   restored = restore(learner, ckpt)
   if restored is not None:
@@ -205,18 +204,16 @@ def _save_unanswered(workdir: str, learner) -> None:
   it trained after it."""
   sent = {str(p): np.frombuffer(transport.encode_message(up), np.uint8) for p, up in
           _last_sent(learner).items()}  # fmt: skip
-  path = os.path.join(workdir, UNANSWERED)
-  with open(path + ".tmp", "wb") as f:
+  with paths.writing(paths.join(workdir, UNANSWERED), "wb") as f:
     np.savez(f, step=np.int64(learner.steps), **sent)
-  os.replace(path + ".tmp", path)
 
 
 def _load_unanswered(workdir: str, learner, step: int) -> None:
   """Takes `_save_unanswered`'s uploads back if they were saved at `step` (the restored one)."""
-  path = os.path.join(workdir, UNANSWERED)
-  if not os.path.exists(path):
+  path = paths.join(workdir, UNANSWERED)
+  if not paths.exists(path):
     return
-  with np.load(path) as saved:
+  with np.load(io.BytesIO(paths.read_bytes(path))) as saved:
     if int(saved["step"]) != step:
       return
     learner.sent = {
@@ -287,7 +284,8 @@ def _summary(
 ) -> dict[str, Any]:
   """Saves the global fragments this learner holds (global_copy.npz); its summary keys."""
   held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
-  np.savez(os.path.join(workdir, "global_copy.npz"), **held)
+  with paths.writing(paths.join(workdir, "global_copy.npz"), "wb") as f:
+    np.savez(f, **held)
   return {
       **result,
       "role": "learner",
@@ -351,7 +349,8 @@ def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict
   }
   if jax.process_count() > 1:  # every process: the parameters it ended with
     params = learner.host_params()
-    np.savez(os.path.join(workdir, f"params.process{jax.process_index()}.npz"), **params)
+    with paths.writing(paths.join(workdir, f"params.process{jax.process_index()}.npz"), "wb") as f:
+      np.savez(f, **params)
     summary["params_crc"] = integrity.tree_crc(params)
     summary["params_sharded"] = sum(
         not x.is_fully_replicated  # over the processes' devices
@@ -360,6 +359,6 @@ def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict
   if talks_to_sync():
     metrics.write_summary(workdir, summary)
   else:
-    with open(os.path.join(workdir, f"summary.process{jax.process_index()}.json"), "w") as f:
-      json.dump(summary, f, indent=2)
+    name = f"summary.process{jax.process_index()}.json"
+    paths.write_text(paths.join(workdir, name), json.dumps(summary, indent=2))
   return summary

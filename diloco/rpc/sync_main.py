@@ -9,7 +9,6 @@ ends when every learner finished, every merge was delivered and no learner is li
 SIGTERM), and writes WORKDIR/summary.json with wire and codec byte counts.
 """
 
-import os
 import signal
 import threading
 import time
@@ -18,12 +17,12 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from diloco import metrics
+from diloco import metrics, paths
 from diloco.config import build, checks
 from diloco.outer import kernels, memory, optimizers
 from diloco.outer.sync_state import arrays_digest
 from diloco.outer.synchronizer import Synchronizer
-from diloco.recovery import sync_checkpoint, workdir as workdir_lib
+from diloco.recovery import sync_checkpoint
 from diloco.rpc import limits as limits_lib, service, status_board, status_server
 from diloco.runtime import preemption, sync_host
 from diloco.watch import progress
@@ -81,10 +80,8 @@ def _with_sessions(state: dict[str, Any], board: status_board.StatusBoard) -> di
 
 
 def _write_port(workdir: str, port: int, name: str = "port") -> None:
-  """WORKDIR/<name>, written under a temporary name and renamed: a reader sees all or none."""
-  with open(os.path.join(workdir, name + ".tmp"), "w") as f:
-    f.write(str(port))
-  os.replace(os.path.join(workdir, name + ".tmp"), os.path.join(workdir, name))
+  """WORKDIR/<name>, written whole: a reader sees all or none."""
+  paths.write_text(paths.join(workdir, name), str(port))
 
 
 def _serve_until_settled(
@@ -199,12 +196,11 @@ def run(
   memory.keep_freed_arrays()  # a merge round reuses the last one's arrays (outer/memory.py)
   deploy = config.deploy
   limits = limits_lib.Limits.from_deploy(deploy)
-  workdir_lib.local_path(workdir)  # a bucket URL is refused before anything is written
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   sync = make_synchronizer(config, shard)
   if sync.codec == "fp4" and isinstance(sync.tx, optimizers.SGD):
     kernels.warm_up()  # its merges run the compiled commit: compile before serving, not mid-run
-  ckpt = sync_checkpoint.SyncCheckpointer(os.path.join(workdir, "checkpoints", "synchronizer"))
+  ckpt = sync_checkpoint.SyncCheckpointer(paths.join(workdir, "checkpoints", "synchronizer"))
   restored_from = ckpt.latest_step()
   restored, sessions = _restore(sync, ckpt)
   # A restarted synchronizer appends to the log of the run before it.

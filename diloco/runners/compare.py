@@ -9,12 +9,12 @@ counted; its bytes per token are those of a ring all-reduce.
 """
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 
+from diloco import paths
 from diloco import metrics
 from diloco.config import build, resolve
 from diloco.runners import island_summary
@@ -65,7 +65,7 @@ def _run(config, workdir, train) -> dict[str, Any]:
     if preemption.requested():
       return _stopped(rows, preemption.SIGNAL, mode, bar)
     bar.set_postfix(progress.modes_postfix(modes, len(rows)))
-    sub_dir, sub = os.path.join(workdir, mode), runs[mode]
+    sub_dir, sub = paths.join(workdir, mode), runs[mode]
     summary = _finished_summary(sub, sub_dir) or train(sub, sub_dir)
     rows[mode] = summary
     if not summary.get("finished", True):
@@ -77,7 +77,7 @@ def _run(config, workdir, train) -> dict[str, Any]:
   bar.close()
   table = format_table(rows)
   print(table, flush=True)
-  plot_path = plot(rows, os.path.join(workdir, "compare.png"))
+  plot_path = plot(rows, paths.join(workdir, "compare.png"))
   first = next(iter(rows.values()))
   return {
       "mode": "compare",
@@ -94,13 +94,11 @@ def _run(config, workdir, train) -> dict[str, Any]:
 
 def _finished_summary(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
   """The summary of a finished run of this config in `workdir` (an earlier invocation's)."""
-  paths = [os.path.join(workdir, f) for f in (metrics.SUMMARY_FILE, "config.json")]
-  if not all(os.path.exists(p) for p in paths):
+  files = [paths.join(workdir, f) for f in (metrics.SUMMARY_FILE, "config.json")]
+  if not all(paths.exists(p) for p in files):
     return None
-  with open(paths[0], encoding="utf-8") as f:
-    summary = json.load(f)
-  with open(paths[1], encoding="utf-8") as f:
-    done = preemption.json_digest(json.load(f))
+  summary = json.loads(paths.read_text(files[0]))
+  done = preemption.json_digest(json.loads(paths.read_text(files[1])))
   if summary.get("finished") and done == preemption.config_digest(config):
     return summary
   return None
@@ -121,7 +119,7 @@ def _stopped(rows: dict[str, dict], stopped_by: str | None, mode: str, bar) -> d
 
 def _eval_rows(workdir: str) -> list[dict]:
   return [
-      r for r in metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE)) if "eval_loss" in r
+      r for r in metrics.read_jsonl(paths.join(workdir, metrics.METRICS_FILE)) if "eval_loss" in r
   ]
 
 
@@ -157,6 +155,7 @@ def plot(rows: dict[str, dict], path: str) -> str:
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  with paths.writing(path, "wb") as f:
+    fig.savefig(f, dpi=120, format="png")
   plt.close(fig)
   return path

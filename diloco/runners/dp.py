@@ -2,7 +2,6 @@
 
 import functools
 import math
-import os
 import time
 from typing import Any
 
@@ -10,7 +9,7 @@ import jax
 import ml_collections
 import tqdm
 
-from diloco import metrics
+from diloco import metrics, paths
 from diloco.data.corpus import mixture
 from diloco.inner import checkpoint, evaluation, island as island_lib, step as step_lib
 from diloco.outer import fragments
@@ -115,7 +114,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   island = island_lib.build_island(config, jax.devices())
   fns, data = island.fns, island.data
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), config.checkpoint_every)
+  ckpt = checkpoint.Checkpointer(paths.join(workdir, "checkpoints"), config.checkpoint_every)
   state, start = island.restore_or_init(ckpt)
   writer = metrics.MetricsWriter.for_run(config, workdir, resume_step=start if start else None)
   logger = StepLogger(config, writer, ckpt, start, island.flops_per_token)

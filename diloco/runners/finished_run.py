@@ -10,13 +10,13 @@ modes), so its loss is the run's final `eval_loss`. Nothing is written into the 
 import dataclasses
 import json
 import math
-import os
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
+from diloco import paths
 from diloco.config import build
 from diloco.data import batching, pipeline, sources
 from diloco.inner import evaluation, island as island_lib, sampling, warm_start
@@ -51,14 +51,13 @@ class _Held:
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
   """WORKDIR/config.json, or a WorkdirError saying that no run was here."""
-  path = os.path.join(workdir, workdir_lib.CONFIG)
-  if not os.path.isfile(path):
+  path = paths.join(workdir, workdir_lib.CONFIG)
+  if not paths.isfile(path):
     raise workdir_lib.WorkdirError(
         f"workdir {workdir} holds no run (no {workdir_lib.CONFIG}); pass the --workdir of a run "
         "that `python -m experiments.train` wrote"
     )
-  with open(path, encoding="utf-8") as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(paths.read_text(path)))
 
 
 def run_dirs(workdir: str) -> list[str]:
@@ -66,7 +65,7 @@ def run_dirs(workdir: str) -> list[str]:
   config = read_config(workdir)
   if config.mode != COMPARE:
     return [workdir]
-  return [os.path.join(workdir, m) for m in config.compare.modes.split(",")]
+  return [paths.join(workdir, m) for m in config.compare.modes.split(",")]
 
 
 def open_run(workdir: str, sequences: int | None = None) -> FinishedRun:
@@ -98,8 +97,7 @@ def open_run(workdir: str, sequences: int | None = None) -> FinishedRun:
 def _why_no_params(workdir: str) -> str:
   """What summary.json says about a run that left no parameters."""
   try:
-    with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
-      summary = json.load(f)
+    summary = json.loads(paths.read_text(paths.join(workdir, "summary.json")))
   except (OSError, ValueError):
     return " (and no summary.json: the run has not finished)"
   if not summary.get("finished", True):

@@ -6,13 +6,13 @@ checkpoints (`outer.learner_checkpoint_every`, `outer.sync_checkpoint_every`) ca
 without faults.
 """
 
-import os
 import time
 from typing import Any
 
 import ml_collections
 import numpy as np
 
+from diloco import paths
 from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
@@ -64,8 +64,7 @@ def _run(
       evals.evaluate(runtime.sync, log.step, now, log.tokens)
 
   if faults:
-    with open(os.path.join(workdir, "chaos_schedule.txt"), "w", encoding="utf-8") as f:
-      f.write(chaos.format_schedule(faults))
+    paths.write_text(paths.join(workdir, "chaos_schedule.txt"), chaos.format_schedule(faults))
   runtime = _runtime(config, parts, learners, sync, clocks, faults, log, on_step, recover, budget)
   iters = [parts.islands[m].data.train_iter for m in range(o.learners)]
   if snap is not None:
@@ -182,7 +181,7 @@ def draw_timeline(
   crashes = stats.crashes if stats is not None else []
   restarts = stats.restarts if stats is not None else []
   return timeline.draw(
-      os.path.join(workdir, "timeline.png"),
+      paths.join(workdir, "timeline.png"),
       runtime.trace,
       merges,
       sim_time,

@@ -13,11 +13,8 @@ learner process uses too); `experiments.supervise` restarts it, and the same com
 """
 
 import contextlib
-import glob
 import hashlib
 import json
-import os
-import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -26,6 +23,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
+from diloco import paths
 from diloco.config import keys
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped early with a checkpoint; restart me
@@ -83,13 +81,12 @@ def stop_reason(step: int, stop_at: int | None) -> str | None:
 
 def remove_orbax_tmp(workdir: str) -> list[str]:
   """Deletes orbax's unfinished saves (`*.orbax-checkpoint-tmp*`) under WORKDIR/checkpoints."""
-  pattern = os.path.join(workdir, "checkpoints", "**", ORBAX_TMP)
-  found = sorted(glob.glob(pattern, recursive=True))
+  found = paths.glob(paths.join(workdir, "checkpoints", "**", ORBAX_TMP))
   for path in found:
-    if os.path.isdir(path):
-      shutil.rmtree(path, ignore_errors=True)
+    if paths.isdir(path):
+      paths.rmtree(path)
     else:
-      os.remove(path)
+      paths.remove(path)
   return found
 
 

@@ -15,7 +15,6 @@ are not snapshotted: their fault driver's state is not in here.
 """
 
 import itertools
-import os
 import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +23,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from diloco import paths
 from diloco.outer.learner import Learner
 from diloco.outer.stacked_learner import StackedLearner
 from diloco.outer.sharded import ShardedSynchronizer
@@ -69,7 +69,7 @@ _RUNTIME_FIELDS = (
 
 
 def path(workdir: str) -> str:
-  return os.path.join(workdir, "checkpoints", FILE)
+  return paths.join(workdir, "checkpoints", FILE)
 
 
 def host_metrics(metrics: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -171,29 +171,18 @@ def restore(runtime: virtual.VirtualRuntime, data_iters: Sequence[Any], snap: Ma
 
 
 def save(workdir: str, snap: Mapping[str, Any]) -> str:
-  """Writes `snap` atomically (a temporary file, then a rename); returns its path."""
+  """Writes `snap` whole or not at all; returns its path."""
   target = path(workdir)
-  os.makedirs(os.path.dirname(target), exist_ok=True)
-  tmp = f"{target}.tmp{os.getpid()}"
-  try:
-    with open(tmp, "wb") as f:
-      pickle.dump(dict(snap), f, protocol=pickle.HIGHEST_PROTOCOL)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, target)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  paths.write_bytes(target, pickle.dumps(dict(snap), protocol=pickle.HIGHEST_PROTOCOL))
   return target
 
 
 def load(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any] | None:
   """The workdir's snapshot, or None; ValueError if it was taken with another config."""
   target = path(workdir)
-  if not os.path.exists(target):
+  if not paths.exists(target):
     return None
-  with open(target, "rb") as f:
-    snap = pickle.load(f)
+  snap = pickle.loads(paths.read_bytes(target))
   if snap.get("format") != FORMAT or snap.get("config") != preemption.config_digest(config):
     raise ValueError(
         f"{target} is the snapshot of a run with another config (or format); run this config"
@@ -204,5 +193,4 @@ def load(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any] | No
 
 def remove(workdir: str) -> None:
   """Deletes the snapshot (the run finished: a rerun starts over, as before)."""
-  if os.path.exists(path(workdir)):
-    os.remove(path(workdir))
+  paths.remove(path(workdir))

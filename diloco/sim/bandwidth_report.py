@@ -5,11 +5,11 @@ It builds on the model (bandwidth.py) and on the published settings it is checke
 """
 
 import json
-import os
 
 import ml_collections
 import numpy as np
 
+from diloco import paths
 from diloco.sim import bandwidth, bandwidth_reference as reference
 
 
@@ -35,9 +35,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     blog = reference.blog_comparison()
     out["blog"] = blog
     print(reference.format_blog(blog))
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "bandwidth.json"), "w") as f:
-    json.dump(out, f, indent=1, default=_json_default)
+  paths.write_text(paths.join(workdir, "bandwidth.json"), json.dumps(out, indent=1, default=_json_default))
   return out
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
 from scipy import stats
 
+from diloco import paths
 from diloco.sim import calibration, failure_policies
 from diloco.sim.cluster import Cluster, sample_trace
 
@@ -157,9 +157,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   ]
   print(format_table(rows, cluster))
   print(calibration.describe_params(config))
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "goodput.json"), "w") as f:
-    json.dump(rows, f, indent=1)
+  paths.write_text(paths.join(workdir, "goodput.json"), json.dumps(rows, indent=1))
   return rows
 
 

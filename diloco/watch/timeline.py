@@ -12,6 +12,8 @@ stall), the definition the summary's `uptime` uses.
 import dataclasses
 from collections.abc import Sequence
 
+from diloco import paths
+
 TRAIN, WAIT, DOWN = "train", "wait", "down"
 COLORS = {TRAIN: "#2b7bba", WAIT: "#f0a030", DOWN: "#d62728"}
 ADVANCING, STALLED = "#4daf4a", "#bbbbbb"
@@ -139,5 +141,6 @@ def _merges(fig, axm, merges: list[dict], m_count: int, fragments: int, end: flo
 def draw(path: str, *args, **kwargs) -> str:
   """Writes `figure(*args, **kwargs)` to `path` as a PNG; returns `path`."""
   fig, _, _ = figure(*args, **kwargs)
-  fig.savefig(path, dpi=110)
+  with paths.writing(path, "wb") as f:
+    fig.savefig(f, dpi=110, format="png")
   return path

@@ -9,11 +9,12 @@ import importlib.util
 import json
 import netrc
 import os
+import tempfile
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from diloco import jsonl
+from diloco import jsonl, paths
 
 WANDB_EXTRA = "wandb is not installed: pip install -e '.[wandb]'"
 
@@ -44,24 +45,24 @@ class Jsonl:
     """`resume_step`: keep the rows up to that step; `resume_bytes`: keep the file's first
     bytes, as `position()` gave them (a snapshot's); neither: start a new file."""
     self.path = path
+    if resume_bytes is not None and paths.is_url(path):
+      self._file = jsonl.BucketAppend(path, keep_bytes=resume_bytes)
+      return
     if resume_bytes is not None:
       with open(path, "r+b") as f:
         f.truncate(resume_bytes)
     elif resume_step is not None:
       self._truncate_after(resume_step)
-    elif os.path.exists(path):
-      os.remove(path)
+    else:
+      paths.remove(path)
     self._file = jsonl.open_append(path)
 
   def _truncate_after(self, step: int) -> None:
     """On resume, drops rows logged after the restored step (they will be logged again)."""
-    if not os.path.exists(self.path):
+    if not paths.exists(self.path):
       return
     rows = [r for r in jsonl.read(self.path) if r.get("step", 0) <= step]  # a torn line dropped
-    tmp = self.path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-    os.replace(tmp, self.path)
+    paths.write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
   def write(self, row: dict[str, Any], prefix: str = "") -> None:
     del prefix  # the row's own keys say what it is
@@ -83,7 +84,8 @@ class TensorBoard:
     del config
     from tensorboardX import SummaryWriter
 
-    self._tb = SummaryWriter(logdir=os.path.join(workdir, "tb"), flush_secs=10)
+    # (tensorboardX writes gs:// and s3:// itself, uploading the event file whole at each flush)
+    self._tb = SummaryWriter(logdir=paths.join(workdir, "tb"), flush_secs=10)
 
   def write(self, row: dict[str, Any], prefix: str = "") -> None:
     step = int(row.get("step", 0))
@@ -107,8 +109,9 @@ class Wandb:
       raise ImportError(WANDB_EXTRA) from e
     self._run = wandb.init(
         project=os.environ.get("WANDB_PROJECT", "diloco"),
-        name=os.path.basename(os.path.abspath(workdir)),
-        dir=workdir,
+        name=paths.basename(paths.absolute(workdir)),
+        # wandb's own files need a local directory: a bucket run's go to a temporary one
+        dir=workdir if paths.is_local(workdir) else tempfile.mkdtemp(prefix="wandb-"),
         config=dict(config or {}),
         mode=wandb_mode(),
         reinit="create_new",  # mode=compare logs one run per mode from one process

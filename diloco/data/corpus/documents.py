@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import fsspec
 
-from diloco.data.corpus import files
+from diloco import paths
 
 FORMATS = ("text", "jsonl", "parquet")
 
@@ -38,7 +38,7 @@ def list_inputs(patterns: Sequence[str]) -> dict[str, int]:
   found: dict[str, int] = {}
   for pattern in patterns:
     fs, root = fsspec.core.url_to_fs(pattern)
-    local = files.is_local(pattern)
+    local = paths.is_local(pattern)
     entries = fs.glob(root, detail=True)
     matched = {
         (name if local else fs.unstrip_protocol(name)): int(info["size"])

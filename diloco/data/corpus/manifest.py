@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from diloco.data.corpus import files
+from diloco import paths
 
 NAME = "manifest.json"
 FORMAT = "diloco-tokens-v1"
@@ -63,19 +63,19 @@ class Manifest:
 
 
 def write(directory: str, manifest: Manifest) -> None:
-  files.put_bytes(files.join(directory, NAME), manifest.to_json().encode())
+  paths.write_bytes(paths.join(directory, NAME), manifest.to_json().encode())
 
 
 def read(directory: str) -> Manifest:
   """The corpus manifest; ValueError naming the file when it is missing or malformed."""
-  path = files.join(directory, NAME)
-  if not files.exists(path):
+  path = paths.join(directory, NAME)
+  if not paths.exists(path):
     raise ValueError(
         f"{path} does not exist: {directory} is not a prepared corpus, or its preparation did "
         "not finish (python -m experiments.prepare)"
     )
   try:
-    d = json.loads(files.read_bytes(path))
+    d = json.loads(paths.read_bytes(path))
     if d.get("format") != FORMAT:
       raise ValueError(f"format {d.get('format')!r}, expected {FORMAT!r}")
     shards = tuple(Shard(**s) for s in d["shards"])
@@ -92,12 +92,12 @@ def check(directory: str, manifest: Manifest, vocab_size: int | None = None) -> 
   checks each record's ids as it reads them)."""
   if vocab_size is not None and manifest.vocab_size > vocab_size:
     raise ValueError(
-        f"{files.join(directory, NAME)}: the corpus's vocabulary of {manifest.vocab_size} ids "
+        f"{paths.join(directory, NAME)}: the corpus's vocabulary of {manifest.vocab_size} ids "
         f"does not fit the model's {vocab_size}"
     )
-  sizes = files.sizes(directory)  # (one listing, not a request per shard)
+  sizes = paths.sizes(directory)  # (one listing, not a request per shard)
   for s in manifest.shards:
-    path = files.join(directory, s.name)
+    path = paths.join(directory, s.name)
     if s.name not in sizes:
       raise ValueError(f"{path}: shard listed in the manifest is missing")
     if s.documents == 0:
@@ -115,6 +115,6 @@ def check_tokenizer(directory: str, manifest: Manifest, sha256: str, path: str) 
   """The tokenizer given to training is the one the corpus was prepared with."""
   if sha256 != manifest.tokenizer["sha256"]:
     raise ValueError(
-        f"tokenizer {path} (sha256 {sha256[:12]}) is not the one {files.join(directory, NAME)} "
+        f"tokenizer {path} (sha256 {sha256[:12]}) is not the one {paths.join(directory, NAME)} "
         f"was prepared with ({manifest.tokenizer['path']}, sha256 {manifest.tokenizer['sha256'][:12]})"
     )

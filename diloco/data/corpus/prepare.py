@@ -27,7 +27,8 @@ import tqdm
 from array_record.python import array_record_module
 
 from diloco.data import shards as shards_lib
-from diloco.data.corpus import documents, files, manifest as manifest_lib, tokenizer_files
+from diloco import paths
+from diloco.data.corpus import documents, manifest as manifest_lib, tokenizer_files
 
 PLAN = "plan.json"
 PIECES_PER_SHARD = 4  # pieces are cut this much finer than shards, to balance them
@@ -51,12 +52,12 @@ def plan(spec: Spec) -> list[list[documents.Piece]]:
   """The pieces of each shard."""
   if spec.shards < 1:
     raise ValueError(f"shards must be >= 1, got {spec.shards}")
-  paths = documents.list_inputs(spec.inputs)
-  target = max(1, sum(paths.values()) // (spec.shards * PIECES_PER_SHARD))
-  pieces = documents.pieces(paths, spec.fmt, target)
+  found_paths = documents.list_inputs(spec.inputs)
+  target = max(1, sum(found_paths.values()) // (spec.shards * PIECES_PER_SHARD))
+  pieces = documents.pieces(found_paths, spec.fmt, target)
   if len(pieces) < spec.shards:
     raise ValueError(
-        f"the inputs make {len(pieces)} pieces ({len(paths)} files of {spec.fmt}), too few for "
+        f"the inputs make {len(pieces)} pieces ({len(found_paths)} files of {spec.fmt}), too few for "
         f"{spec.shards} shards: ask for at most {len(pieces)}"
     )
   groups = shards_lib.balanced_assignment([p.size for p in pieces], spec.shards)
@@ -76,13 +77,13 @@ def _plan_record(spec: Spec, tok: tokenizer_files.PretrainedTokenizer, groups) -
 
 def _claim(spec: Spec, record: dict) -> None:
   """Writes the plan, or checks that the one there is the same (a resume)."""
-  path = files.join(spec.output, PLAN)
-  if files.exists(files.join(spec.output, manifest_lib.NAME)) and not files.exists(path):
+  path = paths.join(spec.output, PLAN)
+  if paths.exists(paths.join(spec.output, manifest_lib.NAME)) and not paths.exists(path):
     raise ValueError(f"{spec.output} holds a corpus this command did not prepare; use another")
-  if not files.exists(path):
-    files.put_bytes(path, json.dumps(record, indent=1).encode())
+  if not paths.exists(path):
+    paths.write_bytes(path, json.dumps(record, indent=1).encode())
     return
-  have = json.loads(files.read_bytes(path))
+  have = json.loads(paths.read_bytes(path))
   differ = [k for k in record if have.get(k) != record[k]]
   if differ:
     raise ValueError(
@@ -138,12 +139,12 @@ class _NoPool:
 def _done(output: str, index: int, count: int) -> manifest_lib.Shard | None:
   """The shard's record if it was written whole (its marker there, its size as recorded)."""
   name = manifest_lib.shard_name(index, count)
-  marker = files.join(output, name + ".done")
-  if not files.exists(marker):
+  marker = paths.join(output, name + ".done")
+  if not paths.exists(marker):
     return None
-  shard = manifest_lib.Shard(**json.loads(files.read_bytes(marker)))
-  path = files.join(output, name)
-  return shard if files.exists(path) and files.size(path) == shard.bytes else None
+  shard = manifest_lib.Shard(**json.loads(paths.read_bytes(marker)))
+  path = paths.join(output, name)
+  return shard if paths.exists(path) and paths.size(path) == shard.bytes else None
 
 
 _TOKENIZER: dict[tuple, tokenizer_files.PretrainedTokenizer] = {}  # one load per worker process
@@ -177,9 +178,9 @@ def _write_shard(job) -> manifest_lib.Shard:
   with open(tmp, "rb") as f:
     sha = hashlib.file_digest(f, "sha256").hexdigest()
   shard = manifest_lib.Shard(name, docs, tokens, os.path.getsize(tmp), sha, max_id, text_bytes)
-  files.put_file(tmp, files.join(spec.output, name))
-  files.put_bytes(
-      files.join(spec.output, name + ".done"), json.dumps(dataclasses.asdict(shard)).encode()
+  paths.put_file(tmp, paths.join(spec.output, name))
+  paths.write_bytes(
+      paths.join(spec.output, name + ".done"), json.dumps(dataclasses.asdict(shard)).encode()
   )
   return shard
 
@@ -205,8 +206,8 @@ def _encoded(tok, texts: list[str]) -> Iterator[tuple]:
 def sample_texts(inputs: Sequence[str], fmt: str, field: str, max_bytes: int) -> Iterator[str]:
   """Documents for training a tokenizer: taken in turn from every file's pieces until
   `max_bytes` of text, so a sample of a large corpus is spread over its files."""
-  paths = documents.list_inputs(inputs)
-  pieces = documents.pieces(paths, fmt, max(1, max_bytes // max(1, 4 * len(paths))))
+  found_paths = documents.list_inputs(inputs)
+  pieces = documents.pieces(found_paths, fmt, max(1, max_bytes // max(1, 4 * len(found_paths))))
   readers = [documents.read(p, fmt, field) for p in pieces]
   seen = 0
   while readers and seen < max_bytes:

@@ -22,7 +22,8 @@ import os
 import grain
 import numpy as np
 
-from diloco.data.corpus import files, manifest as manifest_lib, mixture
+from diloco import paths
+from diloco.data.corpus import manifest as manifest_lib, mixture
 
 
 def assign(num_shards: int, readers: int) -> list[list[int]]:
@@ -46,8 +47,8 @@ def local_shards(
   out = []
   for i in indices:
     shard = m.shards[i]
-    path = files.join(directory, shard.name)
-    if files.is_local(path):
+    path = paths.join(directory, shard.name)
+    if paths.is_local(path):
       _verify_in_place(path, shard, cache_dir)
       out.append(path)
       continue
@@ -55,7 +56,7 @@ def local_shards(
     if not (os.path.exists(local) and os.path.getsize(local) == shard.bytes):
       os.makedirs(os.path.dirname(local), exist_ok=True)
       tmp = f"{local}.{os.getpid()}.tmp"
-      files.get_file(path, tmp)
+      paths.get_file(path, tmp)
       try:
         _check_digest(path, tmp, shard)
       except ValueError:
@@ -171,13 +172,13 @@ def mixed(
 
 
 def dataset(
-    paths: list[str],
+    shard_paths: list[str],
     shards: list[manifest_lib.Shard],
     m: manifest_lib.Manifest,
     **kwargs,
 ) -> mixture.Counted:
-  """`mixed` of one corpus: the shards at `paths` (their manifest entries `shards`)."""
-  return mixed([Source(paths, shards, m)], [1.0], **kwargs)
+  """`mixed` of one corpus: the shards at `shard_paths` (their manifest entries `shards`)."""
+  return mixed([Source(shard_paths, shards, m)], [1.0], **kwargs)
 
 
 def _batch(b: dict) -> dict:
@@ -238,9 +239,9 @@ def load_documents(
   names and arrays, in shard then record order. For a corpus that fits in memory."""
   from array_record.python import array_record_module
 
-  paths = local_shards(directory, m, list(range(len(m.shards))), cache_dir)
+  shard_paths = local_shards(directory, m, list(range(len(m.shards))), cache_dir)
   names, docs = [], []
-  for shard, path in zip(m.shards, paths):
+  for shard, path in zip(m.shards, shard_paths):
     decode = _Decode((shard.name,), (0, shard.documents), m.dtype, m.vocab_size, m.eod_id)
     reader = array_record_module.ArrayRecordReader(path)
     try:

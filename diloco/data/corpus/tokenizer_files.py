@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import fsspec
 import numpy as np
 
-from diloco.data.corpus import files
+from diloco import paths
 
 TRAINABLE = ("sentencepiece", "bpe")
 # Names an end-of-document token goes by, tried in order when none is named.
@@ -130,7 +130,7 @@ def train(kind: str, texts: Iterable[str], vocab_size: int, out_path: str) -> Pr
     data = _train_sentencepiece(texts, vocab_size)
   else:
     data = _train_bpe(texts, vocab_size)
-  files.put_bytes(out_path, data)
+  paths.write_bytes(out_path, data)
   return load(out_path)
 
 

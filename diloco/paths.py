@@ -1,0 +1,279 @@
+"""The one path layer: every file the project reads or writes, on a local disk or in a bucket.
+
+A path is a local path or a URL that fsspec serves (`gs://bucket/run`, `s3://...`); a URL stays a
+URL (orbax and tensorstore write checkpoints to it natively). Each write appears whole or not at
+all: a local file by writing a temporary name and renaming it, a bucket object by the object
+store's own single upload. A bucket has no directories: `makedirs` does nothing there, and a
+"directory" is the prefix of the objects under it.
+
+Tests point gcsfs and tensorstore at a Cloud Storage server on the loopback (tests/object_store.py:
+STORAGE_EMULATOR_HOST, TENSORSTORE_GCS_HTTP_URL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob as glob_lib
+import io
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import IO
+
+import fsspec
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: str) -> bool:
+  """A bucket (or any other fsspec) URL rather than a local path; `file://` is local."""
+  path = os.fspath(path)
+  return bool(_URL.match(path)) and not path.startswith("file://")
+
+
+def is_local(path: str) -> bool:
+  return not is_url(path)
+
+
+def absolute(path: str) -> str:
+  """A local path made absolute; a URL as given, less a trailing slash."""
+  path = os.fspath(path)
+  if is_url(path):
+    return path.rstrip("/")
+  return os.path.abspath(path.removeprefix("file://"))
+
+
+def join(directory: str, *names: str) -> str:
+  if is_local(directory):
+    return os.path.join(directory, *names)
+  return "/".join([directory.rstrip("/"), *names])
+
+
+def dirname(path: str) -> str:
+  path = os.fspath(path)
+  return os.path.dirname(path) if is_local(path) else path.rstrip("/").rsplit("/", 1)[0]
+
+
+def basename(path: str) -> str:
+  path = os.fspath(path)
+  return os.path.basename(path.rstrip("/")) if is_local(path) else path.rstrip("/").rsplit("/")[-1]
+
+
+def _fs(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+  return fsspec.core.url_to_fs(path)
+
+
+def _url(fs: fsspec.AbstractFileSystem, stripped: str) -> str:
+  """A listed object's name back as a URL."""
+  return fs.unstrip_protocol(stripped)
+
+
+def exists(path: str) -> bool:
+  if is_local(path):
+    return os.path.exists(path)
+  fs, p = _fs(path)
+  return fs.exists(p)
+
+
+def isdir(path: str) -> bool:
+  """A local directory, or a bucket prefix that has objects under it."""
+  if is_local(path):
+    return os.path.isdir(path)
+  fs, p = _fs(path)
+  return fs.isdir(p)
+
+
+def isfile(path: str) -> bool:
+  if is_local(path):
+    return os.path.isfile(path)
+  fs, p = _fs(path)
+  return fs.isfile(p)
+
+
+def makedirs(path: str) -> None:
+  if is_local(path):
+    os.makedirs(path, exist_ok=True)
+
+
+def listdir(path: str) -> list[str]:
+  """Names directly under `path` (files and directories); [] when there is nothing."""
+  if is_local(path):
+    return os.listdir(path) if os.path.isdir(path) else []
+  fs, p = _fs(path)
+  try:
+    return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False)})
+  except FileNotFoundError:
+    return []
+
+
+def glob(pattern: str) -> list[str]:
+  """Paths matching `pattern` (`**` crosses directories), sorted."""
+  if is_local(pattern):
+    return sorted(glob_lib.glob(pattern, recursive=True))
+  fs, p = _fs(pattern)
+  return sorted(_url(fs, m) for m in fs.glob(p))
+
+
+def files(directory: str) -> dict[str, dict]:
+  """Relative path -> the storage's details (`size`; a bucket's `crc32c`, `md5Hash`) of every file
+  under `directory`, from one listing."""
+  if is_local(directory):
+    out = {}
+    for root, _, names in os.walk(directory):
+      for n in names:
+        full = os.path.join(root, n)
+        out[os.path.relpath(full, directory)] = {"size": os.path.getsize(full)}
+    return out
+  fs, p = _fs(directory)
+  found = fs.find(p, detail=True)
+  root = p.rstrip("/") + "/"
+  return {name[len(root) :]: info for name, info in found.items() if name.startswith(root)}
+
+
+def sizes(directory: str) -> dict[str, int]:
+  """Name -> bytes of every file directly in `directory`, from one listing."""
+  fs, p = _fs(directory)
+  listed = fs.ls(p, detail=True)
+  return {
+      e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e["size"])
+      for e in listed
+      if e["type"] == "file"
+  }
+
+
+def size(path: str) -> int:
+  if is_local(path):
+    return os.path.getsize(path)
+  fs, p = _fs(path)
+  return int(fs.size(p))
+
+
+def version(path: str) -> tuple | None:
+  """What changes when the file is written again (local: mtime and size; a bucket: the object's
+  generation and size), or None when it is not there."""
+  if is_local(path):
+    try:
+      st = os.stat(path)
+    except OSError:
+      return None
+    return st.st_mtime_ns, st.st_size
+  fs, p = _fs(path)
+  try:
+    info = fs.info(p)
+  except FileNotFoundError:
+    return None
+  return info.get("generation") or info.get("ETag") or info.get("mtime"), int(info["size"])
+
+
+def tree_bytes(directory: str) -> int:
+  return sum(int(info["size"]) for info in files(directory).values())
+
+
+def read_bytes(path: str) -> bytes:
+  if is_local(path):
+    with open(path, "rb") as f:
+      return f.read()
+  fs, p = _fs(path)
+  return fs.cat_file(p)
+
+
+def read_text(path: str) -> str:
+  return read_bytes(path).decode("utf-8")
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Writes `path` whole or not at all (a local temporary file renamed; one bucket upload)."""
+  if is_url(path):
+    fs, p = _fs(path)
+    fs.pipe_file(p, data)
+    return
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def write_text(path: str, text: str) -> None:
+  write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def writing(path: str, mode: str = "w") -> Iterator[IO]:
+  """A file object whose contents replace `path` whole when the block ends without an error
+  (for writers that take a file: pickle, numpy, matplotlib)."""
+  buffer = io.BytesIO() if "b" in mode else io.StringIO()
+  yield buffer
+  data = buffer.getvalue()
+  write_bytes(path, data if isinstance(data, bytes) else data.encode("utf-8"))
+
+
+def remove(path: str) -> None:
+  """Removes a file; nothing when it is not there."""
+  if is_local(path):
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+    return
+  fs, p = _fs(path)
+  with contextlib.suppress(FileNotFoundError):
+    fs.rm_file(p)
+
+
+def rmtree(path: str) -> None:
+  """Removes a directory and everything under it; nothing when it is not there."""
+  if is_local(path):
+    shutil.rmtree(path, ignore_errors=True)
+    return
+  fs, p = _fs(path)
+  with contextlib.suppress(FileNotFoundError):
+    fs.rm(p, recursive=True)
+
+
+def rename(src: str, dst: str) -> None:
+  """Moves a file or directory. In a bucket it is a copy of every object, then their removal
+  (object stores have no rename); `dst` must not exist."""
+  if is_local(src):
+    os.rename(src, dst)
+    return
+  fs, p = _fs(src)
+  _, q = _fs(dst)
+  if fs.isfile(p):
+    fs.copy(p, q)
+    fs.rm_file(p)
+    return
+  for rel, _ in files(src).items():
+    fs.copy(f"{p.rstrip('/')}/{rel}", f"{q.rstrip('/')}/{rel}")
+  fs.rm(p, recursive=True)
+
+
+def put_file(local_src: str, path: str) -> None:
+  """Moves the local file `local_src` to `path`."""
+  if is_local(path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    os.replace(local_src, path)
+    return
+  fs, p = _fs(path)
+  fs.put_file(local_src, p)
+  os.remove(local_src)
+
+
+def get_file(path: str, local_dst: str) -> None:
+  """Copies `path` to the local file `local_dst`, in blocks (a shard need not fit in memory)."""
+  fs, p = _fs(path)
+  fs.get_file(p, local_dst)
+
+
+def free_bytes(directory: str) -> float:
+  """Free space where `directory` is; a bucket's is unbounded (inf)."""
+  if is_url(directory):
+    return float("inf")
+  return shutil.disk_usage(directory).free
