@@ -35,7 +35,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     blog = reference.blog_comparison()
     out["blog"] = blog
     print(reference.format_blog(blog))
-  paths.write_text(paths.join(workdir, "bandwidth.json"), json.dumps(out, indent=1, default=_json_default))
+  paths.write_text(
+      paths.join(workdir, "bandwidth.json"), json.dumps(out, indent=1, default=_json_default)
+  )
   return out
 
 
