@@ -63,7 +63,7 @@ def main() -> None:
   try:
     c.start()
     where = ", ".join(f"{c.sync_name(s)} on 127.0.0.1:{p}" for s, p in sorted(c.ports.items()))
-    print(f"{where}; logs in {c.workdir}/logs", flush=True)
+    print(f"{where}; logs in {c.logs}", flush=True)
     codes = c.wait(args.timeout_s, restart_crashed=True)
     print("exit codes:", codes, flush=True)
   except KeyboardInterrupt:

@@ -18,7 +18,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+
+from diloco import paths
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,6 +43,7 @@ class LocalCluster:
   starts: dict = dataclasses.field(default_factory=dict)
   shards: int = 1  # outer.sync_shards: synchronizer processes
   ports: dict = dataclasses.field(default_factory=dict)  # shard -> its port
+  _local_logs: str | None = None
 
   def sync_name(self, shard: int = 0) -> str:
     """The process (and workdir) name of synchronizer shard `shard`: sync, or sync<s>."""
@@ -58,9 +62,19 @@ class LocalCluster:
     )
     return env
 
+  @property
+  def logs(self) -> str:
+    """The processes' logs: WORKDIR/logs, or a local directory when the workdir is a bucket's
+    (a process's output goes to a local file)."""
+    if paths.is_local(self.workdir):
+      return os.path.join(self.workdir, "logs")
+    if self._local_logs is None:
+      self._local_logs = tempfile.mkdtemp(prefix="diloco-logs-")
+    return self._local_logs
+
   def _spawn(self, name: str, args: list[str], devices: int) -> subprocess.Popen:
-    os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
-    log = open(os.path.join(self.workdir, "logs", f"{name}.log"), "ab")
+    os.makedirs(self.logs, exist_ok=True)
+    log = open(os.path.join(self.logs, f"{name}.log"), "ab")
     proc = subprocess.Popen(
         [sys.executable, *args, *self.overrides],
         cwd=REPO,
@@ -77,10 +91,9 @@ class LocalCluster:
   def start_sync(self, timeout_s: float = 120.0, shard: int = 0) -> int:
     """Starts (or restarts) the synchronizer (shard `shard`) and waits for its port."""
     name = self.sync_name(shard)
-    sync_dir = os.path.join(self.workdir, name)
-    port_file = os.path.join(sync_dir, "port")
-    if os.path.exists(port_file):
-      os.remove(port_file)
+    sync_dir = paths.join(self.workdir, name)
+    port_file = paths.join(sync_dir, "port")
+    paths.remove(port_file)
     port = self.ports.get(shard, 0)  # a restart reuses the port the learners know
     shard_flag = [] if self.shards == 1 else [f"--shard={shard}"]
     proc = self._spawn(
@@ -98,16 +111,15 @@ class LocalCluster:
         1,
     )
     deadline = time.monotonic() + timeout_s
-    while not os.path.exists(port_file):
+    while not paths.exists(port_file):
       if proc.poll() is not None:
         raise RuntimeError(
-            f"synchronizer exited with {proc.returncode}; see {self.workdir}/logs/{name}.log"
+            f"synchronizer exited with {proc.returncode}; see {self.logs}/{name}.log"
         )
       if time.monotonic() > deadline:
         raise TimeoutError(f"{name} did not write its port in time")
       time.sleep(0.1)
-    with open(port_file) as f:
-      self.ports[shard] = int(f.read())
+    self.ports[shard] = int(paths.read_text(port_file))
     self.port = self.ports[0] if 0 in self.ports else None
     return self.ports[shard]
 
@@ -126,7 +138,7 @@ class LocalCluster:
         f"--config={self.config}",
         f"--learner_id={m}",
         f"--synchronizer={targets}",
-        f"--workdir={os.path.join(self.workdir, f'learner{m}')}",
+        f"--workdir={paths.join(self.workdir, f'learner{m}')}",
         f"--config.deploy.absent_after_s={self.absent_after_s}",
         *self._shard_args(),
     ]
