@@ -21,6 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from diloco import paths  # noqa: E402
 from diloco.rpc import local  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def main() -> None:
   c = local.LocalCluster(
       spec,
       args.learners,
-      os.path.abspath(args.workdir),
+      paths.absolute(args.workdir),
       overrides=tuple(overrides),
       devices_per_learner=args.devices_per_learner,
       processes_per_learner=args.processes_per_learner,

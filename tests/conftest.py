@@ -46,6 +46,7 @@ LONGEST_FIRST = (
     "test_sharded_sync.py",  # 73 s
     "test_moe.py",  # 72 s
     "test_grpc_shards.py",  # 72 s
+    "test_bucket_workdir.py",  # 90 s alone (2026-12-05: two runs and a resume per mode, a gRPC run)
     "test_train.py",  # 57 s
     "test_plan.py",  # 45 s (alone, 2026-12-04: TPU compiles and three launcher dry runs)
     "test_determinism.py",  # 56 s
