@@ -57,6 +57,13 @@ def _last_step(c):
   return rows[-1]["step"] if rows else 0
 
 
+def _only_at_sync_points(summary):
+  """Every cross-process call outside the train step was made at a sync point."""
+  k, steps = summary["sync_interval"], summary["steps"]
+  made = {int(step) for step in summary["collectives"]}
+  assert made and all(step % k == 0 or step == steps for step in made), (k, made)
+
+
 def test_two_process_learner_follows_process_zero(cluster):
   c = cluster
   c.start()
@@ -87,6 +94,11 @@ def test_two_process_learner_follows_process_zero(cluster):
   ops = follower["ops"]
   assert (ops["step"], ops["upload"], ops["end"]) == (30 - saved, (30 - saved) // EVERY, 1)
   assert ops["receive"] == lead["applied"] >= (30 - saved) // EVERY
+  # Cross-process calls outside the train step only at sync points (every H=10 steps here): one
+  # RUN broadcast per interval, not one per step.
+  assert ops["run"] == (30 - saved) // EVERY
+  _only_at_sync_points(lead)
+  _only_at_sync_points(follower)
   sync = _json(os.path.join(c.workdir, "sync", "summary.json"))
   assert sync["merges"] == 3 and lead["versions"] == sync["versions"] == [3]
 
@@ -129,6 +141,9 @@ def test_two_process_decoupled_learner_with_the_threaded_poll(tmp_path):
   assert lead["steps"] == follower["steps"] == 30 and lead["settled"]
   ops = follower["ops"]
   assert ops["step"] == 30 and ops["receive"] == lead["applied"] > 0 and ops["end"] == 1
+  assert ops["run"] == 30 // lead["sync_interval"] < 30  # a broadcast per sync point, not per step
+  _only_at_sync_points(lead)
+  _only_at_sync_points(follower)
   assert sync["merges"] >= ops["upload"] > 0  # one learner: each upload merges alone
   assert lead["versions"] == sync["versions"]  # every merge was received
   assert lead["params_crc"] == follower["params_crc"]  # identical on both processes
@@ -161,7 +176,7 @@ def test_process_zero_keeps_followers_posted_while_it_waits():
   time.sleep(0.06)
   keep.poll(0.0)
   keep.join((0,), ())  # the NOOP just sent counts as an announcement
-  lrn.announce(multihost.STEP, 0, b"")  # operations go through the timing wrapper
+  lrn.announce(multihost.RUN, 0, b"")  # operations go through the timing wrapper
   time.sleep(0.06)
   keep.join((0,), ())
-  assert ops == ["poll", multihost.NOOP, "poll", "join", multihost.STEP, multihost.NOOP, "join"]
+  assert ops == ["poll", multihost.NOOP, "poll", "join", multihost.RUN, multihost.NOOP, "join"]

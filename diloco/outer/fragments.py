@@ -359,6 +359,10 @@ class Schedule:
     h = self.inner_steps
     return [p for p in range(self.num_fragments) if (t - self.offset(p)) % h == 0]
 
+  def interval(self) -> int:
+    """The largest k with every sync step a multiple of k: gcd(H, t_1, ..., t_{P-1})."""
+    return math.gcd(self.inner_steps, *(self.offset(p) for p in range(self.num_fragments)))
+
   def next_sync(self, p: int, t: int) -> int:
     """The first step strictly after t at which fragment p syncs."""
     if t < 0:

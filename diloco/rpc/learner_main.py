@@ -311,7 +311,7 @@ def _train(config, learner: multihost.SpmdLearner, link, next_batch, on_step) ->
   """
   loop_link = outer_link = loop_link_for(link, config.outer.blocking)
   if jax.process_count() > 1:
-    multihost.lead(learner)
+    multihost.lead(learner, run_until=config.steps)
     loop_link = multihost.KeepFollowers(loop_link, learner)
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -348,7 +348,11 @@ def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict
       "devices": jax.device_count(),
   }
   if jax.process_count() > 1:  # every process: the parameters it ended with
+    # Where each cross-process call outside the train step was made (step -> calls): at sync
+    # points only, every `sync_interval` steps (the final gather below is counted too).
+    summary["sync_interval"] = learner.schedule.interval()
     params = learner.host_params()
+    summary["collectives"] = {str(k): v for k, v in sorted(learner.collectives.items())}
     with paths.writing(paths.join(workdir, f"params.process{jax.process_index()}.npz"), "wb") as f:
       np.savez(f, **params)
     summary["params_crc"] = integrity.tree_crc(params)

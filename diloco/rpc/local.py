@@ -36,6 +36,7 @@ class LocalCluster:
   overrides: tuple[str, ...] = ()  # extra --config.key=value flags for every process
   devices_per_learner: int = 1  # per process
   processes_per_learner: int = 1
+  processes_of: dict = dataclasses.field(default_factory=dict)  # m -> its processes, if not that
   token: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16))
   absent_after_s: float = 3.0
   procs: dict = dataclasses.field(default_factory=dict)
@@ -125,7 +126,8 @@ class LocalCluster:
 
   def learner_names(self, m: int) -> list[str]:
     """The process names of learner m: learner<m>, then its followers learner<m>.p<i>."""
-    return [f"learner{m}"] + [f"learner{m}.p{i}" for i in range(1, self.processes_per_learner)]
+    n = self.processes_of.get(m, self.processes_per_learner)
+    return [f"learner{m}"] + [f"learner{m}.p{i}" for i in range(1, n)]
 
   def start_learner(self, m: int) -> subprocess.Popen:
     """Starts (or restarts) every process of learner m; returns its process 0."""
@@ -142,7 +144,7 @@ class LocalCluster:
         f"--config.deploy.absent_after_s={self.absent_after_s}",
         *self._shard_args(),
     ]
-    n = self.processes_per_learner
+    n = len(self.learner_names(m))
     if n == 1:
       return self._spawn(f"learner{m}", args, self.devices_per_learner)
     coordinator = f"127.0.0.1:{free_port()}"
@@ -178,15 +180,17 @@ class LocalCluster:
   def wait(self, timeout_s: float, restart_crashed: bool = False) -> dict[str, int | None]:
     """Waits for every process to exit by itself; returns their exit codes (None: running).
 
-    With `restart_crashed`, a single-process learner that exits with learner_faults.CRASH_EXIT
-    (a chaos `crash` fault) is started again at once, as a supervisor would."""
-    from diloco.rpc.learner_faults import CRASH_EXIT
-
+    With `restart_crashed`, a learner one of whose processes crashed (exited with
+    learner_faults.CRASH_EXIT, a chaos `crash` fault, or was killed by a signal) is started again
+    at once, as a supervisor would: every process of a multi-process learner, as one JAX job does
+    not outlive one of its processes (the others would wait in a collective), each resuming from
+    the learner's last checkpoint."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-      if restart_crashed and self.processes_per_learner == 1:
+      if restart_crashed:
         for m in range(self.learners):
-          if self.procs[f"learner{m}"].poll() == CRASH_EXIT:
+          if any(_crashed(self.procs[n].poll()) for n in self.learner_names(m)):
+            self.kill(f"learner{m}")
             self.start_learner(m)
       if all(p.poll() is not None for p in self.procs.values()):
         break
@@ -204,6 +208,13 @@ class LocalCluster:
         proc.wait(max(deadline - time.monotonic(), 0.01))
       except subprocess.TimeoutExpired:
         self.kill(name)
+
+
+def _crashed(code: int | None) -> bool:
+  """An exit code that a supervisor restarts: a chaos crash, or a signal that killed it."""
+  from diloco.rpc.learner_faults import CRASH_EXIT
+
+  return code == CRASH_EXIT or (code is not None and code < 0)
 
 
 def with_arg(spec: str, key: str, value) -> str:

@@ -2,17 +2,25 @@
 
 Every process of the learner builds the same island over all processes' devices (its mesh spans
 the job) and holds the same learner state. Only process 0 runs the learner loop against the
-synchronizer (`learner_loop.run_learner`); every operation that loop performs on the learner — take a
-step, apply a received fragment, compute an upload, end — is first broadcast from process 0
-(`multihost_utils.broadcast_one_to_all`) and the other processes perform the same operation in the
-same order (`follow`). Received fragments travel in the broadcast as the wire encoding of the Send,
-so every process applies identical values at identical steps; each process feeds its step its own
-slice of the global batch, and parameters that are not addressable from one process are gathered
-with `process_allgather` (a collective, so every process reads them at the same point too).
+synchronizer (`learner_loop.run_learner`). The processes agree at sync points only: the step
+boundaries where the fragment schedule can sync (every `Schedule.interval()` steps, e.g. H/P).
+At a sync point process 0 broadcasts (`multihost_utils.broadcast_one_to_all`) each operation it
+performs on the learner — apply a received fragment, compute an upload, end — and then one RUN
+of the steps up to the next sync point, which every process takes without any other collective
+than the train step's own, so no host waits on another between two sync points and every process
+dispatches ahead of its devices. The learner loop keeps its operations to sync points
+(`SpmdLearner.at_sync_point`; a fragment that arrives between two waits for the next). Received
+fragments travel in the broadcast as the wire encoding of the Send, so every process applies
+identical values at identical steps; each process feeds its step its own slice of the global
+batch, and parameters that are not addressable from one process are gathered with
+`process_allgather` (a collective, so every process reads them at the same point too).
 Checkpoints are taken after steps in lockstep by every process (orbax coordinates a multi-process
-save; the checkpoint directory must be shared by the processes).
+save; the checkpoint directory must be shared by the processes: a bucket, or a shared mount).
+Each cross-process call outside the train step is counted at the step it was made
+(`SpmdLearner.collectives`), which the summary reports.
 """
 
+import collections
 import time
 from collections.abc import Callable
 
@@ -25,8 +33,8 @@ from diloco.outer.learner import Learner
 from diloco.outer.protocol import Send
 from diloco.rpc import transport
 
-NOOP, STEP, RECEIVE, UPLOAD, END, REBASE, NOT_MERGED = range(7)
-OP_NAMES = {NOOP: "noop", STEP: "step", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
+NOOP, RUN, RECEIVE, UPLOAD, END, REBASE, NOT_MERGED = range(7)
+OP_NAMES = {NOOP: "noop", RUN: "run", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
 OP_NAMES[REBASE] = "rebase"  # a receive that keeps the progress after a merged upload
 OP_NAMES[NOT_MERGED] = "not_merged"  # an upload refused or never sent (not for a rebase)
 
@@ -92,39 +100,83 @@ def host_value(x) -> np.ndarray:
 
 
 class SpmdLearner(Learner):
-  """A learner whose parameters may span processes; on process 0 it announces every operation.
+  """A learner whose parameters may span processes; on process 0 it announces its operations.
 
   `announce` is None on the other processes (they are driven by `follow`) and on single-process
-  learners, which then behave exactly like `Learner`.
+  learners, which then behave exactly like `Learner`. Process 0 announces a RUN of steps at the
+  first step after a sync point (to the next one, or to `run_until`), and any other operation
+  only between runs (`at_sync_point`): one in the middle of a run is a RuntimeError, as the
+  followers are not listening then.
   """
 
   announce: Callable[[int, int, bytes], None] | None = None
+  run_until: int | None = None  # process 0: the run's last step (a RUN never goes past it)
+  run_left: int = 0  # steps of the announced RUN not taken yet
+  _collectives: collections.Counter | None = None
+
+  @property
+  def collectives(self) -> collections.Counter:
+    """Step -> cross-process calls made there outside the train step (broadcasts, gathers)."""
+    if self._collectives is None:
+      self._collectives = collections.Counter()
+    return self._collectives
+
+  @property
+  def at_sync_point(self) -> bool:
+    """Whether the learner may be changed other than by a step (no RUN under way)."""
+    return self.run_left == 0
+
+  def next_run(self) -> int:
+    """Steps from here to the next sync point (or to `run_until`), at least 1."""
+    k = self.schedule.interval()
+    n = k - self.steps % k
+    if self.run_until is not None and self.run_until > self.steps:
+      n = min(n, self.run_until - self.steps)
+    return n
+
+  def count_collective(self) -> None:
+    self.collectives[self.steps] += 1
 
   def host_params(self) -> dict[str, np.ndarray]:
-    return {k: host_value(v) for k, v in fragments.flatten(self.state.params).items()}
+    return {k: self._host(v) for k, v in fragments.flatten(self.state.params).items()}
+
+  def _host(self, x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+      self.count_collective()
+    return host_value(x)
 
   def _read(self, p: int) -> dict[str, np.ndarray]:
     flat = fragments.leaves(self.state.params, self.frag.paths[p])
-    return {k: host_value(v) for k, v in flat.items()}
+    return {k: self._host(v) for k, v in flat.items()}
+
+  def _announce(self, op: int, arg: int, payload: bytes) -> None:
+    if self.announce is None:
+      return
+    if op != RUN and not self.at_sync_point:
+      raise RuntimeError(
+          f"learner {self.index}: {OP_NAMES.get(op, op)} at step {self.steps}, inside a run of "
+          f"steps ({self.run_left} left): the followers take it only at a sync point"
+      )
+    self.announce(op, arg, payload)
 
   def step(self, batch):
     if self.announce is not None:
-      self.announce(STEP, 0, b"")
+      if self.run_left == 0:
+        self.run_left = self.next_run()
+        self._announce(RUN, self.run_left, b"")
+      self.run_left -= 1
     return super().step(batch)
 
   def receive(self, send: Send, rebase: bool = False) -> None:
-    if self.announce is not None:
-      self.announce(REBASE if rebase else RECEIVE, send.fragment, transport.encode_message(send))
+    self._announce(REBASE if rebase else RECEIVE, send.fragment, transport.encode_message(send))
     super().receive(send, rebase)
 
   def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float):
-    if self.announce is not None:
-      self.announce(UPLOAD, p, np.float64(sent_time).tobytes())
+    self._announce(UPLOAD, p, np.float64(sent_time).tobytes())
     return super().upload(p, sent_time, arrival_time, step_time)
 
   def not_merged(self, p: int, sent_time: float | None) -> None:
-    if self.announce is not None:
-      self.announce(NOT_MERGED, p, np.float64(-1.0 if sent_time is None else sent_time).tobytes())
+    self._announce(NOT_MERGED, p, np.float64(-1.0 if sent_time is None else sent_time).tobytes())
     super().not_merged(p, sent_time)
 
 
@@ -144,11 +196,17 @@ def broadcast(op: int, arg: int, payload: bytes) -> tuple[int, int, bytes]:
   return op, arg, np.asarray(multihost_utils.broadcast_one_to_all(buf)).astype(np.uint8).tobytes()
 
 
-def lead(learner: SpmdLearner) -> None:
-  """Makes process 0's learner announce its operations to the followers."""
+def lead(learner: SpmdLearner, run_until: int | None = None) -> None:
+  """Makes process 0's learner announce its operations to the followers; its runs of steps end
+  at `run_until` at the latest (the run's last step)."""
   if jax.process_index() != 0:
     raise ValueError("only process 0 of a learner leads it")
-  learner.announce = lambda op, arg, payload: broadcast(op, arg, payload)
+
+  def announce(op: int, arg: int, payload: bytes) -> None:
+    learner.count_collective()
+    broadcast(op, arg, payload)
+
+  learner.announce, learner.run_until = announce, run_until
 
 
 class KeepFollowers:
@@ -199,7 +257,8 @@ def _time(payload: bytes) -> float:
 
 
 def end(learner: SpmdLearner) -> None:
-  """Process 0: tells the followers the run is over."""
+  """Process 0: tells the followers the run is over (after the steps of a RUN under way: a stop
+  in the middle of one finishes it first, as the followers take them all)."""
   if learner.announce is not None:
     learner.announce(END, 0, b"")
 
@@ -212,17 +271,20 @@ def follow(
   """A process other than 0: performs process 0's operations until it ends; counts of each."""
   if jax.process_index() == 0:
     raise ValueError("process 0 leads; it does not follow")
-  counts = {name: 0 for name in OP_NAMES.values()}
+  counts = {name: 0 for name in (*OP_NAMES.values(), "step")}
   while True:
+    learner.count_collective()
     op, arg, payload = broadcast(NOOP, 0, b"")
     if op not in OP_NAMES:
       raise ValueError(f"process {jax.process_index()} got unknown operation {op}")
     counts[OP_NAMES[op]] += 1
     if op == END:
       return counts
-    if op == STEP:
-      learner.step(next_batch())
-      after_step(learner)
+    if op == RUN:  # `arg` steps with no collective but the step's own
+      for _ in range(arg):
+        learner.step(next_batch())
+        after_step(learner)
+      counts["step"] += arg
     elif op in (RECEIVE, REBASE):
       send = transport.decode_message(payload)
       if not isinstance(send, Send) or send.fragment != arg:

@@ -13,6 +13,11 @@ are decided and held, and the next Join sends every unanswered one again, comput
 anything that arrives can overwrite that progress (`LearnerMachine.joined_unseen`). A learner done
 training waits up to `settle_timeout_s` for the run to settle; what is still unanswered then is
 in its result (`undelivered_steps`) for its process to save and report.
+
+A learner that spans several processes (rpc/multihost.py) may be changed other than by a step
+only at its sync points (`at_sync_point`): there the loop joins, applies what arrived and decides
+uploads; between two it only steps and sends, and a refusal that comes back meanwhile is handled
+at the next one. A single-process learner is at a sync point after every step.
 """
 
 import random
@@ -113,6 +118,16 @@ class _LearnerLoop:
     self.outbox: list[protocol.Upload] = []  # decided on, not sent yet
     self.step_time = 0.0  # of the last step (what a resend reports for the grace window)
     self.refused_steps: dict[str, int] = {}  # refusal code -> steps of the uploads it refused
+    self.deferred: list[Callable[[], None]] = []  # refusals met inside a run of steps
+
+  def at_sync(self) -> bool:
+    """Whether the learner may be changed other than by a step now (see the module doc)."""
+    return getattr(self.learner, "at_sync_point", True)
+
+  def catch_up(self) -> None:
+    """At a sync point: what was deferred since the last one, in order."""
+    while self.deferred:
+      self.deferred.pop(0)()
 
   def fail(self) -> None:
     """The link failed: join again after an exponential, jittered backoff."""
@@ -200,19 +215,21 @@ class _LearnerLoop:
     if 0 < steps <= learner.steps:  # restored at its end: deliver what its checkpoint holds
       self.machine.holding()
     first_join_by = last + self.first_join_s
-    while learner.steps < steps and not self.stop.is_set():
-      if self.ensure_joined():
-        self.deliver(0.0)
-      holds_all = all(v >= 0 for v in learner.versions)
-      waiting = self.machine.blocked()
-      unjoined = not self.joins and time.monotonic() < first_join_by  # see the module doc
-      if not holds_all or waiting or unjoined:
-        if self.joined:
-          self.deliver(min(self.heartbeat_s, 0.5))
-        else:
-          time.sleep(0.05)
-        last = time.monotonic()
-        continue
+    while learner.steps < steps and not (self.stop.is_set() and self.at_sync()):
+      if self.at_sync():  # (inside a run of steps nothing changed what is decided here)
+        self.catch_up()
+        if self.ensure_joined():
+          self.deliver(0.0)
+        holds_all = all(v >= 0 for v in learner.versions)
+        waiting = self.machine.blocked()
+        unjoined = not self.joins and time.monotonic() < first_join_by  # see the module doc
+        if not holds_all or waiting or unjoined:
+          if self.joined:
+            self.deliver(min(self.heartbeat_s, 0.5))
+          else:
+            time.sleep(0.05)
+          last = time.monotonic()
+          continue
       metrics = learner.step(next_batch())  # dispatched; runs while the outbox goes
       self._send(outbox)
       if on_step is not None:
@@ -242,17 +259,27 @@ class _LearnerLoop:
       try:
         self.link.upload(up)
       except Refused as err:
-        refusal = admission.refusal(up.learner, up.fragment, up.sent_time, str(err), err.code, up)
-        self.learner.not_merged(up.fragment, up.sent_time)
-        if err.code not in learner_machine.RESYNC:  # (those are sent again, or were merged)
-          code = str(err.code.value)
-          self.refused_steps[code] = self.refused_steps.get(code, 0) + up.steps
-        self._decide(self.machine.refused(refusal))
+        self._at_sync(lambda up=up, err=err: self._refused(up, err))
       except Unreachable:  # (it may have arrived: a rebase may take it as merged)
         self.fail()
     for up in outbox:  # never sent: unanswered in the machine, the next Join sends them afresh
-      self.learner.not_merged(up.fragment, up.sent_time)
+      self._at_sync(lambda up=up: self.learner.not_merged(up.fragment, up.sent_time))
     outbox.clear()
+
+  def _at_sync(self, change: Callable[[], None]) -> None:
+    """Changes the learner now at a sync point, else at the next one."""
+    if self.at_sync():
+      change()
+    else:
+      self.deferred.append(change)
+
+  def _refused(self, up: protocol.Upload, err: Refused) -> None:
+    refusal = admission.refusal(up.learner, up.fragment, up.sent_time, str(err), err.code, up)
+    self.learner.not_merged(up.fragment, up.sent_time)
+    if err.code not in learner_machine.RESYNC:  # (those are sent again, or were merged)
+      code = str(err.code.value)
+      self.refused_steps[code] = self.refused_steps.get(code, 0) + up.steps
+    self._decide(self.machine.refused(refusal))
 
   def settle(self, timeout_s: float) -> bool:
     """Keeps polling until every learner finished and every merge arrived (or timeout)."""
@@ -261,6 +288,7 @@ class _LearnerLoop:
       if not self.ensure_joined():
         time.sleep(0.05)
         continue
+      self.catch_up()
       self.deliver(0.2)
       self._send(self.outbox)  # (uploads sent again on the machine's word)
       if self.beat(finished=True) and not self.machine.inflight:

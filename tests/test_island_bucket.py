@@ -1,0 +1,82 @@
+"""Issue 54's acceptance run: a Decoupled DiLoCo run of separate processes with every workdir in
+a bucket (the Cloud Storage server of tests/object_store.py): a synchronizer, learner 0 as one
+JAX job of 4 processes x 2 CPU devices (gloo collectives, parameters sharded over fsdp=2), and
+learner 1 as one process. One process of the island is SIGKILLed after its first checkpoint; the
+supervisor restarts the island, which comes back from its checkpoint in the bucket and rejoins,
+and the run finishes with finite parameters, identical on the island's processes, while learner 1
+never stopped. Between two sync points the island made no cross-process call but its train
+step's own (each process counts them by step: rpc/multihost.py)."""
+
+import json
+import time
+
+import numpy as np
+
+from diloco import jsonl, paths
+from diloco.rpc import local
+
+from object_store import bucket  # noqa: F401 (a fixture)
+
+SPEC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2"
+STEPS, EVERY = 60, 10
+
+
+def _json(path: str) -> dict:
+  return json.loads(paths.read_text(path))
+
+
+def _checkpoints(url: str) -> list[int]:
+  return sorted(int(n) for n in paths.listdir(f"{url}/learner0/checkpoints") if n.isdigit())
+
+
+def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bucket):  # noqa: F811
+  url = f"{bucket}/island"
+  overrides = (
+      f"--config.steps={STEPS}",
+      f"--config.outer.learner_checkpoint_every={EVERY}",
+      "--config.mesh.fsdp=2",
+      "--config.progress_bar=False",
+  )
+  c = local.LocalCluster(
+      SPEC, 2, url, devices_per_learner=2, processes_of={0: 4}, overrides=overrides
+  )
+  try:
+    c.start()
+    deadline = time.monotonic() + 240
+    while not _checkpoints(url):
+      assert time.monotonic() < deadline, "the island saved no checkpoint in time"
+      assert all(c.alive(n) for n in c.learner_names(0)), c.procs
+      time.sleep(0.2)
+    c.kill("learner0.p2")  # one process of the island, SIGKILL: no cleanup runs
+    codes = c.wait(420, restart_crashed=True)
+  finally:
+    c.stop(grace_s=2.0)
+  assert set(codes.values()) == {0}, codes
+  island = c.learner_names(0)
+  assert [c.starts[n] for n in island] == [2, 2, 2, 2] and c.starts["learner1"] == 1
+
+  lead = _json(f"{url}/learner0/summary.json")
+  followers = [_json(f"{url}/learner0/summary.process{i}.json") for i in (1, 2, 3)]
+  assert (lead["processes"], lead["devices"], lead["steps"]) == (4, 8, STEPS) and lead["settled"]
+  assert lead["restored_step"] >= EVERY and lead["restored_step"] % EVERY == 0
+  assert all(f["steps"] == STEPS and f["restored_step"] == lead["restored_step"] for f in followers)
+  assert {f["params_crc"] for f in followers} == {lead["params_crc"]}  # one model on all four
+  assert lead["params_sharded"] > 0
+  params = np.load(_npz(url))
+  assert all(np.isfinite(params[k]).all() for k in params.files)
+  for summary in (lead, *followers):  # no call but the step's between two sync points
+    k = summary["sync_interval"]
+    made = {int(s) for s in summary["collectives"]}
+    assert made and all(s % k == 0 or s == STEPS for s in made), (k, made)
+  assert followers[0]["ops"]["run"] <= (STEPS - lead["restored_step"]) // k + 1
+
+  starts = jsonl.read(f"{url}/learner1/starts.jsonl")
+  other = _json(f"{url}/learner1/summary.json")
+  assert len(starts) == 1 and other["steps"] == STEPS  # learner 1 ran on, once, to the end
+  assert _json(f"{url}/sync/summary.json")["merges"] > 0
+
+
+def _npz(url: str):
+  import io
+
+  return io.BytesIO(paths.read_bytes(f"{url}/learner0/params.process0.npz"))
