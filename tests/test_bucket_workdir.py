@@ -2,8 +2,8 @@
 runlocal dp and Decoupled DiLoCo run end to end from a directory they must not write to, stop
 half way, resume from the bucket and end with the uninterrupted local run's parameters; the
 bucket's checkpoints carry manifests of the store's own checksums, a changed object sets its step
-aside, and a second run on a held bucket workdir is refused. A gRPC learner killed mid-run comes
-back from its checkpoint in the bucket."""
+aside, and a second run on a held bucket workdir is refused. (A learner process killed mid-run and
+back from its checkpoint in the bucket: tests/test_island_bucket.py.)"""
 
 import json
 import os
@@ -15,7 +15,6 @@ import pytest
 from diloco import jsonl, paths, train
 from diloco.inner import manifest
 from diloco.recovery import workdir as workdir_lib
-from diloco.rpc import learner_faults, local
 from configs import shakespeare
 
 from object_store import bucket  # noqa: F401 (a fixture)
@@ -114,37 +113,3 @@ def test_a_bucket_jsonl_keeps_whole_rows_and_resumes_at_a_position(bucket):  # n
   cut.write('{"step": 9}\n')
   cut.close()
   assert [r["step"] for r in jsonl.read(path)] == [1, 9]
-
-
-def test_a_grpc_learner_killed_mid_run_resumes_from_its_checkpoint_in_the_bucket(bucket):  # noqa: F811
-  """Separate processes (a synchronizer, two learners) with their workdirs in the bucket: learner 0
-  exits at 1 s of its schedule (a crash fault: os._exit, no cleanup), its supervisor starts it
-  again after 8 s, and it resumes from its newest checkpoint in the bucket; learner 1 is never
-  restarted and both finish."""
-  spec = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2"
-  overrides = (
-      "--config.steps=120",
-      "--config.chaos.schedule=crash learner 0 at t=1s for 8s",
-      "--config.outer.learner_checkpoint_every=10",
-      "--config.progress_bar=False",
-  )
-  url = f"{bucket}/grpc"
-  c = local.LocalCluster(spec, 2, url, overrides=overrides)
-  try:
-    c.start()
-    codes = c.wait(300, restart_crashed=True)
-  finally:
-    c.stop(grace_s=2.0)
-  assert codes == {"sync": 0, "learner0": 0, "learner1": 0}, codes
-  assert c.starts["learner0"] == 2 and c.starts["learner1"] == 1
-  starts = jsonl.read(f"{url}/learner0/starts.jsonl")
-  crash = jsonl.read(f"{url}/learner0/{learner_faults.LOG_FILE}")[0]
-  assert crash["event"] == "crash"
-  assert len(starts) == 2 and 10 <= starts[1]["restored_step"] <= crash["step"]
-  assert len(jsonl.read(f"{url}/learner1/starts.jsonl")) == 1
-  for m in (0, 1):
-    assert json.loads(paths.read_text(f"{url}/learner{m}/summary.json"))["steps"] == 120
-  kept = paths.listdir(f"{url}/learner0/checkpoints")
-  newest = max(int(n) for n in kept if n.isdigit())
-  record = json.loads(paths.read_text(f"{url}/learner0/checkpoints/{newest}/{manifest.NAME}"))
-  assert record["digest"] == "crc32c"

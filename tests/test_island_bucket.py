@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from diloco import jsonl, paths
+from diloco.inner import manifest
 from diloco.rpc import local
 
 from object_store import bucket  # noqa: F401 (a fixture)
@@ -26,7 +27,10 @@ def _json(path: str) -> dict:
 
 
 def _checkpoints(url: str) -> list[int]:
-  return sorted(int(n) for n in paths.listdir(f"{url}/learner0/checkpoints") if n.isdigit())
+  """Learner 0's steps saved whole (committed and sealed with their manifest)."""
+  directory = f"{url}/learner0/checkpoints"
+  steps = [int(n) for n in paths.listdir(directory) if n.isdigit()]
+  return sorted(s for s in steps if manifest.exists(f"{directory}/{s}"))
 
 
 def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bucket):  # noqa: F811
