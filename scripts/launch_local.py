@@ -8,8 +8,10 @@ every process. Learners checkpoint every --learner_checkpoint_every steps into
 WORKDIR/learner<m>/checkpoints and a learner started again resumes from there. Logs go to
 WORKDIR/logs/<name>.log, outputs to WORKDIR/sync and WORKDIR/learner<m>.
 A `chaos` schedule (--config.chaos.schedule='straggle learner 1 at t=0s for 1e6s x3; ...') acts
-inside the learner processes (diloco/rpc/learner_faults.py); a learner that a `crash` fault ends
-is started again here, waits out the crash and resumes from its checkpoint.
+inside the learner processes (diloco/rpc/learner_faults.py); a learner that a `crash` fault ends,
+or one of whose processes is killed by a signal, is started again here (every process of a
+multi-process learner), waits out the crash and resumes from its checkpoint. WORKDIR may be a
+bucket URL (gs://...): the processes' logs then go to a local temporary directory.
 With --config.outer.sync_shards=S, S synchronizer processes start (WORKDIR/sync0..sync<S-1>, each
 owning its fragments, checkpointing and restartable on its own) and every learner talks to all.
 Ctrl-C (or --timeout_s) stops every process: SIGTERM, then SIGKILL after a grace period.
