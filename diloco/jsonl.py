@@ -117,9 +117,12 @@ class BucketAppend:
 
   def flush(self) -> None:
     if self._dirty and time.monotonic() - self._uploaded_at >= UPLOAD_S:
-      self._upload()
+      self.upload()
 
-  def _upload(self) -> None:
+  def upload(self) -> None:
+    """Uploads the whole file now (if anything changed since the last upload)."""
+    if not self._dirty:
+      return
     data = b"".join(self._parts)
     self._parts = [data]
     paths.write_bytes(self.path, data)
@@ -129,8 +132,7 @@ class BucketAppend:
     return self._size
 
   def close(self) -> None:
-    if self._dirty:
-      self._upload()
+    self.upload()
 
   def __enter__(self) -> "BucketAppend":
     return self

@@ -67,8 +67,13 @@ class MetricsWriter:
       tracker.write(row, prefix)
 
   def position(self) -> int:
-    """Bytes written to metrics.jsonl so far (every row is flushed as it is written)."""
+    """Bytes written to metrics.jsonl so far (locally every row is flushed as it is written; in
+    a bucket they are there after `sync`)."""
     return self._jsonl.position()
+
+  def sync(self) -> None:
+    """Every row written so far is in metrics.jsonl (a bucket's is uploaded now)."""
+    self._jsonl.sync()
 
   def close(self) -> None:
     for tracker in self._trackers:
@@ -84,6 +89,9 @@ class Unwritten:
 
   def position(self) -> int:
     return 0
+
+  def sync(self) -> None:
+    pass
 
   def close(self) -> None:
     pass

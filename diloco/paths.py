@@ -37,6 +37,19 @@ def is_local(path: str) -> bool:
   return not is_url(path)
 
 
+def local_only(path: str, what: str) -> str:
+  """`path` made absolute; ValueError for a URL, naming `what` (a tool whose files do not go
+  through this layer yet)."""
+  if is_url(path):
+    raise ValueError(
+        f"--workdir={path}: {what} writes with local file calls, so a bucket URL would become a "
+        f"local directory; give a local path or a shared mount (bucket workdirs: "
+        f"experiments.train, experiments.learner, experiments.synchronizer, "
+        f"scripts/launch_local.py)"
+    )
+  return absolute(path)
+
+
 def absolute(path: str) -> str:
   """A local path made absolute; a URL as given, less a trailing slash."""
   path = os.fspath(path)
@@ -47,7 +60,7 @@ def absolute(path: str) -> str:
 
 def join(directory: str, *names: str) -> str:
   if is_local(directory):
-    return os.path.join(directory, *names)
+    return os.path.join(_plain(directory), *names)
   return "/".join([directory.rstrip("/"), *names])
 
 
@@ -62,7 +75,13 @@ def basename(path: str) -> str:
 
 
 def _fs(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
-  return fsspec.core.url_to_fs(path)
+  # No listing cache: other processes (tensorstore, the job's other hosts) write the bucket too.
+  return fsspec.core.url_to_fs(path, use_listings_cache=False)
+
+
+def _plain(path) -> str:
+  """A path as a string; `file://` dropped (the local branches take plain paths)."""
+  return os.fspath(path).removeprefix("file://")
 
 
 def _url(fs: fsspec.AbstractFileSystem, stripped: str) -> str:
@@ -72,7 +91,7 @@ def _url(fs: fsspec.AbstractFileSystem, stripped: str) -> str:
 
 def exists(path: str) -> bool:
   if is_local(path):
-    return os.path.exists(path)
+    return os.path.exists(_plain(path))
   fs, p = _fs(path)
   return fs.exists(p)
 
@@ -80,26 +99,27 @@ def exists(path: str) -> bool:
 def isdir(path: str) -> bool:
   """A local directory, or a bucket prefix that has objects under it."""
   if is_local(path):
-    return os.path.isdir(path)
+    return os.path.isdir(_plain(path))
   fs, p = _fs(path)
   return fs.isdir(p)
 
 
 def isfile(path: str) -> bool:
   if is_local(path):
-    return os.path.isfile(path)
+    return os.path.isfile(_plain(path))
   fs, p = _fs(path)
   return fs.isfile(p)
 
 
 def makedirs(path: str) -> None:
   if is_local(path):
-    os.makedirs(path, exist_ok=True)
+    os.makedirs(_plain(path), exist_ok=True)
 
 
 def listdir(path: str) -> list[str]:
   """Names directly under `path` (files and directories); [] when there is nothing."""
   if is_local(path):
+    path = _plain(path)
     return os.listdir(path) if os.path.isdir(path) else []
   fs, p = _fs(path)
   try:
@@ -111,7 +131,7 @@ def listdir(path: str) -> list[str]:
 def glob(pattern: str) -> list[str]:
   """Paths matching `pattern` (`**` crosses directories), sorted."""
   if is_local(pattern):
-    return sorted(glob_lib.glob(pattern, recursive=True))
+    return sorted(glob_lib.glob(_plain(pattern), recursive=True))
   fs, p = _fs(pattern)
   return sorted(_url(fs, m) for m in fs.glob(p))
 
@@ -120,7 +140,7 @@ def files(directory: str) -> dict[str, dict]:
   """Relative path -> the storage's details (`size`; a bucket's `crc32c`, `md5Hash`) of every file
   under `directory`, from one listing."""
   if is_local(directory):
-    out = {}
+    out, directory = {}, _plain(directory)
     for root, _, names in os.walk(directory):
       for n in names:
         full = os.path.join(root, n)
@@ -145,7 +165,7 @@ def sizes(directory: str) -> dict[str, int]:
 
 def size(path: str) -> int:
   if is_local(path):
-    return os.path.getsize(path)
+    return os.path.getsize(_plain(path))
   fs, p = _fs(path)
   return int(fs.size(p))
 
@@ -155,7 +175,7 @@ def version(path: str) -> tuple | None:
   generation and size), or None when it is not there."""
   if is_local(path):
     try:
-      st = os.stat(path)
+      st = os.stat(_plain(path))
     except OSError:
       return None
     return st.st_mtime_ns, st.st_size
@@ -171,9 +191,17 @@ def tree_bytes(directory: str) -> int:
   return sum(int(info["size"]) for info in files(directory).values())
 
 
+def open_read(path: str) -> IO[bytes]:
+  """`path` opened for reading bytes, in blocks."""
+  if is_local(path):
+    return open(_plain(path), "rb")
+  fs, p = _fs(path)
+  return fs.open(p, "rb")
+
+
 def read_bytes(path: str) -> bytes:
   if is_local(path):
-    with open(path, "rb") as f:
+    with open(_plain(path), "rb") as f:
       return f.read()
   fs, p = _fs(path)
   return fs.cat_file(p)
@@ -189,9 +217,12 @@ def write_bytes(path: str, data: bytes) -> None:
     fs, p = _fs(path)
     fs.pipe_file(p, data)
     return
+  path = _plain(path)
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
+  # (named after its target: a reader of the directory, such as a checksum manifest listing a
+  # checkpoint's files, can tell it from the files it lists)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".tmp")
   try:
     with os.fdopen(fd, "wb") as f:
       f.write(data)
@@ -221,7 +252,7 @@ def remove(path: str) -> None:
   """Removes a file; nothing when it is not there."""
   if is_local(path):
     with contextlib.suppress(FileNotFoundError):
-      os.remove(path)
+      os.remove(_plain(path))
     return
   fs, p = _fs(path)
   with contextlib.suppress(FileNotFoundError):
@@ -231,7 +262,7 @@ def remove(path: str) -> None:
 def rmtree(path: str) -> None:
   """Removes a directory and everything under it; nothing when it is not there."""
   if is_local(path):
-    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(_plain(path), ignore_errors=True)
     return
   fs, p = _fs(path)
   with contextlib.suppress(FileNotFoundError):
@@ -242,7 +273,7 @@ def rename(src: str, dst: str) -> None:
   """Moves a file or directory. In a bucket it is a copy of every object, then their removal
   (object stores have no rename); `dst` must not exist."""
   if is_local(src):
-    os.rename(src, dst)
+    os.rename(_plain(src), _plain(dst))
     return
   fs, p = _fs(src)
   _, q = _fs(dst)
@@ -258,6 +289,7 @@ def rename(src: str, dst: str) -> None:
 def put_file(local_src: str, path: str) -> None:
   """Moves the local file `local_src` to `path`."""
   if is_local(path):
+    path = _plain(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     os.replace(local_src, path)
     return
@@ -276,4 +308,4 @@ def free_bytes(directory: str) -> float:
   """Free space where `directory` is; a bucket's is unbounded (inf)."""
   if is_url(directory):
     return float("inf")
-  return shutil.disk_usage(directory).free
+  return shutil.disk_usage(_plain(directory)).free

@@ -3,6 +3,7 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco import paths
 from diloco.studies import chaos_suite
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -16,7 +17,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax reports every checkpoint at INFO
-  summary = chaos_suite.run(_CONFIG.value, _WORKDIR.value)
+  try:
+    workdir = paths.local_only(_WORKDIR.value, "the chaos suite")
+  except ValueError as err:
+    raise app.UsageError(str(err)) from None
+  summary = chaos_suite.run(_CONFIG.value, workdir)
   print(summary["table"], flush=True)
   print(f"wall {summary['wall_s']:.0f} s", flush=True)
 

@@ -25,6 +25,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from diloco import paths
 from diloco.config import cli as config_cli
 from diloco.launch import cli, preflight, ray_launch, staging, tokens
 from diloco.rpc import local
@@ -57,6 +58,10 @@ def main(argv):
     import ray  # pylint: disable=import-outside-toplevel
   except ImportError as err:
     raise app.UsageError("Ray is not installed: pip install -e '.[ray]'") from err
+  try:
+    workdir = paths.local_only(_WORKDIR.value, "the Ray launcher")
+  except ValueError as err:
+    raise app.UsageError(str(err)) from None
   spec, overrides = cli.config_spec(sys.argv[1:]), cli.config_overrides(sys.argv[1:])
   p = ray_launch.plan(_CONFIG.value, _LEARNERS.value, _TPU.value)
   if _TPU.value:  # before Ray starts: a learner that does not fit its slice stops here (exit 2)
@@ -70,7 +75,7 @@ def main(argv):
     spec += f":{arg}" if arg else ""
   ray.init(address=_ADDRESS.value or None, include_dashboard=False, log_to_driver=False)
   try:
-    driver = ray_launch.Driver(spec, overrides, os.path.abspath(_WORKDIR.value), _token(), p, env)
+    driver = ray_launch.Driver(spec, overrides, workdir, _token(), p, env)
     report = driver.run(_MAX_S.value)
   finally:
     ray.shutdown()

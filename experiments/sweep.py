@@ -7,6 +7,7 @@ DIR/results.jsonl and DIR/results.csv; --export=DEST copies the summaries to che
 
 from absl import app, flags, logging
 
+from diloco import paths
 from diloco.studies import sweep, sweep_run
 
 _CONFIG = flags.DEFINE_string("config", None, "FILE[:variants] of a config file with get_sweep.")
@@ -27,9 +28,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   try:
+    workdir = paths.local_only(_WORKDIR.value, "a sweep")
+  except ValueError as err:
+    raise app.UsageError(str(err)) from None
+  try:
     table = sweep_run.run(
         _CONFIG.value,
-        _WORKDIR.value,
+        workdir,
         _PARALLEL.value,
         _KEYS.value,
         _DRY_RUN.value,

@@ -49,3 +49,11 @@ def train(workdir, *flags: str, env=None, timeout: float = 300) -> subprocess.Co
       text=True,
       timeout=timeout,
   )
+
+
+def only_at_sync_points(summary: dict) -> None:
+  """Every cross-process call a learner process made outside its train step (its summary's
+  `collectives`: broadcasts, gathers, checkpoint saves, by step) was at a sync point."""
+  k, steps = summary["sync_interval"], summary["steps"]
+  made = {int(step) for step in summary["collectives"]}
+  assert made and all(step % k == 0 or step == steps for step in made), (k, made)

@@ -1,7 +1,8 @@
 """One learner as a 2-process JAX job (CPU, gloo collectives) against a synchronizer process: only
 process 0 talks to the synchronizer, process 1 follows it, both checkpoint together and, SIGKILLed
 and started again, resume from that checkpoint; both end with identical parameters, equal to the
-synchronizer's global parameters after the last merge."""
+synchronizer's global parameters after the last merge. (A non-blocking learner of 4 processes, its
+arrivals held to sync points: tests/test_island_bucket.py.)"""
 
 import json
 import os
@@ -9,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from proc_helpers import only_at_sync_points
 
 from configs import shakespeare
 from diloco.recovery import sync_checkpoint
@@ -57,13 +59,6 @@ def _last_step(c):
   return rows[-1]["step"] if rows else 0
 
 
-def _only_at_sync_points(summary):
-  """Every cross-process call outside the train step was made at a sync point."""
-  k, steps = summary["sync_interval"], summary["steps"]
-  made = {int(step) for step in summary["collectives"]}
-  assert made and all(step % k == 0 or step == steps for step in made), (k, made)
-
-
 def test_two_process_learner_follows_process_zero(cluster):
   c = cluster
   c.start()
@@ -97,8 +92,8 @@ def test_two_process_learner_follows_process_zero(cluster):
   # Cross-process calls outside the train step only at sync points (every H=10 steps here): one
   # RUN broadcast per interval, not one per step.
   assert ops["run"] == (30 - saved) // EVERY
-  _only_at_sync_points(lead)
-  _only_at_sync_points(follower)
+  only_at_sync_points(lead)
+  only_at_sync_points(follower)
   sync = _json(os.path.join(c.workdir, "sync", "summary.json"))
   assert sync["merges"] == 3 and lead["versions"] == sync["versions"] == [3]
 
@@ -119,34 +114,6 @@ def test_two_process_learner_follows_process_zero(cluster):
     np.testing.assert_array_equal(p0[k], p1[k])  # identical on both processes
     np.testing.assert_array_equal(p0[k], v)  # and equal to the synchronizer's broadcast
   assert any(not np.array_equal(final[k], start[k]) for k in final)  # training moved them
-
-
-def test_two_process_decoupled_learner_with_the_threaded_poll(tmp_path):
-  """A non-blocking learner polls from a thread and sends while its next step runs (the
-  learner process's link): the follower still performs exactly what process 0 performs."""
-  spec = "configs/shakespeare.py:mode=decoupled,runlocal,learners=1,steps=30"
-  c = local.LocalCluster(
-      spec, 1, str(tmp_path / "run"), devices_per_learner=2, processes_per_learner=2
-  )
-  try:
-    c.start()
-    codes = c.wait(240)
-    logs = {n: _tail(os.path.join(c.workdir, "logs", f"{n}.log")) for n in c.procs}
-    assert codes == {"sync": 0, "learner0": 0, "learner0.p1": 0}, (codes, logs)
-  finally:
-    c.stop(grace_s=2.0)
-  lead = _json(os.path.join(c.workdir, "learner0", "summary.json"))
-  follower = _json(os.path.join(c.workdir, "learner0", "summary.process1.json"))
-  sync = _json(os.path.join(c.workdir, "sync", "summary.json"))
-  assert lead["steps"] == follower["steps"] == 30 and lead["settled"]
-  ops = follower["ops"]
-  assert ops["step"] == 30 and ops["receive"] == lead["applied"] > 0 and ops["end"] == 1
-  assert ops["run"] == 30 // lead["sync_interval"] < 30  # a broadcast per sync point, not per step
-  _only_at_sync_points(lead)
-  _only_at_sync_points(follower)
-  assert sync["merges"] >= ops["upload"] > 0  # one learner: each upload merges alone
-  assert lead["versions"] == sync["versions"]  # every merge was received
-  assert lead["params_crc"] == follower["params_crc"]  # identical on both processes
 
 
 def test_cluster_flags_are_checked():

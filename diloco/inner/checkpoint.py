@@ -20,6 +20,7 @@ from typing import Any
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -35,7 +36,7 @@ def _write_manifest(step_dir: str) -> None:
   commit, and gets its manifest when the directory is opened with room for it)."""
   try:
     manifest.write(step_dir)
-  except OSError as e:
+  except Exception as e:  # pylint: disable=broad-except  (a full disk; a bucket's HttpError)
     logging.error("could not write the checksum manifest of %s (%s)", step_dir, e)
 
 
@@ -59,6 +60,7 @@ class Checkpointer:
   ):
     self.every, self.directory, self.async_save = every, paths.absolute(directory), async_save
     self.set_aside = set_aside
+    self._seals = jax.process_index() == 0 or not set_aside  # writes the manifests of its saves
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         save_interval_steps=max(every, 1),
@@ -82,12 +84,29 @@ class Checkpointer:
   def step_dir(self, step: int) -> str:
     return paths.join(self.directory, str(step))
 
+  @property
+  def _job_shared(self) -> bool:
+    """The run's own directory, written by every process of a multi-process job: process 0
+    alone writes and checks its manifests (the others read none of its bytes for them)."""
+    return self.set_aside and jax.process_count() > 1
+
   def intact_steps(self) -> list[int]:
     """Steps whose files match their manifest, newest first (the others are logged and set aside).
 
-    Waits for queued saves first: a step still being saved has no manifest yet.
+    Waits for queued saves first: a step still being saved has no manifest yet. In a directory
+    of a multi-process job process 0 checks and the others take its newest intact step (a
+    broadcast: every process calls this at the same point, as they restore together).
     """
     self._seal()
+    if not self._job_shared:
+      return self._checked_steps()
+    from jax.experimental import multihost_utils
+
+    newest = (self._checked_steps() or [-1])[0] if jax.process_index() == 0 else -1
+    step = int(multihost_utils.broadcast_one_to_all(np.int64(newest)))
+    return [step] if step >= 0 else []
+
+  def _checked_steps(self) -> list[int]:
     steps = self._manager.all_steps()
     if self.set_aside:  # the owner of the directory: committed steps get their manifest now
       for step in steps:
@@ -185,7 +204,7 @@ class Checkpointer:
       pending = list(self._unsealed)
     sealed = [s for s in pending if manifest.committed(self.step_dir(s))]
     for step in sealed:
-      if not manifest.exists(self.step_dir(step)):
+      if self._seals and not manifest.exists(self.step_dir(step)):
         _write_manifest(self.step_dir(step))
     with self._lock:
       self._unsealed = [s for s in self._unsealed if s not in sealed]
@@ -219,7 +238,7 @@ class Checkpointer:
     done = set(self._manager.all_steps())
     for step in pending:
       path = self.step_dir(step)
-      if step in done and manifest.committed(path) and not manifest.exists(path):
+      if self._seals and step in done and manifest.committed(path) and not manifest.exists(path):
         _write_manifest(path)
     with self._lock:
       self._unsealed = [s for s in self._unsealed if s not in pending]

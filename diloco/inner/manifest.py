@@ -11,16 +11,18 @@ directory sets it aside (`<step>.corrupt-<n>`, kept for inspection) so that the 
 step again.
 
 On a local disk the checksum is each file's sha256, read whole. In a bucket it is the CRC32C that
-the object store computed when each object was written (one listing gives them all), and a check
-lists the step again and compares: no byte of the checkpoint is read back. An object rewritten or
+Cloud Storage computed when each object was written (an S3-style store's ETag), which one listing
+gives for all of them, and a check lists the step again and compares: no byte of the checkpoint is
+read back. A manifest names its kind, and a copy elsewhere is checked by it (a bucket's CRC32C
+computed from a local copy's bytes, a local sha256 from a bucket's objects). An object rewritten or
 cut short is a new upload with its own checksum and size, so it is caught the same way; a byte
 flipped at rest inside the store is the store's to catch (Cloud Storage checks the same CRC32C on
 every read).
 """
 
+import base64
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 
 from absl import logging
@@ -40,36 +42,70 @@ def _files(step_dir: str) -> dict[str, dict]:
 
 def _sha256(path: str) -> str:
   h = hashlib.sha256()
-  with open(path, "rb") as f:
+  with paths.open_read(path) as f:
     while chunk := f.read(_CHUNK):
       h.update(chunk)
   return h.hexdigest()
 
 
+def _crc32c(path: str) -> str:
+  """Cloud Storage's form of a file's CRC32C: base64 of its 4 big-endian bytes."""
+  import google_crc32c
+
+  c = google_crc32c.Checksum()
+  with paths.open_read(path) as f:
+    while chunk := f.read(_CHUNK):
+      c.update(chunk)
+  return base64.b64encode(c.digest()).decode()
+
+
+def _kind(listed: dict[str, dict], step_dir: str) -> str:
+  """The checksum a manifest of this step holds: what the store lists for every object (no byte
+  read), else sha256."""
+  if paths.is_local(step_dir) or not listed:
+    return "sha256"
+  for kind in ("crc32c", "ETag"):
+    if all(info.get(kind) for info in listed.values()):
+      return kind
+  return "sha256"
+
+
+def _digest(kind: str, step_dir: str, rel: str, info: dict) -> str:
+  """The file's checksum of `kind`: the listing's when the store keeps it, else from its bytes."""
+  if info.get(kind):
+    return info[kind]
+  path = paths.join(step_dir, rel)
+  if kind == "sha256":
+    return _sha256(path)
+  if kind == "crc32c":
+    return _crc32c(path)
+  raise ValueError(f"{path}: a {kind} checksum can only be read from the store that made it")
+
+
 def _checksums(step_dir: str) -> tuple[str, dict[str, list]]:
-  """("sha256" or "crc32c", rel path -> [size, digest]) of every file of the step."""
+  """(kind, rel path -> [size, digest]) of every file of the step."""
   listed = _files(step_dir)
-  if paths.is_local(step_dir):
-    return "sha256", {
-        rel: [int(info["size"]), _sha256(os.path.join(step_dir, rel))]
-        for rel, info in listed.items()
-    }
-  return "crc32c", {rel: [int(info["size"]), info.get("crc32c")] for rel, info in listed.items()}
+  kind = _kind(listed, step_dir)
+  return kind, {
+      rel: [int(info["size"]), _digest(kind, step_dir, rel, info)] for rel, info in listed.items()
+  }
 
 
 def committed(step_dir: str) -> bool:
-  """Orbax committed the step: a local step is its final directory (a save in progress is a
-  `<step>.orbax-checkpoint-tmp-*` one); in a bucket, where orbax writes the final names from the
-  start, its commit marker is there."""
-  if paths.is_local(step_dir):
-    return os.path.isdir(step_dir)
-  return paths.exists(paths.join(step_dir, COMMIT_MARKER))
+  """Orbax committed the step: on Cloud Storage, where orbax writes the final names from the
+  start, its commit marker is there; elsewhere the step is its final directory (a save in
+  progress is a `<step>.orbax-checkpoint-tmp-*` one)."""
+  if paths.absolute(step_dir).startswith("gs://"):
+    return paths.exists(paths.join(step_dir, COMMIT_MARKER))
+  return paths.isdir(step_dir)
 
 
 def write(step_dir: str) -> dict[str, list]:
   """Writes the manifest of every file now in `step_dir`; returns it (rel path -> [size, digest])."""
   digest, entries = _checksums(step_dir)
   record = {"files": entries} if digest == "sha256" else {"digest": digest, "files": entries}
+  if any(d is None for _, d in entries.values()):
+    raise OSError(f"{step_dir}: the store listed no {digest} for some of its files")
   paths.write_text(paths.join(step_dir, NAME), json.dumps(record, indent=1, sort_keys=True))
   return entries
 
@@ -113,10 +149,10 @@ def problem(step_dir: str) -> str | None:
     got = int(listed[rel]["size"])
     if got != size:
       return f"{rel} is truncated or grown: {got} bytes, {size} when saved"
-    if kind == "sha256":
-      changed = _sha256(os.path.join(step_dir, rel)) != digest
-    else:
-      changed = listed[rel].get(kind) != digest
+    try:
+      changed = _digest(kind, step_dir, rel, listed[rel]) != digest
+    except (ValueError, OSError) as e:
+      return str(e)
     if changed:
       return f"{rel} does not match its {kind} (a changed byte)"
   return None

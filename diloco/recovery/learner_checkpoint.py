@@ -42,9 +42,10 @@ class LearnerCheckpointer:
       return False
     manager = self._manager()
     manager.wait()  # (a scheduled save of this very step may still be in flight)
-    if manager.latest_step() == learner.steps:
-      return True
-    return manager.save(learner.steps, learner.checkpoint_state(), data_iter, force=True)
+    if manager.latest_step() != learner.steps:
+      manager.save(learner.steps, learner.checkpoint_state(), data_iter, force=True)
+      manager.wait()  # committed (or failed) before the process ends
+    return manager.latest_step() == learner.steps
 
   def latest_step(self) -> int | None:
     if not self.every:

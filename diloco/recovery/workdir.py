@@ -40,11 +40,6 @@ class WorkdirError(ValueError):
   """The workdir holds another run; the message says how to start over or where else to go."""
 
 
-def absolute(workdir: str) -> str:
-  """`workdir` made absolute; a bucket URL (`gs://...`) stays a URL (diloco/paths.py)."""
-  return paths.absolute(workdir)
-
-
 def _flatten(tree: Any, prefix: str = "") -> dict[str, str]:
   """Dotted key -> the value's JSON text; an empty dict is a value of its own."""
   if isinstance(tree, dict) and tree:
@@ -126,7 +121,7 @@ def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, 
   Writes nothing, except the rename of the whole workdir when `restart` moves an old run aside.
   `ignore`: dotted keys that may differ on a resume (how a run is watched, where it stops).
   """
-  workdir = absolute(workdir)
+  workdir = paths.absolute(workdir)
   held = _held_run(workdir, config, ignore)
   if held is None:
     return "new"
@@ -149,7 +144,7 @@ HOLD = ".diloco-hold"  # the hold file: {"host", "pid", "since"} of the run that
 
 def Hold(workdir: str) -> "LocalHold | BucketHold":  # pylint: disable=invalid-name
   """The hold of `workdir`: a lock on a local disk, a lease in a bucket."""
-  workdir = absolute(workdir)
+  workdir = paths.absolute(workdir)
   return BucketHold(workdir) if paths.is_url(workdir) else LocalHold(workdir)
 
 
@@ -274,8 +269,8 @@ class BucketHold:
     while not self._stop.wait(LEASE_S / 6):
       try:
         paths.write_text(self.path, json.dumps({**self._me, "beat": time.time()}))
-      except OSError as e:  # the bucket is unreachable for now: the next renewal tries again
-        logging.warning("could not renew the hold of %s (%s)", self.workdir, e)
+      except Exception as e:  # pylint: disable=broad-except  (gcsfs's HttpError is no OSError)
+        logging.warning("could not renew the hold of %s (%s); trying again", self.workdir, e)
 
   def release(self) -> None:
     """Stops renewing and removes the hold object if it is still this run's."""

@@ -148,8 +148,11 @@ def run(
   paths.makedirs(workdir)
   faults = _faults(config, learner_id, workdir)
   learner = make_learner(config, learner_id)
-  ckpt = LearnerCheckpointer(
-      paths.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
+  learner.run_every = config.outer.overlap if config.outer.blocking else 0  # (multihost.py)
+  ckpt = (
+      LearnerCheckpointer(  # (shared by a job's processes: process 0 checks it, inner/checkpoint)
+          paths.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
+      )
   )
   restored = restore(learner, ckpt)
   if restored is not None:
@@ -157,7 +160,8 @@ def run(
   restored_state = {"restored_step": restored, "restored_versions": list(learner.versions)}
 
   def after_step(lrn) -> None:
-    ckpt.maybe_save(lrn, lrn.island.data.train_iter)
+    if ckpt.maybe_save(lrn, lrn.island.data.train_iter) and jax.process_count() > 1:
+      lrn.count_collective()  # (orbax's save of a multi-process job syncs the processes)
 
   def next_batch():
     return next(learner.island.data.train_iter)
@@ -311,7 +315,7 @@ def _train(config, learner: multihost.SpmdLearner, link, next_batch, on_step) ->
   """
   loop_link = outer_link = loop_link_for(link, config.outer.blocking)
   if jax.process_count() > 1:
-    multihost.lead(learner, run_until=config.steps)
+    multihost.lead(learner, run_until=config.steps, overlap=learner.run_every)
     loop_link = multihost.KeepFollowers(loop_link, learner)
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -350,7 +354,7 @@ def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict
   if jax.process_count() > 1:  # every process: the parameters it ended with
     # Where each cross-process call outside the train step was made (step -> calls): at sync
     # points only, every `sync_interval` steps (the final gather below is counted too).
-    summary["sync_interval"] = learner.schedule.interval()
+    summary["sync_interval"] = learner.sync_interval()
     params = learner.host_params()
     summary["collectives"] = {str(k): v for k, v in sorted(learner.collectives.items())}
     with paths.writing(paths.join(workdir, f"params.process{jax.process_index()}.npz"), "wb") as f:

@@ -189,7 +189,8 @@ class LocalCluster:
     while time.monotonic() < deadline:
       if restart_crashed:
         for m in range(self.learners):
-          if any(_crashed(self.procs[n].poll()) for n in self.learner_names(m)):
+          codes = [self.procs[n].poll() for n in self.learner_names(m)]
+          if _crashed(codes) and self.starts[f"learner{m}"] <= MAX_RESTARTS:
             self.kill(f"learner{m}")
             self.start_learner(m)
       if all(p.poll() is not None for p in self.procs.values()):
@@ -210,11 +211,20 @@ class LocalCluster:
         self.kill(name)
 
 
-def _crashed(code: int | None) -> bool:
-  """An exit code that a supervisor restarts: a chaos crash, or a signal that killed it."""
-  from diloco.rpc.learner_faults import CRASH_EXIT
+MAX_RESTARTS = 3  # restarts of one learner under `wait(restart_crashed=True)`
 
-  return code == CRASH_EXIT or (code is not None and code < 0)
+
+def _crashed(codes: list[int | None]) -> bool:
+  """Whether a learner's processes (their exit codes, None: running) are to be restarted: one of
+  them crashed (a chaos crash, a signal that killed it, process 0 ending inside a run of steps),
+  or one failed while the others still run (a multi-process job cannot go on without it)."""
+  from diloco.rpc.learner_faults import CRASH_EXIT
+  from diloco.rpc.multihost import FAILED_EXIT
+
+  done = [c for c in codes if c is not None]
+  if any(c in (CRASH_EXIT, FAILED_EXIT) or c < 0 for c in done):
+    return True
+  return any(c != 0 for c in done) and len(done) < len(codes)
 
 
 def with_arg(spec: str, key: str, value) -> str:

@@ -21,6 +21,10 @@ Each cross-process call outside the train step is counted at the step it was mad
 """
 
 import collections
+import math
+import os
+import signal
+import sys
 import time
 from collections.abc import Callable
 
@@ -33,6 +37,7 @@ from diloco.outer.learner import Learner
 from diloco.outer.protocol import Send
 from diloco.rpc import transport
 
+FAILED_EXIT = 70  # process 0 ended inside a run of steps (EX_SOFTWARE): restart the whole job
 NOOP, RUN, RECEIVE, UPLOAD, END, REBASE, NOT_MERGED = range(7)
 OP_NAMES = {NOOP: "noop", RUN: "run", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
 OP_NAMES[REBASE] = "rebase"  # a receive that keeps the progress after a merged upload
@@ -111,6 +116,7 @@ class SpmdLearner(Learner):
 
   announce: Callable[[int, int, bytes], None] | None = None
   run_until: int | None = None  # process 0: the run's last step (a RUN never goes past it)
+  run_every: int = 0  # process 0: a further bound on the sync points (see `sync_interval`)
   run_left: int = 0  # steps of the announced RUN not taken yet
   _collectives: collections.Counter | None = None
 
@@ -126,9 +132,15 @@ class SpmdLearner(Learner):
     """Whether the learner may be changed other than by a step (no RUN under way)."""
     return self.run_left == 0
 
+  def sync_interval(self) -> int:
+    """Steps between two sync points: the schedule's interval (every sync step is a multiple of
+    it), and with a blocking learner's overlap tau the gcd with tau too (`run_every`), so that a
+    learner that must wait for a merge tau steps after its upload is at a sync point then."""
+    return math.gcd(self.schedule.interval(), self.run_every)
+
   def next_run(self) -> int:
     """Steps from here to the next sync point (or to `run_until`), at least 1."""
-    k = self.schedule.interval()
+    k = self.sync_interval()
     n = k - self.steps % k
     if self.run_until is not None and self.run_until > self.steps:
       n = min(n, self.run_until - self.steps)
@@ -196,9 +208,9 @@ def broadcast(op: int, arg: int, payload: bytes) -> tuple[int, int, bytes]:
   return op, arg, np.asarray(multihost_utils.broadcast_one_to_all(buf)).astype(np.uint8).tobytes()
 
 
-def lead(learner: SpmdLearner, run_until: int | None = None) -> None:
+def lead(learner: SpmdLearner, run_until: int | None = None, overlap: int = 0) -> None:
   """Makes process 0's learner announce its operations to the followers; its runs of steps end
-  at `run_until` at the latest (the run's last step)."""
+  at `run_until` at the latest (the run's last step); `overlap`: a blocking learner's tau."""
   if jax.process_index() != 0:
     raise ValueError("only process 0 of a learner leads it")
 
@@ -206,7 +218,7 @@ def lead(learner: SpmdLearner, run_until: int | None = None) -> None:
     learner.count_collective()
     broadcast(op, arg, payload)
 
-  learner.announce, learner.run_until = announce, run_until
+  learner.announce, learner.run_until, learner.run_every = announce, run_until, overlap
 
 
 class KeepFollowers:
@@ -257,10 +269,21 @@ def _time(payload: bytes) -> float:
 
 
 def end(learner: SpmdLearner) -> None:
-  """Process 0: tells the followers the run is over (after the steps of a RUN under way: a stop
-  in the middle of one finishes it first, as the followers take them all)."""
-  if learner.announce is not None:
-    learner.announce(END, 0, b"")
+  """Process 0: tells the followers the run is over. The loop stops at a sync point; ending in
+  the middle of a RUN (an error in process 0) cannot be told, as the followers are in its steps'
+  collectives: process 0 then exits at once (FAILED_EXIT) so that its supervisor restarts the
+  whole job, instead of waiting on a broadcast no follower takes."""
+  if learner.announce is None:
+    return
+  if not learner.at_sync_point:
+    print(
+        f"learner {learner.index}: process 0 stopped at step {learner.steps} inside a run of "
+        f"steps ({learner.run_left} left); exiting {FAILED_EXIT} so that the job is restarted",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(FAILED_EXIT)  # pylint: disable=protected-access
+  learner.announce(END, 0, b"")
 
 
 def follow(
@@ -271,6 +294,9 @@ def follow(
   """A process other than 0: performs process 0's operations until it ends; counts of each."""
   if jax.process_index() == 0:
     raise ValueError("process 0 leads; it does not follow")
+  # A stop (SIGTERM) is process 0's to decide: it ends at a sync point and says END; a follower
+  # that died at once would leave process 0 in the steps of a run. SIGKILL still ends it.
+  signal.signal(signal.SIGTERM, lambda *_: None)
   counts = {name: 0 for name in (*OP_NAMES.values(), "step")}
   while True:
     learner.count_collective()

@@ -137,6 +137,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       writer.write({"step": step, "tokens": tokens, **eval_row, "model": "global", "final": final})
     if due_ckpt:
       ckpt.save(step, state, data.train_iter, force=step == config.steps or stopping)
+      writer.sync()  # (a bucket's metrics hold the rows up to a checkpoint a resume starts at)
     if stopping:
       break
   stopped_by = stopped_by if last < config.steps else None

@@ -77,6 +77,7 @@ class RunLog:
         None if p is None else (p[0], virtual_snapshot.host_metrics(p[1]), p[2])
         for p in self.pending
     ]
+    self.writer.sync()  # (a bucket's file holds every row up to the position saved)
     return {
         "position": self.writer.position(),
         "merges": self.merges,

@@ -236,6 +236,8 @@ class _LearnerLoop:
         on_step(learner, metrics)
       now = time.monotonic()
       self.step_time, last = now - last, now
+      if self.at_sync():  # (a run of steps just ended: its refusals before its uploads)
+        self.catch_up()
       if not self.joined:  # decided, and held: the next Join sends them, computed afresh
         self.unreachable_steps += 1
         self.machine.stepped(learner.due())
@@ -245,6 +247,7 @@ class _LearnerLoop:
       if blocking:
         self._send(outbox)
     self._send(outbox)
+    self.catch_up()  # (the loop ends at a sync point)
     self.trained = learner.steps >= steps
 
   def _upload(self, p: int, step_time: float) -> protocol.Upload:

@@ -73,6 +73,11 @@ class Jsonl:
     """Bytes written so far."""
     return self._file.tell()
 
+  def sync(self) -> None:
+    """The rows written so far are in the file (a bucket's is uploaded now)."""
+    if isinstance(self._file, jsonl.BucketAppend):
+      self._file.upload()
+
   def close(self) -> None:
     self._file.close()
 
