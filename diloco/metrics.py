@@ -72,8 +72,10 @@ class MetricsWriter:
     return self._jsonl.position()
 
   def sync(self) -> None:
-    """Every row written so far is in metrics.jsonl (a bucket's is uploaded now)."""
-    self._jsonl.sync()
+    """Every row written so far is in the run's files (a bucket's are uploaded now)."""
+    for tracker in self._trackers:
+      if hasattr(tracker, "sync"):
+        tracker.sync()
 
   def close(self) -> None:
     for tracker in self._trackers:

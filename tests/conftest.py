@@ -42,13 +42,13 @@ LONGEST_FIRST = (
     "test_recovery.py",  # 109 s
     "test_preemption.py",  # 106 s
     "test_grpc.py",  # 104 s
-    "test_island_bucket.py",  # 101 s alone (2026-12-05: a 4-process island killed and restarted)
+    "test_island_bucket.py",  # 78 s alone (2026-12-05: a 4-process island killed and restarted)
     "test_ray.py",  # 96 s
     "test_sharded_sync.py",  # 73 s
     "test_moe.py",  # 72 s
     "test_grpc_shards.py",  # 72 s
     "test_train.py",  # 57 s
-    "test_bucket_workdir.py",  # 40 s alone (2026-12-05: two runs and a resume per mode)
+    "test_bucket_workdir.py",  # 33 s alone (2026-12-05: a command, a resume, a local run per mode)
     "test_plan.py",  # 45 s (alone, 2026-12-04: TPU compiles and three launcher dry runs)
     "test_determinism.py",  # 56 s
     "test_vision.py",  # 43 s

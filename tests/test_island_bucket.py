@@ -20,7 +20,7 @@ from diloco.rpc import local
 from object_store import bucket  # noqa: F401 (a fixture)
 
 SPEC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2"
-STEPS, EVERY = 60, 10
+STEPS, EVERY = 30, 10
 
 
 def _json(path: str) -> dict:

@@ -145,23 +145,6 @@ def test_sigterm_stops_decoupled_with_a_snapshot_and_the_rerun_has_the_same_merg
   assert not os.path.exists(virtual_snapshot.path(str(workdir)))  # finished: nothing to resume
 
 
-def test_stop_after_steps_in_decoupled_stops_early_and_resumes_to_the_same_result(
-    tmp_path, uninterrupted
-):
-  config = _config("decoupled", stop_after_steps=17)
-  part = train.train_and_evaluate(config, str(tmp_path))
-  assert part["finished"] is False and part["stopped_by"] == "stop_after_steps"
-  assert part["step"] == 17 and "eval_loss" not in part
-  with config.unlocked():
-    config.stop_after_steps = 0
-  rest = train.train_and_evaluate(config, str(tmp_path))
-  full, full_dir = uninterrupted("decoupled")
-  assert rest["finished"] and rest["params_sha256"] == full["params_sha256"]
-  assert rest["eval_loss"] == full["eval_loss"] and rest["steps"] == full["steps"]
-  assert _merges(tmp_path) == _merges(full_dir)
-  assert rest["per_learner"] == full["per_learner"]  # clocks, bytes and idle time too
-
-
 def test_a_stopped_mode_stops_compare_before_the_next_mode(tmp_path):
   config = shakespeare.get_config("runlocal,mode=compare")
   with config.unlocked():

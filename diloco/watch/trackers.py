@@ -83,22 +83,36 @@ class Jsonl:
 
 
 class TensorBoard:
-  """Event files under WORKDIR/tb (`tensorboard --logdir WORKDIR/tb`)."""
+  """Event files under WORKDIR/tb (`tensorboard --logdir WORKDIR/tb`). For a bucket workdir they
+  are written to a local directory and copied to WORKDIR/tb at each `sync` (a checkpoint) and at
+  the close."""
 
   def __init__(self, workdir: str, config: Mapping[str, Any] | None = None):
     del config
     from tensorboardX import SummaryWriter
 
-    # (tensorboardX writes gs:// and s3:// itself, uploading the event file whole at each flush)
-    self._tb = SummaryWriter(logdir=paths.join(workdir, "tb"), flush_secs=10)
+    self._target = paths.join(workdir, "tb")
+    self._local = self._target if paths.is_local(workdir) else tempfile.mkdtemp(prefix="tb-")
+    self._tb = SummaryWriter(logdir=self._local, flush_secs=10)
 
   def write(self, row: dict[str, Any], prefix: str = "") -> None:
     step = int(row.get("step", 0))
     for key, value in scalars(row, prefix).items():
       self._tb.add_scalar(key, value, global_step=step)
 
+  def sync(self) -> None:
+    """A bucket workdir's event files, as they are now, copied to WORKDIR/tb."""
+    if self._local == self._target:
+      return
+    self._tb.flush()
+    for name in os.listdir(self._local):
+      paths.write_bytes(
+          paths.join(self._target, name), paths.read_bytes(os.path.join(self._local, name))
+      )
+
   def close(self) -> None:
     self._tb.close()
+    self.sync()
 
 
 class Wandb:
