@@ -1,10 +1,10 @@
 """Orbax checkpoints of one learner: train state, data iterator, counters and fragment versions.
 
-A learner saves every `every` inner steps into its own directory, asynchronously: the save copies
-the state off the devices, and training goes on while orbax writes it (diloco/inner/checkpoint.py).
-Orbax writes each save into a temporary directory and commits it when complete, so a crash during
-a save leaves the previous one as the newest; a stop (SIGTERM) waits for the save in flight to
-commit (`save_now`), and a restore first waits for any queued save.
+A learner saves every `every` inner steps (synchronously, so that a crash right after a save finds
+it) into its own directory; orbax writes each save into a temporary directory and commits it when
+complete, so a crash during a save leaves the previous one as the newest. (Asynchronous saves were
+tried, 2026-12-05: in the threads runtime several learners' orbax managers saving from threads of
+one process timed out waiting on orbax's signalling keys, and a CI run failed two tests.)
 """
 
 from diloco import paths
@@ -24,7 +24,7 @@ class LearnerCheckpointer:
   def _manager(self) -> checkpoint.Checkpointer:
     if self._ckpt is None:
       self._ckpt = checkpoint.Checkpointer(
-          self.directory, max(self.every, 1), keep=self.keep, async_save=True
+          self.directory, max(self.every, 1), keep=self.keep, async_save=False
       )
     return self._ckpt
 
