@@ -61,28 +61,18 @@ def repair(path: str) -> None:
   with open(path, "rb+") as f:
     f.seek(0, os.SEEK_END)
     size = f.tell()
-    if size == 0:
-      return
     f.seek(max(0, size - (1 << 20)))
     tail = f.read()
-    if tail.endswith(b"\n"):
-      return
-    cut = tail.rfind(b"\n")
-    start = size - len(tail) + cut + 1 if cut >= 0 else size - len(tail)
-    partial = tail[cut + 1 :]
-    try:
-      json.loads(partial)
-    except ValueError:
-      f.truncate(start)
-      logging.warning(
-          "%s: cut off a torn last line of %d bytes (a crash mid-write)", path, len(partial)
-      )
-      return
-    f.write(b"\n")
+    whole = _whole_lines(tail, path)
+    if len(whole) < len(tail):  # a torn last line: cut off
+      f.truncate(size - len(tail) + len(whole))
+    elif len(whole) > len(tail):  # a whole last row: its newline
+      f.write(b"\n")
 
 
 def _whole_lines(data: bytes, path: str) -> bytes:
-  """`data` ending at a line boundary (`repair`'s rule, in memory)."""
+  """`data` ending at a line boundary: a torn last line cut off (logged), a whole last row given
+  its newline (`repair`'s rule, for a file's tail or a bucket object held in memory)."""
   if not data or data.endswith(b"\n"):
     return data
   cut = data.rfind(b"\n")

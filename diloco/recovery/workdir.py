@@ -86,7 +86,7 @@ def _refusal(workdir: str, why: str, lines: list[str]) -> WorkdirError:
 
 
 def _read_config(path: str) -> dict | None:
-  """The saved config, or None when it cannot be read as a JSON object."""
+  """The JSON object in `path` (a saved config, a hold), or None when it cannot be read as one."""
   try:
     saved = json.loads(paths.read_text(path))
   except (OSError, ValueError):
@@ -241,7 +241,7 @@ class BucketHold:
     return paths.join(self.workdir, HOLD)
 
   def acquire(self) -> "BucketHold":
-    previous = _read_lease(self.path)
+    previous = _read_config(self.path)
     if previous and (previous.get("host"), previous.get("pid")) != _whoami():
       age = time.time() - float(previous.get("beat", 0))
       if age < LEASE_S:
@@ -279,7 +279,7 @@ class BucketHold:
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
-    held = _read_lease(self.path)
+    held = _read_config(self.path)
     if held and (held.get("host"), held.get("pid")) == _whoami():
       paths.remove(self.path)
     self._me = None
@@ -293,14 +293,6 @@ class BucketHold:
 
 def _whoami() -> tuple[str, int]:
   return socket.gethostname(), os.getpid()
-
-
-def _read_lease(path: str) -> dict | None:
-  try:
-    holder = json.loads(paths.read_text(path))
-  except (OSError, ValueError):
-    return None
-  return holder if isinstance(holder, dict) else None
 
 
 def _read_holder(fd: int) -> dict | None:
