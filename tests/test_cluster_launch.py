@@ -219,6 +219,23 @@ def test_gcloud_commands_install_tpu_jax_supervise_and_never_hold_the_token(tmp_
     assert "--synchronizer=10.0.0.2:6000" in child and not any("DILOCO_TOKEN" in w for w in child)
 
 
+def test_a_bucket_workdir_is_shared_by_a_slice_and_logs_stay_on_each_machine(tmp_path):
+  c = _config(*TPU_FLAGS)  # v5p-16: two hosts per slice
+  stage = staging.Stage(str(tmp_path / "stage"))
+  cmds = gcloud.commands("configs/shakespeare.py", c, TPU_FLAGS, "gs://b/run", stage, pack=False)
+  sync, learner0 = cmds[0][2], _remote(cmds[3])
+  assert "--workdir=gs://b/run/sync " in sync and "mkdir -p $HOME/runs/diloco-logs/b/run &&" in sync
+  assert "--log=$HOME/runs/diloco-logs/b/run/sync.supervisor.jsonl" in sync
+  assert "--workdir=gs://b/run/learner0 " in learner0
+  assert "mkdir -p $HOME/runs/diloco-logs/b/run/learner0;" in learner0
+  assert learner0.endswith(
+      ">> $HOME/runs/diloco-logs/b/run/learner0/learner.log 2>&1 < /dev/null &"
+  )
+  assert not any("mkdir -p gs:" in a or ">> gs:" in a for cmd in cmds for a in cmd)
+  with pytest.raises(ValueError, match=r"--workdir=runs/x is each worker's own disk.*gs://BUCKET"):
+    gcloud.commands("configs/shakespeare.py", c, TPU_FLAGS, "runs/x", stage, pack=False)
+
+
 def test_the_pack_holds_only_what_a_learner_needs(tmp_path):
   stage = staging.Stage(str(tmp_path / "stage"))
   repo = tmp_path / "repo"

@@ -1,6 +1,6 @@
 """Issue 54's acceptance run: a Decoupled DiLoCo run of separate processes with every workdir in
 a bucket (the Cloud Storage server of tests/object_store.py): a synchronizer, learner 0 as one
-JAX job of 4 processes x 2 CPU devices (gloo collectives, parameters sharded over fsdp=2), and
+JAX job of 4 processes x 2 CPU devices (gloo collectives, parameters sharded over fsdp=8), and
 learner 1 as one process. One process of the island is SIGKILLed after its first checkpoint; the
 supervisor restarts the island, which comes back from its checkpoint in the bucket and rejoins,
 and the run finishes with finite parameters, identical on the island's processes, while learner 1
@@ -14,8 +14,10 @@ import numpy as np
 from proc_helpers import only_at_sync_points
 
 from diloco import jsonl, paths
+from diloco.config import checks
 from diloco.inner import manifest
-from diloco.rpc import local
+from diloco.recovery.learner_checkpoint import LearnerCheckpointer
+from diloco.rpc import learner_main, local
 
 from object_store import bucket  # noqa: F401 (a fixture)
 
@@ -34,12 +36,20 @@ def _checkpoints(url: str) -> list[int]:
   return sorted(s for s in steps if manifest.exists(f"{directory}/{s}"))
 
 
+def _tails(c: local.LocalCluster, names: list[str]) -> str:
+  """The last lines of these processes' logs (what a failure shows)."""
+  return "\n".join(
+      f"--- {n}:\n" + open(f"{c.logs}/{n}.log", errors="replace").read()[-3000:] for n in names
+  )
+
+
 def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bucket):  # noqa: F811
   url = f"{bucket}/island"
   overrides = (
       f"--config.steps={STEPS}",
       f"--config.outer.learner_checkpoint_every={EVERY}",
-      "--config.mesh.fsdp=2",
+      "--config.mesh.data=-1",  # and fsdp over all devices: the island's 8, over its four
+      "--config.mesh.fsdp=-1",  # processes, each holding its part of the copies
       "--config.progress_bar=False",
   )
   c = local.LocalCluster(
@@ -56,7 +66,7 @@ def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bu
     codes = c.wait(420, restart_crashed=True)
   finally:
     c.stop(grace_s=2.0)
-  assert set(codes.values()) == {0}, codes
+  assert set(codes.values()) == {0}, (codes, _tails(c, [n for n, code in codes.items() if code]))
   island = c.learner_names(0)
   assert [c.starts[n] for n in island] == [2, 2, 2, 2] and c.starts["learner1"] == 1
 
@@ -69,6 +79,10 @@ def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bu
   assert lead["params_sharded"] > 0
   params = np.load(_npz(url))
   assert all(np.isfinite(params[k]).all() for k in params.files)
+  # Each process holds its quarter of the copy of the global fragments (a few small parameters,
+  # replicated, whole), which gathered is the one learner 1 holds of the same versions.
+  held = {s["global_copy_bytes"] for s in (lead, *followers)}
+  assert len(held) == 1 and 4 * held.pop() < 1.05 * lead["global_copy_whole_bytes"]
   for summary in (lead, *followers):  # no call but the step's between two sync points
     only_at_sync_points(summary)
   k = lead["sync_interval"]
@@ -82,6 +96,20 @@ def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bu
   starts = jsonl.read(f"{url}/learner1/starts.jsonl")
   other = _json(f"{url}/learner1/summary.json")
   assert len(starts) == 1 and other["steps"] == STEPS  # learner 1 ran on, once, to the end
+  assert other["versions"] == lead["versions"] and other["global_crc"] == lead["global_crc"]
+
+  # The island's last checkpoint (each process saved its part of the copies) restores into one
+  # process of 8 devices, its copies whole (not the data iterators: grain keeps one per process).
+  config = checks.prepare(local.load_config(SPEC, overrides))
+  one = learner_main.make_learner(config, 0)
+  ckpt = LearnerCheckpointer(f"{url}/learner0/checkpoints", EVERY)
+  assert ckpt.restore_into(one, None) == STEPS and one.steps == STEPS
+  copy = one.whole_globals()
+  assert [set(g) for g in copy] == [set(paths) for paths in one.frag.paths]
+  assert all(
+      np.isfinite(v).all() and v.shape == params[k].shape for g in copy for k, v in g.items()
+  )
+  ckpt.close()
 
 
 def _npz(url: str):

@@ -14,6 +14,7 @@ VMs (one shard per CPU host, each on deploy.port), or name one (every shard ther
 
 import shlex
 
+from diloco import paths
 from diloco.config import checks
 from diloco.launch import staging
 from diloco.plan import tpu as tpu_types
@@ -21,6 +22,7 @@ from diloco.plan import tpu as tpu_types
 TPU = ["gcloud", "compute", "tpus", "tpu-vm"]
 VM = ["gcloud", "compute"]
 WORKDIR = "$HOME/runs/diloco"
+LOGS = "$HOME/runs/diloco-logs"  # a bucket workdir's process logs, on each machine's own disk
 
 
 def slice_names(config) -> list[str]:
@@ -60,16 +62,27 @@ def check(config, *, synchronizer: bool = True) -> list[str]:
 def check_workdir(workdir: str, config) -> None:
   """ValueError when the slices have several hosts and `workdir` is each worker's own disk
   (under $HOME or ~, relative, or /tmp): a multi-host learner's processes checkpoint one state
-  together, so they need one directory that every worker sees (a shared mount)."""
+  together, so they need one directory that every worker sees (a bucket, or a shared mount)."""
   hosts = tpu_types.parse(config.deploy.tpu.accelerator_type).hosts
-  local = workdir.startswith(("$HOME", "~", "/tmp")) or not workdir.startswith("/")
+  local = not paths.is_url(workdir) and (
+      workdir.startswith(("$HOME", "~", "/tmp")) or not workdir.startswith("/")
+  )
   if hosts > 1 and local:
     raise ValueError(
         f"--workdir={workdir} is each worker's own disk, and deploy.tpu.accelerator_type="
         f"{config.deploy.tpu.accelerator_type} has {hosts} hosts per slice: a learner's "
-        "processes save one checkpoint together, so give --workdir on a mount every worker "
-        "shares (Filestore, a gcsfuse mount of a bucket)"
+        "processes save one checkpoint together, so give --workdir=gs://BUCKET/PATH (a VM's "
+        "disk goes with it) or a mount every worker shares (Filestore)"
     )
+
+
+def log_dir(workdir: str) -> str:
+  """Where a process's output and its supervisor's log go: its workdir, or under LOGS on the
+  machine's own disk when the workdir is a bucket (a shell appends to a file, not to an object,
+  and every worker of a slice writes its own)."""
+  if not paths.is_url(workdir):
+    return workdir
+  return f"{LOGS}/{workdir.split('://', 1)[1]}"
 
 
 def sync_places(config) -> list[tuple[str, str, int]]:
@@ -125,19 +138,20 @@ def _sync(config, flags_: str, workdir: str, stage: staging.Stage) -> list[list[
     # Loopback is unreachable from the slices: bind the internal address unless told otherwise.
     bind = f" --config.deploy.bind={shlex.quote(host)}" if d.bind == "127.0.0.1" else ""
     shard = "" if shards == 1 else f" --shard={s} --config.deploy.port={port}"
-    log = f"{workdir}/{name}.supervisor.jsonl"
+    logs = log_dir(workdir)
+    log = f"{logs}/{name}.supervisor.jsonl"
     command = f"experiments.synchronizer {flags_}{bind}{shard}"
     if not vm:
       command += f" --workdir={workdir}/{name}"
-      line = staging.supervised(command, d, log, f"{workdir}/{name}.log", python="python")
-      cmds.append(["bash", "-c", f"mkdir -p {workdir} && " + line])
+      line = staging.supervised(command, d, log, f"{logs}/{name}.log", python="python")
+      cmds.append(["bash", "-c", f"mkdir -p {logs} && " + line])
       continue
     if vm not in ready:
       cmds += _sync_vm(t, vm, host, stage)
       ready.add(vm)
     command += f" {staging.token_flag(t.repo_dir)} --workdir={workdir}/{name}"
-    remote = f"{staging.unpack(t.repo_dir)}; mkdir -p {workdir}; " + staging.supervised(
-        command, d, log, f"{workdir}/{name}.log"
+    remote = f"{staging.unpack(t.repo_dir)}; mkdir -p {logs}; " + staging.supervised(
+        command, d, log, f"{logs}/{name}.log"
     )
     cmds.append(VM + ["ssh", vm] + _where(t) + [f"--command={remote}"])
   return cmds
@@ -161,8 +175,9 @@ def _sync_vm(t, vm: str, host: str, stage: staging.Stage) -> list[list[str]]:
 
 def _on_workers(t, name: str, command: str, workdir: str, deploy, log_name: str) -> list[str]:
   """ssh to every worker of slice `name`: unpack, install with the tpu extra, start `command`."""
-  remote = f"{staging.unpack(t.repo_dir, 'tpu')}; mkdir -p {workdir}; " + staging.supervised(
-      command, deploy, f"{workdir}/supervisor.jsonl", f"{workdir}/{log_name}.log"
+  logs = log_dir(workdir)
+  remote = f"{staging.unpack(t.repo_dir, 'tpu')}; mkdir -p {logs}; " + staging.supervised(
+      command, deploy, f"{logs}/supervisor.jsonl", f"{logs}/{log_name}.log"
   )
   return TPU + ["ssh", name, "--worker=all", f"--command={remote}"] + _where(t)
 

@@ -119,9 +119,7 @@ class Learner:
     if self.uplink is None:
       self.uplink = Uplink(self.codec)
     if start is not None:  # its copy of the global fragments and its parameters are `start`
-      self.global_copy = [
-          {k: np.array(start[k], np.float32) for k in paths} for paths in self.frag.paths
-      ]
+      self.global_copy = [{k: self._held(k, start[k]) for k in paths} for paths in self.frag.paths]
       self.versions = [0] * n
       self._write({k: v for g in self.global_copy for k, v in g.items()})
     self.adopt_at, self.own_merged = [-1] * n, [0] * n
@@ -170,9 +168,9 @@ class Learner:
     local, (base, base_version, base_generation) = self._read(p), self._base(p)
     try:
       delta = (
-          compression.encode_tree(local, self.codec)
+          compression.encode_tree(self._whole(local), self.codec)
           if self.anchor == "global"
-          else self.uplink.encode(p, base, local)
+          else self.uplink.encode(p, base, local, whole=self._whole, cut=self._cut)
       )
     except compression.NonFiniteError as e:
       raise FloatingPointError(
@@ -253,7 +251,7 @@ class Learner:
     held_nothing = self.versions[p] < 0
     keep_all = learner_machine.regressed(send, self)  # (see there)
     old, merged_up = self.global_copy[p], self._merged_upload(p, send, rebase or keep_all)
-    new = protocol.apply_send(self.global_copy[p], send)
+    new = protocol.apply_send(self.global_copy[p], send, cut=self._cut)
     self.global_copy[p], self.versions[p] = new, send.version
     self.generations[p] = send.generation
     s = self.owner_of[p]
@@ -301,7 +299,7 @@ class Learner:
     local = self._read(p)
     kept = {k: local[k] - old[k] for k in new}  # θ_p − Θ_old
     if merged_up is not None:  # + decode(u): fl(θ − Θ) + fl(Θ − θ) is exactly 0
-      merged = compression.decode_tree(merged_up.delta)
+      merged = self._cut(compression.decode_tree(merged_up.delta))
       kept = {k: kept[k] + merged[k] for k in kept}
       self.c_steps[p] = max(self.c_steps[p] - merged_up.steps, 0)
       self.c_tokens[p] = max(self.c_tokens[p] - merged_up.tokens, 0)
@@ -342,13 +340,15 @@ class Learner:
     host = {k: np.asarray(v, np.int64) for k, v in host.items()}
     for p in range(self.frag.num_fragments):
       for i, k in enumerate(self.frag.paths[p]):
-        host[f"global.{p}.{i}"] = np.asarray(self.global_copy[p][k], np.float32)
+        host[f"global.{p}.{i}"] = self._saved(k, self.global_copy[p][k])
         if own_base:
-          host[f"base.{p}.{i}"] = np.asarray(self.base_copy[p][k], np.float32)
+          host[f"base.{p}.{i}"] = self._saved(k, self.base_copy[p][k])
       if self.uplink.error_feedback:
         shapes = {k: self.global_copy[p][k].shape for k in self.frag.paths[p]}
         res = self.uplink.residual_of(p, shapes)
-        host.update({f"residual.{p}.{i}": res[k] for i, k in enumerate(self.frag.paths[p])})
+        host.update(
+            {f"residual.{p}.{i}": self._saved(k, res[k]) for i, k in enumerate(self.frag.paths[p])}
+        )
     return {"train": self.state, "host": host}
 
   def checkpoint_like(self) -> dict[str, Any]:
@@ -361,11 +361,11 @@ class Learner:
       host["bases"] = np.zeros(4 * n, np.int64)
     for p in range(n):
       for i, k in enumerate(self.frag.paths[p]):
-        host[f"global.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
+        host[f"global.{p}.{i}"] = self._saved_like(k, params[k])
         if own_base:
-          host[f"base.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
+          host[f"base.{p}.{i}"] = self._saved_like(k, params[k])
         if self.uplink.error_feedback:
-          host[f"residual.{p}.{i}"] = np.zeros(params[k].shape, np.float32)
+          host[f"residual.{p}.{i}"] = self._saved_like(k, params[k])
     return {"train": self.island.abstract_state(), "host": host}
 
   def load_checkpoint_state(self, saved: Mapping[str, Any]) -> None:
@@ -379,7 +379,7 @@ class Learner:
     self.steps, self.tokens, *gens = (int(x) for x in host["counters"])
     self.sync_generations = gens
     self.global_copy = [
-        {k: np.array(host[f"global.{p}.{i}"], np.float32) for i, k in enumerate(self.frag.paths[p])}
+        {k: self._loaded(k, host[f"global.{p}.{i}"]) for i, k in enumerate(self.frag.paths[p])}
         for p in range(n)
     ]
     self.base_copy = list(self.global_copy)
@@ -390,14 +390,42 @@ class Learner:
       self.base_versions, self.base_generations = bases[:n], bases[n : 2 * n]
       self.adopt_at, self.own_merged = bases[2 * n : 3 * n], bases[3 * n :]
       self.base_copy = [
-          {k: np.array(host[f"base.{p}.{i}"], np.float32) for i, k in enumerate(paths)}
+          {k: self._loaded(k, host[f"base.{p}.{i}"]) for i, k in enumerate(paths)}
           for p, paths in enumerate(self.frag.paths)
       ]
     if self.uplink.error_feedback:
       self.uplink.residuals = {
-          p: {k: np.array(host[f"residual.{p}.{i}"], np.float32) for i, k in enumerate(paths)}
+          p: {k: self._loaded(k, host[f"residual.{p}.{i}"]) for i, k in enumerate(paths)}
           for p, paths in enumerate(self.frag.paths)
       }
+
+  # How the host copies are held (whole arrays here; a multi-process learner holds its own part
+  # of each, rpc/host_parts.py): elementwise arithmetic is the same on both.
+
+  def _held(self, k: str, full: np.ndarray) -> np.ndarray:
+    """The held form of the whole value `full` of parameter k (float32, a new array)."""
+    return np.array(full, np.float32)
+
+  def _cut(self, tree: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """Whole values in their held form (for arithmetic with held ones)."""
+    return tree
+
+  def _whole(self, tree: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """Held values whole (an upload is encoded whole)."""
+    return tree
+
+  def whole_globals(self) -> list[Mapping[str, np.ndarray]]:
+    """Each fragment's global copy, whole (a multi-process learner: every process calls it)."""
+    return [self._whole(g) for g in self.global_copy]
+
+  def _saved(self, k: str, held: np.ndarray) -> Any:
+    return np.asarray(held, np.float32)
+
+  def _saved_like(self, k: str, like: Any) -> Any:
+    return np.zeros(like.shape, np.float32)
+
+  def _loaded(self, k: str, saved: Any) -> np.ndarray:
+    return np.array(saved, np.float32)
 
   def _read(self, p: int) -> dict[str, np.ndarray]:
     flat = fragments.leaves(self.state.params, self.frag.paths[p])

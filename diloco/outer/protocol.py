@@ -13,7 +13,7 @@ synchronizer no longer knows (merged after its checkpoint) are told apart from t
 """
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -237,11 +237,17 @@ def send_checksum(
 # ---- wire math both sides share ----
 
 
-def apply_send(global_copy: Mapping[str, np.ndarray], send: Send) -> dict[str, np.ndarray]:
-  """A learner's new copy of the global fragment after receiving `send`."""
+def apply_send(
+    global_copy: Mapping[str, np.ndarray],
+    send: Send,
+    cut: Callable[[dict], Mapping[str, np.ndarray]] | None = None,
+) -> dict[str, np.ndarray]:
+  """A learner's new copy of the global fragment after receiving `send`; `cut` takes the part of
+  whole arrays a learner holds (a multi-process learner's, rpc/host_parts.py)."""
+  cut = cut or (lambda tree: tree)
   if send.update is None:
-    return {k: np.array(v, np.float32) for k, v in send.values.items()}
-  decoded = compression.decode_tree(send.update)
+    return dict(cut({k: np.array(v, np.float32) for k, v in send.values.items()}))
+  decoded = cut(compression.decode_tree(send.update))
   return {k: global_copy[k] + decoded[k] for k in global_copy}
 
 

@@ -11,7 +11,7 @@ Stochastic fp4 rounding draws from a generator seeded by (seed, learner): reprod
 """
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -36,18 +36,33 @@ class Uplink:
     self.rng = np.random.default_rng(list(self.seed))
 
   def encode(
-      self, p: int, global_copy: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray]
+      self,
+      p: int,
+      global_copy: Mapping[str, np.ndarray],
+      local: Mapping[str, np.ndarray],
+      whole: Callable[[dict], Mapping[str, np.ndarray]] | None = None,
+      cut: Callable[[dict], Mapping[str, np.ndarray]] | None = None,
   ) -> dict[str, compression.Encoded]:
-    """The wire form of fragment p's outer gradient (and its new residual, with feedback)."""
+    """The wire form of fragment p's outer gradient (and its new residual, with feedback).
+
+    A multi-process learner passes its own parts of the arrays (rpc/host_parts.py) with `whole`,
+    which gathers them (the wire form is encoded whole), and `cut`, which takes a process's part
+    of whole arrays back (its residual is kept as a part)."""
     delta = {
         k: np.asarray(global_copy[k], np.float32) - np.asarray(local[k], np.float32)
         for k in global_copy
     }
     if self.error_feedback and p in self.residuals:
       delta = {k: v + self.residuals[p][k] for k, v in delta.items()}
-    sent = compression.encode_tree(delta, self.codec, rounding=self.rounding, rng=self.rng)
+    sent = compression.encode_tree(
+        delta if whole is None else whole(delta),
+        self.codec,
+        rounding=self.rounding,
+        rng=self.rng,
+    )
     if self.error_feedback:
       decoded = compression.decode_tree(sent)
+      decoded = decoded if cut is None else cut(decoded)
       self.residuals[p] = {k: v - decoded[k] for k, v in delta.items()}
     return sent
 

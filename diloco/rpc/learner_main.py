@@ -169,6 +169,7 @@ def run(
   if not talks_to_sync():
     counts = multihost.follow(learner, next_batch, after_step)
     ckpt.close()
+    learner.whole_globals()  # (process 0 gathers them for its summary: every process takes part)
     return _finish(learner, workdir, {"role": "follower", "ops": counts, **restored_state})
   progress = _Progress(config, workdir, learner_id, restored_state, learner.steps)
   link = connect(config, learner, targets, token, progress)
@@ -193,8 +194,11 @@ def run(
     _report_undelivered(config, learner, targets, result, ckpt.latest_step())
   progress.close()
   ckpt.close()
+  held = learner.whole_globals()
   return _finish(
-      learner, workdir, _summary(learner, link, workdir, result, wall, tokens0, restored_state)
+      learner,
+      workdir,
+      _summary(learner, held, link, workdir, result, wall, tokens0, restored_state),
   )
 
 
@@ -284,10 +288,11 @@ def connect(config, learner, targets: list[str], token: str, progress: "_Progres
 
 
 def _summary(
-    learner, link, workdir: str, result: dict, wall: float, tokens0: int, restored_state: dict
+    learner, held, link, workdir: str, result: dict, wall: float, tokens0: int, restored_state
 ) -> dict[str, Any]:
-  """Saves the global fragments this learner holds (global_copy.npz); its summary keys."""
-  held = {f"{p}/{k}": v for p, g in enumerate(learner.global_copy) for k, v in g.items()}
+  """Saves the global fragments this learner holds (`held`, whole: global_copy.npz); its summary
+  keys."""
+  held = {f"{p}/{k}": v for p, g in enumerate(held) for k, v in g.items()}
   with paths.writing(paths.join(workdir, "global_copy.npz"), "wb") as f:
     np.savez(f, **held)
   return {
@@ -360,6 +365,7 @@ def _finish(learner: multihost.SpmdLearner, workdir: str, summary: dict) -> dict
     with paths.writing(paths.join(workdir, f"params.process{jax.process_index()}.npz"), "wb") as f:
       np.savez(f, **params)
     summary["params_crc"] = integrity.tree_crc(params)
+    summary["global_copy_bytes"], summary["global_copy_whole_bytes"] = learner.copy_bytes()
     summary["params_sharded"] = sum(
         not x.is_fully_replicated  # over the processes' devices
         for x in jax.tree.leaves(learner.state.params)

@@ -35,7 +35,7 @@ from absl import flags
 from diloco.outer import fragments
 from diloco.outer.learner import Learner
 from diloco.outer.protocol import Send
-from diloco.rpc import transport
+from diloco.rpc import host_parts, transport
 
 FAILED_EXIT = 70  # process 0 ended inside a run of steps (EX_SOFTWARE): restart the whole job
 NOOP, RUN, RECEIVE, UPLOAD, END, REBASE, NOT_MERGED = range(7)
@@ -119,6 +119,7 @@ class SpmdLearner(Learner):
   run_every: int = 0  # process 0: a further bound on the sync points (see `sync_interval`)
   run_left: int = 0  # steps of the announced RUN not taken yet
   _collectives: collections.Counter | None = None
+  _layouts: dict | None = None
 
   @property
   def collectives(self) -> collections.Counter:
@@ -157,9 +158,72 @@ class SpmdLearner(Learner):
       self.count_collective()
     return host_value(x)
 
+  # The host copies (global fragments, at_own_sync's base, residuals) as this process's parts of
+  # the parameters' shardings (host_parts.py): no gather but an upload's and the end's.
+
+  def layout(self, k: str) -> host_parts.Layout:
+    """How this process holds parameter k on its host."""
+    if self._layouts is None:
+      self._layouts = {
+          path: host_parts.Layout.of(x.shape, x.sharding)
+          for path, x in fragments.flatten(self.state.params).items()
+      }
+    return self._layouts[k]
+
+  def copy_bytes(self) -> tuple[int, int]:
+    """(bytes this process holds of its copy of the global fragments, bytes of the whole copy)."""
+    held = [(v.nbytes, k) for g in self.global_copy for k, v in g.items()]
+    return sum(n for n, _ in held), sum(4 * int(np.prod(self.layout(k).shape)) for _, k in held)
+
+  def _held(self, k: str, full: np.ndarray) -> np.ndarray:
+    return self.layout(k).cut(np.asarray(full, np.float32)).astype(np.float32, copy=True)
+
+  def _cut(self, tree):
+    return {k: self.layout(k).cut(v) for k, v in tree.items()}
+
+  def _whole(self, tree):
+    out = {}
+    for k, v in tree.items():
+      if not self.layout(k).whole:
+        self.count_collective()
+      out[k] = self.layout(k).gather(v)
+    return out
+
+  def _saved(self, k: str, held: np.ndarray):
+    lay = self.layout(k)  # (a part saved whole would lose the others' blocks)
+    return np.asarray(held, np.float32) if lay.whole else lay.array(held, np.float32)
+
+  def _saved_like(self, k: str, like):
+    lay = self.layout(k)
+    if lay.whole:
+      return np.zeros(like.shape, np.float32)
+    return jax.ShapeDtypeStruct(lay.shape, np.float32, sharding=lay.sharding)
+
+  def _loaded(self, k: str, saved) -> np.ndarray:
+    if isinstance(saved, jax.Array) and not saved.is_fully_addressable:
+      return self.layout(k).part_of(saved).astype(np.float32, copy=True)
+    return self._held(k, np.asarray(saved))
+
   def _read(self, p: int) -> dict[str, np.ndarray]:
     flat = fragments.leaves(self.state.params, self.frag.paths[p])
-    return {k: self._host(v) for k, v in flat.items()}
+    return {
+        k: np.asarray(jax.device_get(v)) if v.is_fully_addressable else self.layout(k).part_of(v)
+        for k, v in flat.items()
+    }
+
+  def _write(self, values) -> None:
+    if all(self.layout(k).whole for k in values):
+      return super()._write(values)
+    old = fragments.leaves(self.state.params, list(values))
+    new = {
+        k: (
+            jax.device_put(np.asarray(v, old[k].dtype), old[k].sharding)
+            if self.layout(k).whole
+            else self.layout(k).array(v, old[k].dtype)
+        )
+        for k, v in values.items()
+    }
+    self.state = self.state._replace(params=fragments.replace(self.state.params, new))
 
   def _announce(self, op: int, arg: int, payload: bytes) -> None:
     if self.announce is None:
