@@ -1,10 +1,12 @@
 """Orbax checkpoints of one learner: train state, data iterator, counters and fragment versions.
 
-A learner saves every `every` inner steps (synchronously, so that a crash right after a save finds
-it) into its own directory; orbax writes each save into a temporary directory and commits it when
-complete, so a crash during a save leaves the previous one as the newest. (Asynchronous saves were
-tried, 2026-12-05: in the threads runtime several learners' orbax managers saving from threads of
-one process timed out waiting on orbax's signalling keys, and a CI run failed two tests.)
+A learner saves every `every` inner steps into its own directory; orbax writes each save into a
+temporary directory and commits it when complete, so a crash during a save leaves the previous
+one as the newest. A learner process (rpc/learner_main.py) saves asynchronously (`async_save`):
+the save copies the state off the devices and training goes on while orbax writes it; a stop
+(SIGTERM) waits for the save in flight to commit (`save_now`, `close`). The runtimes that hold
+several learners in one process save synchronously: there several orbax managers saving from
+threads of one process timed out waiting on orbax's signalling keys (a CI run, 2026-12-05).
 """
 
 from diloco import paths
@@ -15,16 +17,17 @@ from diloco.outer.learner import Learner
 class LearnerCheckpointer:
   """Saves and restores one learner; `every` = 0 never saves (restore then finds nothing)."""
 
-  def __init__(self, directory: str, every: int, keep: int = 2):
+  def __init__(self, directory: str, every: int, keep: int = 2, async_save: bool = False):
     if every < 0:
       raise ValueError(f"learner checkpoint interval must be >= 0, got {every}")
     self.directory, self.every, self.keep = paths.absolute(directory), every, keep
+    self.async_save = async_save
     self._ckpt: checkpoint.Checkpointer | None = None
 
   def _manager(self) -> checkpoint.Checkpointer:
     if self._ckpt is None:
       self._ckpt = checkpoint.Checkpointer(
-          self.directory, max(self.every, 1), keep=self.keep, async_save=False
+          self.directory, max(self.every, 1), keep=self.keep, async_save=self.async_save
       )
     return self._ckpt
 

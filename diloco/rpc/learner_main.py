@@ -151,7 +151,9 @@ def run(
   learner.run_every = config.outer.overlap if config.outer.blocking else 0  # (multihost.py)
   ckpt = (
       LearnerCheckpointer(  # (shared by a job's processes: process 0 checks it, inner/checkpoint)
-          paths.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
+          paths.join(workdir, "checkpoints"),
+          config.outer.learner_checkpoint_every,
+          async_save=True,  # (one learner in this process: learner_checkpoint.py)
       )
   )
   restored = restore(learner, ckpt)
