@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from diloco.outer import compression as C
+from diloco.outer import blockwise, compression as C
 
 
 def _wide_range(n: int, seed: int = 0) -> np.ndarray:
@@ -236,10 +236,10 @@ def test_tree_helpers():
 def test_chunks_change_no_byte(monkeypatch, codec, n, block):
   x = _wide_range(n, seed=n) * np.float32(1e-3)
   x[: 2 * block] = 0.0  # a flushed block at the start
-  monkeypatch.setattr(C, "CHUNK", 1 << 30)  # the whole array in one chunk
+  monkeypatch.setattr(blockwise, "CHUNK", 1 << 30)  # the whole array in one chunk
   whole = C.encode(x, codec, block)
   want = C.decode(whole)
-  monkeypatch.setattr(C, "CHUNK", 3)  # one block (two for block 1) per chunk, a short tail
+  monkeypatch.setattr(blockwise, "CHUNK", 3)  # one block (two for block 1) per chunk, a short tail
   e = C.encode(x, codec, block)
   assert e.payload == whole.payload
   y = C.decode(e)

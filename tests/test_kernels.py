@@ -6,7 +6,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from diloco.outer import compression, kernels, optimizers
+from diloco.outer import blockwise, compression, kernels, optimizers
 
 
 def _passes(tx, g, trace, plus, old):
@@ -63,13 +63,13 @@ def test_every_code_boundary_zero_signs_and_short_blocks():
 @pytest.mark.parametrize("momentum", [0.9, 0.0])
 def test_spans_in_any_order_with_nesterov(momentum):
   rng = np.random.default_rng(3)
-  n = 3 * compression.chunk_values(256) + 301
+  n = 3 * blockwise.chunk_values(256) + 301
   g, plus, old = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
   t_old = rng.standard_normal(n).astype(np.float32)
   tx = optimizers.nesterov(0.7, momentum)
   t_p, t_k = np.empty_like(t_old), np.empty_like(t_old)
   want = _passes(tx, g, (t_old, t_p) if momentum else None, plus, old)
-  step = compression.chunk_values(256)
+  step = blockwise.chunk_values(256)
   spans = [(c0, min(c0 + step, n)) for c0 in range(0, n, step)][::-1]
   got = _kernel(tx, g, (t_old, t_k) if momentum else None, plus, old, spans)
   assert got[0] == want[0] and _same(got[1], want[1]) and _same(got[2], want[2])

@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from diloco.outer import compression, low_bit
+from diloco.outer import blockwise, compression, low_bit
 from diloco.outer.uplink import Uplink
 
 F32 = np.float32
@@ -159,8 +159,8 @@ def test_fp4_bit_tricks_equal_the_plain_definition(rounding):
   rng = np.random.default_rng(4)
   x = (rng.standard_normal(4096) * np.exp(3 * rng.standard_normal(4096))).astype(F32)
   x[:8] = [0.0, -0.0, 1.0, 0.75, 2.0**-7, -(2.0**-6), 1.5 * 2.0**-6, 3.0]
-  s = np.repeat(compression._block_amax(x, 256), 256)[: x.size]
+  s = np.repeat(blockwise.block_amax(x, 256), 256)[: x.size]
   fast = low_bit.fp4_magnitude_codes(
-      x, compression._block_amax(x, 256), 256, rounding, np.random.default_rng(5)
+      x, blockwise.block_amax(x, 256), 256, rounding, np.random.default_rng(5)
   )
   np.testing.assert_array_equal(fast, _reference_nibbles(x, s, rounding, np.random.default_rng(5)))

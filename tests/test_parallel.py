@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from diloco.outer import commit, compression, integrity, merging, optimizers, parallel
+from diloco.outer import blockwise, commit, compression, integrity, merging, optimizers, parallel
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def _passes(tx, merged, state, old, residual, codec):
 @pytest.mark.parametrize("count", [1, 3])
 def test_fused_commit_is_the_same_bits_as_the_passes(threads, codec, momentum, count):
   rng = np.random.default_rng(1)
-  n = 2 * compression.CHUNK + 301  # odd: fp4's pad nibble; a short last block and chunk
+  n = 2 * blockwise.CHUNK + 301  # odd: fp4's pad nibble; a short last block and chunk
   shapes = {"w": (n,), "b": (7,), "m": (3, 129)}
   old = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
   merged = _deltas(rng, shapes, 1)[0]
@@ -124,7 +124,7 @@ def test_fused_commit_is_the_same_bits_as_the_passes(threads, codec, momentum, c
   if momentum:
     state = optimizers.host_step(tx, merged, state, old, residual, in_place=False)[1]
   threads(count)
-  parallel.SPAN = compression.CHUNK
+  parallel.SPAN = blockwise.CHUNK
   inputs = {k: v.copy() for k, v in old.items()}
   assert commit._fused(tx, merged, state, old, residual, codec) is not None  # not the passes
   fused = commit.outer_step(tx, merged, state, old, residual, codec)

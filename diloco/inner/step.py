@@ -119,9 +119,6 @@ def restarted(opt_state: optax.OptState, schedule_count: int | None, fresh: bool
   return walk(opt_state)
 
 
-cross_entropy = transformer.cross_entropy
-
-
 @dataclasses.dataclass(frozen=True)
 class StepFns:
   """Compiled step functions and the shardings they were built with, for one island."""

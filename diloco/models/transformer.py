@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from diloco.models import attention, logical, moe
+from diloco.models.blocks import REMAT, blocks_of, run_blocks, set_blocks
+from diloco.models.losses import cross_entropy, masked_mean, output_z_loss, token_nll, with_aux_losses
 
 ATTENTION = attention.KINDS
 # auto (attention.AUTO): what measured fastest on the backend (BENCHMARKS.md): ours on GPUs (1.17x
@@ -37,15 +39,6 @@ ATTENTION = attention.KINDS
 # results were measured with).
 attention_kind = attention.kind_on  # the attention a config's `model.attention` means on a backend
 causal_attention = attention.reference
-
-
-# What each block keeps for the backward pass: everything; only its input (recompute the block);
-# the outputs of matmuls without batch dimensions (recompute the rest: norms, activations).
-REMAT = {
-    "none": None,
-    "block": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,107 +331,6 @@ class Transformer(nnx.Module):
 def _inputs(batch) -> tuple:
   """A batch's token ids and, where the data packs documents, their segment ids and positions."""
   return batch["inputs_BxL"], batch.get("segment_ids_BxL"), batch.get("positions_BxL")
-
-
-def token_nll(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
-  """Cross entropy in nats of each integer target (any leading shape)."""
-  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
-  return -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
-
-
-def cross_entropy(
-    logits_BxLxV: jax.Array, targets_BxL: jax.Array, mask_BxL: jax.Array | None = None
-) -> jax.Array:
-  """Mean cross entropy in nats of integer targets (any leading shape); with a mask, over the
-  targets it keeps (packed documents: none across a join)."""
-  return masked_mean(token_nll(logits_BxLxV, targets_BxL), mask_BxL)
-
-
-def masked_mean(x: jax.Array, mask: jax.Array | None, axis: int | None = None) -> jax.Array:
-  """The mean of x over `axis` (None: all), over the entries the mask keeps where there is one."""
-  if mask is None:
-    return jnp.mean(x, axis=axis)
-  mask = mask.astype(x.dtype)
-  return jnp.sum(x * mask, axis=axis) / jnp.maximum(jnp.sum(mask, axis=axis), 1.0)
-
-
-def output_z_loss(logits_BxLxV: jax.Array) -> jax.Array:
-  """mean(logsumexp(logits)^2) over positions: pulls log Z towards 0 (PaLM's z-loss)."""
-  return jnp.mean(jnp.square(jax.nn.logsumexp(logits_BxLxV, axis=-1)))
-
-
-def set_blocks(model: nnx.Module, blocks: list) -> None:
-  """The blocks as `model.blocks` (a list), or with `scan_layers` as `model.layers`: one block
-  whose parameters are the blocks' stacked on a leading layer axis (built block by block, so both
-  forms start from the same values)."""
-  if not model.cfg.scan_layers:
-    model.blocks = nnx.List(blocks)
-    return
-  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
-  model.layers = nnx.merge(nnx.graphdef(blocks[0]), stacked)
-
-
-def blocks_of(model: nnx.Module):
-  """`model.layers` (stacked) or `model.blocks` (a list), whichever `set_blocks` made."""
-  return model.layers if model.cfg.scan_layers else model.blocks
-
-
-def run_blocks(
-    cfg: ModelConfig, blocks, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None
-):
-  """x through the blocks (rematerialised as cfg.remat says; one scan with cfg.scan_layers), and
-  for a mixture of experts its routing stats (empty when dense): `moe_load_balance`,
-  `moe_router_z`, `moe_dropped` and `moe_idle_experts` (the share of experts that took no token)
-  averaged over the sparse blocks; `moe_min_load`, the least-loaded expert of any sparse block
-  over an even share."""
-  if cfg.scan_layers:
-    x_BxLxD, s_Nx5 = _scan_blocks(cfg, blocks, x_BxLxD, segment_ids_BxL, positions_BxL)
-    sparse_5 = list(s_Nx5) if cfg.num_experts else []
-  else:
-    sparse_5 = []
-    for i, block in enumerate(blocks):
-      if cfg.remat == "none":
-        x_BxLxD, s_5 = block(x_BxLxD, segment_ids_BxL, positions_BxL)
-      else:
-        remat = nnx.remat(lambda b, x, s, p: b(x, s, p), policy=REMAT[cfg.remat])
-        x_BxLxD, s_5 = remat(block, x_BxLxD, segment_ids_BxL, positions_BxL)
-      if cfg.is_moe(i):
-        sparse_5.append(s_5)
-  if not sparse_5:
-    return x_BxLxD, {}
-  s_Sx5 = jnp.stack(sparse_5)
-  mean_5 = jnp.mean(s_Sx5, axis=0)
-  return x_BxLxD, dict(
-      moe_load_balance=mean_5[0],
-      moe_router_z=mean_5[1],
-      moe_dropped=mean_5[2],
-      moe_idle_experts=mean_5[3],
-      moe_min_load=jnp.min(s_Sx5[:, 4]),
-  )
-
-
-def _scan_blocks(
-    cfg: ModelConfig, layers, x_BxLxD: jax.Array, segment_ids_BxL=None, positions_BxL=None
-) -> tuple[jax.Array, jax.Array]:
-  """The blocks as one `jax.lax.scan` over `layers`, the block whose parameters are stacked on a
-  leading layer axis (`set_blocks`): one block's program applied N times."""
-  graphdef, stacked = nnx.split(layers)
-
-  def body(x_BxLxD, state):
-    return nnx.merge(graphdef, state)(x_BxLxD, segment_ids_BxL, positions_BxL)
-
-  if cfg.remat != "none":
-    body = jax.checkpoint(body, policy=REMAT[cfg.remat])
-  return jax.lax.scan(body, x_BxLxD, stacked)
-
-
-def with_aux_losses(cfg: ModelConfig, loss: jax.Array, aux: dict) -> jax.Array:
-  """The loss plus the weighted load-balancing and router z losses of a mixture of experts."""
-  if not aux:
-    return loss
-  return (
-      loss + cfg.aux_loss_weight * aux["moe_load_balance"] + cfg.z_loss_weight * aux["moe_router_z"]
-  )
 
 
 def param_count(params) -> int:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from diloco.models import transformer
+from diloco.models import blocks, losses, transformer
 
 POOLS = ("cls", "mean")
 
@@ -80,13 +80,13 @@ class ViT(nnx.Module):
     self.patch = nnx.Linear(k, d, use_bias=False, rngs=rngs)
     if cfg.pool == "cls":
       self.cls = nnx.Param(jnp.zeros((d,), jnp.float32))
-    blocks = [transformer.Block(cfg, rngs, cfg.is_moe(i)) for i in range(cfg.num_layers)]
-    transformer.set_blocks(self, blocks)
+    layers = [transformer.Block(cfg, rngs, cfg.is_moe(i)) for i in range(cfg.num_layers)]
+    blocks.set_blocks(self, layers)
     self.final_norm = transformer.RMSNorm(d)
     self.head = nnx.Linear(d, cfg.num_classes, use_bias=False, rngs=rngs)
 
   def forward(self, images_BxHxWxC: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Class logits [B, K] and the routing stats of transformer.run_blocks."""
+    """Class logits [B, K] and the routing stats of blocks.run_blocks."""
     cfg = self.cfg
     x_BxNxD = self.patch(patches(images_BxHxWxC, cfg.patch_size)).astype(cfg.dtype)
     if cfg.pool == "cls":
@@ -94,7 +94,7 @@ class ViT(nnx.Module):
           self.cls[...].astype(cfg.dtype), (x_BxNxD.shape[0], 1, cfg.d_model)
       )
       x_BxNxD = jnp.concatenate([cls_Bx1xD, x_BxNxD], axis=1)
-    x_BxNxD, aux = transformer.run_blocks(cfg, transformer.blocks_of(self), x_BxNxD)
+    x_BxNxD, aux = blocks.run_blocks(cfg, blocks.blocks_of(self), x_BxNxD)
     x_BxNxD = self.final_norm(x_BxNxD)
     pooled_BxD = x_BxNxD[:, 0] if cfg.pool == "cls" else jnp.mean(x_BxNxD, axis=1)
     return self.head(pooled_BxD).astype(jnp.float32), aux
@@ -104,15 +104,15 @@ class ViT(nnx.Module):
 
   def objective(self, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     logits_BxK, aux = self.forward(batch["images_BxHxWxC"])
-    loss = transformer.cross_entropy(logits_BxK, batch["labels_B"])
+    loss = losses.cross_entropy(logits_BxK, batch["labels_B"])
     metrics = {"loss": loss, "accuracy": _accuracy(logits_BxK, batch["labels_B"]), **aux}
-    return transformer.with_aux_losses(self.cfg, loss, aux), metrics
+    return losses.with_aux_losses(self.cfg, loss, aux), metrics
 
   def evaluate(self, batch) -> dict[str, jax.Array]:
     """The held-out measures of each image [B]: cross entropy and whether the top class is right."""
     logits_BxK, labels_B = self(batch["images_BxHxWxC"]), batch["labels_B"]
     return {
-        "loss": transformer.token_nll(logits_BxK, labels_B),
+        "loss": losses.token_nll(logits_BxK, labels_B),
         "accuracy": (jnp.argmax(logits_BxK, axis=-1) == labels_B).astype(jnp.float32),
     }
 

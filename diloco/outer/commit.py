@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import compression, kernels, merging, optimizers, parallel
+from diloco.outer import compression, encode_apply, kernels, merging, optimizers, parallel
 
 
 def outer_step(
@@ -54,7 +54,7 @@ def _fused(tx, merged, opt_state, old, residual, codec) -> tuple[dict, Any, dict
   application done chunk by chunk while in cache (fp4: one compiled loop, `kernels`), over
   (tensor, span) tasks on `parallel.THREADS` threads: the same bits as the three passes. None
   when it does not apply or a value is not finite (then the passes run and say why)."""
-  if not isinstance(tx, optimizers.SGD) or codec not in compression.FUSED:
+  if not isinstance(tx, optimizers.SGD) or codec not in encode_apply.FUSED:
     return None
   if any(np.asarray(old[k]).dtype != np.float32 for k in old):
     return None
@@ -64,7 +64,7 @@ def _fused(tx, merged, opt_state, old, residual, codec) -> tuple[dict, Any, dict
     jobs = {k: kernels.SgdFp4(tx, *tensors[k], np.asarray(old[k]), raw[k]) for k in tensors}
     run = lambda task: jobs[task[0]].span(task[1], task[2])
   else:
-    jobs = {k: compression.EncodeApply(raw[k], np.asarray(old[k]), codec) for k in tensors}
+    jobs = {k: encode_apply.EncodeApply(raw[k], np.asarray(old[k]), codec) for k in tensors}
 
     def run(task: tuple[str, int, int]) -> bool | None:
       k, c0, c1 = task

@@ -35,21 +35,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import ml_dtypes  # installed with jax
 import numpy as np
 
-from diloco.outer import low_bit, parallel
+from diloco.outer import blockwise, low_bit, parallel
 
 CODECS = ("fp32", "bf16", "int8", "fp4", "2bit", "1bit")
 ROUNDINGS = low_bit.ROUNDINGS  # of fp4 values
 DEFAULT_BLOCK = 256
 
-_SCALE_BYTES = 4
-# int8 and fp4 work through an array in chunks of this many values (a multiple of any block up to
-# it), so that their temporaries stay in cache.
-CHUNK = 1 << 17
+SCALE_BYTES = 4
 _F32, _TINY = low_bit.F32, low_bit.TINY  # wire float; blocks below TINY decode as zeros
 _U16 = np.dtype("<u2")
 # The smallest |x| whose bfloat16 rounding is Inf: bf16 max (0x7F7F) plus half an ulp, a tie to odd.
@@ -88,10 +85,6 @@ def _check_codec(codec: str, block: int) -> None:
     raise ValueError(f"block must be a positive integer, got {block!r}")
 
 
-def num_blocks(num_values: int, block: int) -> int:
-  return -(-num_values // block)
-
-
 def encoded_nbytes(codec: str, num_values: int, block: int = DEFAULT_BLOCK) -> int:
   """Exact payload size of ``encode`` for ``num_values`` values (``encode(...).nbytes``)."""
   _check_codec(codec, block)
@@ -101,7 +94,7 @@ def encoded_nbytes(codec: str, num_values: int, block: int = DEFAULT_BLOCK) -> i
     return 4 * num_values
   if codec == "bf16":
     return 2 * num_values
-  scales = _SCALE_BYTES * num_blocks(num_values, block)
+  scales = SCALE_BYTES * blockwise.num_blocks(num_values, block)
   if codec == "int8":
     return scales + num_values
   if codec == "fp4":
@@ -149,69 +142,11 @@ def _amax(x_N: np.ndarray) -> np.ndarray:
   return np.maximum(x_N.max(keepdims=True), -x_N.min(keepdims=True))
 
 
-def _blocks(x_N: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray | None]:
-  """Splits into a (nb, block) view of the whole blocks and the short tail (or None)."""
-  whole = (x_N.size // block) * block
-  tail = x_N[whole:] if whole < x_N.size else None
-  return x_N[:whole].reshape(-1, block), tail
-
-
-def _block_amax(x_N: np.ndarray, block: int, scratch: np.ndarray | None = None) -> np.ndarray:
-  """max|x| of every block (the last may be short), float32 [num_blocks]; |x| goes to
-  ``scratch`` (float32, x's size) when given."""
-  a_N = np.abs(x_N, out=scratch)
-  a_BxK, tail = _blocks(a_N, block)
-  amax = np.empty(num_blocks(x_N.size, block), np.float32)
-  if a_BxK.size:
-    a_BxK.max(axis=1, out=amax[: a_BxK.shape[0]])
-  if tail is not None:
-    amax[-1] = tail.max()
-  return amax
-
-
-def _blockwise(
-    op: np.ufunc, src_N: np.ndarray, scale: np.ndarray, block: int, out_N: np.ndarray
-) -> None:
-  """``out = op(src, scale of the value's block)`` over the whole blocks and the short tail."""
-  s_BxK, s_tail = _blocks(src_N, block)
-  o_BxK, o_tail = _blocks(out_N, block)
-  nb = s_BxK.shape[0]
-  if nb:
-    op(s_BxK, scale[:nb, None], out=o_BxK)
-  if s_tail is not None:
-    op(s_tail, scale[-1], out=o_tail)
-
-
 def _bf16_bits(x_N: np.ndarray, amax: np.ndarray) -> np.ndarray:
   """Round-to-nearest-even bfloat16 bit patterns (ml_dtypes' cast), little-endian uint16 [n]."""
   if amax.size and amax[0] >= _BF16_OVERFLOW:
     raise ValueError(f"value too large for bfloat16: max |x| = {float(amax[0])!r} rounds to Inf")
   return x_N.astype(ml_dtypes.bfloat16).view(np.uint16).astype(_U16, copy=False)
-
-
-def _usable_scale(amax: np.ndarray) -> np.ndarray:
-  """amax with blocks below ``_TINY`` flushed to zero (their values decode as 0)."""
-  return np.where(amax >= _TINY, amax, np.float32(0))
-
-
-def _int8_codes(
-    x_N: np.ndarray, amax: np.ndarray, block: int, tmp: np.ndarray, out: np.ndarray
-) -> None:
-  """Writes round(x/s) with s = amax/127 into ``out`` int8 [n] (``tmp``: float32 [n] scratch)."""
-  inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
-  _blockwise(np.multiply, x_N, inv, block, tmp)
-  np.rint(tmp, out=tmp)  # |x·127/amax| <= 127 up to an ulp, so no clip is needed
-  out[:] = tmp
-
-
-def _fp4_pack(
-    x_N: np.ndarray, amax: np.ndarray, block: int, y: np.ndarray, out: np.ndarray
-) -> None:
-  """Writes log-rounded nibbles, two per byte, into ``out`` uint8 [(n + 1) // 2] (``y``: float32
-  [n] scratch): y = x·(√2/s), then low_bit.fp4_log_nibbles."""
-  inv = np.divide(np.float32(math.sqrt(2)), amax, out=np.zeros_like(amax), where=amax > 0)
-  _blockwise(np.multiply, x_N, inv, block, y)  # |y| in [0, √2]
-  low_bit.fp4_log_nibbles(y, out)
 
 
 def _check_rounding(rounding: str) -> None:
@@ -244,52 +179,21 @@ def encode(
       return Encoded(codec, shape, _bf16_bits(x_N, amax).tobytes(), block)
     return Encoded(codec, shape, low_bit.encode(x_N, codec, block), block)
   if codec == "fp4" and rounding != "log":
-    amax = _block_amax(x_N, block)  # NaN propagates: one pass checks and scales
+    amax = blockwise.block_amax(x_N, block)  # NaN propagates: one pass checks and scales
     _check_finite(amax, x_N)
-    scale = _usable_scale(amax)
+    scale = blockwise.usable_scale(amax)
     nibbles = low_bit.fp4_magnitude_codes(x_N, scale, block, rounding, rng)
     payload = scale.astype(_F32).tobytes() + low_bit.pack_nibbles(nibbles).tobytes()
     return Encoded(codec, shape, payload, block)
-  nb = num_blocks(n, block)
+  nb = blockwise.num_blocks(n, block)
   out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
-  scales, body = out[: _SCALE_BYTES * nb].view(_F32), out[_SCALE_BYTES * nb :]
-  step = chunk_values(block)
+  scales, body = out[: SCALE_BYTES * nb].view(_F32), out[SCALE_BYTES * nb :]
+  step = blockwise.chunk_values(block)
   tmp = np.empty(min(step, n), np.float32)
   for c0 in range(0, n, step):  # whole blocks per chunk, so scales and bytes split evenly
-    if not _encode_chunk(codec, x_N, c0, min(c0 + step, n), block, tmp, scales, body):
+    if not blockwise.encode_chunk(codec, x_N, c0, min(c0 + step, n), block, tmp, scales, body):
       _raise_non_finite(x_N)
   return Encoded(codec, shape, out.tobytes(), block)
-
-
-def _encode_chunk(
-    codec: str,
-    x_N: np.ndarray,
-    c0: int,
-    c1: int,
-    block: int,
-    tmp: np.ndarray,
-    scales: np.ndarray,
-    body: np.ndarray,
-) -> bool:
-  """Encodes x[c0:c1] (int8 or log-rounded fp4; c0 a multiple of 2·block) into its blocks'
-  `scales` and its bytes of `body`; False, with nothing written, if a value is NaN or Inf."""
-  x_c, b0 = x_N[c0:c1], c0 // block
-  amax = _block_amax(x_c, block, tmp[: x_c.size])
-  if amax.size and not np.isfinite(amax).all():
-    return False
-  amax = _usable_scale(amax)
-  scales[b0 : b0 + amax.size] = amax / np.float32(127) if codec == "int8" else amax
-  if codec == "int8":
-    _int8_codes(x_c, amax, block, tmp[: x_c.size], body[c0:c1].view(np.int8))
-  else:
-    _fp4_pack(x_c, amax, block, tmp[: x_c.size], body[c0 // 2 : (c1 + 1) // 2])
-  return True
-
-
-def chunk_values(block: int) -> int:
-  """Values per chunk: an even number of whole blocks' values, about CHUNK."""
-  step = max(CHUNK // block, 1) * block
-  return step * (1 + step % 2)
 
 
 def decode(e: Encoded) -> np.ndarray:
@@ -327,43 +231,20 @@ def decode_chunks(e: Encoded, out: np.ndarray | None = None) -> Iterator[tuple[i
         np.float32
     )
     return
-  nb = num_blocks(n, e.block)
-  scale = buf[: _SCALE_BYTES * nb].view(_F32).astype(np.float32)
-  body = buf[_SCALE_BYTES * nb :]
+  nb = blockwise.num_blocks(n, e.block)
+  scale = buf[: SCALE_BYTES * nb].view(_F32).astype(np.float32)
+  body = buf[SCALE_BYTES * nb :]
   if e.codec in ("2bit", "1bit"):
     yield 0, low_bit.decode(body, scale, e.codec, n, e.block)
     return
-  step = chunk_values(e.block)
+  step = blockwise.chunk_values(e.block)
   scratch = np.empty(min(step, n + n % 2), np.float32) if out is None else None
   for c0 in range(0, n, step):
     size = min(step, n - c0)
     room = out[c0 : c0 + size + size % 2] if out is not None else scratch[: size + size % 2]
     b0 = c0 // e.block
-    scale_c = scale[b0 : b0 + num_blocks(size, e.block)]
-    yield c0, _decode_chunk(e.codec, body, scale_c, c0, size, e.block, room)
-
-
-def _decode_chunk(
-    codec: str,
-    body: np.ndarray,
-    scale_c: np.ndarray,
-    c0: int,
-    size: int,
-    block: int,
-    room: np.ndarray,
-) -> np.ndarray:
-  """Values c0..c0+size of an int8 or fp4 payload (`body` its bytes, `scale_c` float32 of their
-  blocks) decoded into `room` (float32, size + size % 2); its first `size` values."""
-  x_c = room[:size]
-  if codec == "int8":
-    x_c[:] = body[c0 : c0 + size].view(np.int8)
-  else:  # one gather of 8 bytes (two float32 values) per payload byte
-    pairs = room.view(np.uint64)
-    # A byte indexes FP4_PAIRS' 256 entries: "clip" never clips, and unlike "raise" it writes to
-    # `out` directly (no temporary the size of the chunk, freshly mapped on every call).
-    np.take(low_bit.FP4_PAIRS, body[c0 // 2 : c0 // 2 + pairs.size], out=pairs, mode="clip")
-  _blockwise(np.multiply, x_c, scale_c, block, x_c)
-  return x_c
+    scale_c = scale[b0 : b0 + blockwise.num_blocks(size, e.block)]
+    yield c0, blockwise.decode_chunk(e.codec, body, scale_c, c0, size, e.block, room)
 
 
 def error_bound(
@@ -383,7 +264,7 @@ def error_bound(
   elif codec == "bf16":
     bound = np.maximum(a * 2.0**-8, 2.0**-134)
   else:
-    amax = _block_amax(x_N, block).astype(np.float64)
+    amax = blockwise.block_amax(x_N, block).astype(np.float64)
     s = np.repeat(amax, block)[: a.size]
     slack = s * 2.0**-21  # float32 rounding of the scale, the reciprocal and the products
     if codec == "int8":
@@ -448,59 +329,3 @@ def add_decoded(old: np.ndarray, update: Encoded, raw: np.ndarray, check: bool =
     if check and finite:
       finite = bool(np.isfinite(n).all() and np.isfinite(r).all())
   return (new, finite) if check else new
-
-
-FUSED = ("int8", "fp4")  # codecs of `EncodeApply` (log rounding)
-
-
-class EncodeApply:
-  """`encode` of raw, then `add_decoded` with `check`, in one pass over chunks in cache.
-
-  Built for one float32 tensor, run span by span (`span`, any spans of `spans()` in any order
-  or on several threads), then `result()`: the same bytes and values as the two calls, since
-  every operation is elementwise or within a block. A `fill(c0, c1)` passed to `span` writes
-  raw[c0:c1] just before that chunk is encoded.
-  """
-
-  def __init__(self, raw: np.ndarray, old: np.ndarray, codec: str, block: int = DEFAULT_BLOCK):
-    if codec not in FUSED:
-      raise ValueError(f"EncodeApply takes codecs {FUSED}, got {codec!r}")
-    _check_codec(codec, block)
-    if raw.dtype != np.float32 or old.dtype != np.float32 or raw.shape != old.shape:
-      raise ValueError(f"need float32 raw and old of one shape, got {raw.dtype}, {old.dtype}")
-    self.codec, self.block, self.shape = codec, block, tuple(int(d) for d in raw.shape)
-    self.step = chunk_values(block)
-    self.raw_N, self.old_N = raw.reshape(-1), old.reshape(-1)
-    self.new = np.empty_like(old)
-    n, nb = self.raw_N.size, num_blocks(self.raw_N.size, block)
-    self.out = np.empty(encoded_nbytes(codec, n, block), np.uint8)
-    self.scales, self.body = self.out[: _SCALE_BYTES * nb].view(_F32), self.out[_SCALE_BYTES * nb :]
-
-  def spans(self) -> list[tuple[int, int]]:
-    return parallel.spans(self.raw_N.size, self.step)
-
-  def span(self, start: int, stop: int, fill: Callable[[int, int], None] | None = None):
-    """Values [start, stop) (start a multiple of the chunk): whether the new values and the
-    residual are all finite, or None if raw holds a NaN or Inf (`encode` would raise)."""
-    step, block, new_N = self.step, self.block, self.new.reshape(-1)
-    tmp = np.empty(min(step, stop - start) + 1, np.float32)
-    finite = True
-    for c0 in range(start, stop, step):
-      c1 = min(c0 + step, stop)
-      if fill is not None:
-        fill(c0, c1)
-      if not _encode_chunk(self.codec, self.raw_N, c0, c1, block, tmp, self.scales, self.body):
-        return None
-      size, b0 = c1 - c0, c0 // block
-      scale_c = self.scales[b0 : b0 + num_blocks(size, block)].astype(np.float32)  # as on the wire
-      d = _decode_chunk(self.codec, self.body, scale_c, c0, size, block, tmp[: size + size % 2])
-      n, r = new_N[c0:c1], self.raw_N[c0:c1]
-      np.add(self.old_N[c0:c1], d, out=n)
-      np.subtract(r, d, out=r)
-      if finite:
-        finite = bool(np.isfinite(n).all() and np.isfinite(r).all())
-    return finite
-
-  def result(self) -> tuple[Encoded, np.ndarray]:
-    """The encoded tensor and old + its decoding (raw now holds raw − decoding)."""
-    return Encoded(self.codec, self.shape, self.out.tobytes(), self.block), self.new

@@ -1,7 +1,7 @@
 """The merge round's commit as one compiled loop (numba): SGD step, fp4 encoding of the update,
 its decoding applied to the global values, and the residual, block by block while in cache.
 
-numpy's version (`optimizers.sgd_span` then `compression.EncodeApply`) makes about fifteen passes
+numpy's version (`optimizers.sgd_span` then `encode_apply.EncodeApply`) makes about fifteen passes
 over every chunk, two of them gathers at about 1.4 ns a value; this loop makes one: 25 ms against
 62-77 ms for a 64 MiB fragment on one thread (`scripts/bench_sync.py --threads=1`). The bits are those of the unfused passes
 (`optimizers.host_step`, `compression.encode`, `compression.add_decoded`): every operation is the
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco.outer import compression, low_bit, parallel
+from diloco.outer import blockwise, compression, low_bit, parallel
 
 _TINY = low_bit.TINY
 _SQRT2 = np.float32(math.sqrt(2))
@@ -155,13 +155,13 @@ class SgdFp4:
     self.momentum = trace is not None
     self.mu, self.scale = np.float32(tx.momentum), np.float32(-tx.lr)
     self.new = np.empty(self.old.size, np.float32)
-    n, nb = self.old.size, compression.num_blocks(self.old.size, block)
+    n, nb = self.old.size, blockwise.num_blocks(self.old.size, block)
     self.out = np.empty(compression.encoded_nbytes("fp4", n, block), np.uint8)
     self.scales = self.out[: 4 * nb].view(np.float32)
     self.body = self.out[4 * nb :]
 
   def spans(self) -> list[tuple[int, int]]:
-    return parallel.spans(self.old.size, compression.chunk_values(self.block))
+    return parallel.spans(self.old.size, blockwise.chunk_values(self.block))
 
   def span(self, start: int, stop: int) -> bool | None:
     """Whether new and residual values [start, stop) are finite; None if an update is not."""

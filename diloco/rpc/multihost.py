@@ -189,17 +189,17 @@ class SpmdLearner(Learner):
       out[k] = self.layout(k).gather(v)
     return out
 
-  def _saved(self, k: str, held: np.ndarray):
+  def save_form(self, k: str, held: np.ndarray):
     lay = self.layout(k)  # (a part saved whole would lose the others' blocks)
     return np.asarray(held, np.float32) if lay.whole else lay.array(held, np.float32)
 
-  def _saved_like(self, k: str, like):
+  def save_like(self, k: str, like):
     lay = self.layout(k)
     if lay.whole:
       return np.zeros(like.shape, np.float32)
     return jax.ShapeDtypeStruct(lay.shape, np.float32, sharding=lay.sharding)
 
-  def _loaded(self, k: str, saved) -> np.ndarray:
+  def from_saved(self, k: str, saved) -> np.ndarray:
     if isinstance(saved, jax.Array) and not saved.is_fully_addressable:
       return self.layout(k).part_of(saved).astype(np.float32, copy=True)
     return self._held(k, np.asarray(saved))
