@@ -51,6 +51,21 @@ def test_parts_fall_as_one_over_the_processes_and_make_up_the_whole(processes):
   assert (seen == 1).all()
 
 
+def test_whole_is_the_jobs_so_that_every_process_gathers_alike():
+  # Columns of a (2, 4) mesh, P("fsdp"): a "process" of row 0 and one device of row 1 holds every
+  # column, the other devices (the rest of the job) three of the four: no process skips a gather
+  # the others make, so neither holds its part whole.
+  mesh = _mesh((2, 4), ("data", "fsdp"))
+  devices = np.array(jax.devices()).reshape(2, 4)
+  sharded = NamedSharding(mesh, P("fsdp"))
+  lay = host_parts.Layout.of((8, 6), sharded, [*devices[0], devices[1, 0]])
+  assert len(lay.blocks) == 4 and lay.size == 48 and not lay.whole
+  rest = host_parts.Layout.of((8, 6), sharded, list(devices[1, 1:]))
+  assert len(rest.blocks) == 3 and not rest.whole
+  full = np.arange(48, dtype=np.float32).reshape(8, 6)
+  np.testing.assert_array_equal(lay.cut(full), full.ravel())  # flat, rows in order
+
+
 def test_the_whole_process_round_trips_through_a_jax_array():
   mesh = _mesh((2, 4), ("data", "fsdp"))
   full = np.arange(48, dtype=np.float32).reshape(8, 6)
@@ -60,6 +75,10 @@ def test_the_whole_process_round_trips_through_a_jax_array():
   assert x.sharding == lay.sharding
   np.testing.assert_array_equal(np.asarray(x), full)
   np.testing.assert_array_equal(lay.part_of(x), full)
+  # A checkpoint's copy goes to the devices' pinned host memory (the CPU has one too).
+  host = lay.array(lay.cut(full), np.float32, lay.host_sharding)
+  assert host.sharding.memory_kind == "pinned_host"
+  np.testing.assert_array_equal(lay.part_of(host), full)
   assert lay.gather(full) is full  # nothing to gather
 
 

@@ -7,6 +7,7 @@ and the run finishes with finite parameters, identical on the island's processes
 never stopped. Between two sync points the island made no cross-process call but its train
 step's own (each process counts them by step: rpc/multihost.py)."""
 
+import io
 import json
 import time
 
@@ -50,6 +51,7 @@ def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bu
       f"--config.outer.learner_checkpoint_every={EVERY}",
       "--config.mesh.data=-1",  # and fsdp over all devices: the island's 8, over its four
       "--config.mesh.fsdp=-1",  # processes, each holding its part of the copies
+      "--config.outer.error_feedback=True",  # (its residuals too, saved and restored as parts)
       "--config.progress_bar=False",
   )
   c = local.LocalCluster(
@@ -109,10 +111,15 @@ def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bu
   assert all(
       np.isfinite(v).all() and v.shape == params[k].shape for g in copy for k, v in g.items()
   )
+  residuals = one.uplink.residuals
+  assert all(residuals[p][k].shape == params[k].shape for p in residuals for k in residuals[p])
+  if one.versions == lead["versions"]:  # no merge arrived after the last save: the final copy
+    held = np.load(io.BytesIO(paths.read_bytes(f"{url}/learner0/global_copy.npz")))
+    assert all(
+        np.array_equal(v, held[f"{p}/{k}"]) for p, g in enumerate(copy) for k, v in g.items()
+    )
   ckpt.close()
 
 
 def _npz(url: str):
-  import io
-
   return io.BytesIO(paths.read_bytes(f"{url}/learner0/params.process0.npz"))

@@ -49,19 +49,34 @@ class Layout:
       sharding: jax.sharding.Sharding,
       devices: Collection[jax.Device] | None = None,
   ) -> "Layout":
-    """The layout of this process's devices (or of `devices`: a test's stand-in for a process)."""
+    """The layout of this process's devices (or of `devices`: a test's stand-in for a process,
+    the other devices standing for the rest of the job).
+
+    `whole` is the job's: every process's blocks make up the array (each process decides it from
+    the same map, so all of them take the same branches, gather or not, save a part or not)."""
     shape = tuple(shape)
-    mine = (
-        (lambda d: d in devices)
-        if devices is not None
-        else (lambda d: d.process_index == jax.process_index())
-    )
-    blocks = sorted({_block(i, shape) for d, i in sharding.devices_indices_map(shape).items()
-                     if mine(d)})  # fmt: skip
-    if not blocks:
+    if devices is not None:
+      mine = set(devices)
+      owner = lambda d: -1 if d in mine else -2
+    else:
+      owner = lambda d: -1 if d.process_index == jax.process_index() else d.process_index
+    held: dict[int, set[Block]] = {}
+    for d, index in sharding.devices_indices_map(shape).items():
+      held.setdefault(owner(d), set()).add(_block(index, shape))
+    if -1 not in held:
       raise ValueError(f"no device of this process holds a block of an array of shape {shape}")
-    whole = sum(_size(b) for b in blocks) == math.prod(shape)
-    return cls(shape, sharding, tuple(blocks), whole)
+    whole = all(sum(_size(b) for b in bs) == math.prod(shape) for bs in held.values())
+    return cls(shape, sharding, tuple(sorted(held[-1])), whole)
+
+  @property
+  def host_sharding(self) -> jax.sharding.Sharding:
+    """The sharding in the devices' pinned host memory where they have one (a checkpoint's
+    copy of a part then takes no accelerator memory), else the sharding itself."""
+    device = next(iter(self.sharding.device_set))
+    kinds = {m.kind for m in device.addressable_memories()}
+    if "pinned_host" in kinds and hasattr(self.sharding, "with_memory_kind"):
+      return self.sharding.with_memory_kind("pinned_host")
+    return self.sharding
 
   @property
   def size(self) -> int:
@@ -108,15 +123,16 @@ class Layout:
       full[_slices(b)] = v
     return full
 
-  def array(self, part: np.ndarray, dtype=None) -> jax.Array:
-    """The jax.Array, sharded like this layout, whose blocks on this process are `part`'s (every
-    process passes its own part: no cross-process call)."""
+  def array(self, part: np.ndarray, dtype=None, sharding=None) -> jax.Array:
+    """The jax.Array, sharded like this layout (or by `sharding`: the same blocks, e.g. in host
+    memory), whose blocks on this process are `part`'s (every process passes its own part: no
+    cross-process call)."""
     dtype = np.dtype(part.dtype if dtype is None else dtype)
     if not self.whole and part.shape != (self.size,):
       raise ValueError(f"a part of shape {part.shape}, expected ({self.size},)")
     return jax.make_array_from_callback(
         self.shape,
-        self.sharding,
+        self.sharding if sharding is None else sharding,
         lambda index: np.asarray(self.block(part, _block(index, self.shape)), dtype),
     )
 

@@ -191,13 +191,15 @@ class SpmdLearner(Learner):
 
   def save_form(self, k: str, held: np.ndarray):
     lay = self.layout(k)  # (a part saved whole would lose the others' blocks)
-    return np.asarray(held, np.float32) if lay.whole else lay.array(held, np.float32)
+    if lay.whole:
+      return np.asarray(held, np.float32)
+    return lay.array(held, np.float32, lay.host_sharding)  # (in host memory where there is one)
 
   def save_like(self, k: str, like):
     lay = self.layout(k)
     if lay.whole:
       return np.zeros(like.shape, np.float32)
-    return jax.ShapeDtypeStruct(lay.shape, np.float32, sharding=lay.sharding)
+    return jax.ShapeDtypeStruct(lay.shape, np.float32, sharding=lay.host_sharding)
 
   def from_saved(self, k: str, saved) -> np.ndarray:
     if isinstance(saved, jax.Array) and not saved.is_fully_addressable:
