@@ -8,7 +8,7 @@ import pytest
 
 from configs import shakespeare
 from configs.sweeps import main_job, regime
-from diloco.config import checks, presets, resolve
+from diloco.config import checks, presets, resolve, shape_check
 from diloco.studies import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ def test_the_main_job_is_in_the_papers_regime():
     r = runs[mode]
     assert 20 <= r.outer.inner_steps <= 50 and r.steps // r.outer.inner_steps >= 100
     assert r.batch_size * r.seq_len >= 1024  # bytes per learner step
-  assert tokens["dp"] / checks.param_count(config) >= 20  # bytes per parameter
+  assert tokens["dp"] / shape_check.param_count(config) >= 20  # bytes per parameter
   assert runs["decoupled"].sim.speeds.split(",")[-1] == "3"
   lrs = presets.inner_lrs(config.compare.inner_lrs)
   assert {m: runs[m].optimizer.lr for m in runs} == lrs  # each method at its own tuned rate

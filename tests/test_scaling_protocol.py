@@ -8,7 +8,7 @@ import pytest
 
 from configs import scaling_laws
 from configs.sweeps import scaling_inner, scaling_outer, scaling_overtrain, scaling_seeds
-from diloco.config import checks
+from diloco.config import shape_check
 from diloco.studies import scaling_protocol as sp
 
 
@@ -17,7 +17,7 @@ def test_sizes_have_the_parameter_counts_the_budget_is_computed_from(size):
   tiny = size.startswith("t")
   c = scaling_laws.get_config(f"size={size},tiny={tiny}")
   d, layers, heads, n = scaling_laws.sizes(tiny)[size]
-  assert checks.param_count(c) == n
+  assert shape_check.param_count(c) == n
   assert (c.model.d_model, c.model.num_layers, c.model.num_heads) == (d, layers, heads)
   assert d // heads == (16 if size == "xs" else 32) or tiny  # heads of 32 dims but the smallest
 

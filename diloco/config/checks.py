@@ -8,14 +8,15 @@ entry point calls it: experiments.train (through train_and_evaluate), each sweep
 runs, the learner and synchronizer processes and the launchers.
 """
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 
-from diloco.config import bounds, deploy as deploy_lib, keys, outer_check, presets, resolve
+from diloco.config import bounds, dependent, deploy as deploy_lib, keys, outer_check, presets
+from diloco.config import resolve, shape_check
+from diloco.config.dependent import get as _get, has as _has
 
 Problems = list[tuple[str, str]]  # (key, why)
 
@@ -39,12 +40,6 @@ def _value(config, key: str) -> str:
   except (KeyError, AttributeError, TypeError):
     return ""
   return f"={value!r}"
-
-
-def _get(c, path: str) -> Any:
-  for part in path.split("."):
-    c = c[part]
-  return c
 
 
 def check(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -71,7 +66,7 @@ def problems_of(c: ml_collections.ConfigDict) -> Problems:
   if c.mode == "compare":
     out += _compare(c)
   else:
-    out += _shapes(c)
+    out += shape_check.problems(c)
   return out
 
 
@@ -157,14 +152,6 @@ def _domains(c) -> Problems:
   return [(key, why) for key, ok, why in tests if _has(c, key) and not _safe(ok, _get(c, key))]
 
 
-def _has(c, key: str) -> bool:
-  try:
-    _get(c, key)
-    return True
-  except (KeyError, AttributeError):
-    return False
-
-
 def _safe(ok: Callable[[Any], bool], value: Any) -> bool:
   try:
     return bool(ok(value))
@@ -203,84 +190,6 @@ def _model_size(c) -> Problems:
     known = sorted([*variants.MODEL_SIZES, *variants.VIT_SIZES])
     return [("model.size", f"unknown model size; known: {known}")]
   return []
-
-
-# Keys that change nothing unless another key has a value: (key, its default, needs, the value).
-DEPENDENT = (
-    ("data.text_glob", "", "data.source", "text_glob"),
-    ("data.val_text_glob", "", "data.source", "text_glob"),
-    ("data.array_record_glob", "", "data.source", "array_record"),
-    ("data.val_array_record_glob", "", "data.source", "array_record"),
-    ("data.npz_glob", "", "data.source", "npz_glob"),
-    ("data.val_npz_glob", "", "data.source", "npz_glob"),
-    ("data.corpus", "", "data.source", "corpus"),
-    ("data.val_corpus", "", "data.source", "corpus"),
-    ("data.corpus_weights", "", "data.source", "corpus"),
-    ("data.sp_vocab_size", 1024, "data.tokenizer", "sentencepiece"),
-    ("outer.delayed_period", 4, "outer.optimizer", "delayed_nesterov"),
-    ("outer.delayed_c", 0.0, "outer.optimizer", "delayed_nesterov"),
-    ("optimizer.weight_decay_time_constant", 0, "optimizer.weight_decay_kind", "independent"),
-)
-# Sources that need their glob.
-NEEDS = (
-    ("data.source", "text_glob", "data.text_glob"),
-    ("data.source", "array_record", "data.array_record_glob"),
-    ("data.source", "npz_glob", "data.npz_glob"),
-    ("data.source", "corpus", "data.corpus"),
-    ("data.source", "corpus", "data.val_corpus"),
-)
-
-
-def _dependent(c) -> Problems:
-  out = _recipe_keys(c)
-  for key, default, needs, value in DEPENDENT:
-    if _has(c, key) and _get(c, key) != default and _get(c, needs) != value:
-      out.append((key, f"only used with {needs}={value!r} (it is {_get(c, needs)!r}): set both"))
-  for key, value, needs in NEEDS:
-    if _get(c, key) == value and not _get(c, needs):
-      out.append((needs, f"{key}={value!r} needs it (the files to train on)"))
-  return out
-
-
-def _recipe_keys(c) -> Problems:
-  """An independent decay needs its time constant; the ViT's objective has no output z-loss."""
-  out = []
-  o = c.optimizer
-  if o.get("weight_decay_kind") == "independent" and not o.weight_decay_time_constant >= 1:
-    out.append(
-        (
-            "optimizer.weight_decay_time_constant",
-            "weight_decay_kind='independent' needs T >= 1 steps (lambda = 1/T)",
-        )
-    )
-  if c.model.get("z_loss", 0.0) > 0 and c.data.source in ("digits", "npz_glob"):
-    out.append(("model.z_loss", "the ViT's objective (image data) has no output z-loss: set 0"))
-  return out
-
-
-# Each source's training glob and the validation glob that must match none of its files.
-VAL_GLOBS = (
-    ("text_glob", "data.text_glob", "data.val_text_glob"),
-    ("array_record", "data.array_record_glob", "data.val_array_record_glob"),
-    ("npz_glob", "data.npz_glob", "data.val_npz_glob"),
-)
-
-
-def _val_overlap(c) -> Problems:
-  """A validation glob that matches a training file: validation would score training data."""
-  from diloco.data import sources
-
-  out = []
-  for source, train_key, val_key in VAL_GLOBS:
-    if c.data.source != source or not _has(c, val_key) or not _get(c, val_key):
-      continue
-    train, val = _get(c, train_key), _get(c, val_key)
-    if val == train:
-      out.append((val_key, f"is {train_key}: validation would score training data"))
-    elif train and (shared := sources.shared_file(train, val)):
-      why = f"matches {shared}, a {train_key} file: validation would score training data"
-      out.append((val_key, f"{why}; make the two globs match disjoint files"))
-  return out
 
 
 def _outer(c) -> Problems:
@@ -388,64 +297,7 @@ def problems_of_run(c: ml_collections.ConfigDict) -> Problems:
   out = []
   for rule in RULES:
     out += rule(c)
-  return out + _shapes(c)
-
-
-def _shapes(c) -> Problems:
-  """What the model's shapes imply: seq_len within max_len, fragments within the tensors."""
-  try:
-    return _shape_problems(c)
-  except (TypeError, ValueError, KeyError) as e:  # keys already named as bad above
-    return [("model", f"cannot derive the model's shapes: {e}")]
-
-
-def _shape_problems(c) -> Problems:
-  out = []
-  image = c.data.source in ("digits", "npz_glob")
-  if not image and c.seq_len > c.model.max_len:
-    out.append(("seq_len", f"exceeds model.max_len={c.model.max_len}: raise it or shorten seq_len"))
-  try:
-    shapes = _param_shapes(_model_key(c))
-  except (ValueError, TypeError) as e:
-    return out + [("model", str(e))]
-  if c.mode != "dp":
-    from diloco.outer import fragments, ownership
-
-    try:
-      fragments.make(c.outer.fragment_kind, shapes, c.outer.fragments)
-    except ValueError as e:
-      n = len(fragments.flatten(shapes))
-      out.append(("outer.fragments", f"the model has {n} parameter tensors ({e}); lower it"))
-    try:
-      ownership.check(c.outer.get("sync_shards", 1), c.outer.fragments)
-    except ValueError as e:
-      out.append(("outer.sync_shards", str(e)))
-  return out
-
-
-def _model_key(c) -> tuple:
-  fields = {k: v for k, v in c.model.to_dict().items() if k != "size"}
-  return tuple(sorted(fields.items())), c.data.source in ("digits", "npz_glob")
-
-
-@functools.lru_cache(maxsize=32)
-def _param_shapes(key: tuple) -> dict:
-  """The parameter shapes of a model (jax.eval_shape: nothing allocated), by config."""
-  import jax
-  from flax import nnx
-
-  from diloco.models import transformer, vit
-  from diloco.outer import fragments
-
-  fields, image = dict(key[0]), key[1]
-  cfg = vit.VitConfig(**fields) if image else transformer.ModelConfig(**fields)
-  model = nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0)))
-  return fragments.flatten(jax.tree.map(lambda x: x, nnx.to_pure_dict(nnx.state(model))))
-
-
-def param_count(c: ml_collections.ConfigDict) -> int:
-  """The model's parameters (from its shapes; nothing allocated)."""
-  return sum(math.prod(x.shape) for x in _param_shapes(_model_key(c)).values())
+  return out + shape_check.problems(c)
 
 
 def _trackers(c) -> Problems:
@@ -457,8 +309,7 @@ def _trackers(c) -> Problems:
 RULES = (
     _domains,
     _model_size,
-    _dependent,
-    _val_overlap,
+    dependent.problems,
     _outer,
     _chaos,
     _deploy,

@@ -1,9 +1,9 @@
 """Data: the Shakespeare corpus, grain sources, tokenizers and the training/evaluation pipeline."""
 
+from diloco.data.held_out import describe
 from diloco.data.pipeline import (
     Datasets,
     build_datasets,
-    describe,
     load_splits,
     make_datasets,
     reuse_splits,

@@ -19,6 +19,8 @@ import grain
 import numpy as np
 from array_record.python import array_record_module
 
+from diloco.data import tokenizers
+
 ARRAY_RECORD_OPTIONS = "group_size:1"
 _INT32 = np.dtype("<i4")
 
@@ -193,3 +195,13 @@ def read_array_record_docs(paths: Sequence[str]) -> list[np.ndarray]:
       )
     docs.append(np.frombuffer(record, dtype=_INT32).astype(np.int32))
   return docs
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+  """Tokenized training and validation documents, before sharding and batching."""
+
+  train: TokenCorpus
+  val: TokenCorpus
+  vocab_size: int
+  tokenizer: tokenizers.Tokenizer = tokenizers.ByteTokenizer()  # what encoded them

@@ -16,7 +16,7 @@ import numpy as np
 
 from diloco.outer import compression, outcomes
 from diloco.outer.outcomes import Code
-from diloco.outer.protocol import Refused, Upload
+from diloco.outer.protocol import Join, Refused, Upload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,3 +101,13 @@ def refusal(
   return Refused(
       learner, fragment, code, reason, time, up.sent_time, up.base_version, up.base_generation
   )
+
+
+def invalid_join(event: Join, num_fragments: int) -> Refused | None:
+  """The refusal of a Join that does not name a version (and, if any, a generation) for each
+  fragment, or None."""
+  for what, n in (("versions", len(event.versions)), ("generations", len(event.generations))):
+    if n != num_fragments and (what == "versions" or n):
+      why = f"join with {n} {what}, expected {num_fragments}"
+      return refusal(event.learner, None, event.time, why, Code.JOIN)
+  return None

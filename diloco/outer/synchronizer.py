@@ -13,18 +13,15 @@ inner steps, dylu.py). The update Θ_new − Θ_old is sent encoded with the dow
 itself applies the decoded update, so learners and synchronizer hold bit-identical fragments; the
 quantisation error is fed back into the next update of that fragment (error feedback).
 
-Everything that arrives is checked before it can touch the state (see `admission.invalid` and `_screen`):
-the checksum, the fragment id, paths, shapes and payload sizes against the model, the base version
-(known to this generation's history, not too stale, not already merged from that learner),
-progress, finite values and, with an `integrity.OutlierScreen`, the norm. A rejection is a
-`protocol.Refused` action with the learner, fragment, an `outcomes.Code` and a reason (its
-`record` is the 'reject' log line). It leaves the global values, outer
-optimizer states, residuals and versions as they were. Unless the payload was corrupted in transit
-(a checksum mismatch: the learner is expected to send it again), the fragment's current round stops
-waiting for that learner, which may let the others merge; unless the quorum counts every member
-(`Quorum.of_members`), so does a round in progress when a learner that is not live joins. The outlier screen's norm history records what it screened.
-Non-finite values and outliers are found at merge time, so such an upload has already fed the
-timing EMAs behind the grace window when it arrived.
+Everything that arrives is checked before it can touch the state (`admission`: the checksum, the
+fragment, the model's paths, shapes and sizes, the base version, progress; then at merge time
+`_screen`: finite values and, with an `integrity.OutlierScreen`, the norm). A rejection is a
+`protocol.Refused` action (learner, fragment, `outcomes.Code`, reason; its `record` the 'reject'
+log line) and leaves the durable state as it was. Unless the payload was corrupted in transit (a
+checksum mismatch: sent again), the round stops waiting for that learner; a learner that joins in
+a round's middle is not waited for either, unless the quorum counts every member
+(`Quorum.of_members`). Non-finite values and outliers are found at merge time, after the upload
+fed the timing EMAs behind the grace window.
 
 Merges are atomic (`commit.outer_step`): a round whose merge, outer step or downlink would
 overflow float32 is rejected whole (`non_finite_merge`), the state as before; `handle` never raises.
@@ -124,28 +121,10 @@ class Synchronizer:
     raise TypeError(f"unknown event {event!r}")
 
   def _join(self, event: Join) -> list[Action]:
-    num = self.frag.num_fragments
-    if len(event.versions) != num:
-      return [
-          admission.refusal(
-              event.learner,
-              None,
-              event.time,
-              f"join with {len(event.versions)} versions, expected {num}",
-              Code.JOIN,
-          )
-      ]
-    gens = tuple(event.generations) or (self.generation,) * num
-    if len(gens) != num:
-      return [
-          admission.refusal(
-              event.learner,
-              None,
-              event.time,
-              f"join with {len(gens)} generations, expected {num}",
-              Code.JOIN,
-          )
-      ]
+    refused = admission.invalid_join(event, self.frag.num_fragments)
+    if refused is not None:
+      return [refused]
+    gens = tuple(event.generations) or (self.generation,) * self.frag.num_fragments
     returning = event.learner not in self.live  # not a live learner asking for a resync
     self.live.add(event.learner)
     self.members.add(event.learner)
