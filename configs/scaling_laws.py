@@ -45,7 +45,7 @@ import ml_collections
 
 from configs import shakespeare
 from diloco.config import variants
-from diloco.studies import scaling_protocol as sp
+from experiments.studies import scaling_protocol as sp
 
 # name -> (d_model, num_layers, num_heads, parameters N with QK-norm: tests/test_scaling_protocol.py)
 SIZES = {

@@ -3,8 +3,9 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from configs import shakespeare
 from diloco import paths
-from diloco.studies import chaos_suite
+from experiments.studies import chaos_suite
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (get_config(arg)).", lock_config=True
@@ -21,7 +22,7 @@ def main(argv):
     workdir = paths.local_only(_WORKDIR.value, "the chaos suite")
   except ValueError as err:
     raise app.UsageError(str(err)) from None
-  summary = chaos_suite.run(_CONFIG.value, workdir)
+  summary = chaos_suite.run(_CONFIG.value, workdir, shakespeare.get_config)
   print(summary["table"], flush=True)
   print(f"wall {summary['wall_s']:.0f} s", flush=True)
 

@@ -1,6 +1,6 @@
 """Runs a sweep: python -m experiments.sweep --config=FILE[:variants] --workdir=DIR [--parallel=N].
 
-The config file defines get_sweep(arg) (diloco/studies/sweep.py). Each point runs in DIR/<name>; a
+The config file defines get_sweep(arg) (diloco/sweeps/sweep.py). Each point runs in DIR/<name>; a
 point with a summary.json is skipped, so running the same command again resumes. The table goes to
 DIR/results.jsonl and DIR/results.csv; --export=DEST copies the summaries to check in.
 """
@@ -8,7 +8,7 @@ DIR/results.jsonl and DIR/results.csv; --export=DEST copies the summaries to che
 from absl import app, flags, logging
 
 from diloco import paths
-from diloco.studies import sweep, sweep_run
+from diloco.sweeps import sweep, sweep_run
 
 _CONFIG = flags.DEFINE_string("config", None, "FILE[:variants] of a config file with get_sweep.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "One sub-directory per point, and the table.")

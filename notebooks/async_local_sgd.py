@@ -63,8 +63,8 @@ if REPO not in sys.path:  # the config file imports configs.*
 
 import matplotlib.pyplot as plt
 
-from diloco.studies import async_table as at, outer_lr_search as search, scaling_protocol as sp
-from diloco.studies import sweep_run
+from experiments.studies import async_table as at, outer_lr_search as search, scaling_protocol as sp
+from diloco.sweeps import sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "async_regime.py")
 RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "async_toy")

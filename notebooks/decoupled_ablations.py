@@ -57,8 +57,8 @@ if REPO not in sys.path:  # the config file imports configs.*
 import matplotlib.pyplot as plt
 
 from diloco.sim import calibration, goodput
-from diloco.studies import ablation_table as at, outer_lr_search as search, scaling_protocol as sp
-from diloco.studies import sweep_run
+from experiments.studies import ablation_table as at, outer_lr_search as search, scaling_protocol as sp
+from diloco.sweeps import sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "ablations_regime.py")
 RESULTS = (

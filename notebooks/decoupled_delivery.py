@@ -56,8 +56,8 @@ if REPO not in sys.path:  # the config file imports configs.*
 import matplotlib.pyplot as plt
 
 from configs.sweeps import delivery as dv, heterogeneous as het
-from diloco.studies import delivery_table as dt, outer_lr_search as search, scaling_protocol as sp
-from diloco.studies import sweep_run
+from experiments.studies import delivery_table as dt, outer_lr_search as search, scaling_protocol as sp
+from diloco.sweeps import sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "delivery.py")
 RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "delivery")

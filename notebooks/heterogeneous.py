@@ -51,9 +51,8 @@ if REPO not in sys.path:  # the config file imports configs.*
 
 import matplotlib.pyplot as plt
 
-from configs.sweeps import heterogeneous as het
-from diloco.studies import hetero_table as ht, outer_lr_search as search, scaling_protocol as sp
-from diloco.studies import sweep_run
+from experiments.studies import hetero_table as ht, outer_lr_search as search, scaling_protocol as sp
+from diloco.sweeps import sweep_run
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "heterogeneous.py")
 RESULTS = (
@@ -99,13 +98,13 @@ print(
     f"{'':>19}{'outer lr':>9}{'goodput':>9}{'eval loss':>18}{'accuracy':>18}"
     f"   paper: goodput, text, vision"
 )
-for domain in het.DOMAINS:
-  for p in het.POLICIES:
+for domain in ht.DOMAINS:
+  for p in ht.POLICIES:
     c = table.get((domain, p))
     if c is None:
       continue
     acc = f"{100 * c.accuracy:.2f}% (±{100 * c.accuracy_spread:.2f})" if c.accuracies else "-"
-    g, text, vision = het.PAPER[p]
+    g, text, vision = ht.PAPER[p]
     print(
         f"{domain:>7} {p:>10} {c.outer_lr:>9g}{100 * c.goodput:>8.1f}%"
         f"{c.loss:>10.4f} (±{c.loss_spread:.4f}){acc:>18}   {g}%, {text}, {vision}"
@@ -113,7 +112,7 @@ for domain in het.DOMAINS:
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
-x = range(len(het.POLICIES))
+x = range(len(ht.POLICIES))
 panels = (  # (title, the cell's value and seed half-range, or None)
     ("goodput (%)", lambda c, d: (100 * c.goodput, 0.0)),
     ("text: eval loss (nats/byte)", lambda c, d: (c.loss, c.loss_spread) if d == "text" else None),
@@ -124,12 +123,12 @@ panels = (  # (title, the cell's value and seed half-range, or None)
 )
 for ax, (label, get) in zip(axes, panels):
   for domain, marker in (("text", "o"), ("vision", "s")):
-    got = [get(table[(domain, p)], domain) if (domain, p) in table else None for p in het.POLICIES]
+    got = [get(table[(domain, p)], domain) if (domain, p) in table else None for p in ht.POLICIES]
     if any(g is not None for g in got):
       ys = [float("nan") if g is None else g[0] for g in got]
       err = [0.0 if g is None else g[1] for g in got]
       ax.errorbar(x, ys, yerr=err, fmt=marker + "-", capsize=3, label=domain)
-  ax.set_xticks(list(x), het.POLICIES)
+  ax.set_xticks(list(x), ht.POLICIES)
   ax.set(title=label)
 axes[0].legend(fontsize=8)
 plt.tight_layout()

@@ -47,7 +47,7 @@ if REPO not in sys.path:  # the sweep files import configs.shakespeare
 import matplotlib.pyplot as plt
 
 from configs.sweeps import main_job, regime
-from diloco.studies import eval_sets, sweep_run
+from diloco.sweeps import eval_sets, sweep_run
 
 RESULTS_ONLY = os.environ.get("DILOCO_NOTEBOOK_RESULTS_ONLY") == "1"
 RESULTS = os.path.join(REPO, "notebooks", "results")

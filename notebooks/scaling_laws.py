@@ -64,7 +64,8 @@ import matplotlib.pyplot as plt
 
 from configs import scaling_laws
 from configs.sweeps import scaling
-from diloco.studies import scaling_protocol as sp, scaling_table as st, sweep, sweep_run
+from diloco.sweeps import sweep, sweep_run
+from experiments.studies import scaling_protocol as sp, scaling_table as st
 
 RESULTS = (
     tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "scaling_paper")

@@ -28,7 +28,7 @@
 # given the same chips for the same stretch and keeping its global batch, it reaches its final
 # loss when its steps are done, as fast as its chips allow, paying the goodput simulator's
 # calibrated elastic pause (9.25 s) when they join and again when they leave
-# (`diloco/studies/scavenging_table.py`): the most favourable case for it.
+# (`experiments/studies/scavenging_table.py`): the most favourable case for it.
 #
 # Set `DILOCO_NOTEBOOK_TINY=1` for a few-second version (the test suite does);
 # `DILOCO_NOTEBOOK_RESULTS_ONLY=1` loads `notebooks/results/scavenging/` and never trains
@@ -49,7 +49,8 @@ if REPO not in sys.path:  # the config file imports configs.*
 import matplotlib.pyplot as plt
 
 from configs.sweeps import scavenging as sv
-from diloco.studies import scavenging_table as st, sweep_run
+from diloco.sweeps import sweep_run
+from experiments.studies import scavenging_table as st
 
 SPEC = os.path.join(REPO, "configs", "sweeps", "scavenging.py")
 RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "scavenging")

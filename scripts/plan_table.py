@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import shakespeare  # noqa: E402
 from diloco.plan import make, report, tpu  # noqa: E402
-from diloco.studies import sweep  # noqa: E402
+from diloco.sweeps import sweep  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/plan_table.jsonl", "Rows, one JSON object per line.")
 _PRESETS = flags.DEFINE_list("presets", ["35m", "180m"], "model sizes (180m: the largest preset)")

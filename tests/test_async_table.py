@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from diloco.studies import async_table as at
+from experiments.studies import async_table as at
 
 
 def _row(method, level, lr, loss, seed=0, merges=100):

@@ -33,7 +33,7 @@ TPU_FLAGS = (
 
 def _config(*flags: str, variants: str = "mode=decoupled"):
   c = shakespeare.get_config(variants)
-  from diloco.studies import sweep  # pylint: disable=import-outside-toplevel
+  from diloco.sweeps import sweep  # pylint: disable=import-outside-toplevel
 
   for flag in flags:
     key, _, raw = flag[len("--config.") :].partition("=")

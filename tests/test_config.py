@@ -15,7 +15,7 @@ from configs import digits, shakespeare
 from diloco import train
 from diloco.config import checks, keys, resolve
 from diloco.recovery import workdir as workdir_lib
-from diloco.studies import sweep
+from diloco.sweeps import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("dp", "diloco", "streaming", "decoupled", "compare")

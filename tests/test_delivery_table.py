@@ -5,7 +5,7 @@ import json
 import pytest
 
 from configs.sweeps import delivery as dv
-from diloco.studies import delivery_table as dt
+from experiments.studies import delivery_table as dt
 
 
 def _row(policy, delivery, lr, seed, loss, share=0.5, budget=None):

@@ -13,7 +13,7 @@ from diloco.config import build, checks
 from diloco.outer import compression, dylu, fragments, optimizers, policies
 from diloco.outer.protocol import Join, Send, Upload
 from diloco.outer.synchronizer import Synchronizer
-from diloco.studies import sweep
+from diloco.sweeps import sweep
 
 F32 = np.float32
 PARAMS = {"blocks": {0: {"w": np.array([1.0, 2.0], F32)}}}

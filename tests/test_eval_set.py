@@ -58,7 +58,8 @@ def test_padding_does_not_change_the_loss():
 
 
 def test_study_tables_refuse_rows_scored_on_different_sets():
-  from diloco.studies import ablation_table, eval_sets, scaling_table
+  from diloco.sweeps import eval_sets
+  from experiments.studies import ablation_table, scaling_table
 
   row = dict(status="done", size="s", method="dp", seed=0, eval_loss=1.0, eval_set="a" * 64)
   other = {**row, "name": "method=dp+seed=1", "seed": 1, "eval_set": "b" * 64}

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from configs.sweeps import heterogeneous as het
-from diloco.studies import hetero_table as ht
+from experiments.studies import hetero_table as ht
 
 
 def _row(domain, policy, lr, loss, seed=0, acc=None, goodput=1.0):

@@ -2,7 +2,9 @@
 
 Every import inside `diloco/` (function-level ones included) is read from the source. A module may
 import modules of its own layer or of the layers below it, never one above; and no set of modules
-imports itself around a circle.
+imports itself around a circle. Across the repository the library (`diloco/`) is below the lab:
+the study code (`experiments/studies/`), then the configs and sweeps, the mains (`experiments/`),
+and the scripts, notebooks and tests; nothing in the library imports the lab.
 """
 
 import ast
@@ -32,7 +34,7 @@ LAYERS = (
     ("diloco.rpc",),  # gRPC service, client, learner and synchronizer processes
     ("diloco.runners",),  # dp, islands, compare
     ("diloco.train",),  # the mode table and train_and_evaluate
-    ("diloco.studies",),  # many runs through train_and_evaluate: the chaos suite
+    ("diloco.sweeps",),  # a config's sweep: its points, run in processes, their rows
     ("diloco.launch",),  # past one machine: gcloud, xpk, Ray, the supervisor, token sources
 )
 
@@ -130,3 +132,74 @@ def test_a_module_above_its_layer_is_named():
       > _layer("diloco.config.build")
       > _layer("diloco.outer.synchronizer")
   )
+
+
+# The whole repository, lowest first (each name a package or module prefix; the longest wins).
+REPO_LAYERS = (
+    ("diloco",),  # the library
+    ("experiments.studies",),  # study code: tables, the staged outer-lr search, the chaos suite
+    ("configs",),  # configs and their sweeps (staged with the study code)
+    ("experiments",),  # the mains
+    ("scripts", "notebooks", "tests"),
+)
+TOP = {name.split(".")[0] for layer in REPO_LAYERS for name in layer}
+
+
+def _repo_modules() -> dict[str, pathlib.Path]:
+  out = {}
+  for top in sorted(TOP):
+    for path in sorted((ROOT / top).rglob("*.py")):
+      parts = list(path.relative_to(ROOT).with_suffix("").parts)
+      if parts[-1] == "__init__":
+        parts.pop()
+      out[".".join(parts)] = path
+  return out
+
+
+def _repo_layer(module: str) -> int:
+  best = max(
+      ((i, name) for i, layer in enumerate(REPO_LAYERS) for name in layer
+       if module == name or module.startswith(name + ".")),
+      key=lambda x: len(x[1]),
+  )  # fmt: skip
+  return best[0]
+
+
+def _absolute_imports(path: pathlib.Path) -> set[str]:
+  """The modules a file imports by absolute name whose first part is a top-level folder here."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if isinstance(node, ast.Import):
+      found.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+      found.add(node.module)
+      found.update(f"{node.module}.{a.name}" for a in node.names)
+  return {m for m in found if m.split(".")[0] in TOP}
+
+
+def test_the_library_is_below_the_lab():
+  modules = _repo_modules()
+  uphill = []
+  for m, path in modules.items():
+    for d in sorted(_absolute_imports(path)):
+      if d not in modules and d.rpartition(".")[0] in modules:
+        d = d.rpartition(".")[0]  # a name imported from a module, not a module
+      if _repo_layer(d) > _repo_layer(m):
+        uphill.append(f"{m} (layer {_repo_layer(m)}) imports {d} (layer {_repo_layer(d)})")
+  assert not uphill, "\n".join(uphill)
+
+
+def test_the_repository_layers_are_checked():
+  assert _repo_layer("diloco.sweeps.sweep") < _repo_layer("experiments.studies.hetero_table")
+  assert _repo_layer("experiments.studies.x") < _repo_layer("configs.sweeps.heterogeneous")
+  assert _repo_layer("configs.shakespeare") < _repo_layer("experiments.train")
+
+
+def test_the_repository_reader_sees_lab_imports(tmp_path):
+  path = tmp_path / "x.py"
+  path.write_text("import configs.shakespeare\ndef f():\n  from experiments.studies import a\n")
+  assert _absolute_imports(path) == {
+      "configs.shakespeare",
+      "experiments.studies",
+      "experiments.studies.a",
+  }

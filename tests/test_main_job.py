@@ -9,7 +9,7 @@ import pytest
 from configs import shakespeare
 from configs.sweeps import main_job, regime
 from diloco.config import checks, presets, resolve, shape_check
-from diloco.studies import sweep
+from diloco.sweeps import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

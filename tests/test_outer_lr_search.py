@@ -7,7 +7,8 @@ import os
 import pytest
 
 from configs.sweeps import ablations_regime as ar
-from diloco.studies import ablation_table as at, outer_lr_search as search, sweep
+from diloco.sweeps import sweep
+from experiments.studies import ablation_table as at, outer_lr_search as search
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

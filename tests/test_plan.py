@@ -12,7 +12,7 @@ from diloco.config import checks
 from diloco.launch import preflight
 from diloco.models import transformer
 from diloco.plan import devices, make, tpu
-from diloco.studies import sweep
+from diloco.sweeps import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(

@@ -28,7 +28,7 @@ from diloco.outer.protocol import Join, Upload
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import rejoin, sync_checkpoint
 from diloco.runtime import virtual_chaos
-from diloco.studies import chaos_suite
+from experiments.studies import chaos_suite
 
 BASE = "runlocal,mode=decoupled,learners=4"
 
@@ -383,7 +383,7 @@ def test_a_seeded_chaos_run_is_deterministic_and_the_suite_tables_it(tmp_path, c
   run again: same faults, same bits. Seed 1 draws other faults."""
   cfg = suite_config.get_config("runs=1,steps=40")
   with Watch().patched() as first:
-    out = chaos_suite.run(cfg, str(tmp_path / "suite"))
+    out = chaos_suite.run(cfg, str(tmp_path / "suite"), shakespeare.get_config)
   (row,) = out["runs"]
   assert row["seed"] == 0 and row["faults_total"] == out["faults_total"] >= 10
   assert len(out["faults"]) >= 5  # kinds
@@ -396,7 +396,9 @@ def test_a_seeded_chaos_run_is_deterministic_and_the_suite_tables_it(tmp_path, c
   capsys.readouterr()
 
   run0 = tmp_path / "suite" / "run0"
-  again = Watch().run(chaos_suite.run_config(cfg, 0), str(tmp_path / "again"))
+  again = Watch().run(
+      chaos_suite.run_config(cfg, 0, shakespeare.get_config), str(tmp_path / "again")
+  )
   assert (tmp_path / "again" / "chaos_schedule.txt").read_text() == (
       run0 / "chaos_schedule.txt"
   ).read_text()
@@ -417,7 +419,9 @@ def test_a_seeded_chaos_run_is_deterministic_and_the_suite_tables_it(tmp_path, c
   events = [r for r in metrics.read_jsonl(run0 / metrics.METRICS_FILE) if "event" in r]
   assert events == [r for r in again.rows if "event" in r]  # every merge, reject, fault
   assert _bits_equal(first.runtime.sync.global_params(), again.runtime.sync.global_params())
-  assert _schedule(chaos_suite.run_config(cfg, 1)) != _schedule(chaos_suite.run_config(cfg, 0))
+  assert _schedule(chaos_suite.run_config(cfg, 1, shakespeare.get_config)) != _schedule(
+      chaos_suite.run_config(cfg, 0, shakespeare.get_config)
+  )
 
 
 def _schedule(config) -> str:

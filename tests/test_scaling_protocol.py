@@ -1,5 +1,5 @@
 """The scaling-laws study under the paper's protocol: its run config (configs/scaling_laws.py),
-its winners and edges (diloco/studies/scaling_protocol.py) and its four stage files, on rows
+its winners and edges (experiments/studies/scaling_protocol.py) and its four stage files, on rows
 written by hand."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 from configs import scaling_laws
 from configs.sweeps import scaling_inner, scaling_outer, scaling_overtrain, scaling_seeds
 from diloco.config import shape_check
-from diloco.studies import scaling_protocol as sp
+from experiments.studies import scaling_protocol as sp
 
 
 @pytest.mark.parametrize("size", ["xs", "s", "m", "l", "t1", "t2"])

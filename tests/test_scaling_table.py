@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from diloco.studies import scaling_table as st
+from experiments.studies import scaling_table as st
 
 
 def _dp(size, seed, loss):

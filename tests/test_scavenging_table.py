@@ -1,11 +1,11 @@
-"""The scavenging table's arithmetic (diloco/studies/scavenging_table.py), with numbers worked out
+"""The scavenging table's arithmetic (experiments/studies/scavenging_table.py), with numbers worked out
 by hand, and its sweep file's runs (configs/sweeps/scavenging.py)."""
 
 import pytest
 
 from configs.sweeps import scavenging
 from diloco.config import checks
-from diloco.studies import scavenging_table as st
+from experiments.studies import scavenging_table as st
 
 CURVE = [{"sim_time_s": 0.0, "eval_loss": 3.0}, {"sim_time_s": 10.0, "eval_loss": 2.0},
          {"sim_time_s": 20.0, "eval_loss": 1.5}]  # fmt: skip

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from diloco import train
-from diloco.studies import sweep, sweep_run
+from diloco.sweeps import sweep, sweep_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -32,7 +32,7 @@ import ml_collections
 
 from configs.sweeps import ablations
 from diloco.config import variants
-from diloco.studies import outer_lr_search as search, scaling_protocol as sp
+from experiments.studies import outer_lr_search as search, scaling_protocol as sp
 
 SWEEP_KEYS = ablations.SWEEP_KEYS
 SWEEP_ONLY = ("part", "results", "seeds")

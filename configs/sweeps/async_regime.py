@@ -41,7 +41,7 @@ import ml_collections
 
 from configs import shakespeare
 from diloco.config import variants
-from diloco.studies import outer_lr_search as search, scaling_protocol as sp
+from experiments.studies import outer_lr_search as search, scaling_protocol as sp
 
 base = importlib.import_module("configs.sweeps.async")  # `async` is a keyword
 

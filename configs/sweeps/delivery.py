@@ -48,7 +48,7 @@ import ml_collections
 
 from configs.sweeps import heterogeneous as het
 from diloco.config import variants
-from diloco.studies import delivery_table as dt, outer_lr_search as search, scaling_protocol as sp
+from experiments.studies import delivery_table as dt, outer_lr_search as search, scaling_protocol as sp
 
 SWEEP_KEYS = het.SWEEP_KEYS + ("merged_share", "tokens", "uploads_skipped")
 SWEEP_ONLY = ("part", "results", "seeds", "domains", "settings", "policies", "rungs", "lr_scale")

@@ -39,23 +39,15 @@ import ml_collections
 
 from configs import digits, shakespeare
 from diloco.config import variants
-from diloco.studies import outer_lr_search as search, scaling_protocol as sp
+from experiments.studies import outer_lr_search as search, scaling_protocol as sp
+from experiments.studies.hetero_table import DOMAINS, KEYS, POLICIES  # (the table's)
 
 SWEEP_KEYS = ("eval_loss", "eval_accuracy", "goodput", "sim_time_s", "merges", "mean_quorum")
 SWEEP_ONLY = ("part", "results", "seeds")
-POLICIES = ("wait_all", "k1", "k1_grace")
-DOMAINS = ("text", "vision")
 LEARNERS = 8
 SPEEDS = (1, 1, 1, 1, 2, 2, 2, 2)
 OUTER_LRS = (0.2, 0.4, 0.8)  # a doubling ladder; part=extend goes on past an edge
 STEPS, H, FRAGMENTS = 1000, 20, 4
-# The paper's rows (Decoupled DiLoCo 2026, from secondary descriptions): goodput %, text average,
-# vision average (higher is better for both).
-PAPER = {
-    "wait_all": (84, 54.4, 37.6),
-    "k1": (100, 51.4, 25.7),
-    "k1_grace": (100, 55.3, 37.0),
-}
 
 
 def _arg(arg: str | None) -> ml_collections.ConfigDict:
@@ -107,9 +99,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = steps
   c.timeline = False
   return c
-
-
-KEYS = ("domain", "policy")  # a cell of the table
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:

@@ -22,7 +22,7 @@ import ml_collections
 
 from configs import scaling_laws
 from diloco.config import variants
-from diloco.studies import outer_lr_search as search, scaling_protocol as sp
+from experiments.studies import outer_lr_search as search, scaling_protocol as sp
 
 SWEEP_KEYS = ("eval_loss", "eval_bpb", "params", "tokens", "steps", "outer_steps", "merged_share")
 SWEEP_ONLY = ("part", "sizes", "results")

@@ -15,7 +15,7 @@ learning rate (0.6, the middle of the paper's grid), seed 0.
 17 bytes per parameter) x BATCHES (powers of 2) for every (size, method). `part=extend`: reads the
 finished rows of every table in the sweep workdir `results` and, for every (size, method), adds
 the cells of its winner's 3 x 3 neighbourhood (rate / sqrt(2), rate, rate x sqrt(2) at half, the
-same and twice the batch) not tried yet (diloco/studies/scaling_protocol.py `edge_neighbours`); a
+same and twice the batch) not tried yet (experiments/studies/scaling_protocol.py `edge_neighbours`); a
 batch below M sequences cannot be split over M learners and is not added. Run it until it adds
 no point (the sweep then refuses an empty list): every winner then beats all its neighbours,
 diagonals included (a smaller batch wants a smaller rate: one axis at a time stops short).
@@ -33,7 +33,7 @@ import ml_collections
 
 from configs import scaling_laws
 from diloco.config import variants
-from diloco.studies import scaling_protocol as sp
+from experiments.studies import scaling_protocol as sp
 
 LRS = tuple(sp.rung(k) for k in (-1, 0, 1))  # 1.41e-2, 2e-2, 2.83e-2
 BATCHES = (8, 16, 32)

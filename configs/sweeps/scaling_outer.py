@@ -21,7 +21,7 @@ import ml_collections
 
 from configs import scaling_laws
 from diloco.config import variants
-from diloco.studies import scaling_protocol as sp
+from experiments.studies import scaling_protocol as sp
 
 SWEEP_KEYS = ("eval_loss", "eval_bpb", "params", "tokens", "steps", "outer_steps", "wall_s")
 SWEEP_ONLY = ("part", "sizes", "results", "from")

@@ -1,7 +1,7 @@
 r"""The scavenging table (issue 55 point 2): a Decoupled DiLoCo run of 4 learners that 1, 2, 4 or 12
 more learners join for a stretch of it (+25, +50, +100, +300% of its compute while they are
 there), on the simulated clock; the time each run takes to reach the 4-learner run's final
-evaluation loss, relative to that run's (diloco/studies/scavenging_table.py, notebooks/scavenging.py).
+evaluation loss, relative to that run's (experiments/studies/scavenging_table.py, notebooks/scavenging.py).
 
   python -m experiments.sweep --config=configs/sweeps/scavenging.py:seeds=3 --workdir=runs/scavenging --parallel=2
 

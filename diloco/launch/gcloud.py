@@ -240,12 +240,12 @@ def single_slice(
 def sweep_commands(
     spec: str, overrides: tuple[str, ...], workdir: str, stage: staging.Stage = staging.Stage()
 ) -> list[list[str]]:
-  """One launch per point of the sweep `spec` (diloco/studies/sweep.py), in DIR/<point name>.
+  """One launch per point of the sweep `spec` (diloco/sweeps/sweep.py), in DIR/<point name>.
 
   `overrides` (the command line's --config.KEY=VALUE, e.g. the deploy section) apply to every
   point after its own; each point gets its own slices (name prefix `<prefix>-p<index>`).
   """
-  from diloco.studies import sweep  # pylint: disable=import-outside-toplevel
+  from diloco.sweeps import sweep  # pylint: disable=import-outside-toplevel
 
   cmds = [staging.pack(stage)]
   for p in sweep.points(spec):

@@ -125,7 +125,7 @@ class StatusBoard:
   # ---- the snapshot ----
 
   def snapshot(self) -> dict[str, Any]:
-    """The JSON of /status (see the README's "Watching a run" for its keys)."""
+    """The JSON of /status (docs/watching.md lists its keys)."""
     sync, now = self.host.sync, self.host.now()
     live, versions = set(sync.live), list(sync.versions)
     held, refusals = dict(sync.held), self.refusals()

@@ -1,4 +1,4 @@
-"""What a multi-learner virtual run reports: its summary keys (documented in the README), what
+"""What a multi-learner virtual run reports: its summary keys (documented in docs/running.md), what
 its faults did, its uptime, and the bytes data-parallel would have sent."""
 
 import collections
@@ -52,7 +52,7 @@ def summary(
     sim_time: float,
     wall: float,
 ) -> dict[str, Any]:
-  """The summary keys of a multi-learner run (documented in the README)."""
+  """The summary keys of a multi-learner run (documented in docs/running.md)."""
   o, learners, merges, clocks = config.outer, log.learners, log.merges, runtime.clocks
   tokens = sum(l.tokens for l in learners)
   sent, received = sum(runtime.bytes_up), sum(runtime.bytes_down)
@@ -100,7 +100,7 @@ def summary(
 def chaos_summary(
     runtime: virtual_chaos.ChaosRuntime, faults: list[chaos.Fault], sim_time: float
 ) -> dict[str, Any]:
-  """Summary keys of a run with faults (documented in the README)."""
+  """Summary keys of a run with faults (documented in docs/running.md)."""
   st = runtime.stats
   crashes = st.crashes
   rejoined = [c for c in crashes if c["rejoined"] is not None]

@@ -20,7 +20,7 @@ multi-host JAX job per slice, --config.distributed=True) and the synchronizer ru
 experiments.supervise, which restarts them when they exit abnormally, so a learner comes back and
 rejoins from its checkpoint (diloco/launch/gcloud.py).
 
-With --sweep, --config is a sweep file (get_sweep, diloco/studies/sweep.py): one launch per point,
+With --sweep, --config is a sweep file (get_sweep, diloco/sweeps/sweep.py): one launch per point,
 in WORKDIR/<point name>, with the point's variants and overrides before the command line's and its
 own slices (`<name_prefix>-p<index>`); a mode=dp point runs experiments.train on one slice.
 """

@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from diloco.studies import eval_sets, outer_lr_search as search
+from diloco.sweeps import eval_sets
+from experiments.studies import outer_lr_search as search
 
 # Decoupled DiLoCo (arXiv 2604.21428) as secondary sources agree on it: text-benchmark average.
 PAPER_MERGE = {("mean", 8): 54.1, ("mean", 16): 52.7, ("rda", 8): 55.4, ("rda", 16): 54.5}

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from diloco.studies import eval_sets
+from diloco.sweeps import eval_sets
 
 # Charles et al. 2025 (arXiv 2503.09799), Table 4: evaluation loss at D = 20N tokens, outer lr tuned.
 PAPER_TABLE4 = {

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from diloco.studies import outer_lr_search as search
+from experiments.studies import outer_lr_search as search
 
 Row = dict[str, Any]
 Key = tuple[str, str, str, str]  # (setting, domain, policy, delivery)

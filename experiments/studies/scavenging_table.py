@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from diloco.sim import calibration
-from diloco.studies import outer_lr_search as search
+from experiments.studies import outer_lr_search as search
 
 # Published rows as issue 55 quotes them (a secondary source): training time relative to the
 # 4-learner run with +25 / +50 / +100 / +300% extra compute.

@@ -2,7 +2,7 @@
 rows, the next rung past a winner on the edge of what was tried, and the seeds to run at winners.
 
 A cell is a tuple of a row's values under `keys` (e.g. ("domain", "policy")); rows are a sweep
-table's (diloco/studies/sweep_run.py), with `outer_lr`, `seed` and `eval_loss` columns. The ladder
+table's (diloco/sweeps/sweep_run.py), with `outer_lr`, `seed` and `eval_loss` columns. The ladder
 doubles: a winner at the lowest rate tried gets half of it next, at the highest twice.
 """
 

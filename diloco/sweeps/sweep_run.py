@@ -18,7 +18,7 @@ from typing import Any
 
 import tqdm
 
-from diloco.studies import eval_sets, sweep
+from diloco.sweeps import eval_sets, sweep
 
 DEFAULT_KEYS = ("eval_loss", "eval_bpb", "params", "tokens", "wall_s")
 SUMMARY = "summary.json"

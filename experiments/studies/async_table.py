@@ -13,7 +13,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from diloco.studies import eval_sets, outer_lr_search as search
+from diloco.sweeps import eval_sets
+from experiments.studies import outer_lr_search as search
 
 LEVELS = ("none", "slight", "moderate", "very")
 # Liu et al. 2024 (arXiv 2401.09135), Table 1: final perplexity, 20M model, k=4, H=50; there is

@@ -12,23 +12,27 @@ import collections
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import ml_collections
 
-from configs import shakespeare
 from diloco import metrics, train
 from diloco.chaos import schedule as chaos
 from diloco.inner import evaluation, island as island_lib
 from diloco.watch import progress
 
 VERDICTS = ("params_ok", "all_rejoined", "advanced")
+GetConfig = Callable[[str], ml_collections.ConfigDict]  # a config file's get_config
 
 
-def run_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
-  """The shakespeare config of the suite's run with chaos seed `seed`."""
-  c = shakespeare.get_config(config.base)
+def run_config(
+    config: ml_collections.ConfigDict, seed: int, get_base: GetConfig
+) -> ml_collections.ConfigDict:
+  """The suite's run with chaos seed `seed`: `get_base(config.base)` (configs/shakespeare.py's
+  get_config) with the suite's settings."""
+  c = get_base(config.base)
   c.chaos.seed = seed
   c.sim.step_jitter = config.step_jitter
   c.eval_every = config.eval_every
@@ -119,17 +123,20 @@ def format_table(rows: list[dict[str, Any]], initial_loss: float) -> str:
   return "\n".join(lines)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs the suite; writes WORKDIR/chaos_suite.md and .json and returns the summary."""
+def run(config: ml_collections.ConfigDict, workdir: str, get_base: GetConfig) -> dict[str, Any]:
+  """Runs the suite, each run from `get_base(config.base)`; writes WORKDIR/chaos_suite.md and
+  .json and returns the summary."""
   t0 = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
-  initial = initial_eval_loss(run_config(config, config.seed0))
+  initial = initial_eval_loss(run_config(config, config.seed0, get_base))
   rows = []
   bar = progress.bar(config.get("progress_bar", True), total=config.runs, desc="chaos suite",
                      unit="run")  # fmt: skip
   for seed in range(config.seed0, config.seed0 + config.runs):
     t = time.perf_counter()
-    s = train.train_and_evaluate(run_config(config, seed), os.path.join(workdir, f"run{seed}"))
+    s = train.train_and_evaluate(
+        run_config(config, seed, get_base), os.path.join(workdir, f"run{seed}")
+    )
     rows.append(row(seed, s, initial, time.perf_counter() - t))
     bar.write(
         f"run {seed}: {rows[-1]['faults_total']} faults, eval loss {s['eval_loss']:.3f}, "
