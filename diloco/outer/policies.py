@@ -12,7 +12,8 @@ from typing import Protocol
 import ml_collections
 import numpy as np
 
-from diloco.outer import merging
+from diloco.outer import compression, merging
+from diloco.outer.protocol import Upload
 
 
 class Quorum(Protocol):
@@ -199,6 +200,16 @@ class Policy:
 
 BROADCASTS = ("all", "contributors")
 ANCHORS = ("base", "global")
+
+
+def anchored(up: Upload, values: Mapping[str, np.ndarray]) -> Upload:
+  """anchor=global: the upload carries θ_m; its outer gradient is Θ_p − θ_m against the
+  fragment's `values` as they are now (the version its round merges into), kept in fp32."""
+  theta = compression.decode_tree(up.delta)
+  delta = {k: np.asarray(values[k], np.float32) - theta[k] for k in values}
+  return dataclasses.replace(up, delta=compression.encode_tree(delta, "fp32"), checksum=None)
+
+
 SYNCHRONOUS = Policy(AllLive(), NoGrace(), EqualWeights(), Mean())
 
 

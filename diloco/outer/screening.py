@@ -55,3 +55,19 @@ def screen_round(
       screen.remember(norms, seen),
       screen.remember(rms, [n / np.sqrt(size) for n in seen]),
   )
+
+
+def screened(
+    deltas: list[Mapping[str, np.ndarray]],
+    values: Mapping[str, np.ndarray],
+    screen: integrity.OutlierScreen,
+    norms: list[float],
+    rms: list[float],
+) -> tuple[list[Mapping[str, np.ndarray]], dict[int, tuple[Code, str]], set[int], list, list]:
+  """`screen_round` over a fragment of `values`' size applied: (the deltas, clipped ones scaled
+  down; the rejected; the indices clipped; the two norm histories after the round)."""
+  v = screen_round(deltas, sum(x.size for x in values.values()), screen, norms, rms)
+  deltas = list(deltas)
+  for i, factor in v.scale.items():
+    deltas[i] = {k: x * np.float32(factor) for k, x in deltas[i].items()}
+  return deltas, v.rejected, set(v.scale), v.norms, v.rms

@@ -136,3 +136,29 @@ def digest(state: Mapping[str, Any]) -> str:
   h = _hash_arrays(state)
   h.update(json.dumps(state["meta"], sort_keys=True).encode())
   return h.hexdigest()
+
+
+def merged_work(fragments: Mapping[int, FragmentState]) -> dict[int, dict[str, dict[int, int]]]:
+  """Learner -> {'steps': fragment -> inner steps, 'tokens': fragment -> tokens} that reached
+  a merge: the sums over the uploads each fragment merged (each counts the learner's progress
+  since it last received that fragment; a refused one counts nothing)."""
+  out: dict[int, dict[str, dict[int, int]]] = {}
+  for p, f in fragments.items():
+    for m, (steps, tokens) in list(f.merged.items()):  # (a status read races merges)
+      work = out.setdefault(m, {"steps": {}, "tokens": {}})
+      work["steps"][p], work["tokens"][p] = steps, tokens
+  return dict(sorted(out.items()))
+
+
+def lineage_after(
+    lineage: Mapping[int, list[int]], old: int, new: int, restored: list[int]
+) -> dict[int, list[int]]:
+  """The version history after a restart from a checkpoint holding versions `restored`, as
+  generation `new` (> `old`): versions up to the checkpoint's are shared with the checkpoint's
+  generation and, as far as they were shared with it, with earlier ones; later ones forgotten."""
+  if new <= old:
+    raise ValueError(f"new generation {new} must exceed {old}")
+  out = {g: [min(a, b) for a, b in zip(v, restored)] for g, v in lineage.items()}
+  for g in range(old, new):
+    out[g] = list(restored)
+  return out

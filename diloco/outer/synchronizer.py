@@ -1,17 +1,18 @@
 """The synchronizer core: a sans-I/O state machine (no threads, sockets, clocks or sleeps).
 
 It holds, per fragment p, one record (sync_state.FragmentState): the global values Θ_p, the outer
-optimizer state, the downlink residual and a version. It
-consumes events (protocol.Join/Leave/Upload/Tick) and returns actions (protocol.Send/SetTimer/Log).
+optimizer state, the downlink residual and a version. It consumes events (protocol.Join/Leave/
+Upload/Tick) and returns actions (protocol.Send/SetTimer/Log).
 Every runtime drives the same object, so a bug found in simulation is the bug in production.
 
 Merge of fragment p (its round: rounds.py): once `policy.quorum` uploads of p from live learners
-are in, wait the grace window (cut short when every live learner has uploaded), then merge every pending upload of p with
-`policy.weights` and `policy.merge`, step the outer optimizer, and send version v+1 to every live
-learner (or to its contributors only, `policy.broadcast`; with DyLU each Send carries the learner's
-inner steps, dylu.py). The update Θ_new − Θ_old is sent encoded with the downlink codec, and the synchronizer
-itself applies the decoded update, so learners and synchronizer hold bit-identical fragments; the
-quantisation error is fed back into the next update of that fragment (error feedback).
+are in, wait the grace window (cut short when every live learner has uploaded), then merge every
+pending upload of p with `policy.weights` and `policy.merge`, step the outer optimizer, and send
+version v+1 to every live learner (or to its contributors only, `policy.broadcast`; with DyLU each
+Send carries the learner's inner steps, dylu.py). The update Θ_new − Θ_old is sent encoded with
+the downlink codec, and the synchronizer itself applies the decoded update, so learners and
+synchronizer hold bit-identical fragments; the quantisation error is fed back into the next
+update of that fragment (error feedback).
 
 Everything that arrives is checked before it can touch the state (`admission`: the checksum, the
 fragment, the model's paths, shapes and sizes, the base version, progress; then at merge time
@@ -33,7 +34,6 @@ rebuilt from learners' Joins and new uploads. With `checkpoint_every=N` a `Check
 the runtime to save the state after every N-th merge.
 """
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,7 +41,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, ownership, policies, protocol, restart_window, rounds, screening, sync_state
+from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, ownership, policies, protocol, restart_window, rounds, screening, sends, sync_state
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, Tick, Upload
 
@@ -90,17 +90,11 @@ class Synchronizer:
     self.held: dict[int, list[int]] = {}  # fragment versions each learner was sent
     self.held_gen: dict[int, list[int]] = {}  # ... and their generations
     self.rounds = {p: rounds.Round() for p in self.owned}  # each fragment's round in progress
-    self.ema_step = policies.Ema(policy.ema_decay)
-    self.ema_quorum = policies.Ema(policy.ema_decay)
-    self.ema_sync = policies.Ema(policy.ema_decay)
-    self.dylu = (
-        dylu.Dylu(policy.dylu_inner_steps, policy.ema_decay) if policy.dylu_inner_steps else None
-    )
-    self.window = (  # asynchronous Local-SGD's restart window (restart_window.py)
-        restart_window.RestartWindow(policy.restart_window_s)
-        if policy.restart_window_s > 0
-        else None
-    )
+    self.ema_step, self.ema_quorum, self.ema_sync = (policies.Ema(policy.ema_decay) for _ in "sqs")
+    steps, window_s = policy.dylu_inner_steps, policy.restart_window_s
+    self.dylu = dylu.Dylu(steps, policy.ema_decay) if steps else None
+    # asynchronous Local-SGD's restart window (restart_window.py)
+    self.window = restart_window.RestartWindow(window_s) if window_s > 0 else None
 
   # ---- events ----
 
@@ -163,7 +157,7 @@ class Synchronizer:
       return [reject] + self._maybe_merge(up.fragment, up.time)
     p, rnd = up.fragment, self.rounds[up.fragment]
     if self.policy.anchor == "global":
-      up = self._anchored(up)
+      up = policies.anchored(up, self.fragments[p].values)
     rnd.abstaining.discard(up.learner)
     self.ema_step.update(up.step_time)
     if self.dylu is not None:
@@ -173,13 +167,6 @@ class Synchronizer:
       rnd.first_upload_s = up.time
     rnd.pending[up.learner] = up
     return self._maybe_merge(p, up.time)
-
-  def _anchored(self, up: Upload) -> Upload:
-    """outer.anchor=global: the upload carries θ_m; its outer gradient is Θ_p − θ_m against
-    the fragment as it is now (the version its round merges into), kept in fp32."""
-    theta, values = compression.decode_tree(up.delta), self.fragments[up.fragment].values
-    delta = {k: np.asarray(values[k], np.float32) - theta[k] for k in values}
-    return dataclasses.replace(up, delta=compression.encode_tree(delta, "fp32"), checksum=None)
 
   def _tick(self, now: float) -> list[Action]:
     actions: list[Action] = []
@@ -205,17 +192,14 @@ class Synchronizer:
     otherwise); the rejections, and the learners whose deltas were clipped."""
     pending = self.rounds[p].pending
     ups = [pending[m] for m in sorted(pending)]
-    deltas = [{k: compression.decoded_view(e) for k, e in u.delta.items()} for u in ups]
     rejected: dict[int, tuple[Code, str]] = {}
-    clipped: set[int] = set()
+    f, clipped = self.fragments[p], set()
+    deltas = [{k: compression.decoded_view(e) for k, e in u.delta.items()} for u in ups]
     if self.screen is not None:
-      f = self.fragments[p]
-      size = sum(x.size for x in f.values.values())
-      v = screening.screen_round(deltas, size, self.screen, f.norms, self.rms)
-      for i, factor in v.scale.items():
-        deltas[i] = {k: x * np.float32(factor) for k, x in deltas[i].items()}
-        clipped.add(ups[i].learner)
-      rejected, f.norms, self.rms = v.rejected, v.norms, v.rms
+      deltas, rejected, scaled, f.norms, self.rms = screening.screened(
+          deltas, f.values, self.screen, f.norms, self.rms
+      )
+      clipped = {ups[i].learner for i in scaled}
     return (*self._drop(p, now, ups, deltas, rejected), clipped)
 
   def _drop(
@@ -244,7 +228,7 @@ class Synchronizer:
     rejects += more
     if not ups:
       self.rounds_skipped += 1
-      self._reset_round(p)
+      self.rounds[p] = rounds.Round()
       return rejects
     staleness = [self.fragments[p].version - u.base_version for u in ups]
     if self.policy.anchor == "global":  # each taken against the fragment as it is
@@ -257,7 +241,7 @@ class Synchronizer:
       return rejects + self._reject_round(p, now, ups, encoded)
     version, quorum_s = self.fragments[p].version, self.rounds[p].quorum_s
     record = rounds.merge_record(p, now, version, quorum_s, ups, weights, staleness, clipped)
-    self._reset_round(p)
+    self.rounds[p] = rounds.Round()
     return rejects + [Log(record)] + self._broadcast(p, ups, encoded, now)
 
   def _combine(self, p: int, now: float, ups: list[Upload], deltas: list[dict]):
@@ -318,11 +302,8 @@ class Synchronizer:
     """Rejects every upload of a round whose merge could not be committed."""
     rejects = [admission.refusal(u.learner, p, now, why, Code.NON_FINITE_MERGE, u) for u in ups]
     self.rounds_skipped += 1
-    self._reset_round(p)
-    return rejects
-
-  def _reset_round(self, p: int) -> None:
     self.rounds[p] = rounds.Round()
+    return rejects
 
   def _unseen_own(self, learner: int, p: int, held: int, known: bool) -> tuple | None:
     """The key of `learner`'s last merged upload of p if the version it holds (`held`, of this
@@ -340,38 +321,19 @@ class Synchronizer:
       own=None,
       merged: bool = False,
   ) -> Send:
-    """Fragment p's newest version for `learner`: the update when it holds the one before,
-    else the full values; `own`: the key of that learner's upload the version merges
-    (`Send.own`); `merged`: it answers a merge (a release), which carries DyLU's steps."""
+    """Fragment p's newest version for `learner` (`sends.newest`); `own`: the key of that
+    learner's upload the version merges; `merged`: it answers a merge (a release), which carries
+    DyLU's steps."""
     num = self.frag.num_fragments
     held = self.held.setdefault(learner, [-1] * num)
     held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
-    v, g = self.fragments[p].version, self.generation
-    h = (
-        self.dylu.steps_for(learner, self.live)
-        if self.dylu is not None and (update is not None or merged)
-        else 0
+    f = self.fragments[p]
+    dylu = self.dylu is not None and (update is not None or merged)
+    h = self.dylu.steps_for(learner, self.live) if dylu else 0
+    done = sum(w[0] for w in f.merged.values()) if self.policy.send_progress else 0
+    return sends.newest(
+        learner, p, f, self.generation, held, held_gen, h, done, own, update, update_crc
     )
-    done = sum(w[0] for w in self.fragments[p].merged.values()) if self.policy.send_progress else 0
-    if update is not None and held[p] == v - 1:
-      crc = protocol.send_checksum(p, v, g, held_gen[p], update_crc, h, own, done)
-      send = Send(
-          learner,
-          p,
-          v,
-          update,
-          generation=g,
-          base_generation=held_gen[p],
-          checksum=crc,
-          inner_steps=h,
-          own=own,
-          progress=done,
-      )
-    else:
-      values = {k: x.copy() for k, x in self.fragments[p].values.items()}
-      send = Send(learner, p, v, values=values, generation=g, inner_steps=h, own=own, progress=done)
-    held[p], held_gen[p] = v, g
-    return send
 
   # ---- restarts ----
 
@@ -384,7 +346,7 @@ class Synchronizer:
     sync_state.load_state_dict(self, state)
     self.live, self.held, self.held_gen = set(), {}, {}
     for p in self.owned:
-      self._reset_round(p)
+      self.rounds[p] = rounds.Round()
 
   def restart(self, state: Mapping[str, Any], generation: int) -> None:
     """Loads a checkpoint and begins `generation` (larger than any generation before it).
@@ -393,12 +355,9 @@ class Synchronizer:
     they were shared with it, with earlier ones; versions merged after it are forgotten.
     """
     self.load_state_dict(state)
-    if generation <= self.generation:
-      raise ValueError(f"new generation {generation} must exceed {self.generation}")
-    restored = self.versions
-    self.lineage = {g: [min(a, b) for a, b in zip(v, restored)] for g, v in self.lineage.items()}
-    for g in range(self.generation, generation):
-      self.lineage[g] = list(restored)
+    self.lineage = sync_state.lineage_after(
+        self.lineage, self.generation, generation, self.versions
+    )
     self.generation = generation
 
   def digest(self) -> str:
@@ -433,14 +392,8 @@ class Synchronizer:
 
   def merged_work(self) -> dict[int, dict[str, dict[int, int]]]:
     """Learner -> {'steps': fragment -> inner steps, 'tokens': fragment -> tokens} that reached
-    a merge: the sums over the uploads each owned fragment merged (each counts the learner's
-    progress since it last received that fragment; a refused one counts nothing)."""
-    out: dict[int, dict[str, dict[int, int]]] = {}
-    for p, f in self.fragments.items():
-      for m, (steps, tokens) in list(f.merged.items()):  # (a status read races merges)
-        work = out.setdefault(m, {"steps": {}, "tokens": {}})
-        work["steps"][p], work["tokens"][p] = steps, tokens
-    return dict(sorted(out.items()))
+    a merge (`sync_state.merged_work`)."""
+    return sync_state.merged_work(self.fragments)
 
   @property
   def merges(self) -> int:

@@ -4,8 +4,8 @@
   events addressed to it are dropped (its epoch moves on); the synchronizer gets Leave(m) at once.
   Work since its last checkpoint, and the step it was in, are wasted, and their tokens return to the
   budget (it reads them again). When it comes back it restores its checkpoint (or starts over, see
-  recovery/rejoin.py) and re-joins with the versions it holds; the rejoin is complete once every fragment
-  the synchronizer sent in answer has arrived, and it trains only from then on (a step taken before
+  recovery/rejoin.py) and re-joins with the versions it holds; the rejoin is complete once every
+  fragment the synchronizer sent in answer has arrived, and it trains only from then on (a step taken before
   would be overwritten by them), unless the synchronizer is down when it comes back: then one
   restored from its checkpoint trains on it meanwhile. Rounds in progress at its Join do not wait
   for it, unless the quorum counts crashed members (synchronous DiLoCo without elasticity). Its step
@@ -16,8 +16,7 @@
   lockstep rounds of different fragments would wait on each other). Where lockstep rounds wait for
   it (blocking learners, quorum of members), it resumes instead at the leading learner's last merge
   point (the step after which that one last received a fragment) or its own checkpoint's step if
-  later: it redoes the rounds still open, as a restarted synchronous worker must, while the others
-  wait.
+  later: it redoes the rounds still open, as a restarted synchronous worker must, while others wait.
 - sync_crash: the synchronizer's memory is lost (open rounds, timers, messages in flight to it);
   learners keep training and keep their unanswered uploads; it restarts from its newest checkpoint
   as a new generation, every live learner re-joins and sends again each fragment still unanswered,
