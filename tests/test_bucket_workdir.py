@@ -7,6 +7,7 @@ back from its checkpoint in the bucket: tests/test_island_bucket.py.)"""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -118,3 +119,19 @@ def test_a_bucket_jsonl_keeps_whole_rows_and_resumes_at_a_position(bucket):  # n
   cut.write('{"step": 9}\n')
   cut.close()
   assert [r["step"] for r in jsonl.read(path)] == [1, 9]
+
+
+@pytest.mark.parametrize("mode", ["dp", "decoupled"])
+def test_a_failed_run_keeps_its_rows_in_the_bucket(bucket, mode):  # noqa: F811
+  """A run stopped by an error (a loss gone NaN) still uploads the rows it wrote: a bucket's are
+  held in memory between uploads, and the writer is closed on the way out."""
+  config = shakespeare.get_config(f"runlocal,mode={mode}")
+  config.optimizer.lr, config.optimizer.clip_norm = 1e6, 0.0
+  config.log_every = 1
+  url = f"{bucket}/failed-{mode}"
+  with pytest.raises(FloatingPointError, match=r"at step (\d+)") as err:
+    train.train_and_evaluate(config, url)
+  bad = int(re.search(r"at step (\d+)", str(err.value)).group(1))
+  steps = {r["step"] for r in jsonl.read(f"{url}/metrics.jsonl") if "loss" in r}
+  assert bad > 2 and max(steps) == bad - 1  # every finite row, the last one's too
+  assert not paths.exists(f"{url}/summary.json")

@@ -119,7 +119,9 @@ class Learner:
     if self.uplink is None:
       self.uplink = Uplink(self.codec)
     if start is not None:  # its copy of the global fragments and its parameters are `start`
-      self.global_copy = [{k: self._held(k, start[k]) for k in paths} for paths in self.frag.paths]
+      self.global_copy = [
+          {k: self._to_held(k, start[k]) for k in paths} for paths in self.frag.paths
+      ]
       self.versions = [0] * n
       self._write({k: v for g in self.global_copy for k, v in g.items()})
     self.adopt_at, self.own_merged = [-1] * n, [0] * n
@@ -338,7 +340,7 @@ class Learner:
   # How the host copies are held (whole arrays here; a multi-process learner holds its own part
   # of each, rpc/host_parts.py): elementwise arithmetic is the same on both.
 
-  def _held(self, k: str, full: np.ndarray) -> np.ndarray:
+  def _to_held(self, k: str, full: np.ndarray) -> np.ndarray:
     """The held form of the whole value `full` of parameter k (float32, a new array)."""
     return np.array(full, np.float32)
 

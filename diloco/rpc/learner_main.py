@@ -182,7 +182,11 @@ def run(
     faults.after_step(lrn.steps)
 
   tokens0, t0 = learner.tokens, time.perf_counter()
-  result = _train(config, learner, faults.link(link), next_batch, on_step)
+  try:
+    result = _train(config, learner, faults.link(link), next_batch, on_step)
+  except BaseException:
+    progress.close()  # the rows so far (a bucket's wait in memory for their upload)
+    raise
   wall = time.perf_counter() - t0
   stopped = result["stopped_by"] == preemption.SIGNAL or result["undelivered_steps"]
   if stopped and jax.process_count() == 1:

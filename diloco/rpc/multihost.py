@@ -175,7 +175,7 @@ class SpmdLearner(Learner):
     held = [(v.nbytes, k) for g in self.global_copy for k, v in g.items()]
     return sum(n for n, _ in held), sum(4 * int(np.prod(self.layout(k).shape)) for _, k in held)
 
-  def _held(self, k: str, full: np.ndarray) -> np.ndarray:
+  def _to_held(self, k: str, full: np.ndarray) -> np.ndarray:
     return self.layout(k).cut(np.asarray(full, np.float32)).astype(np.float32, copy=True)
 
   def _cut(self, tree):
@@ -204,7 +204,7 @@ class SpmdLearner(Learner):
   def from_saved(self, k: str, saved) -> np.ndarray:
     if isinstance(saved, jax.Array) and not saved.is_fully_addressable:
       return self.layout(k).part_of(saved).astype(np.float32, copy=True)
-    return self._held(k, np.asarray(saved))
+    return self._to_held(k, np.asarray(saved))
 
   def _read(self, p: int) -> dict[str, np.ndarray]:
     flat = fragments.leaves(self.state.params, self.frag.paths[p])

@@ -121,25 +121,31 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   stop_at = start + config.stop_after_steps if config.get("stop_after_steps", 0) else None
   last, stopped_by = start, None
   eval_row: dict[str, Any] = {}
-  for step in range(start + 1, config.steps + 1):
-    state, device_metrics = fns.train(state, step_lib.put_batch(next(data.train_iter), fns.mesh))
-    logger.push(step, device_metrics)
-    last, stopped_by = step, preemption.stop_reason(step, stop_at)
-    stopping = stopped_by is not None and step < config.steps
-    due_eval = step % config.eval_every == 0 or step == config.steps
-    due_ckpt = step % config.checkpoint_every == 0 or step == config.steps or stopping
-    if due_eval or due_ckpt:
-      logger.flush()  # never save or evaluate a state that went non-finite
-    if due_eval:
-      final = step == config.steps  # the one model, at the run's last step
-      eval_row = evaluation.evaluate(fns, state.params, data, final)
-      tokens = step * logger.tokens_per_step
-      writer.write({"step": step, "tokens": tokens, **eval_row, "model": "global", "final": final})
-    if due_ckpt:
-      ckpt.save(step, state, data.train_iter, force=step == config.steps or stopping)
-      writer.sync()  # (a bucket's metrics hold the rows up to a checkpoint a resume starts at)
-    if stopping:
-      break
+  try:
+    for step in range(start + 1, config.steps + 1):
+      state, device_metrics = fns.train(state, step_lib.put_batch(next(data.train_iter), fns.mesh))
+      logger.push(step, device_metrics)
+      last, stopped_by = step, preemption.stop_reason(step, stop_at)
+      stopping = stopped_by is not None and step < config.steps
+      due_eval = step % config.eval_every == 0 or step == config.steps
+      due_ckpt = step % config.checkpoint_every == 0 or step == config.steps or stopping
+      if due_eval or due_ckpt:
+        logger.flush()  # never save or evaluate a state that went non-finite
+      if due_eval:
+        final = step == config.steps  # the one model, at the run's last step
+        eval_row = evaluation.evaluate(fns, state.params, data, final)
+        tokens = step * logger.tokens_per_step
+        writer.write(
+            {"step": step, "tokens": tokens, **eval_row, "model": "global", "final": final}
+        )
+      if due_ckpt:
+        ckpt.save(step, state, data.train_iter, force=step == config.steps or stopping)
+        writer.sync()  # (a bucket's metrics hold the rows up to a checkpoint a resume starts at)
+      if stopping:
+        break
+  except BaseException:
+    writer.close()  # the rows so far (a bucket's wait in memory for their upload)
+    raise
   stopped_by = stopped_by if last < config.steps else None
   logger.close()
   ckpt.close()  # waits for the saves in flight

@@ -69,7 +69,11 @@ def _run(
   iters = [parts.islands[m].data.train_iter for m in range(o.learners)]
   if snap is not None:
     virtual_snapshot.restore(runtime, iters, snap)
-  sim_time = runtime.run()
+  try:
+    sim_time = runtime.run()
+  except BaseException:
+    log.close()  # the rows so far (a bucket's wait in memory for their upload)
+    raise
   if runtime.stopped_by is not None:
     snap = {**log.state(), "evals": evals.rows}
     return _stopped(config, parts, runtime, log, iters, workdir, recover, snap, t_wall)
