@@ -87,11 +87,7 @@ stage = lambda arg, table: stager("toy=1," + arg, table)  # the authors' way
 
 # %%
 stage("part=pretrain", "pretrain")
-stage(f"part=tune,results={RESULTS}", "tune")
-for i in range(1, 6):
-  if not stage(f"part=extend,results={RESULTS}", f"extend{i}"):
-    break
-stage(f"part=seeds,seeds={2 if TINY else 3},results={RESULTS}", "seeds")
+search.run_stages(stage, RESULTS, 2 if TINY else 3, tune=[(f"part=tune,results={RESULTS}", "tune")])
 rows = sp.read_rows(RESULTS)
 for path in sorted(glob.glob(os.path.join(RESULTS, "pretrain*.jsonl"))):  # one start per machine
   start = json.loads(open(path, encoding="utf-8").readline())

@@ -84,12 +84,7 @@ stage = sweep_run.stager(SPEC, RESULTS, RESULTS_ONLY, tiny=TINY, **OPTIONS)
 # the baseline's winner and seeds 1 and 2 of every row (tiny: seed 1).
 
 # %%
-stage("part=tune", "tune")
-for i in range(1, 6):
-  if not stage(f"part=extend,results={RESULTS}", f"extend{i}"):
-    break
-stage(f"part=fragments,results={RESULTS}", "fragments")
-stage(f"part=seeds,seeds={2 if TINY else 3},results={RESULTS}", "seeds")
+search.run_stages(stage, RESULTS, 2 if TINY else 3, between=("fragments",))
 rows = sp.read_rows(RESULTS)
 grid = search.tuning([r for r in rows if r.get("status") == "done"], at.REGIME_KEYS)
 print("eval loss at each outer lr (seed 0); * = winner")

@@ -77,13 +77,10 @@ stage = sweep_run.stager(SPEC, RESULTS, RESULTS_ONLY, tiny=TINY, **OPTIONS)
 
 # %%
 if not RESULTS_ONLY:  # (loaded: every finished row checked in, whichever stages they are from)
-  for domain in ("text",) if TINY else ("text", "vision"):
-    stage(f"part=tune,domains={domain}", f"tune_{domain}")
-  for i in range(1, 6):
-    if not stage(f"part=extend,results={RESULTS}", f"extend{i}"):
-      break
-  stage(f"part=seeds,seeds={2 if TINY else 3},results={RESULTS}", "seeds")
-  stage(f"part=time,seeds={2 if TINY else 3},results={RESULTS}", "time")
+  tune = [
+      (f"part=tune,domains={d}", f"tune_{d}") for d in (("text",) if TINY else ("text", "vision"))
+  ]
+  search.run_stages(stage, RESULTS, 2 if TINY else 3, tune=tune, after=("time",))
 everything = sp.read_rows(RESULTS)
 rows = [r for r in everything if not r.get("merge")]  # point 3's (point 4's below have `merge`)
 tokens = [r for r in rows if dt.budget_of(r) == "tokens"]
@@ -179,15 +176,14 @@ for budget in dv.BUDGETS:
 
 # %%
 if not RESULTS_ONLY:
-  if TINY:
-    stage(f"part=rda,delivery=rebase,results={RESULTS}", "rda")
-  else:
-    stage(f"part=rda,delivery=rebase,policies=wait_all,results={RESULTS}", "rda_wait_all")
-    stage(f"part=rda,delivery=rebase,policies=k1_grace,lr_scale=0.125,results={RESULTS}", "rda_k1")
-  for i in range(1, 6):
-    if not stage(f"part=rda_extend,delivery=rebase,results={RESULTS}", f"rda_extend{i}"):
-      break
-  stage(f"part=rda_seeds,delivery=rebase,seeds={2 if TINY else 3},results={RESULTS}", "rda_seeds")
+  rda, wait_all, k1 = "part=rda,delivery=rebase", "policies=wait_all", "policies=k1_grace"
+  tune = [(f"{rda},results={RESULTS}", "rda")]
+  if not TINY:  # (k1_grace's rebase winners were 0.025-0.05: its ladder starts lower)
+    tune = [(f"{rda},{wait_all},results={RESULTS}", "rda_wait_all")]
+    tune.append((f"{rda},{k1},lr_scale=0.125,results={RESULTS}", "rda_k1"))
+  search.run_stages(
+      stage, RESULTS, 2 if TINY else 3, tune=tune, prefix="rda_", extra="delivery=rebase"
+  )
 rda_rows = dt.rda_rows(sp.read_rows(RESULTS), "rebase")
 rda = dt.rda_cells(rda_rows)
 if not rda:

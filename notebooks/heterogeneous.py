@@ -74,11 +74,7 @@ stage = sweep_run.stager(SPEC, RESULTS, RESULTS_ONLY, tiny=TINY, **OPTIONS)
 # A doubling ladder, extended past any winner on its edge until none is.
 
 # %%
-stage("part=tune", "tune")
-for i in range(1, 6):
-  if not stage(f"part=extend,results={RESULTS}", f"extend{i}"):
-    break
-stage(f"part=seeds,seeds={2 if TINY else 3},results={RESULTS}", "seeds")
+search.run_stages(stage, RESULTS, 2 if TINY else 3)
 rows = sp.read_rows(RESULTS)
 grid = ht.tuning(rows)
 print("eval loss at each outer lr (seed 0); * = winner")

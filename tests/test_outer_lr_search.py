@@ -193,3 +193,30 @@ def test_grid_text_has_a_column_per_rate_and_stars_each_winner():
   ]
   first = search.grid_text(grid, lambda c: c[0], cells=[("b",), ("a",)]).split("\n")[1]
   assert first == "  b           1.5000   1.2500*"  # the order asked for
+
+
+def test_the_staged_search_runs_each_stage_in_order_and_stops_extending_when_none_is_left():
+  calls = []
+
+  def stage(arg: str, table: str) -> bool:
+    calls.append((arg, table))
+    return table != "rda_extend2"  # the second extension has no point left
+
+  search.run_stages(
+      stage, "R", 3, tune=[("part=rda,x=1", "rda")], prefix="rda_", extra="delivery=rebase"
+  )
+  assert calls == [
+      ("part=rda,x=1", "rda"),
+      ("part=rda_extend,delivery=rebase,results=R", "rda_extend1"),
+      ("part=rda_extend,delivery=rebase,results=R", "rda_extend2"),
+      ("part=rda_seeds,delivery=rebase,seeds=3,results=R", "rda_seeds"),
+  ]
+  calls.clear()
+  search.run_stages(stage, "R", 2, between=("fragments",), after=("time",), extends=1)
+  assert calls == [
+      ("part=tune", "tune"),
+      ("part=extend,results=R", "extend1"),
+      ("part=fragments,results=R", "fragments"),
+      ("part=seeds,seeds=2,results=R", "seeds"),
+      ("part=time,seeds=2,results=R", "time"),
+  ]

@@ -4,13 +4,15 @@ rows, the next rung past a winner on the edge of what was tried, and the seeds t
 A cell is a tuple of a row's values under `keys` (e.g. ("domain", "policy")); rows are a sweep
 table's (diloco/sweeps/sweep_run.py), with `outer_lr`, `seed` and `eval_loss` columns. The ladder
 doubles: a winner at the lowest rate tried gets half of it next, at the highest twice.
+`run_stages` runs a table's search stage by stage (tune, extend until no cell is on an edge,
+seeds), the one staging every notebook uses.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Row = dict[str, Any]
@@ -131,3 +133,32 @@ def compare(a: float, b: float, spread: float, lower_is_better: bool = True) -> 
   """+1 if a is better than b by more than `spread`, -1 if worse, 0 if they match."""
   d = (b - a) if lower_is_better else (a - b)
   return 0 if abs(d) <= spread else (1 if d > 0 else -1)
+
+
+def run_stages(
+    stage: Callable[[str, str], bool],
+    results: str,
+    seeds: int,
+    *,
+    tune: Sequence[tuple[str, str]] = (("part=tune", "tune"),),
+    between: Sequence[str] = (),
+    after: Sequence[str] = (),
+    prefix: str = "",
+    extra: str = "",
+    extends: int = 5,
+) -> None:
+  """A table's staged search, each stage run or loaded by `stage(arg, table)`
+  (`sweep_run.stager`): the `tune` stages ((arg, table) pairs), part=extend one rung past any
+  winner on its grid's edge until a stage has no point (at most `extends`), the parts
+  `between`, then part=seeds with `seeds` seeds and the parts `after` with them. `prefix` names
+  a second search's parts (`rda_`: rda_extend, rda_seeds) and `extra` adds variants to each."""
+  pre = f"{extra}," if extra else ""
+  for arg, table in tune:
+    stage(arg, table)
+  for i in range(1, extends + 1):
+    if not stage(f"part={prefix}extend,{pre}results={results}", f"{prefix}extend{i}"):
+      break
+  for part in between:
+    stage(f"part={part},{pre}results={results}", part)
+  for part in (f"{prefix}seeds", *after):
+    stage(f"part={part},{pre}seeds={seeds},results={results}", part)
