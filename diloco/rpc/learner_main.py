@@ -151,9 +151,7 @@ def run(
   learner.run_every = config.outer.overlap if config.outer.blocking else 0  # (multihost.py)
   ckpt = (
       LearnerCheckpointer(  # (shared by a job's processes: process 0 checks it, inner/checkpoint)
-          paths.join(workdir, "checkpoints"),
-          config.outer.learner_checkpoint_every,
-          async_save=True,  # (one learner in this process: learner_checkpoint.py)
+          paths.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
       )
   )
   restored = restore(learner, ckpt)
