@@ -214,8 +214,6 @@ class SpmdLearner(Learner):
     }
 
   def _write(self, values) -> None:
-    if all(self.layout(k).whole for k in values):
-      return super()._write(values)
     old = fragments.leaves(self.state.params, list(values))
     new = {
         k: (
