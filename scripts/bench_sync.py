@@ -8,6 +8,8 @@ synchronizer M fp32 uploads of that fragment, whose checksums it verifies as the
 one triggers the merge: view the payloads as float32, merge them (mean or RDA) and check for
 NaN/Inf, step Nesterov SGD, encode the update with the downlink codec, apply its decoding and keep
 the residual, and build the sends with their checksum.
+The phases include the outer step's reference (optax op by op, then encode and add_decoded) beside
+its fast path (`commit.outer_step`), the same bits.
 Reference: np.copyto of the fragment's bytes into a preallocated buffer, timed alternately with the
 rounds so both see the same machine load. The merge round's work is spread over --threads threads
 (`diloco.outer.parallel`; default: the machine's cores), the same bits for any count.
@@ -139,7 +141,10 @@ def main(argv):
       f"merge ({_MERGE.value}) + finite": lambda: merging.merge_checked(
           decoded, weights, rule=_MERGE.value
       ),
-      "outer step (numpy)": outer_step,
+      "outer step (compiled)": outer_step,
+      "outer step (optax)": lambda: optimizers.reference_step(
+          tx, merged, opt_state[0], old, residual
+      ),
       "downlink encode": lambda: compression.encode_tree(raw, _DOWNLINK.value),
       "decode, apply, residual": lambda: {
           k: compression.add_decoded(old[k], enc[k], residual_out[k]) for k in old
@@ -149,6 +154,10 @@ def main(argv):
       "commit.outer_step": lambda: commit.outer_step(
           tx, merged, opt_state[0], old, residual, _DOWNLINK.value
       ),
+      # The contract the fast path keeps bit for bit: optax, encode, add_decoded.
+      "commit, the reference": lambda: commit.outer_step(
+          tx, merged, opt_state[0], old, residual, _DOWNLINK.value, fast=False
+      ),
   }
   times = timing.best_seconds([lambda: np.copyto(dst, src), *phases.values()], reps)
   for name, t in zip(phases, times[1:]):
@@ -156,8 +165,8 @@ def main(argv):
         f"  {name:22s} {t * 1e3:8.2f} ms = {t / times[0]:6.2f}x memcpy  "
         f"({t / t_round:5.1%} of a round)"
     )
-  in_round = [t for name, t in zip(phases, times[1:]) if name != "commit.outer_step"][:2]
-  in_round += [times[-1], times[-2]]  # checksums, merge, commit, send checksum
+  timed = dict(zip(phases, times[1:]))
+  in_round = [timed[n] for n in list(phases)[:2] + ["commit.outer_step", "send checksum"]]
   print(f"  {'checksums+merge+commit+send':22s} {sum(in_round) * 1e3:8.2f} ms")
   print(f"sync_vs_memcpy={merged_bw / copy_bw:.2f}")
 

@@ -1,21 +1,27 @@
-"""The compiled commit loop (diloco/outer/kernels.py) gives the bits of the unfused passes."""
+"""The outer step's fast path (diloco/outer/kernels.py) gives the bits of the reference: optax's
+step op by op, then the codec's encode and add_decoded. This is the contract between the two."""
 
 import hypothesis
+import jax
 import numpy as np
 import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from diloco.outer import blockwise, compression, kernels, optimizers
+from diloco.outer import blockwise, commit, compression, kernels, optimizers
 
 
 def _passes(tx, g, trace, plus, old):
-  """SGD's step (numpy), encode, add_decoded: (encoded, new, raw); the trace goes to trace[1]."""
-  raw = np.empty_like(g)
-  optimizers.sgd_span(tx, g, trace, plus, raw, 0, g.size)
-  encoded = compression.encode(raw, "fp4")
-  new = compression.add_decoded(old, encoded, raw)
-  return encoded, new, raw
+  """The reference (optax, encode, add_decoded): (encoded, new, raw); the trace goes to trace[1]."""
+  state = tx.init({"w": g})
+  if trace is not None:
+    state = jax.tree.unflatten(jax.tree.structure(state), [trace[0]])
+  raw, state = optimizers.reference_step(tx, {"w": g}, state, {"w": old}, {"w": plus})
+  if trace is not None:
+    trace[1][:] = jax.tree.leaves(state)[0]
+  encoded = compression.encode(raw["w"], "fp4")
+  new = compression.add_decoded(old, encoded, raw["w"])
+  return encoded, new, raw["w"]
 
 
 def _kernel(tx, g, trace, plus, old, spans=None):
@@ -105,3 +111,41 @@ def test_random_updates_match_the_passes(data, lr):
   got = _kernel(tx, data, None, plus, old)
   assert got[0] == want[0]
   assert _same(got[1], want[1]) and _same(got[2], want[2])
+
+
+def _same_results(a, b) -> bool:
+  """Two `commit.outer_step` results equal bit for bit: values, momentum, residual, wire bytes."""
+  leaves = lambda s: [np.asarray(x, np.float32).tobytes() for x in jax.tree.leaves(s)]
+  return (
+      all(_same(a[0][k], b[0][k]) and _same(a[2][k], b[2][k]) for k in a[0])
+      and leaves(a[1]) == leaves(b[1])
+      and a[3] == b[3]
+  )
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+    codec=st.sampled_from(compression.CODECS),
+    momentum=st.sampled_from([0.9, 0.0]),
+    lr=st.sampled_from([0.7, 1e-3]),
+    sizes=st.lists(st.integers(1, 1300), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_the_outer_step_is_the_reference_for_every_codec(codec, momentum, lr, sizes, seed):
+  # Two merge rounds, so the second starts from a momentum the first wrote. The fast path never
+  # calls optax for SGD; the reference always does.
+  rng = np.random.default_rng(seed)
+  make = lambda scale: {
+      f"t{i}": (rng.standard_normal(n) * scale).astype(np.float32) for i, n in enumerate(sizes)
+  }
+  tx = optimizers.nesterov(lr, momentum)
+  old, residual = make(1.0), make(1e-4)
+  state = tx.init(old)
+  for _ in range(2):
+    merged = make(1e-2)
+    want = commit.outer_step(tx, merged, state, old, residual, codec, fast=False)
+    with pytest.MonkeyPatch.context() as m:
+      m.setattr(optimizers, "reference_step", None)  # calling it would fail
+      got = commit.outer_step(tx, merged, state, old, residual, codec)
+    assert not isinstance(got, str) and _same_results(got, want)
+    old, state, residual = got[0], got[1], got[2]

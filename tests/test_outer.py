@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from diloco.outer import optimizers
+from diloco.outer import kernels, optimizers
 
 LR, BETA = 0.7, 0.9
 
@@ -144,7 +144,7 @@ def _tree(rng, scale: float, shapes=((300, 7), (5,), (2, 3))) -> dict[str, np.nd
 
 @pytest.mark.parametrize("momentum", [BETA, 0.0])
 def test_host_step_is_bit_identical_to_optax_op_by_op(monkeypatch, momentum):
-  monkeypatch.setattr(optimizers, "CHUNK", 64)  # many chunks and a short last one
+  monkeypatch.setattr(kernels, "CHUNK", 64)  # many chunks and a short last one
   tx = optimizers.nesterov(LR, momentum)
   rng = np.random.default_rng(0)
   params = _tree(rng, 1.0)

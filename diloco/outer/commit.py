@@ -24,18 +24,24 @@ def outer_step(
     old: Mapping[str, np.ndarray],
     residual: Mapping[str, np.ndarray],
     codec: str,
+    fast: bool = True,
 ) -> tuple[dict, Any, dict, dict] | str:
   """(new globals, new optimizer state, new residual, encoded update), or why not (a str).
 
   Nothing passed in is modified: the momentum is written to new arrays, and the update plus the
-  old residual is a new array that becomes the new residual (raw - decoded).
+  old residual is a new array that becomes the new residual (raw - decoded). ``fast=False`` runs
+  the reference, the contract the fast path keeps bit for bit: optax op by op, then the codec's
+  `encode` and `add_decoded`.
   """
   try:
     with np.errstate(over="ignore", invalid="ignore"):
-      fused = _fused(tx, merged, opt_state, old, residual, codec)
+      fused = _fused(tx, merged, opt_state, old, residual, codec) if fast else None
       if fused is not None:
         return fused
-      raw, state = optimizers.host_step(tx, merged, opt_state, old, residual, in_place=False)
+      if fast:
+        raw, state = optimizers.host_step(tx, merged, opt_state, old, residual, in_place=False)
+      else:
+        raw, state = optimizers.reference_step(tx, merged, opt_state, old, residual)
       encoded = compression.encode_tree(raw, codec)  # refuses NaN/Inf (but fp32 and bf16)
       new, finite = {}, True
       for k in old:
@@ -68,7 +74,7 @@ def _fused(tx, merged, opt_state, old, residual, codec) -> tuple[dict, Any, dict
 
     def run(task: tuple[str, int, int]) -> bool | None:
       k, c0, c1 = task
-      fill = functools.partial(optimizers.sgd_span, tx, *tensors[k], raw[k].reshape(-1))
+      fill = functools.partial(kernels.sgd_span, tx, *tensors[k], raw[k].reshape(-1))
       return jobs[k].span(c0, c1, fill)
 
   finite = parallel.run(run, [(k, *s) for k in tensors for s in jobs[k].spans()])

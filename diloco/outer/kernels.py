@@ -1,12 +1,14 @@
-"""The merge round's commit as one compiled loop (numba): SGD step, fp4 encoding of the update,
-its decoding applied to the global values, and the residual, block by block while in cache.
+"""The outer step's fast path, one compiled loop (numba): the SGD step, and for an fp4 downlink
+the encoding of the update, its decoding applied to the global values, and the residual, block by
+block while in cache.
 
-numpy's version (`optimizers.sgd_span` then `encode_apply.EncodeApply`) makes about fifteen passes
-over every chunk, two of them gathers at about 1.4 ns a value; this loop makes one: 25 ms against
-62-77 ms for a 64 MiB fragment on one thread (`scripts/bench_sync.py --threads=1`). The bits are those of the unfused passes
-(`optimizers.host_step`, `compression.encode`, `compression.add_decoded`): every operation is the
-same float32 operation in the same order (no fast-math, so no fused multiply-add), and
-tests/test_kernels.py checks them equal.
+optax is the reference (`optimizers.nesterov`, op by op on the host); this loop is the one other
+place the step is written. The bits are the reference's (`tx.update` + plus, then
+`compression.encode` and `compression.add_decoded`): every operation is the same float32 operation
+in the same order (no fast-math, so no fused multiply-add). tests/test_kernels.py holds that
+contract. numpy's passes over every chunk made about fifteen, two of them gathers at about 1.4 ns
+a value; this loop makes one: 25 ms against 62-77 ms for a 64 MiB fragment with fp4 on one thread
+(`scripts/bench_sync.py --threads=1`).
 
 The fp4 nibble of r = |x|/s is sign << 3 | c, where c counts the magnitudes 2^-6 ... 1 at or below
 y = |x·(√2/s)| (log rounding, compression.py): the same c as y's biased exponent clipped to
@@ -27,6 +29,7 @@ _SQRT2 = np.float32(math.sqrt(2))
 _ABS_BITS, _SIGN_BIT, _EXP_ALL_ONES = 0x7FFFFFFF, 0x80000000, 0x7F800000
 _FLOAT_MAX = np.float32(np.finfo(np.float32).max)
 FINITE, NOT_FINITE, RAW_NOT_FINITE = 0, 1, 2  # what a span returns
+CHUNK = 1 << 17  # values per block of the step alone: 512 KiB of float32
 
 _kernel = None
 
@@ -47,9 +50,9 @@ def _compiled():
     i64 = types.int64
     signature = types.int64(
         f32_in, f32_in, f32, f32_in, f32_in, f32, f32, f32, u8,
-        types.float32, types.float32, types.boolean, i64, i64, i64,
+        types.float32, types.float32, types.boolean, types.boolean, i64, i64, i64,
     )  # fmt: skip
-    _kernel = numba.njit(signature, nogil=True, cache=True)(_sgd_fp4_span)
+    _kernel = numba.njit(signature, nogil=True, cache=True)(_sgd_span)
   return _kernel
 
 
@@ -58,11 +61,12 @@ def warm_up() -> None:
   _compiled()
 
 
-def _sgd_fp4_span(g, t_old, t_new, plus, old, raw, new, scales, body, mu, scale, momentum,
-                  start, stop, block):  # fmt: skip
-  """Values [start, stop) (start a multiple of 2·block): raw = SGD update + plus, its fp4
-  encoding into scales and body, new = old + decoding, raw -= decoding; FINITE, NOT_FINITE (new
-  or raw), or RAW_NOT_FINITE (nothing encoded past the block that holds a NaN or Inf).
+def _sgd_span(g, t_old, t_new, plus, old, raw, new, scales, body, mu, scale, momentum, fp4,
+              start, stop, block):  # fmt: skip
+  """Values [start, stop) (start a multiple of 2·block): raw = SGD update + plus; with `fp4`, its
+  fp4 encoding into scales and body, new = old + decoding, raw -= decoding; FINITE, NOT_FINITE
+  (new or raw), or RAW_NOT_FINITE (nothing encoded past the block that holds a NaN or Inf).
+  Without `fp4`, old, new, scales and body are not read and it returns FINITE.
 
   Loops run over per-block views from index 0 so that LLVM vectorizes them; branches are
   arithmetic on comparisons for the same reason.
@@ -70,8 +74,8 @@ def _sgd_fp4_span(g, t_old, t_new, plus, old, raw, new, scales, body, mu, scale,
   raw_u = raw.view(np.uint32)
   one = np.empty(1, np.uint32)
   one_f = one.view(np.float32)
-  nib = np.empty(block, np.uint8)
-  mag = np.empty(block, np.uint32)
+  nib = np.empty(block if fp4 else 0, np.uint8)
+  mag = np.empty(block if fp4 else 0, np.uint32)
   mag_f = mag.view(np.float32)
   bad = np.uint32(0)
   for b0 in range(start, stop, block):
@@ -93,6 +97,8 @@ def _sgd_fp4_span(g, t_old, t_new, plus, old, raw, new, scales, body, mu, scale,
     else:
       for i in range(g_b.size):
         r_b[i] = g_b[i] * scale + p_b[i]
+    if not fp4:
+      continue
     amax_bits = np.uint32(0)  # max|x| by its bits: integer order is float order for |x|
     for i in range(ru_b.size):
       v = ru_b[i] & np.uint32(_ABS_BITS)
@@ -130,6 +136,31 @@ def _sgd_fp4_span(g, t_old, t_new, plus, old, raw, new, scales, body, mu, scale,
   return NOT_FINITE if bad else FINITE
 
 
+_NONE_F32, _NONE_U8 = np.empty(0, np.float32), np.empty(0, np.uint8)
+
+
+def _trace_args(trace: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+  return (_NONE_F32, _NONE_F32) if trace is None else trace  # no momentum: never read
+
+
+def sgd_span(
+    tx: Any,
+    g: np.ndarray,
+    trace: tuple[np.ndarray, np.ndarray] | None,
+    plus: np.ndarray,
+    out: np.ndarray,
+    start: int,
+    stop: int,
+) -> None:
+  """optax's SGD step (t_new ← g + μ·t_old; Nesterov: g + μ·t_new; times −lr) + plus into `out`,
+  for flat float32 values [start, stop); `trace` is (t_old, t_new), or None without momentum.
+  Elementwise, so any split into spans gives the same bits."""
+  _compiled()(
+      g, *_trace_args(trace), plus, _NONE_F32, out, _NONE_F32, _NONE_F32, _NONE_U8,
+      np.float32(tx.momentum), np.float32(-tx.lr), trace is not None, False, start, stop, CHUNK,
+  )  # fmt: skip
+
+
 class SgdFp4:
   """One float32 tensor's SGD step, fp4 downlink encoding and application, run span by span
   (`span` over `spans()`, in any order or on several threads), then `result()`."""
@@ -150,8 +181,7 @@ class SgdFp4:
     self.raw = raw.reshape(-1)
     if not (self.raw.dtype == np.float32 and self.raw.flags.c_contiguous):
       raise ValueError("raw must be a C-contiguous float32 array")
-    unused = np.empty(0, np.float32)  # no momentum: the trace arguments are never read
-    self.trace = (unused, unused) if trace is None else (flat(trace[0]), trace[1].reshape(-1))
+    self.trace = _trace_args(None if trace is None else (flat(trace[0]), trace[1].reshape(-1)))
     self.momentum = trace is not None
     self.mu, self.scale = np.float32(tx.momentum), np.float32(-tx.lr)
     self.new = np.empty(self.old.size, np.float32)
@@ -167,7 +197,7 @@ class SgdFp4:
     """Whether new and residual values [start, stop) are finite; None if an update is not."""
     code = _compiled()(
         self.g, *self.trace, self.plus, self.old, self.raw, self.new, self.scales, self.body,
-        self.mu, self.scale, self.momentum, start, stop, self.block,
+        self.mu, self.scale, self.momentum, True, start, stop, self.block,
     )  # fmt: skip
     return None if code == RAW_NOT_FINITE else code == FINITE
 

@@ -3,8 +3,9 @@
 The outer gradient is Δ = θ_global − θ_learner (a descent direction, like a gradient), so
 ``optax.apply_updates(θ, updates)`` gives the new global parameters. The synchronizer runs these on
 the host: pin them there with ``jax.default_device(jax.devices('cpu')[0])`` on a machine whose
-default device is an accelerator. `nesterov` and `sgd` also run on host numpy (`host_step`): the
-same float32 operations in the same order as optax, so the same bits, chunk by chunk in cache.
+default device is an accelerator. optax is the reference; `nesterov` and `sgd` also have one fast
+path, `host_step` over the compiled loop of `kernels` (the same float32 operations in the same
+order, so the same bits; tests/test_kernels.py holds that contract).
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from diloco.outer import parallel
+from diloco.outer import kernels, parallel
 
 NAMES = ("nesterov", "sgd", "delayed_nesterov")
-CHUNK = 1 << 17  # values per chunk of the host step: 512 KiB of float32
 
 
 def _check(lr: float, momentum: float) -> None:
@@ -67,19 +67,33 @@ def host_step(
 ) -> tuple[dict[str, np.ndarray], Any]:
   """``tx.update(grads, state, params)``'s updates + ``plus`` (new float32 arrays), and the state.
 
-  An `SGD` runs in numpy, chunk by chunk, bit-identical to optax; its momentum buffers are
+  An `SGD` runs the compiled loop, bit-identical to optax; its momentum buffers are
   updated in place when they are writable numpy arrays (the caller owns the state) and
   `in_place`, else written to new arrays (`state` is left as it was). Other transformations run
   optax op by op (never in place): pin them to the host with ``jax.default_device``.
   """
   if not isinstance(tx, SGD):
-    updates, state = tx.update(grads, state, params)
-    return {k: np.asarray(updates[k], np.float32) + plus[k] for k in plus}, state
+    return reference_step(tx, grads, state, params, plus)
   tensors, state = sgd_tensors(tx, grads, state, plus, in_place)
   out = {k: np.empty(np.shape(grads[k]), np.float32) for k in tensors}
-  spans = [(k, *s) for k, (g, _, _) in tensors.items() for s in parallel.spans(g.size, CHUNK)]
-  parallel.run(lambda a: sgd_span(tx, *tensors[a[0]], out[a[0]].reshape(-1), a[1], a[2]), spans)
+  spans = [
+      (k, *s) for k, (g, _, _) in tensors.items() for s in parallel.spans(g.size, kernels.CHUNK)
+  ]
+  step = lambda a: kernels.sgd_span(tx, *tensors[a[0]], out[a[0]].reshape(-1), a[1], a[2])
+  parallel.run(step, spans)
   return out, state
+
+
+def reference_step(
+    tx: optax.GradientTransformation,
+    grads: Mapping[str, np.ndarray],
+    state: Any,
+    params: Mapping[str, np.ndarray],
+    plus: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], Any]:
+  """The reference: optax's ``tx.update`` op by op, its updates + ``plus`` as float32 numpy."""
+  updates, state = tx.update(grads, state, params)
+  return {k: np.asarray(updates[k], np.float32) + plus[k] for k in plus}, state
 
 
 Trace = tuple[np.ndarray, np.ndarray] | None  # flat (old momentum, new momentum), or no momentum
@@ -93,12 +107,13 @@ def sgd_tensors(
     in_place: bool = True,
 ) -> tuple[dict[str, tuple[np.ndarray, Trace, np.ndarray]], Any]:
   """The operands of `host_step` for an `SGD`, flat float32 by path: (gradient, trace, plus); and
-  the new state, whose momentum buffers `sgd_span` fills (see `host_step` for `in_place`)."""
+  the new state, whose momentum buffers `kernels.sgd_span` fills (`host_step` on `in_place`)."""
   paths = sorted(grads)
   leaves, treedef = jax.tree.flatten(state)
   if len(leaves) != (len(paths) if tx.momentum else 0):
     raise ValueError(f"SGD state has {len(leaves)} buffers for {len(paths)} tensors")
-  olds = [np.asarray(x, np.float32) for x in leaves] or [None] * len(paths)
+  flat = lambda x: np.asarray(x, np.float32, order="C").reshape(-1)  # the compiled loop's layout
+  olds = [np.asarray(x, np.float32, order="C") for x in leaves] or [None] * len(paths)
   traces = [
       x if in_place and x.flags.writeable else np.empty(x.shape, np.float32)
       for x in olds
@@ -106,41 +121,13 @@ def sgd_tensors(
   ] or [None] * len(paths)
   tensors = {
       k: (
-          np.asarray(grads[k], np.float32).reshape(-1),
+          flat(grads[k]),
           None if t is None else (t_old.reshape(-1), t.reshape(-1)),
-          np.asarray(plus[k], np.float32).reshape(-1),
+          flat(plus[k]),
       )
       for k, t_old, t in zip(paths, olds, traces)
   }
   return tensors, jax.tree.unflatten(treedef, traces if tx.momentum else [])
-
-
-def sgd_span(
-    tx: SGD,
-    g: np.ndarray,
-    t: Trace,
-    plus: np.ndarray,
-    out: np.ndarray,
-    start: int,
-    stop: int,
-) -> None:
-  """optax's trace (t_new ← g + μ·t_old; Nesterov: g + μ·t_new) and scale (·(−lr)), then + plus,
-  into `out`, for values [start, stop); `t` is (t_old, t_new), the same array to update in place.
-  Elementwise, so any split into spans gives the same bits."""
-  mu, scale = np.float32(tx.momentum), np.float32(-tx.lr)
-  for c0 in range(start, stop, CHUNK):
-    c1 = min(c0 + CHUNK, stop)
-    gc, o = g[c0:c1], out[c0:c1]
-    if t is None:
-      np.multiply(gc, scale, out=o)
-    else:
-      tc = t[1][c0:c1]
-      np.multiply(t[0][c0:c1], mu, out=tc)
-      tc += gc
-      np.multiply(tc, mu, out=o)
-      o += gc
-      o *= scale
-    o += plus[c0:c1]
 
 
 class DelayedNesterovState(NamedTuple):
