@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from configs import digits, shakespeare
 from diloco import train
-from diloco.config import checks, keys, resolve
+from diloco.config import checks, domains, keys, presets, resolve, variants
 from diloco.recovery import workdir as workdir_lib
 from diloco.sweeps import sweep
 
@@ -165,6 +165,49 @@ def test_every_key_has_a_meaning_and_the_listing_prints_it():
       if l.startswith("outer.quorum ")
   )
   assert "= 1" in line and "[preset]" in line and "# K: merge once K learners uploaded" in line
+
+
+def test_a_key_declared_in_one_place_is_resolved_listed_and_checked():
+  # One declaration: default 0.1, 0.2 under decoupled's preset, 0.05 under runlocal, 0.3 with
+  # charles2025, a domain of [0, 1]. Nothing else names the key.
+  from experiments import config as config_main
+
+  def declared(arg: str):
+    c = shakespeare.base_config()
+    c.extra = keys.section(
+        "extra",
+        share=(
+            keys.Auto(0.1, runlocal=0.05, recipes={"charles2025": 0.3}, decoupled=0.2),
+            "a share of something",
+            domains.unit(),
+        ),
+    )
+    variants.apply(c, arg, shakespeare.VARIANTS)
+    return resolve.resolve(c)
+
+  got = {a: declared(a).extra.share for a in ("mode=dp", "mode=decoupled", "runlocal")}
+  assert got == {"mode=dp": 0.1, "mode=decoupled": 0.2, "runlocal": 0.05}
+  assert declared("recipe=charles2025").extra.share == 0.3
+  line = next(l for l in config_main.listing(declared("mode=decoupled")) if l.startswith("extra"))
+  assert (
+      "= 0.2" in line and "[preset]" in line and "# a share of something; must be in [0, 1]" in line
+  )
+  c = declared("mode=decoupled")
+  c.extra.share = 1.5
+  assert ("extra.share", "must be in [0, 1]") in checks.problems_of(c)
+  with pytest.raises(checks.ConfigError, match=r"extra.share=1.5: must be in \[0, 1\]"):
+    checks.check(c)
+
+
+def test_a_mode_preset_is_read_from_the_declarations():
+  c = shakespeare.get_config("mode=decoupled")
+  preset = presets.mode_preset(c, "decoupled")
+  assert preset["outer.fragments"] == 24 and preset["outer.merge"] == "rda"
+  assert preset["outer.lr"] == 0.1 and "outer.learners" not in preset
+  assert "outer.inner_steps" not in presets.policy_keys(c)  # compare keeps its own H
+  assert {"outer.merge", "outer.quorum", "outer.codec"} <= set(presets.policy_keys(c))
+  with pytest.raises(ValueError, match="as declared"):
+    presets.mode_preset(c.copy_and_resolve_references(), "decoupled")
 
 
 def test_loading_a_config_file_imports_no_training_stack():

@@ -8,15 +8,12 @@ entry point calls it: experiments.train (through train_and_evaluate), each sweep
 runs, the learner and synchronizer processes and the launchers.
 """
 
-import math
-from collections.abc import Callable
-from typing import Any
-
 import ml_collections
+from ml_collections import config_dict
 
 from diloco.config import bounds, dependent, deploy as deploy_lib, keys, outer_check, presets
 from diloco.config import resolve, shape_check
-from diloco.config.dependent import get as _get, has as _has
+from diloco.config.dependent import get as _get
 
 Problems = list[tuple[str, str]]  # (key, why)
 
@@ -71,116 +68,15 @@ def problems_of(c: ml_collections.ConfigDict) -> Problems:
 
 
 def _domains(c) -> Problems:
-  """Numbers in range, names among those the code knows."""
-  from diloco.data import pipeline
-  from diloco.inner import stacked
-  from diloco.outer import fragments, optimizers, policies
-
-  o = c.outer
-  tests: list[tuple[str, Callable[[Any], bool], str]] = [
-      ("steps", _pos, "must be >= 1"),
-      ("batch_size", _pos, "must be >= 1"),
-      ("seq_len", _pos, "must be >= 1"),
-      ("stop_after_steps", _nonneg, "must be >= 0 (0: run to the end)"),
-      ("log_every", _pos, "must be >= 1"),
-      ("eval_every", _pos, "must be >= 1"),
-      ("checkpoint_every", _pos, "must be >= 1"),
-      ("optimizer.name", _among(("adamw", "sgd")), "expected adamw or sgd"),
-      ("optimizer.lr", _positive, "must be a positive number (a negative rate ascends the loss)"),
-      ("optimizer.warmup_steps", _nonneg, "must be >= 0"),
-      ("optimizer.decay_steps", _nonneg, "must be >= 0 (0 with warmup_steps=0: a constant rate)"),
-      ("optimizer.min_lr_ratio", _unit, "must be in [0, 1]"),
-      ("optimizer.b1", _unit_open, "must be in [0, 1)"),
-      ("optimizer.b2", _unit_open, "must be in [0, 1)"),
-      ("optimizer.weight_decay", _nonneg, "must be >= 0"),
-      (
-          "optimizer.weight_decay_kind",
-          _among(("coupled", "independent")),
-          "expected coupled or independent",
-      ),
-      ("optimizer.weight_decay_time_constant", _nonneg, "must be >= 0 (steps; 0: coupled)"),
-      ("model.z_loss", _nonneg, "must be >= 0 (0: no output z-loss)"),
-      ("recipe", _among(tuple(presets.RECIPES)), f"expected one of {tuple(presets.RECIPES)}"),
-      ("optimizer.clip_norm", _nonneg, "must be >= 0 (0: no clipping)"),
-      ("mesh.data", lambda v: v == -1 or v >= 1, "must be -1 (the remaining devices) or >= 1"),
-      ("mesh.fsdp", lambda v: v == -1 or v >= 1, "must be -1 (the remaining devices) or >= 1"),
-      ("data.source", _among(pipeline.SOURCES), f"expected one of {pipeline.SOURCES}"),
-      ("data.tokenizer", _among(pipeline.TOKENIZERS), f"expected one of {pipeline.TOKENIZERS}"),
-      ("data.eval_sequences", _nonneg, "must be >= 0 (0: the whole validation split)"),
-      ("data.final_eval_sequences", _nonneg, "must be >= 0 (0: the whole validation split)"),
-      ("data.eval_batch_size", _pos, "must be >= 1"),
-      ("outer.learners", _pos, "must be >= 1"),
-      ("outer.inner_steps", _pos, "must be >= 1"),
-      ("outer.fragments", _pos, "must be >= 1"),
-      ("outer.fragment_kind", _among(fragments.KINDS), f"expected one of {fragments.KINDS}"),
-      ("outer.overlap", _nonneg, "must be >= 0"),
-      ("outer.alpha", _unit, "must be in [0, 1]"),
-      ("outer.optimizer", _among(optimizers.NAMES), f"expected one of {optimizers.NAMES}"),
-      ("outer.lr", _positive, "must be a positive number"),
-      ("outer.momentum", _unit_open, "must be in [0, 1)"),
-      ("outer.delayed_period", _pos, "must be >= 1"),
-      ("outer.delayed_c", _unit, "must be in [0, 1]"),
-      ("outer.quorum", lambda v: 0 <= v <= o.learners, "must be in 0..outer.learners"),
-      ("outer.grace_gamma", _nonneg, "must be >= 0"),
-      (
-          "outer.weighting",
-          _among(tuple(policies.WEIGHTINGS)),
-          f"one of {tuple(policies.WEIGHTINGS)}",
-      ),
-      ("outer.merge", _among(tuple(policies.MERGES)), f"expected one of {tuple(policies.MERGES)}"),
-      ("outer.ema_decay", _unit_open, "must be in [0, 1)"),
-      ("outer.max_staleness", _nonneg, "must be >= 0"),
-      ("outer.outlier_factor", _nonneg, "must be >= 0 (0: off)"),
-      ("outer.outlier_history", _pos, "must be >= 1"),
-      ("outer.outlier_window", _nonneg, "must be >= 0"),
-      ("outer.clip_factor", _nonneg, "must be >= 0 (0: off)"),
-      ("outer.learner_checkpoint_every", _nonneg, "must be >= 0 (0: none)"),
-      ("outer.sync_checkpoint_every", _nonneg, "must be >= 0 (0: none)"),
-      ("outer.stack_step", _among(("auto",) + stacked.STEPS), "expected auto, vmap or map"),
-      ("outer.stack_learners", _among(("auto", "on", "off")), "expected auto, on or off"),
-      ("sim.step_s", _positive, "must be > 0"),
-      ("sim.step_jitter", _nonneg, "must be >= 0"),
-      ("sim.time_limit_s", _nonneg, "must be >= 0 (0: no limit)"),
-      ("sim.join_schedule", _among(("own", "clock")), "expected own or clock"),
-      ("sim.latency_s", _nonneg, "must be >= 0"),
-      ("sim.bandwidth_gbps", lambda v: v > 0, "must be > 0 (inf: no transfer time)"),
-  ]
-  if "expert" in c.mesh:
-    tests.append(("mesh.expert", _pos, "must be >= 1"))
-  if "tensor" in c.mesh:
-    tests.append(("mesh.tensor", _pos, "must be >= 1"))
-  return [(key, why) for key, ok, why in tests if _has(c, key) and not _safe(ok, _get(c, key))]
-
-
-def _safe(ok: Callable[[Any], bool], value: Any) -> bool:
-  try:
-    return bool(ok(value))
-  except TypeError:
-    return False
-
-
-def _pos(v) -> bool:
-  return isinstance(v, int) and v >= 1
-
-
-def _nonneg(v) -> bool:
-  return v >= 0 and math.isfinite(v)
-
-
-def _positive(v) -> bool:
-  return v > 0 and math.isfinite(v)
-
-
-def _unit(v) -> bool:
-  return 0 <= v <= 1
-
-
-def _unit_open(v) -> bool:
-  return 0 <= v < 1
-
-
-def _among(names: tuple) -> Callable[[Any], bool]:
-  return lambda v: v in names
+  """Every key against the domain declared with it (numbers in range, names the code knows)."""
+  out = []
+  for path, field in keys.leaves(c):
+    domain = keys.DOMAINS.get(path)
+    value = field.get() if isinstance(field, config_dict.FieldReference) else field
+    why = domain and domain.problem(value, c)
+    if why:
+      out.append((path, why))
+  return out
 
 
 def _model_size(c) -> Problems:
@@ -278,8 +174,9 @@ def _compare(c) -> Problems:
     return [
         ("compare.modes", f"unknown modes {bad}; expected some of dp,diloco,streaming,decoupled")
     ]
+  policy = presets.policy_keys(c)
   for path, field in keys.leaves(c):
-    if path in presets.POLICY_KEYS and resolve.source(field) == "explicit":
+    if path in policy and resolve.source(field) == "explicit":
       out.append((path, "mode=compare runs each mode at its own preset; run the mode alone"))
   try:
     unknown = sorted(set(presets.inner_lrs(c.compare.inner_lrs)) - set(modes))

@@ -1,22 +1,27 @@
-"""Config keys that say what they mean, and keys whose value a preset fills until it is given.
+"""Config keys declared once: value, meaning, domain, and the layers that fill a preset key.
 
-A config file defines each key once, with its value and a one-line meaning:
+A config file defines each key once, with its value, a one-line meaning and, where it has one,
+its domain (diloco/config/domains.py):
 
-  c.optimizer = keys.section("optimizer", lr=(keys.Auto(1e-2, compare=5e-3), "peak inner lr"), ...)
+  c.optimizer = keys.section("optimizer", lr=(keys.Auto(1e-2), "peak inner lr", domains.positive()))
 
-`MEANINGS` collects the meanings by dotted path as sections are defined (`experiments.config`
-prints them). An `Auto` key holds a value that `diloco/config/resolve.py` fills from the run's
-layers (its `runlocal` value, the mode's preset, a derivation from other keys, else its default)
-until the key is given explicitly: by a variant after the colon, a `--config.` flag, a sweep point
-or code setting it. From then on the resolver leaves it alone, whichever way it was given.
+`MEANINGS` and `DOMAINS` collect them by dotted path as sections are defined (`experiments.config`
+lists them, `checks` tests every key against its domain). An `Auto` key holds a value that
+`diloco/config/resolve.py` fills from the run's layers, all declared on the key: its `runlocal`
+value (for every mode, or per mode: `local`), its value for the mode (keyword arguments), for the
+recipe (`recipes`), a derivation from other keys (`derive`), else its default. It does so until
+the key is given explicitly: by a variant after the colon, a `--config.` flag, a sweep point or
+code setting it. From then on the resolver leaves it alone, whichever way it was given.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
 
 MEANINGS: dict[str, str] = {}  # dotted path -> one-line meaning, as sections are defined
+DOMAINS: dict[str, Any] = {}  # dotted path -> its domains.Domain, for keys declared with one
 # Keys of an invocation, not of the run: how it is watched and where this invocation stops. A run
 # resumes under other values of them (the workdir's claim and the virtual snapshot ignore them).
 INVOCATION = ("stop_after_steps", "progress_bar", "timeline", "trackers")
@@ -36,11 +41,26 @@ _UNSET = _Unset()
 
 
 class Auto(config_dict.FieldReference):
-  """A key filled by the resolver (`fill`) until set explicitly (`set`, any way a value comes)."""
+  """A key filled by the resolver (`fill`) until set explicitly (`set`, any way a value comes).
 
-  def __init__(self, default: Any, runlocal: Any = _UNSET, field_type: type | None = None, **modes):
+  Its layers: `runlocal` (every mode) or `local[mode]` under `runlocal`; `modes[mode]`;
+  `recipes[recipe]`; `derive(config)`, a module-level function (configs are pickled); the default.
+  """
+
+  def __init__(
+      self,
+      default: Any,
+      runlocal: Any = _UNSET,
+      field_type: type | None = None,
+      *,
+      local: dict[str, Any] | None = None,
+      recipes: dict[str, Any] | None = None,
+      derive: Callable[[Any], Any] | None = None,
+      **modes,
+  ):
     super().__init__(default, field_type=field_type or type(default))
     self.default, self.runlocal, self.modes = default, runlocal, modes
+    self.local, self.recipes, self.derive = dict(local or {}), dict(recipes or {}), derive
     self.explicit = False
 
   def set(self, value: Any, type_safe: bool = True) -> None:
@@ -69,6 +89,7 @@ class Auto(config_dict.FieldReference):
         dict(self.modes),
         self.get(),
         self.explicit,
+        (self.local, self.recipes, self.derive),
     )
 
   def __deepcopy__(self, memo):
@@ -78,8 +99,9 @@ class Auto(config_dict.FieldReference):
     return _rebuild, self._state()
 
 
-def _rebuild(default, runlocal, field_type, modes, value, explicit) -> Auto:
-  out = Auto(default, runlocal, field_type, **modes)
+def _rebuild(default, runlocal, field_type, modes, value, explicit, layers) -> Auto:
+  local, recipes, derive = layers
+  out = Auto(default, runlocal, field_type, local=local, recipes=recipes, derive=derive, **modes)
   config_dict.FieldReference.set(out, value)
   out.explicit = explicit
   return out
@@ -90,15 +112,20 @@ def unset() -> Any:
   return _UNSET
 
 
-def section(path: str, **fields: tuple[Any, str]) -> ml_collections.ConfigDict:
-  """A ConfigDict of `name=(value, meaning)`; records each meaning under `path.name`."""
+def section(path: str, **fields: tuple) -> ml_collections.ConfigDict:
+  """A ConfigDict of `name=(value, meaning)` or `(value, meaning, domain)`; records each meaning
+  (and domain) under `path.name`."""
   out = ml_collections.ConfigDict()
   for name, spec in fields.items():
-    if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str) and spec[1]):
-      raise TypeError(f"{_join(path, name)}: define a key as (value, 'its meaning'), got {spec!r}")
-    value, meaning = spec
-    MEANINGS[_join(path, name)] = meaning
-    out[name] = value
+    ok = isinstance(spec, tuple) and len(spec) in (2, 3) and isinstance(spec[1], str) and spec[1]
+    if not ok or (len(spec) == 3 and not hasattr(spec[2], "problem")):
+      raise TypeError(
+          f"{_join(path, name)}: define a key as (value, 'its meaning'[, domain]), got {spec!r}"
+      )
+    MEANINGS[_join(path, name)] = spec[1]
+    if len(spec) == 3:
+      DOMAINS[_join(path, name)] = spec[2]
+    out[name] = spec[0]
   return out
 
 

@@ -3,7 +3,7 @@
 import ml_collections
 from ml_collections import config_dict
 
-from diloco.config import keys
+from diloco.config import domains, keys
 
 
 def data() -> ml_collections.ConfigDict:
@@ -13,6 +13,7 @@ def data() -> ml_collections.ConfigDict:
       source=(
           "shakespeare",
           "shakespeare | text_glob | array_record | corpus | digits | npz_glob",
+          domains.among_of("diloco.data.pipeline", "SOURCES"),
       ),
       cache_dir=(
           config_dict.placeholder(str),
@@ -38,7 +39,11 @@ def data() -> ml_collections.ConfigDict:
       val_corpus=("", "source=corpus: the prepared validation corpus (read whole into memory)"),
       npz_glob=("", "source=npz_glob: .npz files of 'images' and 'labels' (data/images.py)"),
       val_npz_glob=("", "source=npz_glob: validation files; empty: the last 10% of npz_glob's"),
-      tokenizer=("byte", "byte (vocabulary 256) | sentencepiece (trained on the training split)"),
+      tokenizer=(
+          "byte",
+          "byte (vocabulary 256) | sentencepiece (trained on the training split)",
+          domains.among_of("diloco.data.pipeline", "TOKENIZERS"),
+      ),
       sp_vocab_size=(1024, "tokenizer=sentencepiece: the vocabulary it trains"),
       iid=(
           False,
@@ -49,15 +54,18 @@ def data() -> ml_collections.ConfigDict:
           keys.Auto(512, runlocal=32),
           "sequences (images) each evaluation scores, spread evenly over the validation split "
           "and the same whatever the batch, mode or learners; 0 = the whole split",
+          domains.nonneg("0: the whole validation split"),
       ),
       final_eval_sequences=(
           keys.Auto(0, runlocal=64),
           "sequences (images) the run's final evaluation scores (its summary's eval_*), spread "
           "the same way; 0 = the whole validation split",
+          domains.nonneg("0: the whole validation split"),
       ),
       eval_batch_size=(
           64,
           "sequences per evaluation forward pass, rounded up to a multiple of the scoring "
           "island's devices (padding weighs 0): memory only, never what is scored",
+          domains.count(),
       ),
   )

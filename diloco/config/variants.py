@@ -4,7 +4,7 @@ from typing import Any
 
 import ml_collections
 
-from diloco.config import keys
+from diloco.config import domains, keys
 
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     # ~29k parameters: unit tests.
@@ -195,8 +195,9 @@ MODEL_MEANINGS = {
     " objective (the train step's metric z_loss); not in evaluation; not the router's z_loss_weight"
     " (recipe=charles2025: 1e-4)",
 }
-# Model keys a recipe sets (presets.RECIPES): filled like a size's keys, unless given.
-RECIPE_KEYS = ("qk_norm", "z_loss")
+# Model keys a recipe sets, by recipe: filled like a size's keys, unless given.
+MODEL_RECIPES = {"qk_norm": {"charles2025": True}, "z_loss": {"charles2025": 1e-4}}
+MODEL_DOMAINS = {"z_loss": domains.nonneg("0: no output z-loss")}
 
 
 def model_section(
@@ -211,8 +212,10 @@ def model_section(
       "size": (keys.Auto(size, runlocal=runlocal_size, **by_mode), _size_meaning())
   }
   for name, value in fields.items():
-    auto = name in SIZE_KEYS or name in RECIPE_KEYS
-    spec[name] = (keys.Auto(value) if auto else value, MODEL_MEANINGS[name])
+    auto = name in SIZE_KEYS or name in MODEL_RECIPES
+    value = keys.Auto(value, recipes=MODEL_RECIPES.get(name)) if auto else value
+    domain = (MODEL_DOMAINS[name],) if name in MODEL_DOMAINS else ()
+    spec[name] = (value, MODEL_MEANINGS[name], *domain)
   return keys.section("model", **spec, **extra)
 
 
