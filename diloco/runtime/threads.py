@@ -115,6 +115,8 @@ def train(
       learners=learners,
       links=links,
       steps=config.steps,
+      # lockstep rounds wait for a crashed learner: it redoes them (recovery/crash_machine.py)
+      lockstep=bool(config.outer.blocking and shards[0].policy.quorum.of_members),
       on_event=records.events.append,
   )
   if config.outer.sync_checkpoint_every:

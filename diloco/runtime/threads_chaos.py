@@ -8,8 +8,9 @@ A timeline thread acts at each fault's wall time (see faulty_link.FaultClock):
   heartbeats stop (`absent_after_s`), as with a real process. When the fault ends m restores its
   newest learner checkpoint (diloco/recovery/learner_checkpoint.py), or starts over from the initial
   parameters holding no fragment, so that its Join fetches every global fragment before it trains;
-  its step counter moves to the schedule phase (modulo H) of the leading live learner, as in the
-  virtual runtime (diloco/runtime/virtual_chaos.py). It has rejoined once it holds at least the versions
+  it resumes where the crash-and-rejoin machine says, as in every runtime
+  (diloco/recovery/crash_machine.py: the leading live learner's phase, or its last merge point
+  where lockstep rounds wait). It has rejoined once it holds at least the versions
   the synchronizer had when its Join was answered; the record then says whether each fragment it
   holds at the synchronizer's current version is bit-identical to the synchronizer's.
 - sync_crash: the host goes down (learners' calls fail as unreachable; they keep training), its
@@ -33,7 +34,7 @@ import numpy as np
 
 from diloco.chaos import schedule as chaos
 from diloco.outer.learner import Learner
-from diloco.recovery import rejoin as recovery_lib, sync_checkpoint
+from diloco.recovery import crash_machine, rejoin as recovery_lib, sync_checkpoint
 from diloco.runtime import sync_host
 from diloco.runtime.faulty_link import FaultClock, FaultyLink, HostSlot, Shared
 
@@ -53,6 +54,7 @@ class Driver:
       learners: list[Learner],
       links: list[FaultyLink],
       steps: int,
+      lockstep: bool = False,
       on_event: Callable[[dict], None] = lambda r: None,
   ):
     self.clock, self.slot, self.shared, self.recovery = clock, slot, shared, recovery
@@ -62,7 +64,8 @@ class Driver:
     self.stops = [threading.Event() for _ in range(n)]
     self.abort = threading.Event()
     self.up = [True] * n
-    self.rejoining: dict[int, dict] = {}  # learner -> its crash record, until rejoined
+    self.crashes = crash_machine.CrashMachine(n, lockstep)
+    shared.stats.crashes, shared.stats.steps_lost = self.crashes.crashes, self.crashes.steps_lost
     self._back: dict[int, float] = {}
     self._save_crash: chaos.Fault | None = None
     self.saved: tuple[int, dict] | None = None  # (merges, arrays) of the last completed save
@@ -136,20 +139,9 @@ class Driver:
       return
     self.shared.fault(f)
     self.up[m] = False
-    if m in self.rejoining:  # back, but crashed again before its rejoin was complete
-      self.rejoining[m]["crashed_again"] = self.clock.now()
-    record = {
-        "learner": m,
-        "time": self.clock.now(),
-        "back": f.end_s,
-        "rejoined": None,
-        "restored_step": None,
-        "steps_lost": None,
-        "wall": self.clock.clock(),
-    }
     with self.shared.lock:
-      self.shared.stats.crashes.append(record)
-    self.rejoining[m], self._back[m] = record, f.end_s
+      self.crashes.crash(m, self.clock.now(), f.end_s, wall=self.clock.clock())
+    self._back[m] = f.end_s
     self._log({"event": "fault", "kind": "crash", "learner": m, "fault": f.describe()})
     self.stops[m].set()
 
@@ -159,7 +151,7 @@ class Driver:
   def recover(self, m: int) -> Learner | None:
     """In learner m's thread after its crash: loses its memory, waits out the fault, restores
     (or starts over); the learner to train on, or None if the run was aborted meanwhile."""
-    old, record = self.learners[m], self.rejoining[m]
+    old = self.learners[m]
     step_at_crash = old.steps
     old.state = None  # its memory is gone
     old.global_copy = []
@@ -167,12 +159,11 @@ class Driver:
     if self.abort.wait(max(self.clock.wall(self._back[m]) - self.clock.clock(), 0.0)):
       return None
     learner, step = self.recovery.restore_learner(m)
-    others = [l.steps for i, l in enumerate(self.learners) if self.up[i] and i != m]
-    if others:  # resume in the schedule phase of the leading learner (see virtual_chaos.py)
-      learner.steps += (max(others) - learner.steps) % learner.schedule.inner_steps
-    record.update(restored_step=step, steps_lost=step_at_crash - (step or 0))
+    peers = crash_machine.peers_of(self.learners, self.up, m)
     with self.shared.lock:
-      self.shared.stats.steps_lost[m] += record["steps_lost"]
+      learner.steps = self.crashes.recover(
+          m, step, learner.steps, learner.schedule.inner_steps, peers, step_at_crash
+      )
     self.learners[m] = learner
     self.stops[m].clear()
     self.up[m] = True
@@ -183,11 +174,10 @@ class Driver:
 
   def check_rejoin(self, m: int) -> None:
     """Marks m rejoined once it holds what the synchronizer sent it at its Join."""
-    record, target = self.rejoining.get(m), self.links[m].joined_versions
-    if record is None or not self.up[m] or target is None:
-      return
     learner = self.learners[m]
-    if any(v < t for v, t in zip(learner.versions, target)):
+    if not self.crashes.is_rejoining(m) or not self.up[m]:
+      return
+    if not crash_machine.rejoin_complete(learner.versions, self.links[m].joined_versions):
       return
     host, _ = self.slot.get()
     if host is None:
@@ -204,13 +194,14 @@ class Driver:
           for p in same
           for k in sync.globals[p]
       )
-    record.update(
-        rejoined=self.clock.now(),
-        rejoined_wall=self.clock.clock(),
-        fragments_at_current_version=len(same),
-        holds_global_exactly=bool(exact),
-    )
-    del self.rejoining[m]
+    with self.shared.lock:
+      record = self.crashes.rejoined(
+          m,
+          self.clock.now(),
+          rejoined_wall=self.clock.clock(),
+          fragments_at_current_version=len(same),
+          holds_global_exactly=bool(exact),
+      )
     self._log(
         {
             "event": "rejoin",

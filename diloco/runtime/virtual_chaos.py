@@ -8,15 +8,10 @@
   fragment the synchronizer sent in answer has arrived, and it trains only from then on (a step taken before
   would be overwritten by them), unless the synchronizer is down when it comes back: then one
   restored from its checkpoint trains on it meanwhile. Rounds in progress at its Join do not wait
-  for it, unless the quorum counts crashed members (synchronous DiLoCo without elasticity). Its step
-  counter, which paces its fragment schedule, moves forward to the phase (modulo H) of the leading
-  live learner's, so that its uploads go with the others' again: restarting the schedule from an
-  older checkpoint's step would put it out of phase for the rest of the run (Decoupled DiLoCo would
-  then merge its fragments apart from the others', each through the outer optimizer on its own;
-  lockstep rounds of different fragments would wait on each other). Where lockstep rounds wait for
-  it (blocking learners, quorum of members), it resumes instead at the leading learner's last merge
-  point (the step after which that one last received a fragment) or its own checkpoint's step if
-  later: it redoes the rounds still open, as a restarted synchronous worker must, while others wait.
+  for it, unless the quorum counts crashed members (synchronous DiLoCo without elasticity). Where
+  it resumes, and its crash record, are the crash-and-rejoin machine's, as in every runtime
+  (diloco/recovery/crash_machine.py: the leading live learner's phase, or its last merge point
+  where lockstep rounds wait for it).
 - sync_crash: the synchronizer's memory is lost (open rounds, timers, messages in flight to it);
   learners keep training and keep their unanswered uploads; it restarts from its newest checkpoint
   as a new generation, every live learner re-joins and sends again each fragment still unanswered,
@@ -41,7 +36,7 @@ from diloco.chaos import faults as fault_layer, schedule as chaos
 from diloco.chaos.stats import ChaosStats, Taints
 from diloco.outer import learner_machine, protocol
 from diloco.outer.learner import Learner
-from diloco.recovery import sync_checkpoint
+from diloco.recovery import crash_machine, sync_checkpoint
 from diloco.runtime import virtual
 from diloco.runtime.virtual import AT_LEARNER, FAULT, START, SYNC
 from diloco.runtime.virtual_faults import FaultyMessages
@@ -69,13 +64,13 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     self.wait_timeout_s = wait_timeout_s
     self._rounds_wait = self.sync.policy.quorum.of_members  # rounds wait for crashed learners
     self.rng = np.random.default_rng([seed, 0xC4A05])
-    self.stats = ChaosStats(steps_lost=[0] * n)
+    self.crashes = crash_machine.CrashMachine(n, lockstep=self.blocking and self._rounds_wait)
+    self.stats = ChaosStats(crashes=self.crashes.crashes, steps_lost=self.crashes.steps_lost)
     self.up = [True] * n
     self.sync_up = True
     self._step = [None] * n  # (start, duration) of the step in progress
     self._since_ckpt = [[0, 0.0] for _ in range(n)]  # steps, busy seconds since a checkpoint
     self._crash_on_save: chaos.Fault | None = None
-    self._rejoin: dict[int, dict] = {}  # learner -> its crash record, until rejoined
     self._heals: set = set()
     self._owed: list[dict[int, tuple]] = [{} for _ in range(n)]  # p -> base, dropped
     self.taints = Taints(self.stats)
@@ -164,7 +159,6 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
       lost_steps += 1
       self.tokens_started -= learner.tokens_per_step
     clock.wasted_s += wasted
-    self.stats.steps_lost[m] += lost_steps
     # Their tokens were never trained into what survives: the restored learner reads them again
     # from its checkpoint's data position, so they come back to the budget.
     self.tokens_started -= self._since_ckpt[m][0] * learner.tokens_per_step
@@ -173,16 +167,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     self._owed[m].clear()
     self._step[m], self._since_ckpt[m] = None, [0, 0.0]
     learner.state = None  # its memory is gone; recovery builds a new learner
-    record = {
-        "learner": m,
-        "time": self.now,
-        "back": f.end_s,
-        "rejoined": None,
-        "restored_step": None,
-        "steps_lost": lost_steps,
-    }
-    self.stats.crashes.append(record)
-    self._rejoin[m] = record
+    self.crashes.crash(m, self.now, f.end_s, steps_lost=lost_steps)
     self._log(
         {
             "event": "fault",
@@ -204,29 +189,18 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
     self.up[m] = True
     clock = self.clocks[m]
     clock.waiting_since, clock.done = None, False
-    record = self._rejoin[m]
-    record["restored_step"] = step
-    learner.steps = self._resume_step(m, learner)
+    peers = crash_machine.peers_of(self.learners, self.up, m)
+    learner.steps = self.crashes.recover(
+        m, step, learner.steps, learner.schedule.inner_steps, peers
+    )
     self._log(
         {"event": "recover", "learner": m, "restored_step": step, "resumes_at_step": learner.steps}
     )
     if self.sync_up:
       self._decide(m, decisions)
     elif step is not None:  # nobody to rejoin yet: it trains on its checkpoint meanwhile
-      record["training"] = True
+      self.crashes.rejoining[m]["training"] = True
       self._push(self.now, START, "start", m, owner=m)
-
-  def _resume_step(self, m: int, learner: Learner) -> int:
-    """The step counter learner m resumes at (see the module doc): lockstep rounds that wait
-    for it need it to redo everything since the leading learner's last merged fragment;
-    otherwise it moves forward to the leading learner's phase."""
-    others = [l_ for i, l_ in enumerate(self.learners) if self.up[i] and i != m]
-    if not others:
-      return learner.steps
-    lead = max(others, key=lambda l_: l_.steps)
-    if self.blocking and self._rounds_wait:
-      return max(learner.steps, lead.steps - min(lead.c_steps))
-    return learner.steps + (lead.steps - learner.steps) % learner.schedule.inner_steps
 
   def _do_rejoin(self, m: int, d) -> None:
     """A resync is counted and needs both ends up; a restored learner, or every learner after
@@ -242,14 +216,13 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
       super()._do_rejoin(m, None)
 
   def _do_rejoined(self, m: int, d) -> None:
-    if m not in self._rejoin:  # a late start's first Join (sim.start_times)
+    if not self.crashes.is_rejoining(m):  # a late start's first Join (sim.start_times)
       return super()._do_rejoined(m, d)
     if self.up[m]:
       self._rejoined(m)
 
   def _rejoined(self, m: int) -> None:
-    record = self._rejoin.pop(m)
-    record["rejoined"] = self.now
+    record = self.crashes.rejoined(m, self.now)
     self._log(
         {
             "event": "rejoin",
@@ -390,7 +363,7 @@ class ChaosRuntime(FaultyMessages, virtual.VirtualRuntime):
   def finish(self) -> None:
     """Brings a synchronizer still down back from its checkpoint (to evaluate and save it)."""
     if not self.sync_up:
-      for record in self._rejoin.values():  # back, but nobody to rejoin
+      for record in self.crashes.rejoining.values():  # back, but nobody to rejoin
         record["sync_down_at_end"] = True
       self.sync = self.recovery.restore_sync(self.make_sync, generation=len(self.stats.restarts))
       self.sync_up = True
