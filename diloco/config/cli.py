@@ -31,7 +31,8 @@ def load_module(path: str):
 
 
 def unknown_override(argv: list[str], flag: str = "config") -> str | None:
-  """The message for the first `--config.KEY=...` whose KEY the config file does not have."""
+  """The message for the first `--config.KEY=...` whose KEY the config file does not have. Called
+  only when absl's parsing failed on an override, so a run loads its config file once."""
   spec = _flag_value(argv, flag)
   overrides = [a[len(flag) + 3 :].split("=", 1)[0] for a in argv if a.startswith(f"--{flag}.")]
   if not spec or not overrides:
@@ -58,9 +59,6 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 def run(main: Callable[[list[str]], None]) -> None:
   """app.run(main), with config mistakes reported as one message and exit code USAGE_ERROR."""
-  message = unknown_override(sys.argv)
-  if message:
-    fail(message)
 
   def checked(argv):
     try:
@@ -72,12 +70,17 @@ def run(main: Callable[[list[str]], None]) -> None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, with a value that does not parse (`--config.batch_size=abc`) a usage error
-  (exit 2, one line) rather than absl's exit 1."""
+  """absl's parsing, with a value that does not parse (`--config.batch_size=abc`) or a key the
+  config does not have a usage error (exit 2, one line) rather than absl's exit 1 or a traceback."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e))
+  except (AttributeError, KeyError):  # ml_collections: an override of a key it does not have
+    message = unknown_override(argv)
+    if message is None:
+      raise
+    fail(message)
 
 
 def fail(message: str) -> None:
