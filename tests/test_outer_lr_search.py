@@ -43,6 +43,39 @@ def test_winners_edges_and_missing_cells():
     search.need_winners(rows, keys, [("a",), ("d",)], "DIR")
 
 
+def test_one_stage_of_a_sweep_files_search_by_hand():
+  # Cells a and b over the ladder (0.2, 0.4). a won at 0.4 (its highest: 0.8 next), b at 0.2
+  # (interior: 0.1 and 0.4 were tried). Seeds 1 and 2 at the winners; a file's own part gets the winners.
+  point = lambda c, lr, seed: dict(k=c[0], outer_lr=lr, seed=seed)
+  rows = [dict(k="a", outer_lr=lr, seed=0, eval_loss=l) for lr, l in ((0.2, 2.0), (0.4, 1.9))]
+  rows += [dict(k="b", outer_lr=lr, seed=0, eval_loss=l) for lr, l in ((0.1, 1.7), (0.2, 1.5), (0.4, 1.6))]
+  stage = lambda part, results="DIR", **kw: search.stage_points(
+      part, results, keys=("k",), cells=[("a",), ("b",)], grid=(0.2, 0.4), point=point,
+      rows=lambda: rows, seeds=(1, 2), **kw,
+  )  # fmt: skip
+  assert [(p["k"], p["outer_lr"]) for p in stage("tune", "")] == [
+      ("a", 0.2),
+      ("a", 0.4),
+      ("b", 0.2),
+      ("b", 0.4),
+  ]
+  assert [p["outer_lr"] for p in stage("tune", "", rate_major=True)] == [0.2, 0.2, 0.4, 0.4]
+  assert stage("extend") == [dict(k="a", outer_lr=0.8, seed=0)]
+  assert stage("seeds", seed_cells=[("b",)]) == [
+      dict(k="b", outer_lr=0.2, seed=1),
+      dict(k="b", outer_lr=0.2, seed=2),
+  ]
+  assert stage("best", more={"best": lambda rows, best: [best]}) == [{("a",): 0.4, ("b",): 0.2}]
+  with pytest.raises(ValueError, match="part=seeds needs results=DIR"):
+    stage("seeds", "")
+  with pytest.raises(ValueError, match="unknown part 'time'; known: tune, extend, seeds"):
+    stage("time")
+  rows[:] = rows[:2]  # b not tuned yet: extend goes on for a, the seeds wait for every cell
+  assert stage("extend") == [dict(k="a", outer_lr=0.8, seed=0)]
+  with pytest.raises(ValueError, match="no finished seed-0 rows"):
+    stage("seeds")
+
+
 def test_rows_at_winners_and_differences_that_count():
   keys = ("k",)
   rows = [dict(k="a", outer_lr=0.4, seed=s, eval_loss=l) for s, l in ((1, 1.95), (0, 1.9))]

@@ -87,21 +87,25 @@ def _points(cells, lr_of, seeds=(0,)) -> list[dict]:
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
   tuned = [c for c in TUNED if not a.tiny or c[0] == 8]  # tiny: M = 16 compiles its own step
-  if a.part == "tune":
-    lrs = OUTER_LRS[1:2] if a.tiny else OUTER_LRS
-    return [p for lr in lrs for p in _points(tuned, lambda c, lr=lr: lr)]
-  if a.part not in ("extend", "fragments", "seeds"):
-    raise ValueError(f"unknown part {a.part!r}; known: tune, extend, fragments, seeds")
-  if not a.results:
-    raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
-  rows = sp.read_rows(a.results)
-  best = search.need_winners(rows, KEYS, tuned, a.results)
-  if a.part == "extend":
-    edges = [] if a.tiny else search.past_edges(rows, KEYS, tuned)
-    return [dict(zip(KEYS, e[:-1]), outer_lr=e[-1], seed=0) for e in edges]
   frags = [c for c in FRAGMENTS if not a.tiny or c[3] == "layer"]  # tiny: P <= 2, no "fine"
-  if a.part == "fragments":
-    return _points(frags, lambda c: best[BASE_CELL])
-  lr_of = lambda c: best[c] if c in best else best[BASE_CELL]
-  cells = TUNED[:2] if a.tiny else tuned + frags  # tiny: the merge rule's two cells (time)
-  return _points(cells, lr_of, range(1, a.seeds))
+
+  def seeds(rows, best) -> list[dict]:  # the tuned cells and the fragment kinds, at the winners
+    lr_of = lambda c: best[c] if c in best else best[BASE_CELL]
+    cells = TUNED[:2] if a.tiny else tuned + frags  # tiny: the merge rule's two cells (time)
+    return _points(cells, lr_of, range(1, a.seeds))
+
+  return search.stage_points(
+      a.part,
+      a.results,
+      keys=KEYS,
+      cells=tuned,
+      grid=OUTER_LRS[1:2] if a.tiny else OUTER_LRS,
+      point=lambda c, lr, seed: _points([c], lambda _: lr, (seed,))[0],
+      rows=lambda: sp.read_rows(a.results),
+      extend=(lambda rows: []) if a.tiny else None,
+      more={
+          "fragments": lambda rows, best: _points(frags, lambda c: best[BASE_CELL]),
+          "seeds": seeds,
+      },
+      rate_major=True,
+  )

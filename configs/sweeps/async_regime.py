@@ -120,13 +120,16 @@ def get_sweep(arg: str | None = None) -> list[dict]:
         f" ({PRETRAIN}/summary.json); got {a.results!r}"
     )
   cells = _cells(a.tiny)
-  if a.part == "tune":
-    lrs = OUTER_LRS[2:] if a.tiny else OUTER_LRS
-    return [_point(c, lr, 0, a.results) for c in cells for lr in lrs]
-  rows = [r for r in sp.read_rows(a.results) if r.get("stage", "train") != "pretrain"]
-  best = search.need_winners(rows, KEYS, cells, a.results)
-  if a.part == "extend":
-    edges = [] if a.tiny else search.past_edges(rows, KEYS, cells)
-    return [_point(e[:-1], e[-1], 0, a.results) for e in edges]
   deciding = [c for c in cells if c[0] in base.DECIDING and (c[1] == "very" or not a.tiny)]
-  return [_point(c, best[c], s, a.results) for c in deciding for s in range(1, a.seeds)]
+  return search.stage_points(
+      a.part,
+      a.results,
+      keys=KEYS,
+      cells=cells,
+      grid=OUTER_LRS[2:] if a.tiny else OUTER_LRS,
+      point=lambda c, lr, seed: _point(c, lr, seed, a.results),
+      rows=lambda: [r for r in sp.read_rows(a.results) if r.get("stage", "train") != "pretrain"],
+      seeds=range(1, a.seeds),
+      seed_cells=deciding,
+      extend=(lambda rows: []) if a.tiny else None,
+  )

@@ -154,16 +154,24 @@ def _rda_sweep(a) -> list[dict]:
       for r in rows
       if "setting" in r
   }
-  if a.part == "rda":
-    lrs = [lr * a.lr_scale for lr in (het.OUTER_LRS[1:2] if a.tiny else het.OUTER_LRS)]
-    return [point(c, outer_lr=lr, seed=0) for c in cells for lr in lrs if (*c, lr, 0) not in done]
-  if a.part == "rda_extend":
-    if a.tiny:
-      return []
-    return [point(c[:-1], outer_lr=c[-1], seed=0) for c in search.past_edges(rows, RDA_KEYS, cells)]
-  best = search.need_winners(rows, RDA_KEYS, cells, a.results)
-  todo = [(c, s) for c in cells for s in range(1, a.seeds) if (*c, best[c], s) not in done]
-  return [point(c, outer_lr=best[c], seed=s) for c, s in todo]
+  key = lambda p: (*(p[k] for k in RDA_KEYS), p["outer_lr"], p["seed"])
+  undone = lambda points: [p for p in points if key(p) not in done]
+  lrs = [lr * a.lr_scale for lr in (het.OUTER_LRS[1:2] if a.tiny else het.OUTER_LRS)]
+  return undone(
+      search.stage_points(
+          "rda_tune" if a.part == "rda" else a.part,
+          a.results,
+          keys=RDA_KEYS,
+          cells=cells,
+          grid=lrs,
+          point=lambda c, lr, seed: point(c, outer_lr=lr, seed=seed),
+          rows=lambda: rows,
+          seeds=range(1, a.seeds),
+          extend=(lambda rows: []) if a.tiny else None,
+          prefix="rda_",
+          needs="the sweep workdir holding part=rda's rows",
+      )
+  )
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
@@ -175,22 +183,24 @@ def get_sweep(arg: str | None = None) -> list[dict]:
       )
     return _rda_sweep(a)
   cells = _cells(a)
-  lrs = het.OUTER_LRS[1:2] if a.tiny else het.OUTER_LRS
-  if a.part == "tune":
-    return [_point(c, outer_lr=lr, seed=0) for c in cells for lr in lrs]
-  if a.part not in ("extend", "seeds", "time"):
-    raise ValueError(f"unknown part {a.part!r}; known: tune, extend, seeds, time, {RDA_PARTS}")
-  if not a.results:
-    raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
-  rows = [  # point 3's rows (point 4's, in the same workdir, have `merge`)
-      r
-      for r in sp.read_rows(a.results)
-      if (r.get("budget") or "tokens") == "tokens" and not r.get("merge")
-  ]
-  if a.part == "extend":
-    return [] if a.tiny else _extend(rows, cells, a.rungs)
-  best = search.need_winners(rows, KEYS, cells, a.results)
-  if a.part == "seeds":
-    return [_point(c, outer_lr=best[c], seed=s) for c in cells for s in range(1, a.seeds)]
-  seeds = range(1 if a.tiny else a.seeds)
-  return [_point(c, outer_lr=best[c], seed=s, budget="time") for c in cells for s in seeds]
+
+  def time_budget(rows, best) -> list[dict]:  # each cell at its winner, on equal time
+    seeds = range(1 if a.tiny else a.seeds)
+    return [_point(c, outer_lr=best[c], seed=s, budget="time") for c in cells for s in seeds]
+
+  return search.stage_points(
+      a.part,
+      a.results,
+      keys=KEYS,
+      cells=cells,
+      grid=het.OUTER_LRS[1:2] if a.tiny else het.OUTER_LRS,
+      point=lambda c, lr, seed: _point(c, outer_lr=lr, seed=seed),
+      rows=lambda: [  # point 3's rows (point 4's, in the same workdir, have `merge`)
+          r
+          for r in sp.read_rows(a.results)
+          if (r.get("budget") or "tokens") == "tokens" and not r.get("merge")
+      ],
+      seeds=range(1, a.seeds),
+      extend=(lambda rows: []) if a.tiny else (lambda rows: _extend(rows, cells, a.rungs)),
+      more={"time": time_budget},
+  )

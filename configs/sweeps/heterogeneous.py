@@ -103,26 +103,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def get_sweep(arg: str | None = None) -> list[dict]:
   a = _arg(arg)
-  lrs = OUTER_LRS[1:2] if a.tiny else OUTER_LRS
   cells = [(d, p) for d in DOMAINS for p in POLICIES]
-  if a.part == "tune":
-    return [dict(domain=d, policy=p, outer_lr=lr, seed=0) for d, p in cells for lr in lrs]
-  if a.part not in ("extend", "seeds"):
-    raise ValueError(f"unknown part {a.part!r}; known: tune, extend, seeds")
-  if not a.results:
-    raise ValueError(f"part={a.part} needs results=DIR, the sweep workdir holding part=tune's rows")
-  rows = sp.read_rows(a.results)
-  best = search.need_winners(rows, KEYS, cells, a.results)
-  if a.part == "seeds":
-    return [
-        dict(domain=d, policy=p, outer_lr=best[(d, p)], seed=s)
-        for d, p in cells
-        if not a.tiny or d == "text"  # tiny: the text cells' seeds only (time)
-        for s in range(1, a.seeds)
-    ]
-  if a.tiny:  # one rate, not extended (time)
-    return []
-  return [
-      dict(domain=d, policy=p, outer_lr=lr, seed=0)
-      for d, p, lr in search.past_edges(rows, KEYS, cells)
-  ]
+  return search.stage_points(
+      a.part,
+      a.results,
+      keys=KEYS,
+      cells=cells,
+      grid=OUTER_LRS[1:2] if a.tiny else OUTER_LRS,
+      point=lambda c, lr, seed: dict(domain=c[0], policy=c[1], outer_lr=lr, seed=seed),
+      rows=lambda: sp.read_rows(a.results),
+      seeds=range(1, a.seeds),
+      seed_cells=[c for c in cells if not a.tiny or c[0] == "text"],  # tiny: text's seeds (time)
+      extend=(lambda rows: []) if a.tiny else None,  # tiny: one rate, not extended (time)
+  )

@@ -5,14 +5,15 @@ A cell is a tuple of a row's values under `keys` (e.g. ("domain", "policy")); ro
 table's (diloco/sweeps/sweep_run.py), with `outer_lr`, `seed` and `eval_loss` columns. The ladder
 doubles: a winner at the lowest rate tried gets half of it next, at the highest twice.
 `run_stages` runs a table's search stage by stage (tune, extend until no cell is on an edge,
-seeds), the one staging every notebook uses.
+seeds), the one staging every notebook uses; `stage_points` lists one stage's points, the one
+staging every sweep file's `get_sweep` uses.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 Row = dict[str, Any]
@@ -162,3 +163,59 @@ def run_stages(
     stage(f"part={part},{pre}results={results}", part)
   for part in (f"{prefix}seeds", *after):
     stage(f"part={part},{pre}seeds={seeds},results={results}", part)
+
+
+Point = Callable[[Cell, float, int], dict[str, Any]]  # (cell, outer lr, seed) -> a sweep point
+NEEDS_TUNE = "the sweep workdir holding part=tune's rows"
+
+
+def stage_points(
+    part: str,
+    results: str,
+    *,
+    keys: Sequence[str],
+    cells: Sequence[Cell],
+    grid: Sequence[float],
+    point: Point,
+    rows: Callable[[], Sequence[Row]],
+    seeds: Iterable[int] = (),
+    seed_cells: Sequence[Cell] | None = None,
+    extend: Callable[[Sequence[Row]], list[dict[str, Any]]] | None = None,
+    more: (
+        Mapping[str, Callable[[Sequence[Row], dict[Cell, float]], list[dict[str, Any]]]] | None
+    ) = None,
+    prefix: str = "",
+    needs: str = NEEDS_TUNE,
+    rate_major: bool = False,
+) -> list[dict[str, Any]]:
+  """The points of stage `part` of a sweep file's search over `cells` (get_sweep's answer).
+
+  tune: every cell at every rate of `grid`, seed 0 (cell by cell; `rate_major`: rate by rate).
+  The other parts read `rows()`, the finished rows of `results` (which they need). extend: one
+  rung past each winner on the edge of its rates, for the cells tuned so far (`past_edges`;
+  `extend(rows)` instead where given). The others need every cell's winner: seeds, each of
+  `seed_cells` (default: every cell) at its winner for each of `seeds`; a part of `more`, its own
+  points from the rows and the winners (seeds too, when `more` has it). `prefix` names a second
+  search's parts (`rda_`).
+  """
+  more = more or {}
+  stages = [f"{prefix}{p}" for p in ("tune", "extend", "seeds")]
+  if part == stages[0] and rate_major:
+    return [point(c, lr, 0) for lr in grid for c in cells]
+  if part == stages[0]:
+    return [point(c, lr, 0) for c in cells for lr in grid]
+  known = tuple(dict.fromkeys((*stages, *more)))
+  if part not in known:
+    raise ValueError(f"unknown part {part!r}; known: {', '.join(known)}")
+  if not results:
+    raise ValueError(f"part={part} needs results=DIR, {needs}")
+  finished = rows()
+  if part == stages[1] and part not in more:  # the cells tuned so far; the others wait
+    if extend is not None:
+      return extend(finished)
+    return [point(tuple(e[:-1]), e[-1], 0) for e in past_edges(finished, keys, cells)]
+  best = need_winners(finished, keys, cells, results)
+  if part in more:
+    return more[part](finished, best)
+  seed_cells = cells if seed_cells is None else seed_cells
+  return [point(c, best[c], s) for c in seed_cells for s in seeds]
