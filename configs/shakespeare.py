@@ -278,6 +278,9 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+CODEC_WHY = "unknown codec; expected one of {names}"
+
+
 def _outer() -> dict:
   """The `outer` section: the synchronizer, its policies and the learners' side."""
   return dict(
@@ -316,20 +319,33 @@ def _outer() -> dict:
           "what a merged fragment does to a learner: replace (its fragment, progress since its "
           "last upload lost) | rebase (keeps the progress the merge lacks) | at_own_sync (held "
           "until tau steps after the learner's own next upload)",
+          domains.among_of("diloco.outer.learner", "DELIVERIES"),
       ),
       anchor=(
           "base",
           "outer gradients against: base (the version the learner started from) | global (the "
           "synchronizer's fragment when the upload arrives; learners send their values)",
+          domains.among_of("diloco.outer.policies", "ANCHORS"),
       ),
       codec=(
           Auto("fp32", diloco="fp32", streaming="fp4", decoupled="fp4"),
           "outer gradients on the wire: fp32 | bf16 | int8 | fp4 | 2bit | 1bit",
+          domains.among_of("diloco.outer.compression", "CODECS", CODEC_WHY),
       ),
       # linear won the precision ablation (notebooks/decoupled_ablations.py)
-      fp4_rounding=("linear", "fp4 uplink: linear (nearest) | log (nearest in log2) | stochastic"),
+      fp4_rounding=(
+          "linear",
+          "fp4 uplink: linear (nearest) | log (nearest in log2) | stochastic",
+          domains.among_of(
+              "diloco.outer.compression", "ROUNDINGS", "unknown rounding; expected one of {names}"
+          ),
+      ),
       error_feedback=(False, "learners add what the codec dropped to their next upload"),
-      downlink_codec=("", "merged updates sent back; '' = same as codec"),
+      downlink_codec=(
+          "",
+          "merged updates sent back; '' = same as codec",
+          domains.among_of("diloco.outer.compression", "CODECS", CODEC_WHY, extra=("",)),
+      ),
       optimizer=(
           "nesterov",
           "outer optimizer: nesterov | sgd | delayed_nesterov",
@@ -385,12 +401,17 @@ def _outer() -> dict:
           Auto(False, decoupled=True),
           "scale merges by the mean 1/(1+staleness) of their uploads",
       ),
-      broadcast=("all", "a merge goes to all live learners | contributors (async Local-SGD)"),
+      broadcast=(
+          "all",
+          "a merge goes to all live learners | contributors (async Local-SGD)",
+          domains.among_of("diloco.outer.policies", "BROADCASTS"),
+      ),
       restart_window_s=(
           0.0,
           "broadcast=contributors, blocking: a merge's contributors wait up to this long for "
           "others, then all waiting restart together from the newest model (async Local-SGD's "
           "toy); cut short once every live learner waits",
+          domains.nonneg(),
       ),
       fresh_inner_optimizer=(
           False,
@@ -401,6 +422,7 @@ def _outer() -> dict:
           "own",
           "own | global: at each such restart the inner schedule is at the steps all learners "
           "merged / learners (the toy's data progress; one fragment)",
+          domains.among(("own", "global"), "expected own or global"),
       ),
       dylu=(False, "DyLU: learner m syncs every floor(v_m/v_max * H) steps, speeds measured"),
       blocking=(
