@@ -349,3 +349,37 @@ def test_no_learner_can_poll_a_merge_before_its_checkpoint_is_saved():
     assert got_at >= saved[0][1]
   finally:
     host.close()
+
+
+def test_a_learner_told_settled_is_not_waited_for_by_a_later_merge():
+  """test_learner_process.py's restart (synchronous saves and asynchronous alike, one run in
+  four on a loaded machine): learner 1, finished, polled a merge that called for an upload of
+  its; learner 0's beat in between was told settled and it exited. Learner 1's upload merged,
+  its send waited for learner 0 to poll it, and learner 1 was not settled until learner 0 was
+  found absent, after its own deliver timeout. A learner told settled is no longer waited for,
+  until it beats or uploads again."""
+  params = {"embed": {"w": np.zeros(2, np.float32)}}
+  policy = policies.Policy(
+      policies.MinQuorum(1), policies.NoGrace(), policies.EqualWeights(), policies.Mean()
+  )
+  sync = Synchronizer(params, fragments.strided(params, 1), policy, optimizers.sgd(1.0))
+  host = sync_host.SyncHost(sync, absent_after_s=60.0)
+  delta = compression.encode_tree({"embed/w": np.ones(2, np.float32)}, "fp32")
+  up = lambda m, base: protocol.Upload(m, 0, base, delta, steps=3, tokens=24, time=0.0,
+                                       sent_time=0.0, step_time=0.1)  # fmt: skip
+  try:
+    for m in (0, 1):
+      host.join(m, f"s{m}", (0,))
+    assert host.upload(0, "s0", up(0, 0)) == 1
+    for m in (0, 1):  # each takes the merge (and acknowledges it)
+      assert [s.version for _, s in host.poll(m, f"s{m}", 0, 0.0)] == [1]
+      assert host.poll(m, f"s{m}", 1, 0.0) == []
+    assert not host.progress(1, "s1", finished=True)  # (learner 0 has not finished)
+    assert host.progress(0, "s0", finished=True)  # learner 0 exits
+    assert host.upload(1, "s1", up(1, 1)) == 1  # learner 1's late upload: merged
+    assert [s.version for _, s in host.poll(1, "s1", 1, 0.0)] == [2]
+    assert host.poll(1, "s1", 2, 0.0) == []
+    assert host.progress(1, "s1", finished=True)  # before: False until learner 0 was absent
+    assert host.progress(0, "s0", finished=True) is False  # back: its send waits for it again
+  finally:
+    host.close()
