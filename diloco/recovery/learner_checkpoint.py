@@ -1,14 +1,18 @@
 """Orbax checkpoints of one learner: train state, data iterator, counters and fragment versions.
 
-A learner saves every `every` inner steps (synchronously, so that a crash right after a save finds
-it) into its own directory; orbax writes each save into a temporary directory and commits it when
-complete, so a crash during a save leaves the previous one as the newest. (Asynchronous saves were
-tried twice, 2026-12-05. For every learner: in the threads runtime several learners' orbax
-managers saving from threads of one process timed out waiting on orbax's signalling keys. For
-learner processes only (one manager each): test_learner_process.py's restart after the
-synchronizer stayed away failed in one of three CI runs, a restarted learner not settled within
-its 3 s: its last upload waited on a round the other learner, which had settled and exited, no
-longer joined. Cause not found; the saves are synchronous.)
+A learner saves every `every` inner steps into its own directory; orbax writes each save into a
+temporary directory and commits it when complete, so a crash during a save leaves the previous
+one as the newest, and no restore reads a save that was not committed. A learner process
+(rpc/learner_main.py, one learner per process) saves asynchronously (`async_save`): the save
+copies the state off the devices (and the host arrays; the data iterator's position is written at
+once) and returns, and training goes on while orbax writes it. The next save, a restore, a stop
+(`save_now`, on SIGTERM) and `close` first wait for the save in flight to commit.
+
+The runtimes that hold several learners in one process (threads) save synchronously: several
+orbax managers saving asynchronously from threads of one process timed out waiting on orbax's
+signalling keys (a CI run, 2026-12-05). Asynchronous saves of learner processes were taken back
+once (5a71309) for a CI failure of test_learner_process.py's restart; that failure came from the
+synchronizer's settling (runtime/sync_host.py, `settled`) and failed with synchronous saves too.
 """
 
 from diloco import paths
@@ -19,16 +23,17 @@ from diloco.outer.learner import Learner
 class LearnerCheckpointer:
   """Saves and restores one learner; `every` = 0 never saves (restore then finds nothing)."""
 
-  def __init__(self, directory: str, every: int, keep: int = 2):
+  def __init__(self, directory: str, every: int, keep: int = 2, async_save: bool = False):
     if every < 0:
       raise ValueError(f"learner checkpoint interval must be >= 0, got {every}")
     self.directory, self.every, self.keep = paths.absolute(directory), every, keep
+    self.async_save = async_save  # (one learner in the process: see the module doc)
     self._ckpt: checkpoint.Checkpointer | None = None
 
   def _manager(self) -> checkpoint.Checkpointer:
     if self._ckpt is None:
       self._ckpt = checkpoint.Checkpointer(
-          self.directory, max(self.every, 1), keep=self.keep, async_save=False
+          self.directory, max(self.every, 1), keep=self.keep, async_save=self.async_save
       )
     return self._ckpt
 
@@ -50,6 +55,11 @@ class LearnerCheckpointer:
       manager.save(learner.steps, learner.checkpoint_state(), data_iter, force=True)
       manager.wait()  # committed (or failed) before the process ends
     return manager.latest_step() == learner.steps
+
+  def wait(self) -> None:
+    """Returns once the save in flight, if any, is committed (or has failed, logged)."""
+    if self._ckpt is not None:
+      self._ckpt.wait()
 
   def latest_step(self) -> int | None:
     if not self.every:

@@ -151,7 +151,9 @@ def run(
   learner.run_every = config.outer.overlap if config.outer.blocking else 0  # (multihost.py)
   ckpt = (
       LearnerCheckpointer(  # (shared by a job's processes: process 0 checks it, inner/checkpoint)
-          paths.join(workdir, "checkpoints"), config.outer.learner_checkpoint_every
+          paths.join(workdir, "checkpoints"),
+          config.outer.learner_checkpoint_every,
+          async_save=True,  # (one learner in this process: learner_checkpoint.py)
       )
   )
   restored = restore(learner, ckpt)
@@ -184,6 +186,8 @@ def run(
     result = _train(config, learner, faults.link(link), next_batch, on_step)
   except BaseException:
     progress.close()  # the rows so far (a bucket's wait in memory for their upload)
+    if jax.process_count() == 1:  # (a multi-process save in flight needs the followers)
+      ckpt.close()  # the save in flight commits rather than being cut off at exit
     raise
   wall = time.perf_counter() - t0
   stopped = result["stopped_by"] == preemption.SIGNAL or result["undelivered_steps"]
