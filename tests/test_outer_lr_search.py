@@ -48,7 +48,10 @@ def test_one_stage_of_a_sweep_files_search_by_hand():
   # (interior: 0.1 and 0.4 were tried). Seeds 1 and 2 at the winners; a file's own part gets the winners.
   point = lambda c, lr, seed: dict(k=c[0], outer_lr=lr, seed=seed)
   rows = [dict(k="a", outer_lr=lr, seed=0, eval_loss=l) for lr, l in ((0.2, 2.0), (0.4, 1.9))]
-  rows += [dict(k="b", outer_lr=lr, seed=0, eval_loss=l) for lr, l in ((0.1, 1.7), (0.2, 1.5), (0.4, 1.6))]
+  rows += [
+      dict(k="b", outer_lr=lr, seed=0, eval_loss=l)
+      for lr, l in ((0.1, 1.7), (0.2, 1.5), (0.4, 1.6))
+  ]
   stage = lambda part, results="DIR", **kw: search.stage_points(
       part, results, keys=("k",), cells=[("a",), ("b",)], grid=(0.2, 0.4), point=point,
       rows=lambda: rows, seeds=(1, 2), **kw,
