@@ -73,10 +73,11 @@ def test_one_stage_of_a_sweep_files_search_by_hand():
     stage("seeds", "")
   with pytest.raises(ValueError, match="unknown part 'time'; known: tune, extend, seeds"):
     stage("time")
-  rows[:] = rows[:2]  # b not tuned yet: extend goes on for a, the seeds wait for every cell
-  assert stage("extend") == [dict(k="a", outer_lr=0.8, seed=0)]
-  with pytest.raises(ValueError, match="no finished seed-0 rows"):
-    stage("seeds")
+  rows[:] = rows[:2]  # b not tuned yet: every stage waits for it, unless extend_tuned
+  for part in ("extend", "seeds"):
+    with pytest.raises(ValueError, match=r"no finished seed-0 rows for \('k',\) \[\('b',\)\]"):
+      stage(part)
+  assert stage("extend", extend_tuned=True) == [dict(k="a", outer_lr=0.8, seed=0)]
 
 
 def test_rows_at_winners_and_differences_that_count():

@@ -170,6 +170,7 @@ def _rda_sweep(a) -> list[dict]:
           extend=(lambda rows: []) if a.tiny else None,
           prefix="rda_",
           needs="the sweep workdir holding part=rda's rows",
+          extend_tuned=True,  # (a cell that point 3's rows tuned goes on before the others)
       )
   )
 
@@ -203,4 +204,5 @@ def get_sweep(arg: str | None = None) -> list[dict]:
       seeds=range(1, a.seeds),
       extend=(lambda rows: []) if a.tiny else (lambda rows: _extend(rows, cells, a.rungs)),
       more={"time": time_budget},
+      extend_tuned=True,
   )

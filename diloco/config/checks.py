@@ -89,7 +89,8 @@ def _model_size(c) -> Problems:
 
 
 def _outer(c) -> Problems:
-  """The outer section's own checks (codecs, rounding, broadcast, DyLU) and the learner lists."""
+  """The outer section's rules across keys (outer_check: delivery, anchor, restart window, DyLU)
+  and the learner lists."""
   from diloco.config import build
 
   out = []

@@ -2,8 +2,9 @@
 it resumes, and when it has rejoined.
 
 A runtime tells it what happened (`crash`, `recover`, `rejoined`) and does what it says; the
-virtual runtime, the threads runtime and the learner processes drive it, each with its own clock
-and its own way of restoring (diloco/recovery/rejoin.py). It keeps the crash records a run's
+virtual runtime and the threads runtime drive it, each with its own clock and its own way of
+restoring (diloco/recovery/rejoin.py). A learner process, restarted on its own, sees no peer: it
+resumes at its checkpoint's step, the rule's case without peers. It keeps the crash records a run's
 summary reports (`crashes`, `steps_lost`).
 
 Where a recovered learner resumes (`resume_step`): its step counter paces its fragment schedule,

@@ -187,7 +187,10 @@ def run(
   except BaseException:
     progress.close()  # the rows so far (a bucket's wait in memory for their upload)
     if jax.process_count() == 1:  # (a multi-process save in flight needs the followers)
-      ckpt.close()  # the save in flight commits rather than being cut off at exit
+      try:
+        ckpt.close()  # the save in flight commits rather than being cut off at exit
+      except Exception:  # pylint: disable=broad-except  (the run's own error is the one to raise)
+        pass
     raise
   wall = time.perf_counter() - t0
   stopped = result["stopped_by"] == preemption.SIGNAL or result["undelivered_steps"]

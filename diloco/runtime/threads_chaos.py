@@ -73,6 +73,9 @@ class Driver:
     self._timeline: list[tuple[float, int, Callable, object]] = []
     self._seq = 0
     self._first: set[int] = set()  # learners that took their first step
+    # Each learner's (steps, c_steps) as of its last step, read together (its thread steps on
+    # while another reads it): what a resuming learner's machine sees of it.
+    self._seen: dict[int, crash_machine.Peer] = {}
     self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-timeline")
     # Synchronizers to restart into, built now in this thread: building one (its outer
     # optimizer states on the CPU device) while learner threads run their steps has hung XLA's
@@ -138,8 +141,8 @@ class Driver:
       self.shared.stats.ignored += 1
       return
     self.shared.fault(f)
-    self.up[m] = False
-    with self.shared.lock:
+    with self.shared.lock:  # (check_rejoin reads both under it)
+      self.up[m] = False
       self.crashes.crash(m, self.clock.now(), f.end_s, wall=self.clock.clock())
     self._back[m] = f.end_s
     self._log({"event": "fault", "kind": "crash", "learner": m, "fault": f.describe()})
@@ -159,8 +162,8 @@ class Driver:
     if self.abort.wait(max(self.clock.wall(self._back[m]) - self.clock.clock(), 0.0)):
       return None
     learner, step = self.recovery.restore_learner(m)
-    peers = crash_machine.peers_of(self.learners, self.up, m)
     with self.shared.lock:
+      peers = [p for i, p in self._seen.items() if self.up[i] and i != m]
       learner.steps = self.crashes.recover(
           m, step, learner.steps, learner.schedule.inner_steps, peers, step_at_crash
       )
@@ -195,6 +198,8 @@ class Driver:
           for k in sync.globals[p]
       )
     with self.shared.lock:
+      if not self.crashes.is_rejoining(m) or not self.up[m]:  # crashed again meanwhile
+        return
       record = self.crashes.rejoined(
           m,
           self.clock.now(),
@@ -221,6 +226,8 @@ class Driver:
           self._first.add(m)
           if len(self._first) == len(self.learners):
             self.start()
+      with self.shared.lock:
+        self._seen[m] = crash_machine.Peer(learner.steps, tuple(learner.c_steps))
       if self.recovery is not None:
         self.recovery.after_step(learner)
       now = time.monotonic()

@@ -184,6 +184,14 @@ def _probes(value: Any) -> list[Any]:
   return [f"{value}_probe"]
 
 
+def declare(point: Point) -> None:
+  """Builds the point's config file's config once in this process, unused: its keys' meanings
+  and domains are recorded as its sections are defined (keys.MEANINGS, keys.DOMAINS), which a
+  config received pickled (a spawned worker's) does not do, and the checks read them."""
+  path, arg = split_spec(point.spec)
+  load_module(path).get_config(arg or None)
+
+
 def build_config(point: Point, module: ModuleType | None = None) -> ml_collections.ConfigDict:
   """The config of one point: get_config(its variants), then its config overrides."""
   if point.config is not None:

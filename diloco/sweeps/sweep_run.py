@@ -28,6 +28,8 @@ def run_point(point: sweep.Point, workdir: str) -> dict[str, Any]:
   """Trains one point in workdir/<name>; returns its summary (raises what the run raised)."""
   from diloco import train  # here, so that spawned workers import JAX themselves
 
+  if point.config is not None:  # (pickled into a spawned worker: declare its keys here too)
+    sweep.declare(point)
   config = sweep.build_config(point)
   return train.train_and_evaluate(config, os.path.join(workdir, point.name))
 

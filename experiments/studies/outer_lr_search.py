@@ -187,13 +187,14 @@ def stage_points(
     prefix: str = "",
     needs: str = NEEDS_TUNE,
     rate_major: bool = False,
+    extend_tuned: bool = False,
 ) -> list[dict[str, Any]]:
   """The points of stage `part` of a sweep file's search over `cells` (get_sweep's answer).
 
   tune: every cell at every rate of `grid`, seed 0 (cell by cell; `rate_major`: rate by rate).
-  The other parts read `rows()`, the finished rows of `results` (which they need). extend: one
-  rung past each winner on the edge of its rates, for the cells tuned so far (`past_edges`;
-  `extend(rows)` instead where given). The others need every cell's winner: seeds, each of
+  The other parts read `rows()`, the finished rows of `results` (which they need), and every
+  cell's winner (`extend_tuned`: extend takes the cells tuned so far). extend: one rung past each
+  winner on the edge of its rates (`past_edges`; `extend(rows)` instead where given); seeds, each of
   `seed_cells` (default: every cell) at its winner for each of `seeds`; a part of `more`, its own
   points from the rows and the winners (seeds too, when `more` has it). `prefix` names a second
   search's parts (`rda_`).
@@ -210,12 +211,13 @@ def stage_points(
   if not results:
     raise ValueError(f"part={part} needs results=DIR, {needs}")
   finished = rows()
-  if part == stages[1] and part not in more:  # the cells tuned so far; the others wait
+  if not (part == stages[1] and extend_tuned):
+    best = need_winners(finished, keys, cells, results)
+  if part in more:
+    return more[part](finished, best)
+  if part == stages[1]:
     if extend is not None:
       return extend(finished)
     return [point(tuple(e[:-1]), e[-1], 0) for e in past_edges(finished, keys, cells)]
-  best = need_winners(finished, keys, cells, results)
-  if part in more:
-    return more[part](finished, best)
   seed_cells = cells if seed_cells is None else seed_cells
   return [point(c, best[c], s) for c in seed_cells for s in seeds]
