@@ -7,6 +7,7 @@ given explicitly (diloco/config/resolve.py). diloco/train.py maps each mode to i
 
 Synchronous DiLoCo and Streaming DiLoCo are the synchronizer with quorum = all learners, no grace,
 equal weights and a plain mean, with blocking learners; Decoupled DiLoCo changes only those knobs.
+
 Decoupled DiLoCo (paper defaults, reconstructed): P=24 balanced fragments, each synced every H=24
 steps, tau=2, quorum K=1, adaptive grace, token weights, RDA, fp4; learners never wait and keep
 the progress a merge they were not part of lacks (`outer.delivery=rebase`, outer lr 0.1). Merges are
@@ -19,10 +20,11 @@ several times over (a loss spike from 2.5 to 17 in chaos_local).
 mode=compare runs dp, diloco and decoupled on one token budget, the last learner 3x slower
 (`sim.speeds` is derived in resolve.py), each with its own preset (`compare_runs`).
 
-A recipe (`recipe=`, `RECIPES`; its values declared on the keys it sets) is a paper's inner optimizer and model, filled after the mode's
-preset in the same way, over any mode. charles2025 is the protocol of the DiLoCo scaling laws
-(Charles et al. 2025, arXiv 2503.09799): AdamW beta2 0.99, warmup then cosine to 5% of the peak,
-independent weight decay lambda = 1/T over the run's T steps (resolve.py derives T from `steps`),
+A recipe (`recipe=`, `RECIPES`; its values declared on the keys it sets) is a paper's inner
+optimizer and model, filled after the mode's preset in the same way, over any mode. charles2025
+is the protocol of the DiLoCo scaling laws (Charles et al. 2025, arXiv 2503.09799): AdamW beta2
+0.99, warmup then cosine to 5% of the peak, independent weight decay lambda = 1/T over the run's
+T steps (resolve.py derives T from `steps`),
 QK-norm and an output z-loss. The paper's z-loss coefficient is not confirmed here: 1e-4 is the
 one of Wortsman et al. 2023 (arXiv 2309.14322) and PaLM, the recipe the paper follows.
 """

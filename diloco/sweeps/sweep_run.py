@@ -18,6 +18,7 @@ from typing import Any
 
 import tqdm
 
+from diloco.config import keys as config_keys
 from diloco.sweeps import eval_sets, sweep
 
 DEFAULT_KEYS = ("eval_loss", "eval_bpb", "params", "tokens", "wall_s")
@@ -28,7 +29,7 @@ def run_point(point: sweep.Point, workdir: str) -> dict[str, Any]:
   """Trains one point in workdir/<name>; returns its summary (raises what the run raised)."""
   from diloco import train  # here, so that spawned workers import JAX themselves
 
-  if point.config is not None:  # (pickled into a spawned worker: declare its keys here too)
+  if point.config is not None and not config_keys.DOMAINS:  # pickled into a fresh worker
     sweep.declare(point)
   config = sweep.build_config(point)
   return train.train_and_evaluate(config, os.path.join(workdir, point.name))

@@ -193,11 +193,11 @@ def stage_points(
 
   tune: every cell at every rate of `grid`, seed 0 (cell by cell; `rate_major`: rate by rate).
   The other parts read `rows()`, the finished rows of `results` (which they need), and every
-  cell's winner (`extend_tuned`: extend takes the cells tuned so far). extend: one rung past each
-  winner on the edge of its rates (`past_edges`; `extend(rows)` instead where given); seeds, each of
-  `seed_cells` (default: every cell) at its winner for each of `seeds`; a part of `more`, its own
-  points from the rows and the winners (seeds too, when `more` has it). `prefix` names a second
-  search's parts (`rda_`).
+  cell's winner (`extend_tuned`: extend takes the cells tuned so far). extend: one rung past
+  each winner on the edge of its rates (`past_edges`; `extend(rows)` instead where given);
+  seeds: each of `seed_cells` (default: every cell) at its winner for each of `seeds`; a part of
+  `more`: its own points from the rows and the winners (seeds too, when `more` has it).
+  `prefix` names a second search's parts (`rda_`).
   """
   more = more or {}
   stages = [f"{prefix}{p}" for p in ("tune", "extend", "seeds")]
@@ -211,13 +211,14 @@ def stage_points(
   if not results:
     raise ValueError(f"part={part} needs results=DIR, {needs}")
   finished = rows()
-  if not (part == stages[1] and extend_tuned):
-    best = need_winners(finished, keys, cells, results)
-  if part in more:
-    return more[part](finished, best)
-  if part == stages[1]:
+  if part == stages[1] and part not in more:
+    if not extend_tuned:
+      need_winners(finished, keys, cells, results)  # every cell tuned first
     if extend is not None:
       return extend(finished)
     return [point(tuple(e[:-1]), e[-1], 0) for e in past_edges(finished, keys, cells)]
+  best = need_winners(finished, keys, cells, results)
+  if part in more:
+    return more[part](finished, best)
   seed_cells = cells if seed_cells is None else seed_cells
   return [point(c, best[c], s) for c in seed_cells for s in seeds]
