@@ -89,6 +89,14 @@ def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bu
     only_at_sync_points(summary)
   k = lead["sync_interval"]
   assert followers[0]["ops"]["run"] <= (STEPS - lead["restored_step"]) // k + 1
+  # The island resumed where the crash-and-rejoin machine said: learner 1's phase (H=8) as its
+  # last heartbeat reported it, at the sync point at or before it; all four processes alike.
+  rejoin, restored = lead["rejoin"], lead["restored_step"]
+  ((peer,),) = [rejoin["peers"]]
+  shift = min((peer - restored) % 8, STEPS - restored) // k * k
+  assert rejoin["restored_step"] == restored and rejoin["resumes_at_step"] == restored + shift
+  assert rejoin["rejoined"] is not None
+  assert all(f["ops"]["resume"] == (shift > 0) for f in followers)
   # The followers applied what process 0 applied (a non-blocking learner: its poll runs in a
   # thread and the arrivals wait for a sync point), and process 0 got every merge.
   assert all(f["ops"]["receive"] == lead["applied"] > 0 for f in followers)

@@ -1,5 +1,6 @@
-"""A learner process SIGKILLed after a checkpoint restarts from it: its step counter, inner
-optimizer and versions continue, it rejoins with those versions and contributes to merges again."""
+"""A learner process SIGKILLed after a checkpoint restarts from it: its step counter (moved to its
+peer's phase), inner optimizer and versions continue, it rejoins with those versions and
+contributes to merges again."""
 
 import json
 import os
@@ -52,15 +53,24 @@ def test_killed_learner_resumes_from_its_checkpoint(cluster):
   assert [s["restored_step"] for s in starts] == [None, saved[-1]]
   assert all(v >= 0 for v in starts[1]["restored_versions"])  # it held every fragment
   assert starts[0]["restored_versions"] == [-1] * 4  # the first start held nothing
+  # It resumes where the crash-and-rejoin machine says: the step counter continues from the
+  # checkpoint, not from 0, moved to the phase (mod H=8) of learner 0's steps as its last
+  # heartbeat reported them, so that its fragments' uploads go with learner 0's again.
+  recover, rejoin = read_jsonl(os.path.join(c.workdir, "learner1", "rejoins.jsonl"))
+  ((lead,),) = [recover["peers"]]
+  resumed = recover["resumes_at_step"]
+  assert recover["restored_step"] == saved[-1] and resumed == saved[-1] + (lead - saved[-1]) % 8
+  assert 0 <= recover["steps_lost"] and killed_at - 5.0 <= recover["time"] <= killed_at + 0.5
+  assert rejoin["event"] == "rejoin" and rejoin["rejoined"] >= rejoin["back"] > killed_at
   after = [r for r in rows() if r["time"] > killed_at]
-  # The step counter continues from the checkpoint (log_every=5), not from 0.
-  assert after[0]["step"] == saved[-1] + 5, (after[0], saved)
   assert saved[-1] <= logged_before + 4
-  assert [r["step"] for r in after] == list(range(saved[-1] + 5, 81, 5))
+  first = resumed + 5 - resumed % 5  # (log_every=5)
+  assert [r["step"] for r in after] == list(range(first, 81, 5)), (after, recover)
   assert all(np.isfinite(r["loss"]) for r in after)
   summary = _json(os.path.join(c.workdir, "learner1", "summary.json"))
   assert summary["steps"] == 80 and summary["settled"]
   assert summary["restored_step"] == saved[-1] and summary["joins"] >= 1
+  assert summary["rejoin"] == {k: v for k, v in rejoin.items() if k != "event"}
   # It contributed to merges again after the restart, and every learner ends on the
   # synchronizer's versions.
   merges = [

@@ -163,6 +163,10 @@ class Learner:
     """
     return [p for p in self.schedule.syncs_at(self.steps) if self.c_steps[p] > 0]
 
+  def resume_at(self, steps: int) -> None:
+    """Moves the step counter (a restarted learner's, to the phase of its peers' schedules)."""
+    self.steps = steps
+
   def upload(self, p: int, sent_time: float, arrival_time: float, step_time: float) -> Upload:
     """The outer gradient of fragment p against the last global version received;
     FloatingPointError naming this learner when its fragment is no longer finite (a run whose

@@ -1,11 +1,11 @@
 """One crash-and-rejoin machine for every runtime (sans-I/O): what a crashed learner loses, where
 it resumes, and when it has rejoined.
 
-A runtime tells it what happened (`crash`, `recover`, `rejoined`) and does what it says; the
-virtual runtime and the threads runtime drive it, each with its own clock and its own way of
-restoring (diloco/recovery/rejoin.py). A learner process, restarted on its own, sees no peer: it
-resumes at its checkpoint's step, the rule's case without peers. It keeps the crash records a run's
-summary reports (`crashes`, `steps_lost`).
+A runtime tells it what happened (`crash`, `recover`, `rejoined`) and does what it says; every
+runtime drives it, each with its own clock and its own way of restoring (diloco/recovery/
+rejoin.py): the virtual runtime, the threads runtime, and a restarted learner process
+(diloco/rpc/learner_rejoin.py, which learns its peers from its Join's answer). It keeps the crash
+records a run's summary reports (`crashes`, `steps_lost`).
 
 Where a recovered learner resumes (`resume_step`): its step counter paces its fragment schedule,
 so it moves forward to the phase (modulo H) of the leading live learner's, and its uploads go
@@ -16,8 +16,7 @@ would wait on each other. Where lockstep rounds wait for it (`lockstep`: blockin
 quorum of members, synchronous DiLoCo without elasticity) it resumes instead at the leading
 learner's last merge point (the step after which that one last received a fragment), or at its own
 checkpoint's step if later: it redoes the rounds still open, as a restarted synchronous worker
-must, while the others wait. With no live peer (a learner process, which sees none) it resumes at
-its own step.
+must, while the others wait. With no live peer it resumes at its own step.
 """
 
 from __future__ import annotations

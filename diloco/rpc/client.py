@@ -13,6 +13,7 @@ from collections.abc import Callable
 import grpc
 
 from diloco.outer import outcomes, protocol
+from diloco.recovery import crash_machine
 from diloco.rpc import limits as limits_lib, security, service, synchronizer_pb2 as pb, transport
 from diloco.runtime import link as link_lib
 
@@ -101,7 +102,7 @@ class GrpcLink:
         raise link_lib.Unreachable(str(err)) from err
       raise link_lib.Refused(refusal_code(err), err.details() or str(code)) from err
 
-  def join(self, versions, generations) -> None:
+  def join(self, versions, generations) -> link_lib.Joined:
     req = pb.JoinRequest(
         learner=self.learner, session=self.session, versions=versions, generations=generations
     )
@@ -109,6 +110,13 @@ class GrpcLink:
         self._call(lambda: self._join(req, timeout=self.limits.call_timeout_s, metadata=self._md()))
     )
     self.acked, self.generation = reply.next_seq, reply.generation
+    peer = lambda p: crash_machine.Peer(p.steps, tuple(p.c_steps))
+    return link_lib.Joined(
+        tuple(reply.versions),
+        tuple(peer(p) for p in reply.peers),
+        peer(reply.previous) if reply.HasField("previous") else None,
+        reply.silent_s,
+    )
 
   def progress(self, finished: bool) -> bool:
     req = pb.ProgressRequest(

@@ -31,7 +31,8 @@ from diloco import jsonl, metrics, paths
 from diloco.config import build, checks, deploy as deploy_lib
 from diloco.outer import integrity
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
-from diloco.rpc import client as client_lib, learner_faults, limits as limits_lib, multihost, transport
+from diloco.rpc import client as client_lib, learner_faults, learner_rejoin, limits as limits_lib
+from diloco.rpc import multihost, transport
 from diloco.runtime import async_link, learner_loop, preemption, sharded_link
 from diloco.watch import progress as progress_lib
 
@@ -173,6 +174,7 @@ def run(
     ckpt.close()
     learner.whole_globals()  # (process 0 gathers them for its summary: every process takes part)
     return _finish(learner, workdir, {"role": "follower", "ops": counts, **restored_state})
+  rejoin = learner_rejoin.for_process(config, learner, workdir, restored)
   progress = _Progress(config, workdir, learner_id, restored_state, learner.steps)
   link = connect(config, learner, targets, token, progress)
 
@@ -183,7 +185,7 @@ def run(
 
   tokens0, t0 = learner.tokens, time.perf_counter()
   try:
-    result = _train(config, learner, faults.link(link), next_batch, on_step)
+    result = _train(config, learner, faults.link(link), next_batch, on_step, rejoin)
   except BaseException:
     progress.close()  # the rows so far (a bucket's wait in memory for their upload)
     if jax.process_count() == 1:  # (a multi-process save in flight needs the followers)
@@ -193,6 +195,7 @@ def run(
         pass
     raise
   wall = time.perf_counter() - t0
+  result["rejoin"] = rejoin.record
   stopped = result["stopped_by"] == preemption.SIGNAL or result["undelivered_steps"]
   if stopped and jax.process_count() == 1:
     # Preempted, or its synchronizer stayed away: the progress since the last save is kept, for
@@ -289,6 +292,7 @@ def connect(config, learner, targets: list[str], token: str, progress: "_Progres
         total_tokens=learner.tokens,
         loss=progress.last_loss,
         start_step=start,
+        c_steps=list(learner.c_steps),  # (where a restarted peer resumes: learner_rejoin.py)
     )
     links.append(link)
   if len(links) == 1:
@@ -323,7 +327,7 @@ def _summary(
   }
 
 
-def _train(config, learner: multihost.SpmdLearner, link, next_batch, on_step) -> dict[str, Any]:
+def _train(config, learner, link, next_batch, on_step, rejoin) -> dict[str, Any]:
   """The learner loop over `link` until SIGTERM or `config.steps`; the followers are told the end.
 
   Non-blocking learners poll in a thread (`loop_link_for`); a multi-process learner's link keeps
@@ -348,6 +352,7 @@ def _train(config, learner: multihost.SpmdLearner, link, next_batch, on_step) ->
         on_step=on_step,
         seed=learner.index,
         settle_timeout_s=config.deploy.deliver_timeout_s,
+        rejoin=rejoin,
     )
     return {**result, "stopped_by": preemption.SIGNAL if stop.is_set() else None}
   finally:

@@ -38,10 +38,11 @@ from diloco.outer.protocol import Send
 from diloco.rpc import host_parts, transport
 
 FAILED_EXIT = 70  # process 0 ended inside a run of steps (EX_SOFTWARE): restart the whole job
-NOOP, RUN, RECEIVE, UPLOAD, END, REBASE, NOT_MERGED = range(7)
+NOOP, RUN, RECEIVE, UPLOAD, END, REBASE, NOT_MERGED, RESUME = range(8)
 OP_NAMES = {NOOP: "noop", RUN: "run", RECEIVE: "receive", UPLOAD: "upload", END: "end"}
 OP_NAMES[REBASE] = "rebase"  # a receive that keeps the progress after a merged upload
 OP_NAMES[NOT_MERGED] = "not_merged"  # an upload refused or never sent (not for a rebase)
+OP_NAMES[RESUME] = "resume"  # a restarted learner's step counter (recovery/crash_machine.py)
 
 
 def define_cluster_flags(of: str) -> tuple:
@@ -255,6 +256,16 @@ class SpmdLearner(Learner):
     self._announce(NOT_MERGED, p, np.float64(-1.0 if sent_time is None else sent_time).tobytes())
     super().not_merged(p, sent_time)
 
+  def resume_at(self, steps: int) -> None:
+    """With followers, to the sync point at or before `steps` (where they agree)."""
+    if self.announce is not None:
+      k = self.sync_interval()
+      steps = self.steps + (steps - self.steps) // k * k
+      if steps == self.steps:
+        return
+      self._announce(RESUME, steps, b"")
+    super().resume_at(steps)
+
 
 def broadcast(op: int, arg: int, payload: bytes) -> tuple[int, int, bytes]:
   """(op, arg, payload) of process 0 on every process (the others pass anything)."""
@@ -309,9 +320,9 @@ class KeepFollowers:
     if self.learner.announce is not None and time.monotonic() - self.last > self.every_s:
       self.learner.announce(NOOP, 0, b"")
 
-  def join(self, versions, generations) -> None:
+  def join(self, versions, generations):
     self._keep()
-    self.link.join(versions, generations)
+    return self.link.join(versions, generations)
 
   def poll(self, wait_s: float):
     self._keep()
@@ -384,3 +395,5 @@ def follow(
       learner.upload(arg, _time(payload), 0.0, 0.0)
     elif op == NOT_MERGED:
       learner.not_merged(arg, _time(payload))
+    elif op == RESUME:
+      learner.resume_at(arg)

@@ -22,6 +22,7 @@ from google.protobuf import message as pb_message
 
 from diloco.outer import outcomes
 from diloco.outer.outcomes import Code
+from diloco.recovery import crash_machine
 from diloco.rpc import limits as limits_lib, security, synchronizer_pb2 as pb, transport
 from diloco.runtime import link as link_lib, sync_host
 
@@ -117,17 +118,24 @@ class Service:
     self._auth(context)
     req = self._parse(pb.JoinRequest, data, context)
     try:
-      gen, seq = self.host.join(
+      gen, seq, joined = self.host.join(
           req.learner, req.session, tuple(req.versions), tuple(req.generations)
       )
     except link_lib.Refused as err:
       self._fail(context, err.code, str(err))
+    previous = {}
+    if joined.previous is not None:
+      previous = dict(previous=_peer_state(joined.previous))
     return self._reply(
         pb.JoinReply(
             generation=gen,
             next_seq=seq,
             num_fragments=self.host.sync.frag.num_fragments,
             heartbeat_s=self.limits.absent_after_s / 4,
+            versions=joined.versions,
+            peers=[_peer_state(p) for p in joined.peers],
+            silent_s=joined.silent_s,
+            **previous,
         ),
         req.learner,
     )
@@ -144,6 +152,8 @@ class Service:
           start=req.start_step,
           session=req.session,
       )
+      if req.c_steps:  # (a learner process's: where a restarted peer resumes)
+        report["c_steps"] = list(req.c_steps)
       settled = self.host.progress(req.learner, req.session, finished=req.finished, report=report)
     except link_lib.Refused as err:
       self._fail(context, err.code, str(err))
@@ -199,6 +209,10 @@ class Service:
         self.codec_bytes_down += send.nbytes
       for chunk in chunks(send, self.limits.chunk_bytes, learner=req.learner, seq=seq):
         yield self._reply(chunk, req.learner)
+
+
+def _peer_state(peer: crash_machine.Peer) -> pb.PeerState:
+  return pb.PeerState(steps=peer.steps, c_steps=peer.c_steps)
 
 
 def chunks(message, chunk_bytes: int, **header) -> Iterator[pb.Chunk]:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64iloco/rpc/synchronizer.proto\x12\ndiloco.rpc\"V\n\x0bJoinRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x13\n\x0bgenerations\x18\x04 \x03(\x03\"]\n\tJoinReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x15\n\rnum_fragments\x18\x02 \x01(\x05\x12\x13\n\x0bheartbeat_s\x18\x03 \x01(\x01\x12\x10\n\x08next_seq\x18\x04 \x01(\x04\"\xd2\x01\n\x0fProgressRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12\x11\n\tstep_time\x18\x05 \x01(\x01\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x08 \x01(\x03\x12\x11\n\x04loss\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nstart_step\x18\n \x01(\x03\x42\x07\n\x05_loss\"4\n\rProgressReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0f\n\x07settled\x18\x02 \x01(\x08\"\x91\x01\n\x05\x43hunk\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08\x66ragment\x18\x03 \x01(\x05\x12\r\n\x05index\x18\x04 \x01(\r\x12\r\n\x05total\x18\x05 \x01(\r\x12\x0e\n\x06length\x18\x06 \x01(\x04\x12\x0b\n\x03\x63rc\x18\x07 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0b\n\x03seq\x18\t \x01(\x04\"1\n\x0bUploadReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0e\n\x06merges\x18\x02 \x01(\x05\"R\n\x0bPollRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x11\n\tafter_seq\x18\x03 \x01(\x04\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x32\xff\x01\n\x13SynchronizerService\x12\x36\n\x04Join\x12\x17.diloco.rpc.JoinRequest\x1a\x15.diloco.rpc.JoinReply\x12\x42\n\x08Progress\x12\x1b.diloco.rpc.ProgressRequest\x1a\x19.diloco.rpc.ProgressReply\x12\x36\n\x06Upload\x12\x11.diloco.rpc.Chunk\x1a\x17.diloco.rpc.UploadReply(\x01\x12\x34\n\x04Poll\x12\x17.diloco.rpc.PollRequest\x1a\x11.diloco.rpc.Chunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64iloco/rpc/synchronizer.proto\x12\ndiloco.rpc\"V\n\x0bJoinRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x13\n\x0bgenerations\x18\x04 \x03(\x03\"+\n\tPeerState\x12\r\n\x05steps\x18\x01 \x01(\x03\x12\x0f\n\x07\x63_steps\x18\x02 \x03(\x03\"\xe2\x01\n\tJoinReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x15\n\rnum_fragments\x18\x02 \x01(\x05\x12\x13\n\x0bheartbeat_s\x18\x03 \x01(\x01\x12\x10\n\x08next_seq\x18\x04 \x01(\x04\x12\x10\n\x08versions\x18\x05 \x03(\x03\x12$\n\x05peers\x18\x06 \x03(\x0b\x32\x15.diloco.rpc.PeerState\x12,\n\x08previous\x18\x07 \x01(\x0b\x32\x15.diloco.rpc.PeerStateH\x00\x88\x01\x01\x12\x10\n\x08silent_s\x18\x08 \x01(\x01\x42\x0b\n\t_previous\"\xe3\x01\n\x0fProgressRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12\x11\n\tstep_time\x18\x05 \x01(\x01\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x08 \x01(\x03\x12\x11\n\x04loss\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nstart_step\x18\n \x01(\x03\x12\x0f\n\x07\x63_steps\x18\x0b \x03(\x03\x42\x07\n\x05_loss\"4\n\rProgressReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0f\n\x07settled\x18\x02 \x01(\x08\"\x91\x01\n\x05\x43hunk\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x10\n\x08\x66ragment\x18\x03 \x01(\x05\x12\r\n\x05index\x18\x04 \x01(\r\x12\r\n\x05total\x18\x05 \x01(\r\x12\x0e\n\x06length\x18\x06 \x01(\x04\x12\x0b\n\x03\x63rc\x18\x07 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0b\n\x03seq\x18\t \x01(\x04\"1\n\x0bUploadReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0e\n\x06merges\x18\x02 \x01(\x05\"R\n\x0bPollRequest\x12\x0f\n\x07learner\x18\x01 \x01(\x05\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x11\n\tafter_seq\x18\x03 \x01(\x04\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x32\xff\x01\n\x13SynchronizerService\x12\x36\n\x04Join\x12\x17.diloco.rpc.JoinRequest\x1a\x15.diloco.rpc.JoinReply\x12\x42\n\x08Progress\x12\x1b.diloco.rpc.ProgressRequest\x1a\x19.diloco.rpc.ProgressReply\x12\x36\n\x06Upload\x12\x11.diloco.rpc.Chunk\x1a\x17.diloco.rpc.UploadReply(\x01\x12\x34\n\x04Poll\x12\x17.diloco.rpc.PollRequest\x1a\x11.diloco.rpc.Chunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOINREQUEST']._serialized_start=45
   _globals['_JOINREQUEST']._serialized_end=131
-  _globals['_JOINREPLY']._serialized_start=133
-  _globals['_JOINREPLY']._serialized_end=226
-  _globals['_PROGRESSREQUEST']._serialized_start=229
-  _globals['_PROGRESSREQUEST']._serialized_end=439
-  _globals['_PROGRESSREPLY']._serialized_start=441
-  _globals['_PROGRESSREPLY']._serialized_end=493
-  _globals['_CHUNK']._serialized_start=496
-  _globals['_CHUNK']._serialized_end=641
-  _globals['_UPLOADREPLY']._serialized_start=643
-  _globals['_UPLOADREPLY']._serialized_end=692
-  _globals['_POLLREQUEST']._serialized_start=694
-  _globals['_POLLREQUEST']._serialized_end=776
-  _globals['_SYNCHRONIZERSERVICE']._serialized_start=779
-  _globals['_SYNCHRONIZERSERVICE']._serialized_end=1034
+  _globals['_PEERSTATE']._serialized_start=133
+  _globals['_PEERSTATE']._serialized_end=176
+  _globals['_JOINREPLY']._serialized_start=179
+  _globals['_JOINREPLY']._serialized_end=405
+  _globals['_PROGRESSREQUEST']._serialized_start=408
+  _globals['_PROGRESSREQUEST']._serialized_end=635
+  _globals['_PROGRESSREPLY']._serialized_start=637
+  _globals['_PROGRESSREPLY']._serialized_end=689
+  _globals['_CHUNK']._serialized_start=692
+  _globals['_CHUNK']._serialized_end=837
+  _globals['_UPLOADREPLY']._serialized_start=839
+  _globals['_UPLOADREPLY']._serialized_end=888
+  _globals['_POLLREQUEST']._serialized_start=890
+  _globals['_POLLREQUEST']._serialized_end=972
+  _globals['_SYNCHRONIZERSERVICE']._serialized_start=975
+  _globals['_SYNCHRONIZERSERVICE']._serialized_end=1230
 # @@protoc_insertion_point(module_scope)

@@ -74,14 +74,15 @@ class BackgroundLink:
       self._uploads.clear()  # the synchronizer forgets them; the loop re-joins
       self._cond.notify_all()
 
-  def join(self, versions, generations) -> None:
+  def join(self, versions, generations) -> link_lib.Joined | None:
     with self._cond:
       self._error, self._joined = None, False
     with self._inner_lock:
-      self.inner.join(versions, generations)
+      joined = self.inner.join(versions, generations)
     with self._cond:
       self._joined = True
       self._cond.notify_all()
+    return joined
 
   def progress(self, finished: bool) -> bool:
     self._raise_error()

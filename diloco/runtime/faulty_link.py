@@ -173,8 +173,9 @@ class FaultyLink:
       raise link_lib.Unreachable(f"learner {self.learner}'s link holds every message")
     self._wait_until(self._arrival())
     link = self._link()
-    link.join(versions, generations)
+    joined = link.join(versions, generations)
     self._joined(link)
+    return joined
 
   def _joined(self, link) -> None:
     """After a join: the host's versions then (what the driver's rejoin check compares)."""

@@ -47,17 +47,21 @@ def run_learner(
     settle_timeout_s: float = 60.0,
     seed: int = 0,
     first_join_s: float | None = None,
+    rejoin=None,
 ) -> dict[str, Any]:
   """Trains `learner` to `steps` inner steps over `link`, then waits for the run to settle.
 
   A heartbeat thread reports progress every `heartbeat_s`, so a long step (or its compilation)
   does not get the learner marked absent. Blocking learners (synchronous modes) do not start step
   s+overlap+1 before the fragment sent at step s is back; non-blocking ones never wait.
+  `rejoin` (a restarted process's, rpc/learner_rejoin.py) hears of every Join's answer and of
+  every fragment applied.
   """
   loop = _LearnerLoop(
       learner, link, stop or threading.Event(), heartbeat_s, max_backoff_s, random.Random(seed)
   )
   loop.first_join_s = 8 * heartbeat_s if first_join_s is None else first_join_s
+  loop.rejoin = rejoin
   beating = threading.Event()
 
   def heartbeats() -> None:
@@ -119,6 +123,7 @@ class _LearnerLoop:
     self.step_time = 0.0  # of the last step (what a resend reports for the grace window)
     self.refused_steps: dict[str, int] = {}  # refusal code -> steps of the uploads it refused
     self.deferred: list[Callable[[], None]] = []  # refusals met inside a run of steps
+    self.rejoin = None  # told of each Join's answer and each fragment applied
 
   def at_sync(self) -> bool:
     """Whether the learner may be changed other than by a step now (see the module doc)."""
@@ -139,12 +144,14 @@ class _LearnerLoop:
     if self.joined or time.monotonic() < self.retry_at:
       return self.joined
     try:
-      self.link.join(tuple(self.learner.versions), tuple(self.learner.generations))
+      answer = self.link.join(tuple(self.learner.versions), tuple(self.learner.generations))
     except (Unreachable, Refused):
       self.fail()
       return False
     self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
     self.joins += 1
+    if self.rejoin is not None:  # (at a sync point: a restart may move its step counter)
+      self.rejoin.joined(answer)
     self.machine.join_sent(self.last_beat)
     unanswered = set(self.machine.inflight)
     if getattr(self.learner, "delivery", "replace") == "rebase":
@@ -180,6 +187,8 @@ class _LearnerLoop:
       if isinstance(d, learner_machine.Apply):
         self.learner.receive(d.send, rebase=d.rebase)
         self.applied += 1
+        if self.rejoin is not None:
+          self.rejoin.received()
       elif isinstance(d, learner_machine.Drop):
         self.dropped += d.code is not Code.GAP
       elif isinstance(d, learner_machine.Rejoin):

@@ -50,6 +50,7 @@ class ShardedLink:
     self.downs = [0] * n  # times each shard was found down (for the summary)
     self.joined_once = False
     self.joined_versions = None  # (what a single host's faulty link reports; not for shards)
+    self.answers: list[link_lib.Joined | None] = [None] * n  # each shard's last Join answer
     self._unsent: list[int] = []
     self._lock = threading.Lock()  # the loop's thread and its heartbeat thread both call
 
@@ -70,7 +71,7 @@ class ShardedLink:
 
   def _join(self, s: int) -> bool:
     try:
-      self.links[s].join(tuple(self.held.versions), tuple(self.held.generations))
+      self.answers[s] = self.links[s].join(tuple(self.held.versions), tuple(self.held.generations))
     except (link_lib.Unreachable, link_lib.Refused):
       self._down(s)
       return False
@@ -90,13 +91,21 @@ class ShardedLink:
 
   # ---- the Link ----
 
-  def join(self, versions, generations) -> None:
+  def join(self, versions, generations) -> link_lib.Joined | None:
+    """Joins every shard; their answers as one, each fragment's version from its owner and
+    the rest from shard 0 (None unless every shard answered this time)."""
     del versions, generations  # read from the learner when each shard is joined
     with self._lock:
       self.joined_once = True
+      self.answers = [None] * len(self.links)
       for s in range(len(self.links)):
         self._join(s)
       self._any_up()
+      if any(a is None for a in self.answers):
+        return None
+      first = self.answers[0]
+      versions = tuple(self.answers[o].versions[p] for p, o in enumerate(self.owner_of))
+      return link_lib.Joined(versions, first.peers, first.previous, first.silent_s)
 
   def upload(self, up: protocol.Upload) -> None:
     with self._lock:

@@ -6,7 +6,10 @@ concurrently. It adds what a real deployment needs around the state machine: ses
 is held by one live process at a time), heartbeats (a learner silent for `absent_after_s` becomes a
 `Leave` and is left out of quorums until it joins again), a per-learner outbox of numbered sends
 that learners long-poll and acknowledge, real timers for the grace window, a progress rate limit
-and a cap on registered learners. The host's own refusals raise `link.Refused(code, message)`
+and a cap on registered learners. A Join's answer (`link.Joined`) also carries the
+synchronizer's versions, the other live learners' steps as their heartbeats last reported them
+and this learner id's earlier process's last report: where a restarted learner process resumes
+(rpc/learner_rejoin.py). The host's own refusals raise `link.Refused(code, message)`
 before anything reaches the synchronizer, so they leave its state unchanged; an upload the
 synchronizer refuses on arrival raises its `outcomes.Code`, whatever else it set off.
 """
@@ -20,7 +23,8 @@ from collections.abc import Callable
 from diloco.outer import protocol
 from diloco.outer.outcomes import Code
 from diloco.outer.synchronizer import Synchronizer
-from diloco.runtime.link import Refused
+from diloco.recovery.crash_machine import Peer
+from diloco.runtime.link import Joined, Refused
 
 
 def answer(actions: list[protocol.Action], up: protocol.Upload) -> protocol.Refused | None:
@@ -63,6 +67,7 @@ class SyncHost:
     self.cond = threading.Condition()
     self.sessions: dict[int, str] = {}
     self.last_seen: dict[int, float] = {}
+    self.reported: dict[int, tuple[str, Peer]] = {}  # learner -> (session, its last report)
     self.finished: set[int] = set()
     # Told the run is settled and silent since (`settled`): gone, as far as sends go.
     self.released: set[int] = set()
@@ -93,8 +98,9 @@ class SyncHost:
 
   def join(
       self, learner: int, session: str, versions: tuple[int, ...], generations: tuple[int, ...] = ()
-  ) -> tuple[int, int]:
-    """Registers (or re-registers) a learner; returns (generation, last sequence number)."""
+  ) -> tuple[int, int, Joined]:
+    """Registers (or re-registers) a learner; returns (generation, last sequence number, what
+    else the answer says)."""
     with self.cond:
       if learner < 0:
         raise self._refuse(Code.INVALID, f"learner id must be >= 0, got {learner}")
@@ -115,6 +121,7 @@ class SyncHost:
             f"join with {len(versions)} versions and "
             f"{len(generations)} generations, expected {num}",
         )
+      previous = self._previous(learner, session)
       self.sessions[learner] = session
       self.last_seen[learner] = self.now()
       self.outbox[learner] = []
@@ -124,7 +131,24 @@ class SyncHost:
       self._act(
           self.sync.handle(protocol.Join(learner, self.now(), tuple(versions), tuple(generations)))
       )
-      return self.sync.generation, self.last_seq[learner] - len(self.outbox[learner])
+      joined = Joined(tuple(self.sync.versions), self._peers(learner), *previous)
+      return self.sync.generation, self.last_seq[learner] - len(self.outbox[learner]), joined
+
+  def _previous(self, learner: int, session: str) -> tuple[Peer | None, float]:
+    """The last report of an earlier process of `learner` and how long it has been silent."""
+    held = self.sessions.get(learner)
+    last = self.reported.get(learner)
+    if held is None or held == session or last is None or last[0] != held:
+      return None, 0.0
+    return last[1], self.now() - self.last_seen[learner]
+
+  def _peers(self, learner: int) -> tuple[Peer, ...]:
+    """The other live learners' last reports, from their current processes."""
+    return tuple(
+        peer
+        for m, (session, peer) in sorted(self.reported.items())
+        if m != learner and m in self.sync.live and self.sessions.get(m) == session
+    )
 
   def _check_session(self, learner: int, session: str) -> None:
     if self.sessions.get(learner) != session or learner not in self.sync.live:
@@ -148,6 +172,8 @@ class SyncHost:
         self.finished.add(learner)
       if report is not None:
         self.on_progress(learner, report)
+        if "c_steps" in report:  # (where a restarted learner resumes: recovery/crash_machine.py)
+          self.reported[learner] = (session, Peer(report["step"], tuple(report["c_steps"])))
       settled = self.settled()
       if settled and finished:  # (it may exit now: see `settled`)
         self.released.add(learner)

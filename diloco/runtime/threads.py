@@ -32,6 +32,7 @@ from diloco.outer import protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
 from diloco.runtime import faulty_link, learner_loop, sharded_link, sync_host, threads_chaos
+from diloco.runtime.link import Joined
 
 
 class InProcessLink:
@@ -41,8 +42,9 @@ class InProcessLink:
     self.host, self.learner, self.session = host, learner, uuid.uuid4().hex
     self.acked = 0
 
-  def join(self, versions, generations) -> None:
-    _, self.acked = self.host.join(self.learner, self.session, versions, generations)
+  def join(self, versions, generations) -> Joined:
+    _, self.acked, joined = self.host.join(self.learner, self.session, versions, generations)
+    return joined
 
   def progress(self, finished: bool) -> bool:
     return self.host.progress(self.learner, self.session, finished)
