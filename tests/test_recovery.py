@@ -27,7 +27,7 @@ from diloco.outer import compression, fragments, optimizers, policies
 from diloco.outer.protocol import Join, Upload
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery import rejoin, sync_checkpoint
-from diloco.runtime import virtual_chaos
+from diloco.runtime import virtual, virtual_chaos
 from experiments.studies import chaos_suite
 
 BASE = "runlocal,mode=decoupled,learners=4"
@@ -66,7 +66,7 @@ class Watch:
     self.interrupted: list[int] = []  # merges of the saves a crash cut short
     self.restored: list[str] = []  # digest of each restored synchronizer, before it resumes
     self.rejoins: list[dict] = []
-    self.runtime: virtual_chaos.ChaosRuntime | None = None
+    self.runtime: virtual.VirtualRuntime | None = None  # the run's (one with faults)
 
   def run(self, config, workdir: str) -> "Watch":
     with self.patched():
@@ -108,10 +108,10 @@ class Watch:
       sync_restart(sync, state, generation)
       remember(sync)
 
-    save_sync, rejoined, init = (
+    save_sync, rejoined, bind = (
         rejoin.Recovery.save_sync,
-        virtual_chaos.ChaosRuntime._rejoined,
-        virtual_chaos.ChaosRuntime.__init__,
+        virtual_chaos.Chaos._rejoined,
+        virtual_chaos.Chaos.bind,
     )
 
     def recorded_save(rec, sync, force=False, interrupt=False):
@@ -125,7 +125,8 @@ class Watch:
         watch.saves.append((now, sync.merges, sync.digest()))
       return saved
 
-    def recorded_rejoined(runtime, m):
+    def recorded_rejoined(component, m):
+      runtime = component.runtime
       learner = runtime.learners[m]
       watch.rejoins.append(
           {
@@ -139,10 +140,10 @@ class Watch:
               "sync_versions": list(runtime.sync.versions),
           }
       )
-      return rejoined(runtime, m)
+      return rejoined(component, m)
 
-    def recorded_init(runtime, *args, **kwargs):
-      init(runtime, *args, **kwargs)
+    def recorded_bind(component, runtime):
+      bind(component, runtime)
       watch.runtime = runtime
 
     with pytest.MonkeyPatch.context() as mp:
@@ -151,8 +152,8 @@ class Watch:
       mp.setattr(Synchronizer, "load_state_dict", recorded_load)
       mp.setattr(Synchronizer, "restart", recorded_restart)
       mp.setattr(rejoin.Recovery, "save_sync", recorded_save)
-      mp.setattr(virtual_chaos.ChaosRuntime, "_rejoined", recorded_rejoined)
-      mp.setattr(virtual_chaos.ChaosRuntime, "__init__", recorded_init)
+      mp.setattr(virtual_chaos.Chaos, "_rejoined", recorded_rejoined)
+      mp.setattr(virtual_chaos.Chaos, "bind", recorded_bind)
       yield self
 
 

@@ -25,7 +25,7 @@ class ChaosStats:
   restarts: list = dataclasses.field(default_factory=list)  # {time, back, merges, restored}
   merges_skipped: int = 0
   resyncs: int = 0
-  stalls_broken: int = 0  # lockstep learners that gave up waiting (see ChaosRuntime)
+  stalls_broken: int = 0  # lockstep learners that gave up waiting (see runtime/virtual_chaos.py)
   dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
   refused_by_learners: collections.Counter = dataclasses.field(default_factory=collections.Counter)
   tainted: dict = dataclasses.field(default_factory=dict)  # kind -> Counter of fates

@@ -11,7 +11,7 @@ from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
 from diloco.outer.learner import Learner
-from diloco.runtime import virtual_chaos
+from diloco.runtime import virtual
 from diloco.watch import timeline
 
 
@@ -98,10 +98,11 @@ def summary(
 
 
 def chaos_summary(
-    runtime: virtual_chaos.ChaosRuntime, faults: list[chaos.Fault], sim_time: float
+    runtime: virtual.VirtualRuntime, faults: list[chaos.Fault], sim_time: float
 ) -> dict[str, Any]:
-  """Summary keys of a run with faults (documented in docs/running.md)."""
-  st = runtime.stats
+  """Summary keys of a run with faults (documented in docs/running.md): what its
+  `virtual_chaos.Chaos` counted."""
+  st = runtime.faults.stats
   crashes = st.crashes
   rejoined = [c for c in crashes if c["rejoined"] is not None]
   to_rejoin = [c["rejoined"] - c["back"] for c in rejoined]

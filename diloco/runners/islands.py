@@ -1,9 +1,9 @@
 """mode=diloco|streaming|decoupled: M islands and a synchronizer on the virtual runtime.
 
 The parts come from diloco/config/build.py. With a fault schedule (the `chaos` section) the runtime
-is runtime/virtual_chaos.py and the summary gains a `chaos` section; learner and synchronizer
-checkpoints (`outer.learner_checkpoint_every`, `outer.sync_checkpoint_every`) can also be on
-without faults.
+acts it out through its fault component, runtime/virtual_chaos.py's `Chaos`, and the summary gains
+a `chaos` section; learner and synchronizer checkpoints (`outer.learner_checkpoint_every`,
+`outer.sync_checkpoint_every`) can also be on without faults.
 """
 
 import time
@@ -107,7 +107,7 @@ def _run(
 
 
 def _runtime(config, parts, learners, sync, clocks, faults, log, on_step, recover, budget):
-  """The virtual runtime of the run (with its fault schedule, the chaos runtime)."""
+  """The virtual runtime of the run (with its fault schedule, a `virtual_chaos.Chaos` in it)."""
   o = config.outer
   stop_at = None
   if config.get("stop_after_steps", 0):  # per learner, like `step` in the logs
@@ -125,24 +125,22 @@ def _runtime(config, parts, learners, sync, clocks, faults, log, on_step, recove
       stop=lambda: preemption.stop_reason(log.step, stop_at),
       time_limit_s=float(config.sim.get("time_limit_s", 0.0)),
   )
-  if not faults:
-    return virtual.VirtualRuntime(*args, **kwargs)
-  return virtual_chaos.ChaosRuntime(
-      *args,
-      **kwargs,
-      faults=faults,
-      make_sync=parts.make_sync,
-      seed=config.chaos.seed,
-      on_chaos=log.on_chaos,
-      wait_timeout_s=o.inner_steps * config.sim.step_s,
-  )
+  if faults:
+    kwargs["faults"] = virtual_chaos.Chaos(
+        faults,
+        make_sync=parts.make_sync,
+        seed=config.chaos.seed,
+        on_chaos=log.on_chaos,
+        wait_timeout_s=o.inner_steps * config.sim.step_s,
+    )
+  return virtual.VirtualRuntime(*args, **kwargs)
 
 
 def _stopped(config, parts, runtime, log, iters, workdir, recover, state, t_wall) -> dict:
   """Saves the snapshot of a run stopped early (not with faults: resumable False) and returns
   its summary: finished False, why, and where it stands."""
   wall = time.perf_counter() - t_wall
-  resumable = not isinstance(runtime, virtual_chaos.ChaosRuntime)
+  resumable = not isinstance(runtime.faults, virtual_chaos.Chaos)
   snapshot = ""
   if resumable:
     snap = virtual_snapshot.take(config, runtime, iters, state)
@@ -181,7 +179,7 @@ def draw_timeline(
 ) -> str:
   """WORKDIR/timeline.png of a finished run (diloco/watch/timeline.py), with its crashes and
   synchronizer restarts when it had faults."""
-  o, stats = config.outer, getattr(runtime, "stats", None)
+  o, stats = config.outer, getattr(runtime.faults, "stats", None)
   crashes = stats.crashes if stats is not None else []
   restarts = stats.restarts if stats is not None else []
   return timeline.draw(

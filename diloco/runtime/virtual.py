@@ -14,8 +14,16 @@ they sent at step s has come back; non-blocking learners (Decoupled DiLoCo) neve
 
 Every event has an owner (learner m or the synchronizer) and is dropped unchanged if its owner's
 epoch moved on before it happened (it was addressed to a process that crashed since); background
-events (faults, see runtime/virtual_chaos.py) do not keep the run going by themselves. With a
-`recovery.Recovery`, learners and the synchronizer save checkpoints as they go.
+events (faults) do not keep the run going by themselves. With a `recovery.Recovery`, learners and
+the synchronizer save checkpoints as they go.
+
+Faults are not the runtime's: it holds a fault component (`faults=`, a `virtual_hooks.Faults`; the
+default acts on nothing) and calls it at the hook points that class names, each at one place: a
+step's length and end, a message put on a link up or down, an arrival at a learner, the
+synchronizer's handling of an event and its checkpoint action, a learner's (re)join, whether the
+run goes on, its start and end. An event kind the runtime has no `_on_<kind>` handler for is the
+fault component's (`on_<kind>`): the events it schedules itself. runtime/virtual_chaos.py's
+`Chaos` is the fault schedule's component.
 """
 
 import dataclasses
@@ -29,6 +37,7 @@ import numpy as np
 from diloco.outer import learner_machine, protocol
 from diloco.outer.learner import Learner
 from diloco.outer.synchronizer import Synchronizer
+from diloco.runtime import virtual_hooks
 from diloco.watch import timeline
 
 # Same-time ordering of event kinds (lower first); faults happen before anything else.
@@ -68,7 +77,7 @@ class Network:
 
 
 class VirtualRuntime:
-  """Drives learners and one synchronizer through simulated time."""
+  """Drives learners and one synchronizer through simulated time; faults act through `faults`."""
 
   def __init__(
       self,
@@ -85,6 +94,7 @@ class VirtualRuntime:
       recovery: Any = None,
       stop: Callable[[], str | None] | None = None,
       time_limit_s: float = 0.0,
+      faults: virtual_hooks.Faults | None = None,
   ):
     self.learners, self.sync, self.clocks, self.net = learners, sync, clocks, network
     self.machines = [  # each learner's protocol decisions (outer/learner_machine.py)
@@ -110,6 +120,8 @@ class VirtualRuntime:
     self._epochs: dict[Any, int] = {SYNC: 0, **{m: 0 for m in range(len(learners))}}
     self._background = 0  # background events in the queue
     self.trace = timeline.Trace(len(learners))  # what each learner did when (timeline.png)
+    self.faults = faults if faults is not None else virtual_hooks.Faults()
+    self.faults.bind(self)
 
   def _push(
       self,
@@ -127,8 +139,9 @@ class VirtualRuntime:
     )
 
   def _more(self) -> bool:
-    """Whether the run goes on: some event other than a background one is due."""
-    return len(self._queue) > self._background
+    """Whether the run goes on: some event other than a background one is due, or the faults
+    say so."""
+    return len(self._queue) > self._background or self.faults.goes_on()
 
   def run(self) -> float:
     """Runs to the end of the token budget, or until `stop` says why to stop at an event
@@ -136,6 +149,7 @@ class VirtualRuntime:
     simulated time."""
     if not self.started:
       self.started = True
+      self.faults.start()
       if self.recovery is not None:
         self.recovery.save_sync(self.sync, force=True)  # a restart always finds a checkpoint
       for m, clock in enumerate(self.clocks):
@@ -146,7 +160,8 @@ class VirtualRuntime:
       if owner is not None and self._epochs[owner] != epoch:
         continue  # addressed to a process that crashed since
       self.now = time
-      getattr(self, "_on_" + kind)(payload)
+      handler = getattr(self, "_on_" + kind, None) or getattr(self.faults, "on_" + kind)
+      handler(payload)
       reason = self.stop() if self.stop is not None else None
       if reason is not None and self._more():  # (nothing left to do: finished, not stopped)
         self.stopped_by = reason
@@ -178,7 +193,7 @@ class VirtualRuntime:
       return
     self.tokens_started += learner.tokens_per_step
     metrics = learner.step(self.next_batch(m))
-    duration = self._duration(m)
+    duration = self.faults.duration(m, clock.duration())
     clock.busy_s += duration
     self.trace.span(m, timeline.TRAIN, self.now, self.now + duration)
     self._push(self.now + duration, STEP_DONE, "step_done", (m, metrics, duration), owner=m)
@@ -191,10 +206,6 @@ class VirtualRuntime:
       self.trace.span(m, timeline.WAIT, clock.waiting_since, self.now)
       clock.waiting_since = None
 
-  def _duration(self, m: int) -> float:
-    """Simulated seconds of the step learner m starts now."""
-    return self.clocks[m].duration()
-
   def _on_step_done(self, payload) -> None:
     m, metrics, duration = payload
     learner = self.learners[m]
@@ -202,22 +213,24 @@ class VirtualRuntime:
     for d in self.machines[m].stepped(learner.due()):
       up = learner.upload(d.fragment, sent_time=self.now, arrival_time=0.0, step_time=duration)
       self._send_up(m, up)
-    self._after_step(learner)
+    saved = self.recovery is not None and self.recovery.after_step(learner)  # if due
+    self.faults.stepped(m, duration, saved)
     self._push(self.now, START, "start", m, owner=m)
 
-  def _after_step(self, learner: Learner) -> bool:
-    """Saves the learner's checkpoint if due; returns whether it saved."""
-    return self.recovery is not None and self.recovery.after_step(learner)
-
-  def _send_up(self, m: int, message: protocol.Upload | protocol.Join | protocol.Leave) -> None:
+  def _send_up(self, m: int, message: virtual_hooks.Message) -> None:
     """Puts learner m's message on its link to the synchronizer."""
-    nbytes = message.nbytes if isinstance(message, protocol.Upload) else 0
-    arrival = self.now + self.net.delay(nbytes)
-    self.bytes_up[m] += nbytes
+    is_upload = isinstance(message, protocol.Upload)
+    sent = self.faults.send_up(m, message, self.net.delay(message.nbytes if is_upload else 0))
+    if sent is None:
+      return
+    arrival, message = sent
+    self.bytes_up[m] += message.nbytes if is_upload else 0
     self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival), owner=SYNC)
 
   def _on_at_learner(self, send: protocol.Send) -> None:
-    self._decide(send.learner, self.machines[send.learner].arrived(send))
+    decisions = self.machines[send.learner].arrived(send)
+    self.faults.arrived(send, decisions)
+    self._decide(send.learner, decisions)
 
   def _decide(self, m: int, decisions: list) -> None:
     """Carries out learner m's decisions (learner_machine), in order."""
@@ -234,16 +247,23 @@ class VirtualRuntime:
     self._wake(m)
 
   def _do_rejoined(self, m: int, d: learner_machine.Rejoined) -> None:
-    """Learner m, started late, holds the global fragments its Join was answered with."""
+    """Learner m (started late, or back from a crash) holds the global fragments its Join was
+    answered with: it trains from now on."""
     del d
-    self._push(self.now, START, "start", m, owner=m)
+    if self.faults.rejoined(m):
+      self._push(self.now, START, "start", m, owner=m)
 
   def _do_drop(self, m: int, d: learner_machine.Drop) -> None:
-    del m, d  # counted by the chaos runtime
+    del m, d  # (counted by the faults, `Faults.arrived`)
 
   # ---- synchronizer side ----
 
   def _on_at_sync(self, event: protocol.Event) -> None:
+    self.faults.handle(event)
+
+  def handle(self, event: protocol.Event) -> None:
+    """The synchronizer consumes `event`; its actions are carried out, then a Join's answer is
+    read by its learner."""
     actions = self.sync.handle(event)
     self._act(actions)
     if isinstance(event, protocol.Join):
@@ -255,7 +275,7 @@ class VirtualRuntime:
     return self.machines[m].join_answered(sends)
 
   def _on_timer(self, _) -> None:
-    self._act(self.sync.handle(protocol.Tick(self.now)))
+    self.faults.handle(protocol.Tick(self.now))
 
   def _act(self, actions: list[protocol.Action]) -> None:
     for a in actions:
@@ -265,6 +285,8 @@ class VirtualRuntime:
         self._push(a.time, TIMER, "timer", None, owner=SYNC)
       elif isinstance(a, protocol.Checkpoint):
         self._checkpoint(a)
+        if self.sync is None:
+          return  # it crashed saving (a fault): the rest of its actions died with it
       elif isinstance(a, protocol.Log):
         self.on_log(a.record)
       elif isinstance(a, protocol.Refused):
@@ -273,27 +295,33 @@ class VirtualRuntime:
 
   def _send_down(self, send: protocol.Send) -> None:
     """Puts a Send on the synchronizer's link to its learner."""
+    sent = self.faults.send_down(send, self.net.delay(send.nbytes))
+    if sent is None:
+      return
+    arrival, send = sent
     self.bytes_down[send.learner] += send.nbytes
-    self._push(
-        self.now + self.net.delay(send.nbytes), AT_LEARNER, "at_learner", send, owner=send.learner
-    )
+    self._push(arrival, AT_LEARNER, "at_learner", send, owner=send.learner)
 
   def _on_reject(self, refused: protocol.Refused) -> None:
     """Nothing will come back for a rejected upload: a learner waiting for it goes on (and
     re-joins or sends again where its machine says so)."""
     m = refused.learner
+    if not self.faults.learner_up(m):
+      return  # (a crashed learner's machine learns nothing)
     self.learners[m].not_merged(refused.fragment, refused.sent_time)
     decisions = self.machines[m].refused(refused)
     self._wake(m)
     self._decide(m, decisions)
 
   def _do_rejoin(self, m: int, d: learner_machine.Rejoin) -> None:
-    """Learner m joins again with the versions it holds (at most one Join in flight)."""
-    del d
-    machine, learner = self.machines[m], self.learners[m]
-    if machine.join_inflight:
-      return
-    machine.join_sent(self.now)
+    """Learner m joins again with the versions it holds (at most one Join in flight), unless
+    the faults hold it back."""
+    if self.faults.rejoins(m, d.why) and not self.machines[m].join_inflight:
+      self._join(m)
+
+  def _join(self, m: int) -> None:
+    learner = self.learners[m]
+    self.machines[m].join_sent(self.now)
     self._send_up(
         m, protocol.Join(m, self.now, tuple(learner.versions), tuple(learner.generations))
     )
@@ -322,11 +350,13 @@ class VirtualRuntime:
       self._wake(m)
 
   def _checkpoint(self, action: protocol.Checkpoint) -> None:
-    if self.recovery is not None:
+    if not self.faults.checkpoint(action) and self.recovery is not None:
       self.recovery.save_sync(self.sync)
 
   def finish(self) -> None:
-    """Counts the idle time of learners still waiting at the end; saves the synchronizer."""
+    """Ends the faults; counts the idle time of learners still waiting at the end; saves the
+    synchronizer."""
+    self.faults.finish()
     for m in range(len(self.clocks)):
       self._stop_waiting(m)
     if self.recovery is not None and self.sync is not None:

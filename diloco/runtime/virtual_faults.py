@@ -1,5 +1,5 @@
-"""The message half of the chaos runtime (`virtual_chaos.ChaosRuntime`): faulty links and what a
-learner does when the synchronizer refuses what it sent.
+"""The message half of a virtual run's faults (`virtual_chaos.Chaos` holds one `FaultyMessages`):
+faulty links, and what a learner does when a partition that dropped its messages heals.
 
 - delay adds latency to messages sent in the window (both ways); partition holds them to the end
   of the window ('hold') or drops them ('drop'): when it ends the learner re-joins, to be sent what
@@ -9,81 +9,80 @@ learner does when the synchronizer refuses what it sent.
   NaN/Inf/huge values at the source. Each tainted message is followed to its fate: rejected
   (by reason), merged (a failure of the checks), superseded, or lost.
 - what a learner does about a refused upload or a merged fragment it cannot apply is its
-  machine's (outer/learner_machine.py); the base runtime carries it out.
+  machine's (outer/learner_machine.py); the runtime carries it out.
 
-`FaultyMessages` is a mixin: it uses the ChaosRuntime's state (its fault layer, taint records,
-learners, clocks, the event queue) and is not meant to stand alone. What each fault does to a
-message is the fault layer's (chaos/faults.py); this module routes messages through it.
+What each fault does to a message is the fault layer's (chaos/faults.py); this module routes
+messages through it, for the `Chaos` whose layer, random generator, statistics and taint records
+it uses, and through it the runtime (the clock, the event queue, the learners' machines).
 """
 
-import dataclasses
+from typing import Any
 
-from diloco.chaos import faults, schedule as chaos
+from diloco.chaos import faults, schedule
 from diloco.outer import protocol
-from diloco.runtime.virtual import AT_LEARNER, AT_SYNC, SYNC
+from diloco.runtime.virtual import AT_LEARNER
+from diloco.runtime.virtual_hooks import Message
 
 
 class FaultyMessages:
-  """Sending up and down through links with the schedule's message faults (`self.layer`)."""
+  """Messages up and down through links with the schedule's message faults (`chaos.layer`)."""
 
-  def _link(self, m: int, nbytes: int) -> float | None:
+  def __init__(self, chaos: Any, learners: int):
+    self.chaos = chaos  # a virtual_chaos.Chaos
+    self.heals: set[tuple[int, float]] = set()  # (learner, partition start): heal scheduled
+    self.owed: list[dict[int, tuple]] = [{} for _ in range(learners)]  # p -> base, dropped
+
+  def _link(self, m: int, delay: float) -> float | None:
     """Arrival time of a message of learner m's link sent now (None: dropped; learner m
     re-joins once the partition that dropped it is over)."""
-    arrival, dropped = self.layer.arrival(m, self.now, self.net.delay(nbytes))
-    if dropped is not None and (m, dropped.time_s) not in self._heals:
-      self._heals.add((m, dropped.time_s))
-      self._push(dropped.end_s, AT_LEARNER, "heal", m, owner=m)
+    rt = self.chaos.runtime
+    arrival, dropped = self.chaos.layer.arrival(m, rt.now, delay)
+    if dropped is not None and (m, dropped.time_s) not in self.heals:
+      self.heals.add((m, dropped.time_s))
+      rt._push(dropped.end_s, AT_LEARNER, "heal", m, owner=m)
     return arrival
 
-  def _on_heal(self, m: int) -> None:
-    self._resync(m)
-    for p, base in sorted(self._owed[m].items()):  # sent again at once, if still wanted
-      self._resend(m, p, base)
-    self._owed[m].clear()
+  def heal(self, m: int) -> None:
+    """Learner m's partition that dropped messages is over: it re-joins, and sends again at
+    once, if still wanted, the uploads that were dropped."""
+    self.chaos.resync(m)
+    for p, base in sorted(self.owed[m].items()):
+      self.chaos.runtime._resend(m, p, base)
+    self.owed[m].clear()
 
-  def _send_up(self, m: int, message: protocol.Upload | protocol.Join) -> None:
+  def send_up(self, m: int, message: Message, delay: float) -> tuple[float, Message] | None:
+    """When learner m's message arrives, and as what (None: dropped)."""
+    c = self.chaos
     is_upload = isinstance(message, protocol.Upload)
-    if not self.sync_up:  # unanswered uploads are sent again at the restart
-      return
-    arrival = self._link(m, message.nbytes if is_upload else 0)
+    arrival = self._link(m, delay)
     if arrival is None:
-      self.stats.dropped["up"] += 1
+      c.stats.dropped["up"] += 1
       if is_upload:  # the sender learns of it, and sends it again when the link is back
-        self._owed[m][message.fragment] = (message.base_generation, message.base_version)
+        self.owed[m][message.fragment] = (message.base_generation, message.base_version)
       else:
-        self.machines[m].join_lost()
-      return
+        c.runtime.machines[m].join_lost()
+      return None
     if is_upload:
-      message, f = self.layer.taint_up(message, self.now, self.rng)
+      message, f = c.layer.taint_up(message, c.runtime.now, c.rng)
       if f is not None:
         self._count_taint(f, m)
-        self.taints.sent_up(message, faults.taint_name(f))
-      self.bytes_up[m] += message.nbytes
-    self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival), owner=SYNC)
+        c.taints.sent_up(message, faults.taint_name(f))
+    return arrival, message
 
-  def _count_taint(self, f: chaos.Fault, m: int) -> None:
-    self.stats.faults[f.kind] += 1
-    self._log({"event": "fault", "kind": f.kind, "learner": m, "fault": f.describe()})
+  def _count_taint(self, f: schedule.Fault, m: int) -> None:
+    self.chaos.stats.faults[f.kind] += 1
+    self.chaos.log({"event": "fault", "kind": f.kind, "learner": m, "fault": f.describe()})
 
-  def _send_down(self, send: protocol.Send) -> None:
-    m = send.learner
-    arrival = self._link(m, send.nbytes) if self.up[m] else None
+  def send_down(self, send: protocol.Send, delay: float) -> tuple[float, protocol.Send] | None:
+    """When a Send arrives at its learner, and as what (None: dropped, or its learner is
+    down)."""
+    c, m = self.chaos, send.learner
+    arrival = self._link(m, delay) if c.up[m] else None
     if arrival is None:
-      self.stats.dropped["down"] += 1
-      return
-    send, f = self.layer.taint_down(send, self.now, self.rng)
+      c.stats.dropped["down"] += 1
+      return None
+    send, f = c.layer.taint_down(send, c.runtime.now, c.rng)
     if f is not None:
       self._count_taint(f, m)
-      self.taints.sent_down(send, faults.taint_name(f))
-    self.bytes_down[m] += send.nbytes
-    self._push(arrival, AT_LEARNER, "at_learner", send, owner=m)
-
-  def _on_at_sync(self, event: protocol.Event) -> None:
-    self._handle(event)
-
-  def _on_timer(self, _) -> None:
-    self._handle(protocol.Tick(self.now))
-
-  def _on_reject(self, refused: protocol.Refused) -> None:
-    if self.up[refused.learner]:  # (a crashed learner's machine learns nothing)
-      super()._on_reject(refused)
+      c.taints.sent_down(send, faults.taint_name(f))
+    return arrival, send

@@ -11,7 +11,7 @@ the stacks' wave counters; and what the runner adds (its logs, the metrics file'
 `save` writes under a temporary name, then renames, so a kill in the middle of a save leaves the
 previous snapshot. A snapshot names a digest of the config (preemption.config_digest), and
 `load` refuses one of another config. Runs with faults (virtual_chaos.py)
-are not snapshotted: their fault driver's state is not in here.
+are not snapshotted: the state of their fault component is not in here.
 """
 
 import itertools
