@@ -115,15 +115,15 @@ class VirtualRuntime:
     self.tokens_started = 0
     self.bytes_up = [0] * len(learners)
     self.bytes_down = [0] * len(learners)
-    self._queue: list[tuple] = []
+    self.queue: list[tuple] = []
     self._seq = itertools.count()
-    self._epochs: dict[Any, int] = {SYNC: 0, **{m: 0 for m in range(len(learners))}}
+    self.epochs: dict[Any, int] = {SYNC: 0, **{m: 0 for m in range(len(learners))}}
     self._background = 0  # background events in the queue
     self.trace = timeline.Trace(len(learners))  # what each learner did when (timeline.png)
     self.faults = faults if faults is not None else virtual_hooks.Faults()
     self.faults.bind(self)
 
-  def _push(
+  def push(
       self,
       time: float,
       order: int,
@@ -132,16 +132,18 @@ class VirtualRuntime:
       owner: Any = None,
       background: bool = False,
   ) -> None:
-    epoch = self._epochs[owner] if owner is not None else None
+    """Schedules an event of `kind` at `time` (`order` ranks same-time kinds), dropped if its
+    `owner` has crashed since; a `background` one does not keep the run going by itself."""
+    epoch = self.epochs[owner] if owner is not None else None
     self._background += background
     heapq.heappush(
-        self._queue, (time, order, next(self._seq), kind, payload, owner, epoch, background)
+        self.queue, (time, order, next(self._seq), kind, payload, owner, epoch, background)
     )
 
   def _more(self) -> bool:
     """Whether the run goes on: some event other than a background one is due, or the faults
     say so."""
-    return len(self._queue) > self._background or self.faults.goes_on()
+    return len(self.queue) > self._background or self.faults.goes_on()
 
   def run(self) -> float:
     """Runs to the end of the token budget, or until `stop` says why to stop at an event
@@ -153,11 +155,11 @@ class VirtualRuntime:
       if self.recovery is not None:
         self.recovery.save_sync(self.sync, force=True)  # a restart always finds a checkpoint
       for m, clock in enumerate(self.clocks):
-        self._push(clock.start_s, START, "start", m, owner=m)
+        self.push(clock.start_s, START, "start", m, owner=m)
     while self._more():
-      time, _, _, kind, payload, owner, epoch, background = heapq.heappop(self._queue)
+      time, _, _, kind, payload, owner, epoch, background = heapq.heappop(self.queue)
       self._background -= background
-      if owner is not None and self._epochs[owner] != epoch:
+      if owner is not None and self.epochs[owner] != epoch:
         continue  # addressed to a process that crashed since
       self.now = time
       handler = getattr(self, "_on_" + kind, None) or getattr(self.faults, "on_" + kind)
@@ -176,9 +178,9 @@ class VirtualRuntime:
       return
     if not clock.joined:  # a late start (sim.start_times): it joins now, trains once answered
       clock.joined = True
-      return self._decide(m, self.machines[m].restored())
+      return self.decide(m, self.machines[m].restored())
     if 0 < clock.stop_s <= self.now:  # its stretch is over (sim.stop_times): it leaves
-      self._stop_waiting(m)
+      self.stop_waiting(m)
       clock.done = True
       self._send_up(m, protocol.Leave(m, self.now))
       return
@@ -186,7 +188,7 @@ class VirtualRuntime:
       if clock.waiting_since is None:
         clock.waiting_since = self.now
       return  # resumed by the arrival it waits for
-    self._stop_waiting(m)
+    self.stop_waiting(m)
     over_time = 0 < self.time_limit_s <= self.now
     if over_time or self.tokens_started + learner.tokens_per_step > self.budget:
       clock.done = True
@@ -196,9 +198,9 @@ class VirtualRuntime:
     duration = self.faults.duration(m, clock.duration())
     clock.busy_s += duration
     self.trace.span(m, timeline.TRAIN, self.now, self.now + duration)
-    self._push(self.now + duration, STEP_DONE, "step_done", (m, metrics, duration), owner=m)
+    self.push(self.now + duration, STEP_DONE, "step_done", (m, metrics, duration), owner=m)
 
-  def _stop_waiting(self, m: int) -> None:
+  def stop_waiting(self, m: int) -> None:
     """Learner m waits no longer (if it did): its idle time and the timeline's wait span."""
     clock = self.clocks[m]
     if clock.waiting_since is not None:
@@ -215,7 +217,7 @@ class VirtualRuntime:
       self._send_up(m, up)
     saved = self.recovery is not None and self.recovery.after_step(learner)  # if due
     self.faults.stepped(m, duration, saved)
-    self._push(self.now, START, "start", m, owner=m)
+    self.push(self.now, START, "start", m, owner=m)
 
   def _send_up(self, m: int, message: virtual_hooks.Message) -> None:
     """Puts learner m's message on its link to the synchronizer."""
@@ -225,14 +227,14 @@ class VirtualRuntime:
       return
     arrival, message = sent
     self.bytes_up[m] += message.nbytes if is_upload else 0
-    self._push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival), owner=SYNC)
+    self.push(arrival, AT_SYNC, "at_sync", dataclasses.replace(message, time=arrival), owner=SYNC)
 
   def _on_at_learner(self, send: protocol.Send) -> None:
     decisions = self.machines[send.learner].arrived(send)
     self.faults.arrived(send, decisions)
-    self._decide(send.learner, decisions)
+    self.decide(send.learner, decisions)
 
-  def _decide(self, m: int, decisions: list) -> None:
+  def decide(self, m: int, decisions: list) -> None:
     """Carries out learner m's decisions (learner_machine), in order."""
     for d in decisions:
       getattr(self, "_do_" + type(d).__name__.lower())(m, d)
@@ -240,7 +242,7 @@ class VirtualRuntime:
   def _wake(self, m: int) -> None:
     """A waiting learner m tries to start its next step (it may still be blocked)."""
     if self.clocks[m].waiting_since is not None:
-      self._push(self.now, START, "start", m, owner=m)
+      self.push(self.now, START, "start", m, owner=m)
 
   def _do_apply(self, m: int, d: learner_machine.Apply) -> None:
     self.learners[m].receive(d.send, rebase=d.rebase)
@@ -251,7 +253,7 @@ class VirtualRuntime:
     answered with: it trains from now on."""
     del d
     if self.faults.rejoined(m):
-      self._push(self.now, START, "start", m, owner=m)
+      self.push(self.now, START, "start", m, owner=m)
 
   def _do_drop(self, m: int, d: learner_machine.Drop) -> None:
     del m, d  # (counted by the faults, `Faults.arrived`)
@@ -265,11 +267,11 @@ class VirtualRuntime:
     """The synchronizer consumes `event`; its actions are carried out, then a Join's answer is
     read by its learner."""
     actions = self.sync.handle(event)
-    self._act(actions)
+    self.act(actions)
     if isinstance(event, protocol.Join):
-      self._decide(event.learner, self._join_answered(event.learner, actions))
+      self.decide(event.learner, self.join_answered(event.learner, actions))
 
-  def _join_answered(self, m: int, actions: list[protocol.Action]) -> list:
+  def join_answered(self, m: int, actions: list[protocol.Action]) -> list:
     """Learner m's machine learns which fragments answer its Join."""
     sends = {a.fragment for a in actions if isinstance(a, protocol.Send) and a.learner == m}
     return self.machines[m].join_answered(sends)
@@ -277,12 +279,13 @@ class VirtualRuntime:
   def _on_timer(self, _) -> None:
     self.faults.handle(protocol.Tick(self.now))
 
-  def _act(self, actions: list[protocol.Action]) -> None:
+  def act(self, actions: list[protocol.Action]) -> None:
+    """Carries out the synchronizer's actions, in order."""
     for a in actions:
       if isinstance(a, protocol.Send):
         self._send_down(a)
       elif isinstance(a, protocol.SetTimer):
-        self._push(a.time, TIMER, "timer", None, owner=SYNC)
+        self.push(a.time, TIMER, "timer", None, owner=SYNC)
       elif isinstance(a, protocol.Checkpoint):
         self._checkpoint(a)
         if self.sync is None:
@@ -300,7 +303,7 @@ class VirtualRuntime:
       return
     arrival, send = sent
     self.bytes_down[send.learner] += send.nbytes
-    self._push(arrival, AT_LEARNER, "at_learner", send, owner=send.learner)
+    self.push(arrival, AT_LEARNER, "at_learner", send, owner=send.learner)
 
   def _on_reject(self, refused: protocol.Refused) -> None:
     """Nothing will come back for a rejected upload: a learner waiting for it goes on (and
@@ -311,15 +314,16 @@ class VirtualRuntime:
     self.learners[m].not_merged(refused.fragment, refused.sent_time)
     decisions = self.machines[m].refused(refused)
     self._wake(m)
-    self._decide(m, decisions)
+    self.decide(m, decisions)
 
   def _do_rejoin(self, m: int, d: learner_machine.Rejoin) -> None:
     """Learner m joins again with the versions it holds (at most one Join in flight), unless
     the faults hold it back."""
     if self.faults.rejoins(m, d.why) and not self.machines[m].join_inflight:
-      self._join(m)
+      self.join(m)
 
-  def _join(self, m: int) -> None:
+  def join(self, m: int) -> None:
+    """Learner m sends a Join with the versions it holds."""
     learner = self.learners[m]
     self.machines[m].join_sent(self.now)
     self._send_up(
@@ -330,15 +334,14 @@ class VirtualRuntime:
     """Told of the refusal one latency later (at once after a synchronizer restart), the
     learner sends the fragment again if its machine still wants it."""
     if d.base is None:
-      return self._resend(m, d.fragment, None)
-    self._push(
-        self.now + self.net.latency_s, AT_LEARNER, "resend", (m, d.fragment, d.base), owner=m
-    )
+      return self.resend(m, d.fragment, None)
+    self.push(self.now + self.net.latency_s, AT_LEARNER, "resend", (m, d.fragment, d.base), owner=m)
 
   def _on_resend(self, payload: tuple[int, int, tuple]) -> None:
-    self._resend(*payload)
+    self.resend(*payload)
 
-  def _resend(self, m: int, p: int, base: tuple[int, int] | None) -> None:
+  def resend(self, m: int, p: int, base: tuple[int, int] | None) -> None:
+    """Learner m sends fragment p again, computed afresh, if its machine still wants it."""
     machine, learner = self.machines[m], self.learners[m]
     waited = p in machine.inflight
     for d in machine.resend_due(p, base, self.now):
@@ -358,6 +361,6 @@ class VirtualRuntime:
     synchronizer."""
     self.faults.finish()
     for m in range(len(self.clocks)):
-      self._stop_waiting(m)
+      self.stop_waiting(m)
     if self.recovery is not None and self.sync is not None:
       self.recovery.save_sync(self.sync, force=True)

@@ -81,7 +81,7 @@ class Chaos(virtual_hooks.Faults):
 
   def start(self) -> None:
     for i, f in enumerate(self.layer.faults):
-      self.runtime._push(f.time_s, FAULT, "fault", i, background=True)
+      self.runtime.push(f.time_s, FAULT, "fault", i, background=True)
 
   def _budget_left(self) -> bool:
     rt = self.runtime
@@ -91,7 +91,7 @@ class Chaos(virtual_hooks.Faults):
     if not self._budget_left():
       return False
     if not self.sync_up or not all(self.up) or getattr(self.runtime.sync, "down", None):
-      return bool(self.runtime._queue)  # something is down: its recovery is on the way
+      return bool(self.runtime.queue)  # something is down: its recovery is on the way
     return self._break_stall()
 
   def _break_stall(self) -> bool:
@@ -106,13 +106,13 @@ class Chaos(virtual_hooks.Faults):
     if not waiting:
       return False
     since, m = min(waiting)
-    rt._push(max(rt.now, since + self.wait_timeout_s), AT_LEARNER, "give_up", m, owner=m)
+    rt.push(max(rt.now, since + self.wait_timeout_s), AT_LEARNER, "give_up", m, owner=m)
     return True
 
   def on_give_up(self, m: int) -> None:
     self.stats.stalls_broken += 1
     self.log({"event": "give_up", "learner": m, "fragments": self.runtime.machines[m].give_up()})
-    self.runtime._push(self.runtime.now, START, "start", m, owner=m)
+    self.runtime.push(self.runtime.now, START, "start", m, owner=m)
 
   def log(self, record: dict) -> None:
     self.on_chaos({"time": self.runtime.now, **record})
@@ -149,7 +149,7 @@ class Chaos(virtual_hooks.Faults):
   def _crash(self, m: int, f: chaos.Fault) -> None:
     rt = self.runtime
     self.stats.faults["crash"] += 1
-    rt._epochs[m] += 1
+    rt.epochs[m] += 1
     self.up[m] = False
     clock, learner = rt.clocks[m], rt.learners[m]
     lost_steps, wasted = self._since_ckpt[m]
@@ -164,7 +164,7 @@ class Chaos(virtual_hooks.Faults):
     # Their tokens were never trained into what survives: the restored learner reads them again
     # from its checkpoint's data position, so they come back to the budget.
     rt.tokens_started -= self._since_ckpt[m][0] * learner.tokens_per_step
-    rt._stop_waiting(m)
+    rt.stop_waiting(m)
     rt.machines[m].crashed()
     self.messages.owed[m].clear()
     self._step[m], self._since_ckpt[m] = None, [0, 0.0]
@@ -176,7 +176,7 @@ class Chaos(virtual_hooks.Faults):
     )
     if self.sync_up:
       self.handle(protocol.Leave(m, rt.now))
-    rt._push(f.end_s, FAULT, "recover", m, background=True)
+    rt.push(f.end_s, FAULT, "recover", m, background=True)
 
   def on_recover(self, m: int) -> None:
     rt = self.runtime
@@ -195,10 +195,10 @@ class Chaos(virtual_hooks.Faults):
         {"event": "recover", "learner": m, "restored_step": step, "resumes_at_step": learner.steps}
     )
     if self.sync_up:
-      rt._decide(m, decisions)
+      rt.decide(m, decisions)
     elif step is not None:  # nobody to rejoin yet: it trains on its checkpoint meanwhile
       self.crashes.rejoining[m]["training"] = True
-      rt._push(rt.now, START, "start", m, owner=m)
+      rt.push(rt.now, START, "start", m, owner=m)
 
   def rejoins(self, m: int, why: str) -> bool:
     """A resync is counted and needs both ends up; a restored learner, or every learner after
@@ -218,7 +218,7 @@ class Chaos(virtual_hooks.Faults):
   def resync(self, m: int) -> None:
     """Learner m re-joins, if it may (`_resyncs`)."""
     if self._resyncs(m):
-      self.runtime._join(m)
+      self.runtime.join(m)
 
   def rejoined(self, m: int) -> bool:
     if not self.crashes.is_rejoining(m):  # a late start's first Join (sim.start_times)
@@ -254,11 +254,11 @@ class Chaos(virtual_hooks.Faults):
         {"time": rt.now, "back": back, "merges": sync.merges, "restored": None, "mode": f.mode}
     )
     self.log({"event": "fault", "kind": "sync_crash", "fault": f.describe(), "merges": sync.merges})
-    rt._epochs[SYNC] += 1
+    rt.epochs[SYNC] += 1
     self.sync_up, rt.sync = False, None
     for machine in rt.machines:
       machine.sync_lost()
-    rt._push(back, FAULT, "sync_restart", None, background=True)
+    rt.push(back, FAULT, "sync_restart", None, background=True)
 
   def on_sync_restart(self, _) -> None:
     rt = self.runtime
@@ -277,7 +277,7 @@ class Chaos(virtual_hooks.Faults):
     )
     for m in range(len(rt.learners)):
       if self.up[m]:  # join it, and send again every unanswered upload, computed afresh
-        rt._decide(m, rt.machines[m].sync_restarted())
+        rt.decide(m, rt.machines[m].sync_restarted())
 
   def _shard_crash(self, f: chaos.Fault) -> None:
     """Shard f.shard alone loses its memory (open rounds, messages on their way to it); the
@@ -293,7 +293,7 @@ class Chaos(virtual_hooks.Faults):
     self.log({"event": "fault", "kind": "sync_crash", "fault": f.describe(), "shard": s})
     restarts = sum(r.get("shard") == s for r in self.stats.restarts)
     sync.crash(s, rt.recovery.restore_shard(self.make_sync, s, generation=restarts))
-    rt._push(rt.now + f.duration_s, FAULT, "shard_restart", s, background=True)
+    rt.push(rt.now + f.duration_s, FAULT, "shard_restart", s, background=True)
 
   def on_shard_restart(self, s: int) -> None:
     rt = self.runtime
@@ -308,7 +308,7 @@ class Chaos(virtual_hooks.Faults):
     fragments = rt.sync.fragments_of(s)
     for m in range(len(rt.learners)):
       if self.up[m]:  # join it, and send again its fragments' unanswered uploads
-        rt._decide(m, rt.machines[m].shard_restarted(fragments))
+        rt.decide(m, rt.machines[m].shard_restarted(fragments))
 
   def checkpoint(self, action: protocol.Checkpoint) -> bool:
     """A 'save' crash due dies in the middle of this checkpoint write."""
@@ -329,11 +329,11 @@ class Chaos(virtual_hooks.Faults):
     actions = rt.sync.handle(event)
     decisions = []
     if isinstance(event, protocol.Join):
-      decisions = rt._join_answered(event.learner, actions)
+      decisions = rt.join_answered(event.learner, actions)
     self.taints.handled(event, actions)
-    rt._act(actions)
+    rt.act(actions)
     if decisions:
-      rt._decide(event.learner, decisions)
+      rt.decide(event.learner, decisions)
 
   # ---- steps ----
 

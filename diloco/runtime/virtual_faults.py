@@ -39,7 +39,7 @@ class FaultyMessages:
     arrival, dropped = self.chaos.layer.arrival(m, rt.now, delay)
     if dropped is not None and (m, dropped.time_s) not in self.heals:
       self.heals.add((m, dropped.time_s))
-      rt._push(dropped.end_s, AT_LEARNER, "heal", m, owner=m)
+      rt.push(dropped.end_s, AT_LEARNER, "heal", m, owner=m)
     return arrival
 
   def heal(self, m: int) -> None:
@@ -47,7 +47,7 @@ class FaultyMessages:
     once, if still wanted, the uploads that were dropped."""
     self.chaos.resync(m)
     for p, base in sorted(self.owed[m].items()):
-      self.chaos.runtime._resend(m, p, base)
+      self.chaos.runtime.resend(m, p, base)
     self.owed[m].clear()
 
   def send_up(self, m: int, message: Message, delay: float) -> tuple[float, Message] | None:

@@ -31,9 +31,10 @@ from diloco.outer.synchronizer import Synchronizer
 from diloco.runtime import preemption, virtual
 
 FILE = "virtual_run.pkl"  # under WORKDIR/checkpoints
-FORMAT = 5  # 2: learners' protocol state in "machines" (was in the clocks); 3: sync "fragments";
+FORMAT = 6  # 2: learners' protocol state in "machines" (was in the clocks); 3: sync "fragments";
 # 4: learners' "sync_generations" per synchronizer shard; 5: learners' uploads since they last
-# received each fragment and their bases (the delivery rules: rebase, at_own_sync)
+# received each fragment and their bases (the delivery rules: rebase, at_own_sync); 6: the
+# runtime's "epochs" (was "_epochs")
 _LEARNER_FIELDS = (
     "global_copy",
     "versions",
@@ -61,7 +62,7 @@ _RUNTIME_FIELDS = (
     "tokens_started",
     "bytes_up",
     "bytes_down",
-    "_epochs",
+    "epochs",
     "_background",
     "trace",
     "started",
@@ -141,7 +142,7 @@ def take(
       "config": preemption.config_digest(config),
       "runtime": {k: getattr(runtime, k) for k in _RUNTIME_FIELDS},
       "seq": seq,
-      "queue": _queue(runtime._queue),
+      "queue": _queue(runtime.queue),
       "clocks": list(runtime.clocks),
       "machines": [m.state() for m in runtime.machines],
       "learners": [learner_state(l) for l in runtime.learners],
@@ -157,7 +158,7 @@ def restore(runtime: virtual.VirtualRuntime, data_iters: Sequence[Any], snap: Ma
   for k, v in snap["runtime"].items():
     setattr(runtime, k, v)
   runtime._seq = itertools.count(snap["seq"])
-  runtime._queue = list(snap["queue"])  # a heap already
+  runtime.queue = list(snap["queue"])  # a heap already
   runtime.clocks[:] = snap["clocks"]
   for machine, state in zip(runtime.machines, snap["machines"], strict=True):
     machine.load_state(state)
