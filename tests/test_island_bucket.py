@@ -92,7 +92,7 @@ def test_an_island_of_four_processes_loses_one_and_comes_back_from_the_bucket(bu
   # The island resumed where the crash-and-rejoin machine said: learner 1's phase (H=8) as its
   # last heartbeat reported it, at the sync point at or before it; all four processes alike.
   rejoin, restored = lead["rejoin"], lead["restored_step"]
-  ((peer,),) = [rejoin["peers"]]
+  ((peer,),) = [[p["steps"] for p in rejoin["peers"]]]
   shift = min((peer - restored) % 8, STEPS - restored) // k * k
   assert rejoin["restored_step"] == restored and rejoin["resumes_at_step"] == restored + shift
   assert rejoin["rejoined"] is not None

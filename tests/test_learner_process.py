@@ -57,10 +57,12 @@ def test_killed_learner_resumes_from_its_checkpoint(cluster):
   # checkpoint, not from 0, moved to the phase (mod H=8) of learner 0's steps as its last
   # heartbeat reported them, so that its fragments' uploads go with learner 0's again.
   recover, rejoin = read_jsonl(os.path.join(c.workdir, "learner1", "rejoins.jsonl"))
-  ((lead,),) = [recover["peers"]]
+  ((lead,),) = [[p["steps"] for p in recover["peers"]]]
   resumed = recover["resumes_at_step"]
   assert recover["restored_step"] == saved[-1] and resumed == saved[-1] + (lead - saved[-1]) % 8
-  assert 0 <= recover["steps_lost"] and killed_at - 5.0 <= recover["time"] <= killed_at + 0.5
+  # (When it went down, as the synchronizer last heard of it: a long poll (0.5 s) of the killed
+  # process still open counts as a sign of life.)
+  assert 0 <= recover["steps_lost"] and killed_at - 5.0 <= recover["time"] <= killed_at + 2.0
   assert rejoin["event"] == "rejoin" and rejoin["rejoined"] >= rejoin["back"] > killed_at
   after = [r for r in rows() if r["time"] > killed_at]
   assert saved[-1] <= logged_before + 4

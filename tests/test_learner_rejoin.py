@@ -7,10 +7,11 @@ import time
 import numpy as np
 
 from diloco.outer import fragments, optimizers, policies
+from diloco.outer.outcomes import Code
 from diloco.outer.synchronizer import Synchronizer
 from diloco.recovery.crash_machine import Peer
 from diloco.rpc import client as client_lib, learner_rejoin, service
-from diloco.runtime import sync_host
+from diloco.runtime import link as link_lib, sharded_link, sync_host
 from diloco.runtime.link import Joined
 
 
@@ -46,7 +47,7 @@ def test_a_restart_resumes_at_the_lead_peers_phase_and_rejoins_once_it_holds_the
   assert recover["event"] == "recover" and recover["resumes_at_step"] == 57
   assert recover["time"] == 97.5 and recover["back"] == 90.0  # (crashed 2.5 s before the Join)
   assert recover["restored_step"] == 50 and recover["steps_lost"] == 13  # 63 - 50
-  assert recover["peers"] == [57, 44] and recover["rejoined"] is None
+  assert [p["steps"] for p in recover["peers"]] == [57, 44] and recover["rejoined"] is None
   rejoin.received()  # it holds version 3 of fragment 0; the answer said 4
   assert len(written) == 1
   learner.versions[0] = 4
@@ -101,8 +102,41 @@ def test_a_first_start_records_nothing_and_a_shardless_answer_is_ignored():
   assert learner.steps == 0 and written == [] and rejoin.record is None
   learner = _Learner(50, [0, 0, 0, 0])
   rejoin, written, _ = _driver(learner)
-  rejoin.joined(None)  # (a shard did not answer: the next Join's answer decides)
+  rejoin.joined(None)  # (no shard answered: the next Join's answer decides)
   assert written == [] and rejoin.pending
+  # An older synchronizer's answer has no versions: the rejoin is not known to be complete.
+  rejoin.joined(Joined((), (), None))
+  assert [w["event"] for w in written] == ["recover"] and rejoin.record["rejoined"] is None
+
+
+def test_a_sharded_answer_takes_each_fragments_version_from_its_owner():
+  """Fragments 0 and 2 on shard 0, 1 and 3 on shard 1. Shard 1 refuses this Join (its session
+  not yet found absent): its fragments are not waited for, and the peers come from shard 0."""
+
+  class Shard:
+
+    def __init__(self, answer):
+      self.answer = answer
+
+    def join(self, versions, generations):
+      if self.answer is None:
+        raise link_lib.Refused(Code.ALREADY_EXISTS, "held by a live process")
+      return self.answer
+
+  held = type("H", (), {"versions": [1, 1, 1, 1], "generations": [0, 0, 0, 0]})()
+  a0 = Joined((5, 9, 6, 9), (Peer(30, (2,)),), Peer(28, ()), 1.5)
+  a1 = Joined((9, 7, 9, 8), (Peer(31, (3,)),), None)
+  both = sharded_link.ShardedLink([Shard(a0), Shard(a1)], (0, 1, 0, 1), held, background=False)
+  assert both.join((), ()) == Joined((5, 7, 6, 8), a0.peers, a0.previous, 1.5)
+  one = sharded_link.ShardedLink([Shard(a0), Shard(None)], (0, 1, 0, 1), held, background=False)
+  assert one.join((), ()) == Joined((5, 1, 6, 1), a0.peers, a0.previous, 1.5)
+
+
+def _until(ready, timeout_s: float = 10.0) -> None:
+  deadline = time.monotonic() + timeout_s
+  while not ready():
+    assert time.monotonic() < deadline, "the host's timer thread did not act in time"
+    time.sleep(0.01)
 
 
 def _sync() -> Synchronizer:
@@ -128,8 +162,8 @@ def test_the_host_answers_a_join_with_the_versions_the_peers_and_the_earlier_pro
     now[0] = 3.5
     host.progress(1, "b", report={"step": 15, "c_steps": [5]})
     now[0] = 4.0
-    time.sleep(0.3)  # the host's timer thread finds learner 0 silent for 4 s > 3 s: absent
-    assert 0 not in sync.live and 1 in sync.live
+    _until(lambda: 0 not in sync.live)  # the host's timer thread: silent for 4 s > 3 s, absent
+    assert 1 in sync.live
     _, _, again = host.join(0, "a2", (0,))  # learner 0 restarted
     assert again.previous == Peer(12, (2,)) and again.silent_s == 4.0
     assert again.peers == (Peer(15, (5,)),)  # (learner 2 never reported)
@@ -160,7 +194,7 @@ def test_the_join_answer_crosses_the_wire():
     a.progress(False)
     assert link(1).join((0,), ()) == Joined((0,), (Peer(12, (2,)),), None, 0.0)
     now[0] = 4.0
-    time.sleep(0.3)  # learner 0's process is found absent (silent 4 s)
+    _until(lambda: 0 not in sync.live)  # learner 0's process is found absent (silent 4 s)
     assert link(0).join((0,), ()) == Joined((0,), (), Peer(12, (2,)), 4.0)
   finally:
     for l in links:

@@ -78,6 +78,7 @@ class _Progress:
   def __init__(self, config, workdir: str, learner_id: int, start: dict, step0: int):
     self.learner_id, self.log_every = learner_id, config.log_every
     self.last_loss: float | None = None
+    self.seen: tuple[int, list[int]] = (step0, [])  # (steps, c_steps) as of the last step
     self.bar = progress_lib.bar(
         config.get("progress_bar", True),
         total=config.steps,
@@ -94,6 +95,7 @@ class _Progress:
     self.f.flush()
 
   def __call__(self, lrn, device_metrics) -> None:
+    self.seen = (lrn.steps, list(lrn.c_steps))  # (for the heartbeat thread: one step's pair)
     self.bar.update(lrn.steps - self.bar.n)
     if lrn.steps % self.log_every == 0:
       loss = float(jax.device_get(device_metrics)["loss"])
@@ -176,7 +178,7 @@ def run(
     return _finish(learner, workdir, {"role": "follower", "ops": counts, **restored_state})
   rejoin = learner_rejoin.for_process(config, learner, workdir, restored)
   progress = _Progress(config, workdir, learner_id, restored_state, learner.steps)
-  link = connect(config, learner, targets, token, progress)
+  link = connect(config, learner, targets, token, progress, lambda: rejoin.start_step)
 
   def on_step(lrn, device_metrics) -> None:
     progress(lrn, device_metrics)
@@ -275,8 +277,10 @@ def shard_targets(target: str, shards: int) -> list[str]:
   return targets
 
 
-def connect(config, learner, targets: list[str], token: str, progress: "_Progress"):
-  """The learner's link: to its synchronizer, or to every shard (`sharded_link.ShardedLink`)."""
+def connect(config, learner, targets: list[str], token: str, progress: "_Progress", start):
+  """The learner's link: to its synchronizer, or to every shard (`sharded_link.ShardedLink`).
+  Its heartbeats report the learner as of its last step, and the step this process started
+  training at (`start()`, after any resume)."""
   links = []
   for target in targets:
     link = client_lib.GrpcLink(
@@ -286,13 +290,12 @@ def connect(config, learner, targets: list[str], token: str, progress: "_Progres
         limits=limits_lib.Limits.from_deploy(config.deploy),
         ca_cert=config.deploy.ca_cert,
     )
-    start = learner.steps  # this process's first step (its restored one, or 0)
     link.report = lambda: dict(
-        total_steps=learner.steps,
+        total_steps=progress.seen[0],
         total_tokens=learner.tokens,
         loss=progress.last_loss,
-        start_step=start,
-        c_steps=list(learner.c_steps),  # (where a restarted peer resumes: learner_rejoin.py)
+        start_step=start(),
+        c_steps=progress.seen[1],  # (where a restarted peer resumes: learner_rejoin.py)
     )
     links.append(link)
   if len(links) == 1:

@@ -6,23 +6,28 @@ record (WORKDIR/starts.jsonl), and it learns the rest from its first Join's answ
 
 - the crash: the steps the earlier process last reported and how long it had been silent, so
   its steps lost are those reported steps less the restored checkpoint's (a lower bound: it may
-  have trained on after its last heartbeat), and it went down about that long ago;
-- where it resumes: the other live learners' steps as they last reported them (every heartbeat,
-  so up to `deploy.absent_after_s / 4` old). It moves its step counter before its first step to
-  where the machine says, the leading peer's phase, or that peer's last merge point where lockstep
-  rounds wait. A multi-process learner tells its followers (`SpmdLearner.resume_at`) and moves
-  to the sync point at or before that step (its processes agree only at sync points: the phase
-  is then up to `sync_interval() - 1` steps behind). A process that trained before it could join
-  (the synchronizer away for `first_join_s`) keeps its counter;
+  have trained on after its last heartbeat), and it went down about that long ago (later by up
+  to one long-poll's wait: a poll of the dead process still open counts as a sign of life);
+- where it resumes: the other live learners' steps as they last reported them (as of a step of
+  theirs; a heartbeat goes every `deploy.absent_after_s / 4` at most, so up to about twice that
+  old). It moves its step counter before its first step to where the machine says, the leading
+  peer's phase, or that peer's last merge point where lockstep rounds wait. A multi-process
+  learner tells its followers (`SpmdLearner.resume_at`) and moves by whole sync intervals only
+  (its processes agree at sync points), so its phase is then up to `sync_interval() - 1` steps
+  short. A process that trained before it could join (the synchronizer away for `first_join_s`)
+  keeps its counter;
 - its rejoin is complete once it holds the versions the Join was answered with (the newest
   Join's, after a resync).
 
 A restart with no earlier report at the synchronizer (it restarted too, or the earlier process
-never reported) has an unknown crash time and steps lost (None). The records go to
-WORKDIR/rejoins.jsonl ({event: recover | rejoin, ...}) as they happen and to the summary
-(`rejoin`: the machine's crash record).
+never reported) has an unknown crash time and steps lost (None); a restart after a stop
+(SIGTERM, which saves at the step it stopped at) is recorded the same way, with none lost. The
+records go to WORKDIR/rejoins.jsonl ({event: recover | rejoin, ...}, times in seconds since the
+epoch) as they happen and to the summary (`rejoin`: the machine's crash record; None for a first
+start, or a restart no Join answered).
 """
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -55,6 +60,7 @@ class LearnerRejoin:
     self.machine = crash_machine.CrashMachine(learners, lockstep)
     self.pending = restart  # a restart not yet answered by a Join
     self.started, self.step0 = clock(), learner.steps
+    self.start_step = learner.steps  # where this process's training starts (after a resume)
     self.answered: tuple[int, ...] | None = None
 
   @property
@@ -70,7 +76,7 @@ class LearnerRejoin:
     if self.pending:
       self.pending = False
       self._recover(answer)
-    self.answered = answer.versions
+    self.answered = answer.versions or None  # (none from an older synchronizer: unknown)
     self.received()
 
   def _recover(self, answer: Joined) -> None:
@@ -89,7 +95,8 @@ class LearnerRejoin:
     steps = max(lrn.steps, min(steps, self.last_step))
     if steps != lrn.steps:
       lrn.resume_at(steps)  # (a multi-process learner's: at a sync point, see the module doc)
-    record.update(resumes_at_step=lrn.steps, peers=[p.steps for p in peers])
+      self.start_step = lrn.steps
+    record.update(resumes_at_step=lrn.steps, peers=[dataclasses.asdict(p) for p in peers])
     self.write({"event": "recover", **record})
 
   def received(self) -> None:

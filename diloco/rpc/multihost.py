@@ -257,7 +257,7 @@ class SpmdLearner(Learner):
     super().not_merged(p, sent_time)
 
   def resume_at(self, steps: int) -> None:
-    """With followers, to the sync point at or before `steps` (where they agree)."""
+    """With followers, by whole sync intervals towards `steps` only (they agree at sync points)."""
     if self.announce is not None:
       k = self.sync_interval()
       steps = self.steps + (steps - self.steps) // k * k

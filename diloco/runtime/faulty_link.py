@@ -167,7 +167,7 @@ class FaultyLink:
       self.inner, self._incarnation, self.joined_versions = None, -1, None
       self._down.clear()
 
-  def join(self, versions, generations) -> None:
+  def join(self, versions, generations) -> link_lib.Joined | None:
     self._check_drop("up")
     if self._partition("hold") is not None:
       raise link_lib.Unreachable(f"learner {self.learner}'s link holds every message")

@@ -92,19 +92,26 @@ class ShardedLink:
   # ---- the Link ----
 
   def join(self, versions, generations) -> link_lib.Joined | None:
-    """Joins every shard; their answers as one, each fragment's version from its owner and
-    the rest from shard 0 (None unless every shard answered this time)."""
+    """Joins every shard; their answers as one: the peers and the earlier process from the
+    first shard that answered, each fragment's version from its owner, or the version the
+    learner holds where its owner did not answer (a rejoin does not wait for that shard)."""
     del versions, generations  # read from the learner when each shard is joined
     with self._lock:
       self.joined_once = True
       self.answers = [None] * len(self.links)
+      held = tuple(self.held.versions)
       for s in range(len(self.links)):
         self._join(s)
       self._any_up()
-      if any(a is None for a in self.answers):
+      n = len(self.owner_of)
+      answers = [a if a is not None and len(a.versions) == n else None for a in self.answers]
+      first = next((a for a in self.answers if a is not None), None)
+      if first is None:
         return None
-      first = self.answers[0]
-      versions = tuple(self.answers[o].versions[p] for p, o in enumerate(self.owner_of))
+      versions = tuple(
+          held[p] if answers[o] is None else answers[o].versions[p]
+          for p, o in enumerate(self.owner_of)
+      )
       return link_lib.Joined(versions, first.peers, first.previous, first.silent_s)
 
   def upload(self, up: protocol.Upload) -> None:

@@ -25,6 +25,7 @@ A timeline thread acts at each fault's wall time (see faulty_link.FaultClock):
 Faults due when every learner has trained its steps, or a crash of a learner that has, are ignored.
 """
 
+import dataclasses
 import heapq
 import threading
 import time
@@ -166,6 +167,9 @@ class Driver:
       peers = [p for i, p in self._seen.items() if self.up[i] and i != m]
       learner.steps = self.crashes.recover(
           m, step, learner.steps, learner.schedule.inner_steps, peers, step_at_crash
+      )
+      self.crashes.rejoining[m].update(  # (what it resumed by, for the run's summary)
+          resumes_at_step=learner.steps, peers=[dataclasses.asdict(p) for p in peers]
       )
     self.learners[m] = learner
     self.stops[m].clear()
