@@ -383,3 +383,75 @@ def test_a_learner_told_settled_is_not_waited_for_by_a_later_merge():
     assert host.progress(0, "s0", finished=True) is False  # back: its send waits for it again
   finally:
     host.close()
+
+
+class _RebaseLink:
+  """Delivers version 2 of fragment 0 (which merged the learner's upload on version 1, refused
+  as a duplicate when sent again) at the first poll, then answers each upload with a merge."""
+
+  def __init__(self):
+    self.sent, self.queue = [], [protocol.Send(0, 0, 2, update=UPDATE)]
+
+  def join(self, versions, generations):
+    pass
+
+  def poll(self, wait_s):
+    sends, self.queue = self.queue, []
+    return sends
+
+  def upload(self, up):
+    self.sent.append(up)
+    v = 3 + len(self.sent) - 1
+    self.queue.append(protocol.Send(0, 0, v, update=UPDATE))
+
+
+class _BlockingTrainer(_Trainer):
+  """At step 11 holding version 1 of fragment 0, one step past its upload of it (refused as a
+  duplicate when it was sent again: its merge, version 2, had not arrived)."""
+
+  def __init__(self):
+    super().__init__()
+    self.steps, self.versions, self.generations, self.c_steps = 11, [1], [0], [1]
+    self.index, self.received = 0, []
+
+  def due(self):
+    return [0] if self.steps % 10 == 0 else []
+
+  def heard_generation(self, p):
+    return 0
+
+  def receive(self, send, rebase=False):
+    self.received.append((send.version, rebase))
+    self.versions[0] = send.version
+    if not rebase:
+      self.c_steps[0] = 0
+
+  def upload(self, p, **kwargs):
+    self.uploads += 1
+    return protocol.Upload(0, p, self.versions[p], {}, self.c_steps[p], 64, 0.0, 0.0, 0.0)
+
+  def not_merged(self, p, sent_time):
+    pass
+
+
+def test_a_blocking_learner_sends_a_rebases_progress_while_it_waits():
+  """The merge of its upload arrives while it waits: applied as a rebase, the step trained after
+  the upload goes again, and the machine waits for its answer. It must go while the learner waits
+  (a threads run under load deadlocked: the learner waited for the answer of an upload it held
+  back to its next step, and the lockstep round, whose quorum counts every member, waited for
+  that upload)."""
+  trainer, link = _BlockingTrainer(), _RebaseLink()
+  loop = learner_loop._LearnerLoop(
+      trainer, link, threading.Event(), heartbeat_s=0.05, max_backoff_s=1.0, rng=random.Random(0)
+  )
+  loop.joins = 1  # (the refusal made it join again: version 2 answers that Join)
+  loop.machine.merged_unseen.add(0)  # (its copy was refused as a duplicate of version 1)
+  timer = threading.Timer(5.0, loop.stop.set)  # (before the fix: it waited for ever)
+  timer.start()
+  try:
+    loop.train(lambda: None, steps=12, overlap=0, blocking=True, on_step=None)
+  finally:
+    timer.cancel()
+  assert trainer.received[0] == (2, True)  # the merge of its upload, its later step kept
+  assert [(u.base_version, u.steps) for u in link.sent][:1] == [(2, 1)]  # that step, sent again
+  assert trainer.steps == 12 and not loop.stop.is_set()

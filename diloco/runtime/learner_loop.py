@@ -233,6 +233,11 @@ class _LearnerLoop:
         waiting = self.machine.blocked()
         unjoined = not self.joins and time.monotonic() < first_join_by  # see the module doc
         if not holds_all or waiting or unjoined:
+          # What a delivery decided to send again (a rebase's progress, after a refusal) goes
+          # now: the machine counts it as unanswered, so a blocking learner waits for its answer
+          # and would otherwise never reach the next step's send (a lockstep round waited for
+          # it while it waited for the round: the run deadlocked).
+          self._send(outbox)
           if self.joined:
             self.deliver(min(self.heartbeat_s, 0.5))
           else:
