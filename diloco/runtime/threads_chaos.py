@@ -77,6 +77,7 @@ class Driver:
     # Each learner's (steps, c_steps) as of its last step, read together (its thread steps on
     # while another reads it): what a resuming learner's machine sees of it.
     self._seen: dict[int, crash_machine.Peer] = {}
+    self._held: dict[int, tuple[int, ...]] = {}  # ... and the versions it held then
     self._thread = threading.Thread(target=self._run, daemon=True, name="chaos-timeline")
     # Synchronizers to restart into, built now in this thread: building one (its outer
     # optimizer states on the CPU device) while learner threads run their steps has hung XLA's
@@ -163,8 +164,14 @@ class Driver:
     if self.abort.wait(max(self.clock.wall(self._back[m]) - self.clock.clock(), 0.0)):
       return None
     learner, step = self.recovery.restore_learner(m)
+    host, _ = self.slot.get()
+    merged = None
+    if host is not None:  # (read before the shared lock: the host's log takes it under its own)
+      with host.cond:
+        merged = list(host.sync.versions)
     with self.shared.lock:
-      peers = [p for i, p in self._seen.items() if self.up[i] and i != m]
+      seen = [(i, p) for i, p in self._seen.items() if self.up[i] and i != m]
+      peers = [self._merged_since(i, p, merged) for i, p in seen]
       learner.steps = self.crashes.recover(
           m, step, learner.steps, learner.schedule.inner_steps, peers, step_at_crash
       )
@@ -178,6 +185,20 @@ class Driver:
         {"event": "recover", "learner": m, "restored_step": step, "resumes_at_step": learner.steps}
     )
     return learner
+
+  def _merged_since(
+      self, i: int, peer: crash_machine.Peer, merged: list[int] | None
+  ) -> crash_machine.Peer:
+    """Learner i as last seen, less the progress of each fragment the synchronizer has merged
+    past the version i held then: a blocking learner (overlap 0) waits at its upload, so that
+    merge holds its upload, and its merge point is where it stands. (Seen only after a step, it
+    may not have received it yet: a peer that crashed then resumed a round behind, redoing a
+    round its own upload had already merged, and the run's last round waited for it in vain.)"""
+    held = self._held.get(i)
+    if merged is None or held is None:
+      return peer
+    c = tuple(0 if v < g else c for c, v, g in zip(peer.c_steps, held, merged))
+    return crash_machine.Peer(peer.steps, c)
 
   def check_rejoin(self, m: int) -> None:
     """Marks m rejoined once it holds what the synchronizer sent it at its Join."""
@@ -232,6 +253,7 @@ class Driver:
             self.start()
       with self.shared.lock:
         self._seen[m] = crash_machine.Peer(learner.steps, tuple(learner.c_steps))
+        self._held[m] = tuple(learner.versions)
       if self.recovery is not None:
         self.recovery.after_step(learner)
       now = time.monotonic()
