@@ -35,6 +35,7 @@ class _FakeSync:
         [{}, {}],
         0,
     )
+    self.versions = [0, 0]  # (what a Join is answered with)
 
   def handle(self, event):
     self.live.add(event.learner)

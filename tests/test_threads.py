@@ -96,6 +96,7 @@ class _TwoFragmentSync:
         0,
         [],
     )
+    self.versions = [0, 0]  # (what a Join is answered with)
 
   def handle(self, event):
     self.events.append(event)

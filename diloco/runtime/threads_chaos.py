@@ -190,8 +190,9 @@ class Driver:
       self, i: int, peer: crash_machine.Peer, merged: list[int] | None
   ) -> crash_machine.Peer:
     """Learner i as last seen, less the progress of each fragment the synchronizer has merged
-    past the version i held then: a blocking learner (overlap 0) waits at its upload, so that
-    merge holds its upload, and its merge point is where it stands. (Seen only after a step, it
+    past the version i held then: a blocking learner waits at its upload (overlap 0; with an
+    overlap tau up to tau steps after it), so that merge holds its upload, and its merge point
+    is where it stands. (Seen only after a step, it
     may not have received it yet: a peer that crashed then resumed a round behind, redoing a
     round its own upload had already merged, and the run's last round waited for it in vain.)"""
     held = self._held.get(i)
