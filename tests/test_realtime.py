@@ -385,24 +385,17 @@ def test_a_learner_told_settled_is_not_waited_for_by_a_later_merge():
     host.close()
 
 
-class _RebaseLink:
+class _RebaseLink(_JoinLink):
   """Delivers version 2 of fragment 0 (which merged the learner's upload on version 1, refused
   as a duplicate when sent again) at the first poll, then answers each upload with a merge."""
 
   def __init__(self):
-    self.sent, self.queue = [], [protocol.Send(0, 0, 2, update=UPDATE)]
-
-  def join(self, versions, generations):
-    pass
-
-  def poll(self, wait_s):
-    sends, self.queue = self.queue, []
-    return sends
+    super().__init__([protocol.Send(0, 0, 2, update=UPDATE)])
+    self.sent = []
 
   def upload(self, up):
     self.sent.append(up)
-    v = 3 + len(self.sent) - 1
-    self.queue.append(protocol.Send(0, 0, v, update=UPDATE))
+    self.sends.append(protocol.Send(0, 0, 2 + len(self.sent), update=UPDATE))
 
 
 class _BlockingTrainer(_Trainer):
