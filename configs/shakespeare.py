@@ -387,6 +387,18 @@ def _outer() -> dict:
           "mean | rda (radial-directional averaging; embeddings always by mean)",
           domains.among_of("diloco.outer.policies", "MERGES"),
       ),
+      merge_clock=(
+          "arrival",
+          "when a fragment merges: arrival (its quorum, then the grace window) | period (once "
+          "per H steps of the K-th fastest live learner's pace; docs/algorithms.md)",
+          domains.among_of("diloco.outer.merge_clock", "CLOCKS"),
+      ),
+      merge_scale=(
+          "one",
+          "a merge's outer step: one (whole) | tokens (its share of a full round's expected "
+          "tokens: a fractional Nesterov step)",
+          domains.among_of("diloco.outer.merge_clock", "SCALES"),
+      ),
       ema_decay=(
           0.9,
           "of the step, quorum and sync times behind the grace window",

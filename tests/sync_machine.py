@@ -23,7 +23,7 @@ import hypothesis
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from diloco.outer import compression, fragments, integrity, optimizers, policies, protocol
+from diloco.outer import compression, fragments, integrity, merge_clock, optimizers, policies, protocol
 from diloco.outer.protocol import Join, Leave, Log, Refused, Send, Tick, Upload, records
 from diloco.outer.synchronizer import Synchronizer
 
@@ -71,6 +71,9 @@ policy_st = st.builds(
     st.sampled_from([policies.Mean(), policies.RDA()]),
     max_staleness=st.integers(1, 6),
     staleness_damping=st.booleans(),
+    merge_clock=st.sampled_from(merge_clock.CLOCKS),
+    merge_scale=st.sampled_from(merge_clock.SCALES),
+    clock_steps=st.integers(1, 4),
 )
 screen_st = st.one_of(
     st.none(),
@@ -110,6 +113,8 @@ class SyncMachine(RuleBasedStateMachine):
       uplink=st.sampled_from(compression.CODECS),
   )
   def setup(self, policy, tx, screen, downlink, uplink):
+    if not isinstance(tx, optimizers.SGD):  # a share of a step is Nesterov's or SGD's (refused)
+      policy = dataclasses.replace(policy, merge_scale="one")
     self.args = (policy, tx, downlink)
     self.screen, self.uplink = screen, uplink
     self.sync = Synchronizer(PARAMS, FRAG, policy, tx, downlink, screen=screen)

@@ -157,6 +157,11 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
       "steps": [4, 4],
       "tokens": [128, 128],
       "clipped": [],
+      # the merge clock: by arrival, a whole outer step; its period, H (1 here) times the
+      # reference learner's 0.25 s a step
+      "clock": "arrival",
+      "scale": 1.0,
+      "period_s": 0.25,
   }
   sends = _of(actions, Send)
   assert [(s.learner, s.fragment, s.version) for s in sends] == [(0, 0, 1), (1, 0, 1)]

@@ -37,6 +37,18 @@ def check(outer: ml_collections.ConfigDict) -> None:
         f"outer.broadcast='contributors' and blocking learners (got {broadcast!r}, "
         f"blocking={outer.blocking})"
     )
+  if outer.get("merge_scale", "one") == "tokens" and outer.optimizer == "delayed_nesterov":
+    raise ValueError(
+        "outer.merge_scale=tokens with outer.optimizer=delayed_nesterov: a merge's share of an "
+        "outer step is a fractional Nesterov or SGD step; delayed Nesterov already spreads its "
+        "momentum over outer.delayed_period merges (use merge_scale=one)"
+    )
+  if outer.get("merge_clock", "arrival") == "period" and outer.blocking:
+    raise ValueError(
+        "outer.merge_clock=period with blocking learners: a blocking learner waits for the merge "
+        "of its upload, which the period clock holds until the fragment's scheduled time; the "
+        "period clock is for Decoupled learners (outer.blocking=False)"
+    )
   schedule_by = outer.get("schedule_by", "own")
   restarts = outer.get("fresh_inner_optimizer", False) or schedule_by == "global"
   if restarts and outer.fragments != 1:

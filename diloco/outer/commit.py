@@ -25,8 +25,12 @@ def outer_step(
     residual: Mapping[str, np.ndarray],
     codec: str,
     fast: bool = True,
+    share: float = 1.0,
 ) -> tuple[dict, Any, dict, dict] | str:
   """(new globals, new optimizer state, new residual, encoded update), or why not (a str).
+
+  `share` < 1: that share of an outer step (`optimizers.fractional_step`, its own path; 1 is
+  the step as before, bit for bit).
 
   Nothing passed in is modified: the momentum is written to new arrays, and the update plus the
   old residual is a new array that becomes the new residual (raw - decoded). ``fast=False`` runs
@@ -35,10 +39,12 @@ def outer_step(
   """
   try:
     with np.errstate(over="ignore", invalid="ignore"):
-      fused = _fused(tx, merged, opt_state, old, residual, codec) if fast else None
+      fused = _fused(tx, merged, opt_state, old, residual, codec) if fast and share == 1 else None
       if fused is not None:
         return fused
-      if fast:
+      if share != 1:
+        raw, state = optimizers.fractional_step(tx, merged, opt_state, residual, share)
+      elif fast:
         raw, state = optimizers.host_step(tx, merged, opt_state, old, residual, in_place=False)
       else:
         raw, state = optimizers.reference_step(tx, merged, opt_state, old, residual)

@@ -96,6 +96,41 @@ def reference_step(
   return {k: np.asarray(updates[k], np.float32) + plus[k] for k in plus}, state
 
 
+def fractional_step(
+    tx: optax.GradientTransformation,
+    grads: Mapping[str, np.ndarray],
+    state: Any,
+    plus: Mapping[str, np.ndarray],
+    share: float,
+) -> tuple[dict[str, np.ndarray], Any]:
+  """The share s in (0, 1] of one step of an `SGD`, plus ``plus``, and the new state.
+
+  m ← μ^s·m + s·g and the update −lr·s·(g + μ·m) (plain SGD: −lr·s·g): at s = 1 optax's Nesterov
+  step; the momentum decays by μ per full step however many fractions make it up, and takes in
+  each fraction's share of the gradient (merge_clock.py: merges that hold part of a round).
+  Float64 on the host, float32 out; the state's buffers are new arrays.
+  """
+  if not isinstance(tx, SGD):
+    raise ValueError(f"a fractional outer step needs nesterov or sgd, got {type(tx).__name__}")
+  if not 0 < share <= 1:
+    raise ValueError(f"the share of an outer step must be in (0, 1], got {share!r}")
+  paths = sorted(grads)
+  leaves, treedef = jax.tree.flatten(state)
+  g = {k: np.asarray(grads[k], np.float64) for k in paths}
+  if not tx.momentum:
+    return {k: (-tx.lr * share * g[k] + plus[k]).astype(np.float32) for k in plus}, state
+  if len(leaves) != len(paths):
+    raise ValueError(f"SGD state has {len(leaves)} buffers for {len(paths)} tensors")
+  decay = tx.momentum**share
+  traces = {k: decay * np.asarray(m, np.float64) + share * g[k] for k, m in zip(paths, leaves)}
+  out = {
+      k: (-tx.lr * share * (g[k] + tx.momentum * traces[k]) + plus[k]).astype(np.float32)
+      for k in plus
+  }
+  new = [traces[k].astype(np.float32) for k in paths]
+  return out, jax.tree.unflatten(treedef, new)
+
+
 Trace = tuple[np.ndarray, np.ndarray] | None  # flat (old momentum, new momentum), or no momentum
 
 

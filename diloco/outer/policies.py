@@ -190,6 +190,11 @@ class Policy:
   # (Δ = Θ_base − θ, formed by the learner), or "global", the synchronizer's fragment when the
   # upload arrives (the learner sends θ; Δ = Θ − θ, not stale).
   anchor: str = "base"
+  # When a fragment merges, and the share of an outer step a merge takes (merge_clock.py):
+  # "arrival" | "period" (once per H steps of the reference pace), "one" | "tokens".
+  merge_clock: str = "arrival"
+  merge_scale: str = "one"
+  clock_steps: int = 1  # H, the period's inner steps
 
   def __post_init__(self):
     if self.broadcast not in BROADCASTS:
@@ -245,4 +250,7 @@ def from_config(config: ml_collections.ConfigDict) -> Policy:
       send_progress=o.get("schedule_by", "own") == "global",
       dylu_inner_steps=o.inner_steps if o.dylu else 0,
       anchor=o.get("anchor", "base"),
+      merge_clock=o.get("merge_clock", "arrival"),
+      merge_scale=o.get("merge_scale", "one"),
+      clock_steps=o.inner_steps,
   )

@@ -5,6 +5,11 @@ member with `Quorum.of_members`, less those the round no longer waits for) have 
 window opens (`policy.grace`, from the EMAs of step time, time to quorum and round trip); the
 round merges when the window ends (a timer) or when the whole group has uploaded, whichever is
 first. With no grace window it merges at the quorum.
+
+Under the period merge clock (merge_clock.py) a round also has a scheduled time, `due`: before it
+the round waits (a timer at `due`) unless every learner of the group has uploaded; at `due` it
+merges if the quorum's uploads had arrived by then, else it waits for the K-th upload and opens
+the grace window from there as above (its time to quorum counted from `due`).
 """
 
 import dataclasses
@@ -26,6 +31,7 @@ class Round:
   first_upload_s: float | None = None
   quorum_s: float | None = None  # when the quorum was reached
   deadline_s: float | None = None  # the grace window's end
+  wake_s: float | None = None  # period clock: the timer set for the scheduled merge
 
 
 def advance(
@@ -36,16 +42,27 @@ def advance(
     ema_step: policies.Ema,
     ema_quorum: policies.Ema,
     ema_sync: policies.Ema,
+    due: float | None = None,
 ) -> SetTimer | str | None:
-  """What round `rnd` does at `now`: None (wait), a SetTimer (the grace window opened) or MERGE.
-  Reaching the quorum records its time in the round and feeds `ema_quorum`."""
+  """What round `rnd` does at `now`: None (wait), a SetTimer (the grace window opened, or the
+  scheduled merge's timer) or MERGE. Reaching the quorum records its time in the round and feeds
+  `ema_quorum`. `due`: the period clock's scheduled merge (None: the arrival clock)."""
   pending = rnd.pending
+  if due is not None and rnd.quorum_s is None:
+    if now < due and not (pending and group.issubset(pending)):
+      if not pending or rnd.wake_s == due:
+        return None
+      rnd.wake_s = due
+      return SetTimer(due)
+    if _quorum_by(rnd, group, policy, due):
+      return MERGE  # on schedule, or everyone in before it
   if not pending or len(group.intersection(pending)) < policy.quorum.required(len(group)):
     return None
   everyone = group.issubset(pending)
   if rnd.quorum_s is None:
     rnd.quorum_s = now
-    ema_quorum.update(now - rnd.first_upload_s)
+    opened = rnd.first_upload_s if due is None else due
+    ema_quorum.update(now - opened)
     grace = policy.grace.window(ema_step.get(), ema_quorum.get(), ema_sync.get())
     if grace > 0 and not everyone:
       rnd.deadline_s = now + grace
@@ -53,6 +70,17 @@ def advance(
   elif rnd.deadline_s is not None and not everyone:
     return None  # still inside the grace window
   return MERGE
+
+
+def _quorum_by(rnd: Round, group: set[int], policy: policies.Policy, due: float) -> bool:
+  """Whether the group's uploads in `rnd` that had arrived by `due` make the quorum."""
+  arrived = [u for m, u in rnd.pending.items() if m in group and u.time <= due]
+  return bool(arrived) and len(arrived) >= policy.quorum.required(len(group))
+
+
+def on_time(rnd: Round) -> bool:
+  """Whether a round merged without waiting for its quorum past its scheduled time."""
+  return rnd.quorum_s is None
 
 
 def merge_record(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco.outer import protocol
+from diloco.outer import merge_clock, protocol
 from diloco.outer.protocol import Action, Event
 from diloco.outer.synchronizer import Synchronizer
 
@@ -99,6 +99,10 @@ class ShardedSynchronizer:
         mine["steps"].update(work["steps"])
         mine["tokens"].update(work["tokens"])
     return dict(sorted(out.items()))
+
+  def merge_clock_summary(self) -> dict[str, Any]:
+    """The shards' clock, scale and each fragment's merges per period."""
+    return merge_clock.summary([s.clock for s in self.shards])
 
   def global_params(self) -> dict[str, np.ndarray]:
     return dict(sorted((k, v) for shard in self.shards for k, v in shard.global_params().items()))

@@ -64,6 +64,8 @@ def state_dict(sync) -> dict[str, Any]:
       "members": sorted(sync.members),
       "ema": [sync.ema_step.value, sync.ema_quorum.value, sync.ema_sync.value],
   }
+  if sync.clock.stateful:  # the merge clock's pace and schedule (none under arrival, scale one)
+    meta["clock"] = sync.clock.state()
   if len(frags) < sync.frag.num_fragments:  # a shard (all fragments: no key, as before shards)
     meta["owned"] = list(frags)
   return {"arrays": arrays, "meta": json.loads(json.dumps(meta))}
@@ -108,6 +110,7 @@ def load_state_dict(sync, state: Mapping[str, Any]) -> None:
   sync.rms = [float(x) for x in meta["rms"]]
   sync.members = {int(m) for m in meta["members"]}
   sync.ema_step.value, sync.ema_quorum.value, sync.ema_sync.value = meta["ema"]
+  sync.clock.load(meta.get("clock"))
 
 
 def _kept(meta: Mapping[str, Any], key: str, i_p: int) -> list:

@@ -32,6 +32,11 @@ versions, downlink residuals, EMAs, outlier history, generation history); `resta
 it and begins generation g. Who is live, what each learner holds and uploads not yet merged are
 rebuilt from learners' Joins and new uploads. With `checkpoint_every=N` a `Checkpoint` action asks
 the runtime to save the state after every N-th merge.
+
+When a round merges and how large its outer step is are the merge clock's (`policy.merge_clock`,
+`policy.merge_scale`; merge_clock.py): by arrival (above) or once per period of the learners'
+reference pace, each merge one outer step or its share of a full round's tokens. Every merge's
+log line names the clock, the share and the period.
 """
 
 from collections.abc import Mapping, Sequence
@@ -41,7 +46,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merging, ownership, policies, protocol, restart_window, rounds, screening, sends, sync_state
+from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merge_clock, merging, ownership, policies, protocol, restart_window, rounds, screening, sends, sync_state
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, Tick, Upload
 
@@ -95,6 +100,9 @@ class Synchronizer:
     self.dylu = dylu.Dylu(steps, policy.ema_decay) if steps else None
     # asynchronous Local-SGD's restart window (restart_window.py)
     self.window = restart_window.RestartWindow(window_s) if window_s > 0 else None
+    self.clock = merge_clock.MergeClock.of(
+        policy.merge_clock, policy.merge_scale, policy.clock_steps, policy.ema_decay, self.owned
+    )
 
   # ---- events ----
 
@@ -118,6 +126,7 @@ class Synchronizer:
     refused = admission.invalid_join(event, self.frag.num_fragments)
     if refused is not None:
       return [refused]
+    self.clock.resume(event.time)
     gens = tuple(event.generations) or (self.generation,) * self.frag.num_fragments
     returning = event.learner not in self.live  # not a live learner asking for a resync
     self.live.add(event.learner)
@@ -155,6 +164,7 @@ class Synchronizer:
       # Sending it again would not help: the round does not wait for that learner any more.
       self.rounds[up.fragment].abstaining.add(up.learner)
       return [reject] + self._maybe_merge(up.fragment, up.time)
+    self.clock.resume(up.time)
     p, rnd = up.fragment, self.rounds[up.fragment]
     if self.policy.anchor == "global":
       up = policies.anchored(up, self.fragments[p].values)
@@ -162,6 +172,7 @@ class Synchronizer:
     self.ema_step.update(up.step_time)
     if self.dylu is not None:
       self.dylu.observe(up.learner, up.step_time)
+    self.clock.pace.observe(up.learner, up.step_time, up.tokens, up.steps)
     self.ema_sync.update(2.0 * max(up.time - up.sent_time, 0.0))  # up and back down
     if not rnd.pending:
       rnd.first_upload_s = up.time
@@ -169,10 +180,13 @@ class Synchronizer:
     return self._maybe_merge(p, up.time)
 
   def _tick(self, now: float) -> list[Action]:
+    self.clock.resume(now)
     actions: list[Action] = []
     for p, rnd in self.rounds.items():
       if rnd.deadline_s is not None and rnd.deadline_s <= now:
         actions += self._merge(p, now)
+      elif rnd.deadline_s is None and rnd.wake_s is not None and rnd.wake_s <= now:
+        actions += self._maybe_merge(p, now)  # the period clock's scheduled merge
     return actions + self._maybe_release(now)
 
   # ---- merging ----
@@ -181,7 +195,7 @@ class Synchronizer:
     rnd = self.rounds[p]
     group = (self.members if self.policy.quorum.of_members else self.live) - rnd.abstaining
     emas = (self.ema_step, self.ema_quorum, self.ema_sync)
-    step = rounds.advance(rnd, group, self.policy, now, *emas)
+    step = rounds.advance(rnd, group, self.policy, now, *emas, due=self.clock.due_at(p))
     if step is rounds.MERGE:
       return self._merge(p, now)
     return [step] if step is not None else []
@@ -235,12 +249,16 @@ class Synchronizer:
       staleness = [0] * len(ups)
     if self.policy.staleness_damping:
       merged = merging.staleness_damped(merged, weights, staleness)
-    encoded = self._commit(p, ups, merged)
+    share = self.clock.share([u.tokens for u in ups], self.live, self.policy.quorum)
+    encoded = self._commit(p, ups, merged, share)
     if isinstance(encoded, str):  # nothing was committed: drop the round
       self.fragments[p].norms, self.rms = history
       return rejects + self._reject_round(p, now, ups, encoded)
-    version, quorum_s = self.fragments[p].version, self.rounds[p].quorum_s
-    record = rounds.merge_record(p, now, version, quorum_s, ups, weights, staleness, clipped)
+    version, rnd = self.fragments[p].version, self.rounds[p]
+    period_s = self.clock.period_s(self.live, self.policy.quorum, self.ema_step.get())
+    self.clock.merged(p, now, rounds.on_time(rnd), period_s)
+    record = rounds.merge_record(p, now, version, rnd.quorum_s, ups, weights, staleness, clipped)
+    record.update(clock=self.clock.clock, scale=share, period_s=period_s)
     self.rounds[p] = rounds.Round()
     return rejects + [Log(record)] + self._broadcast(p, ups, encoded, now)
 
@@ -259,12 +277,15 @@ class Synchronizer:
       rejects += more
     return ups, merged, weights, rejects
 
-  def _commit(self, p: int, ups: list[Upload], merged: dict):
-    """The outer step of fragment p, whole or not at all (`commit.outer_step`): version v+1
-    and its encoded update, or why nothing was committed (a str)."""
+  def _commit(self, p: int, ups: list[Upload], merged: dict, share: float = 1.0):
+    """The outer step of fragment p (`share` of one), whole or not at all
+    (`commit.outer_step`): version v+1 and its encoded update, or why nothing was committed (a
+    str)."""
     f = self.fragments[p]
     with jax.default_device(self._cpu):
-      step = commit.outer_step(self.tx, merged, f.opt_state, f.values, f.residual, self.codec)
+      step = commit.outer_step(
+          self.tx, merged, f.opt_state, f.values, f.residual, self.codec, share=share
+      )
     if isinstance(step, str):
       return step
     f.values, f.opt_state, f.residual, encoded = step
@@ -398,3 +419,7 @@ class Synchronizer:
   @property
   def merges(self) -> int:
     return int(sum(self.versions))
+
+  def merge_clock_summary(self) -> dict[str, Any]:
+    """The clock, the scale and each fragment's merges per period (merge_clock.summary)."""
+    return merge_clock.summary([self.clock])

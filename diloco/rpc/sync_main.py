@@ -121,6 +121,7 @@ def _summary(
       "role": "synchronizer",
       "owned": list(sync.owned),
       "merges": sync.merges,
+      "merge_clock": sync.merge_clock_summary(),
       "generation": sync.generation,
       "restored_from": restored_from,
       "versions": list(sync.versions),

@@ -87,6 +87,7 @@ def summary(
       ),
       "per_learner": rows,
       "merged_share": metrics.merged_share(rows),
+      "merge_clock": runtime.sync.merge_clock_summary() if runtime.sync is not None else None,
       "eval_curve": [{"sim_time_s": r["sim_time_s"], "eval_loss": r["eval_loss"]} for r in evals],
       "rejected": dict(sorted(log.rejected.items())),
       "merges_skipped": runtime.sync.rounds_skipped,

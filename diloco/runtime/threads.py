@@ -170,6 +170,7 @@ def _summary(
       "tokens_per_s": tokens / wall,
       "per_learner": rows,
       "merged_share": metrics.merged_share(rows),
+      "merge_clock": sync.merge_clock_summary(),
   }
 
 
