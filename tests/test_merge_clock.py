@@ -2,12 +2,18 @@
 `period` and `arrival` from given upload times, a restart's phase, a sharded synchronizer's own
 schedules, a merge's share of an outer step; numbers worked out by hand."""
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
+from proc_helpers import read_jsonl
 
 from diloco.outer import compression, fragments, merge_clock, optimizers, policies
 from diloco.outer.protocol import Join, Log, SetTimer, Tick, Upload
 from diloco.outer.synchronizer import Synchronizer
+from diloco.rpc import local
+from diloco.runtime import sync_host
 
 F32 = np.float32
 PARAMS = {"blocks": {0: {"w": np.array([1.0, 2.0], F32)}, 1: {"w": np.array([4.0], F32)}}}
@@ -260,3 +266,109 @@ def test_bad_clock_or_scale_names_the_key():
     _sync("sometimes")
   with pytest.raises(ValueError, match="outer.merge_scale 'half'"):
     _sync("period", scale="half")
+
+
+def _hosted(clock: str):
+  """A synchronizer in the real-time host on a clock the test sets (its timer thread fires the
+  scheduled merges when the clock passes them); the merge records it logged."""
+  now, merges = [0.0], []
+  host = sync_host.SyncHost(
+      _sync(clock),
+      absent_after_s=1e9,
+      clock=lambda: now[0],
+      on_log=lambda r: merges.append(r) if r["event"] == "merge" else None,
+  )
+  for m in range(2):
+    host.join(m, f"s{m}", (0,))
+  return host, now, merges
+
+
+def _wait_merges(host, merges: list, n: int) -> None:
+  """Until the host has logged n merges (its timer thread wakes every 50 ms of real time)."""
+  with host.cond:
+    assert host.cond.wait_for(lambda: len(merges) >= n, timeout=30.0), merges
+
+
+@pytest.mark.parametrize("clock", ["period", "arrival"])
+def test_the_real_time_host_merges_at_the_stated_times(clock):
+  # The upload times of `_schedule` through SyncHost: the same merges, times and members as on
+  # the virtual clock (the scheduled ones fired by the host's timer thread).
+  host, now, merges = _hosted(clock)
+  want = {
+      "period": [(4.0, [0]), (8.0, [0]), (11.5, [0, 1]), (17.0, [0])],
+      "arrival": [(4.0, [0]), (7.5, [0]), (10.0, [1]), (11.5, [0]), (17.0, [0])],
+  }[clock]
+  timers = {"period": [8.0], "arrival": []}[clock]  # merges no upload sets off
+  try:
+    for m, t in ((0, 4.0), (0, 7.5), (1, 10.0), (0, 11.5), (0, 17.0)):
+      for w in [w for w in timers if now[0] < w < t]:  # the clock reaches it first
+        now[0] = w
+        _wait_merges(host, merges, sum(x <= w for x, _ in want))
+      now[0] = t
+      host.upload(m, f"s{m}", _up(m, t, host.sync.held[m][0]))
+    _wait_merges(host, merges, len(want))
+  finally:
+    host.close()
+  assert [(r["time"], r["learners"]) for r in merges] == want
+  assert {r["clock"] for r in merges} == {clock}
+
+
+GRPC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps=96"
+
+
+@pytest.mark.parametrize("clock", ["period", "arrival"])
+def test_grpc_processes_with_a_learner_3x_slower(tmp_path, clock):
+  # A synchronizer and two learner processes (runlocal: P = 4, H = 8, K = 1 with grace), learner
+  # 1 straggling x3 from its first step. Under period a fragment merges once per period of the
+  # fast learner's pace (the reference at K = 1): every merge but each fragment's first kept its
+  # scheduled time or had both learners in, and at most about one merge per period (n merges
+  # span at least n - 2 periods; 1.25 leaves room for the pace's EMA moving). Under arrival each
+  # upload merges as it comes, the slow learner's between the fast one's: more merges.
+  overrides = (
+      f"--config.outer.merge_clock={clock}",
+      "--config.chaos.schedule=straggle learner 1 at t=0s for 1000000s x3",
+      "--config.outer.learner_checkpoint_every=0",
+      "--config.progress_bar=False",
+  )
+  c = local.LocalCluster(GRPC, 2, str(tmp_path / clock), overrides=overrides)
+  try:
+    c.start()
+    assert c.wait(240) == {"sync": 0, "learner0": 0, "learner1": 0}
+  finally:
+    c.stop(grace_s=2.0)
+  with open(tmp_path / clock / "sync" / "summary.json") as f:
+    summary = json.load(f)["merge_clock"]
+  rows = read_jsonl(str(tmp_path / clock / "sync" / "metrics.jsonl"))
+  merges = [r for r in rows if r.get("event") == "merge"]
+  per = summary["merges_per_period"]
+  assert summary["clock"] == clock and len(per) == 4
+  if clock == "period":
+    assert max(per.values()) <= 1.25, per
+    for r in merges:
+      assert r["due_s"] is None or r["time"] >= r["due_s"] or len(r["learners"]) == 2, r
+  else:
+    assert all(r["due_s"] is None for r in merges)
+    assert min(per.values()) > 1.0, per
+
+
+def test_the_pace_is_measured_between_arrivals():
+  # Learner 0 reports 1 s a step (the step alone). Its uploads at steps 4, 8, 12 arrive at 4.5,
+  # 9.5, 13.5: the first interval, 5 s over 4 steps, replaces the report (1.25 s); the next
+  # (1.0 s) is averaged in at decay 0.5: 1.125 s, what the period is made of (H = 4: 4.5 s).
+  pace = merge_clock.Pace(0.5)
+  for step, t in ((4, 4.5), (8, 9.5), (12, 13.5)):
+    up = _up(0, t, 0)
+    pace.observe(dataclasses.replace(up, step=step, checksum=up.checksum))
+    if step == 4:
+      assert pace.step_s[0].get() == 1.0
+    if step == 8:
+      assert pace.step_s[0].get() == 1.25
+  assert pace.step_s[0].get() == 1.125 and pace.measured == {0}
+  assert pace.reference_s({0, 1}, policies.MinQuorum(1)) == 1.125
+  # A process that restarted behind its last upload (step 10 after 12): no interval taken.
+  up = _up(0, 20.0, 0)
+  pace.observe(dataclasses.replace(up, step=10, checksum=up.checksum))
+  assert pace.step_s[0].get() == 1.125
+  restored = merge_clock.Pace(0.5)
+  restored.load(pace.state())
+  assert restored.step_s[0].get() == 1.125 and restored.measured == {0} and not restored.last

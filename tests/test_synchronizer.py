@@ -162,6 +162,7 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
       "clock": "arrival",
       "scale": 1.0,
       "period_s": 0.25,
+      "due_s": None,  # (the period clock's scheduled time for this merge)
   }
   sends = _of(actions, Send)
   assert [(s.learner, s.fragment, s.version) for s in sends] == [(0, 0, 1), (1, 0, 1)]

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from diloco.outer import policies
+from diloco.outer.protocol import Upload
 
 ARRIVAL, PERIOD = "arrival", "period"
 CLOCKS = (ARRIVAL, PERIOD)
@@ -41,17 +42,33 @@ SCALES = (ONE, TOKENS)
 
 @dataclasses.dataclass
 class Pace:
-  """Each learner's EMAs of seconds and tokens per inner step, from its uploads."""
+  """Each learner's EMAs of seconds and tokens per inner step, from its uploads.
+
+  A learner's seconds per step are measured between its uploads' arrivals: the seconds between
+  two over the inner steps it took in between (`Upload.step`), everything it does in a step
+  counted (its uploads, polls and merges applied as well as the step itself). Until it has two,
+  the step time it reports (the step alone) stands in; the first measured interval replaces it.
+  """
 
   decay: float
   step_s: dict[int, policies.Ema] = dataclasses.field(default_factory=dict)
   tokens: dict[int, policies.Ema] = dataclasses.field(default_factory=dict)  # per step
+  last: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)  # (arrival, step)
+  measured: set[int] = dataclasses.field(default_factory=set)  # learners with an interval
 
-  def observe(self, learner: int, step_time: float, tokens: int, steps: int) -> None:
-    if step_time > 0 and math.isfinite(step_time):
-      self.step_s.setdefault(learner, policies.Ema(self.decay)).update(step_time)
-    if steps > 0 and tokens > 0:
-      self.tokens.setdefault(learner, policies.Ema(self.decay)).update(tokens / steps)
+  def observe(self, up: Upload) -> None:
+    m, ema = up.learner, self.step_s.get(up.learner)
+    before, self.last[m] = self.last.get(m), (up.time, up.step)
+    if before is not None and up.step > before[1] >= 0 and up.time >= before[0]:
+      sample = (up.time - before[0]) / (up.step - before[1])
+      if m not in self.measured or ema is None:
+        self.step_s[m], ema = policies.Ema(self.decay), None
+        self.measured.add(m)
+      self.step_s[m].update(sample)
+    elif ema is None and up.step_time > 0 and math.isfinite(up.step_time):
+      self.step_s[m] = policies.Ema(self.decay, float(up.step_time))
+    if up.steps > 0 and up.tokens > 0:
+      self.tokens.setdefault(m, policies.Ema(self.decay)).update(up.tokens / up.steps)
 
   def reference_s(self, live: Iterable[int], quorum: policies.Quorum) -> float | None:
     """The K-th fastest live learner's step time (None: no live learner measured yet)."""
@@ -70,17 +87,26 @@ class Pace:
     return total
 
   def state(self) -> list:
+    """Each learner's [id, seconds per step, tokens per step, measured between arrivals]; the
+    last arrivals are not kept (an interval across a restart is not a step's)."""
     return [
-        [m, self.step_s[m].value, self.tokens[m].value if m in self.tokens else None]
+        [
+            m,
+            self.step_s[m].value,
+            self.tokens[m].value if m in self.tokens else None,
+            m in self.measured,
+        ]
         for m in sorted(self.step_s)
     ]
 
   def load(self, rows: Sequence) -> None:
-    self.step_s, self.tokens = {}, {}
-    for m, step_s, tokens in rows:
+    self.step_s, self.tokens, self.last, self.measured = {}, {}, {}, set()
+    for m, step_s, tokens, measured in rows:
       self.step_s[int(m)] = policies.Ema(self.decay, float(step_s))
       if tokens is not None:
         self.tokens[int(m)] = policies.Ema(self.decay, float(tokens))
+      if measured:
+        self.measured.add(int(m))
 
 
 @dataclasses.dataclass

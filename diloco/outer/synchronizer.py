@@ -172,7 +172,7 @@ class Synchronizer:
     self.ema_step.update(up.step_time)
     if self.dylu is not None:
       self.dylu.observe(up.learner, up.step_time)
-    self.clock.pace.observe(up.learner, up.step_time, up.tokens, up.steps)
+    self.clock.pace.observe(up)
     self.ema_sync.update(2.0 * max(up.time - up.sent_time, 0.0))  # up and back down
     if not rnd.pending:
       rnd.first_upload_s = up.time
@@ -256,9 +256,10 @@ class Synchronizer:
       return rejects + self._reject_round(p, now, ups, encoded)
     version, rnd = self.fragments[p].version, self.rounds[p]
     period_s = self.clock.period_s(self.live, self.policy.quorum, self.ema_step.get())
+    due = self.clock.due_at(p)
     self.clock.merged(p, now, rounds.on_time(rnd), period_s)
     record = rounds.merge_record(p, now, version, rnd.quorum_s, ups, weights, staleness, clipped)
-    record.update(clock=self.clock.clock, scale=share, period_s=period_s)
+    record.update(clock=self.clock.clock, scale=share, period_s=period_s, due_s=due)
     self.rounds[p] = rounds.Round()
     return rejects + [Log(record)] + self._broadcast(p, ups, encoded, now)
 
