@@ -3,17 +3,22 @@
 schedules, a merge's share of an outer step; numbers worked out by hand."""
 
 import dataclasses
+import hashlib
 import json
 
 import numpy as np
 import pytest
 from proc_helpers import read_jsonl
 
+from configs import shakespeare
+from diloco import train
 from diloco.outer import compression, fragments, merge_clock, optimizers, policies
 from diloco.outer.protocol import Join, Log, SetTimer, Tick, Upload
 from diloco.outer.synchronizer import Synchronizer
 from diloco.rpc import local
+from diloco.runners import islands as islands_lib
 from diloco.runtime import sync_host
+from diloco.sweeps import sweep
 
 F32 = np.float32
 PARAMS = {"blocks": {0: {"w": np.array([1.0, 2.0], F32)}, 1: {"w": np.array([4.0], F32)}}}
@@ -316,14 +321,9 @@ def test_the_real_time_host_merges_at_the_stated_times(clock):
 GRPC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps=96"
 
 
-@pytest.mark.parametrize("clock", ["period", "arrival"])
-def test_grpc_processes_with_a_learner_3x_slower(tmp_path, clock):
-  # A synchronizer and two learner processes (runlocal: P = 4, H = 8, K = 1 with grace), learner
-  # 1 straggling x3 from its first step. Under period a fragment merges once per period of the
-  # fast learner's pace (the reference at K = 1): every merge but each fragment's first kept its
-  # scheduled time or had both learners in, and at most about one merge per period (n merges
-  # span at least n - 2 periods; 1.25 leaves room for the pace's EMA moving). Under arrival each
-  # upload merges as it comes, the slow learner's between the fast one's: more merges.
+def _grpc_run(tmp_path, clock: str) -> tuple[dict, list[dict]]:
+  """A synchronizer and two learner processes under `clock`, learner 1 straggling x3: the
+  synchronizer's `merge_clock` summary and its merge records."""
   overrides = (
       f"--config.outer.merge_clock={clock}",
       "--config.chaos.schedule=straggle learner 1 at t=0s for 1000000s x3",
@@ -339,16 +339,25 @@ def test_grpc_processes_with_a_learner_3x_slower(tmp_path, clock):
   with open(tmp_path / clock / "sync" / "summary.json") as f:
     summary = json.load(f)["merge_clock"]
   rows = read_jsonl(str(tmp_path / clock / "sync" / "metrics.jsonl"))
-  merges = [r for r in rows if r.get("event") == "merge"]
-  per = summary["merges_per_period"]
-  assert summary["clock"] == clock and len(per) == 4
-  if clock == "period":
-    assert max(per.values()) <= 1.25, per
-    for r in merges:
-      assert r["due_s"] is None or r["time"] >= r["due_s"] or len(r["learners"]) == 2, r
-  else:
-    assert all(r["due_s"] is None for r in merges)
-    assert min(per.values()) > 1.0, per
+  return summary, [r for r in rows if r.get("event") == "merge"]
+
+
+def test_grpc_processes_with_a_learner_3x_slower(tmp_path):
+  # A synchronizer and two learner processes (runlocal: P = 4, H = 8, K = 1 with grace), learner
+  # 1 straggling x3 (after it measured its own pace), both training 96 steps. Under period every
+  # merge but each fragment's first kept its scheduled time or had both learners in, and a
+  # fragment merges at most about once per period (n merges span at least n - 2 periods; 1.25
+  # leaves room for the pace's EMA moving). Under arrival each round merges as its upload comes
+  # (no schedule), so the slow learner's uploads make merges of their own: more merges than
+  # under period, where they join the fast learner's.
+  period, period_merges = _grpc_run(tmp_path, "period")
+  arrival, arrival_merges = _grpc_run(tmp_path, "arrival")
+  assert period["clock"] == "period" and len(period["merges_per_period"]) == 4
+  assert max(period["merges_per_period"].values()) <= 1.25, period
+  for r in period_merges:
+    assert r["due_s"] is None or r["time"] >= r["due_s"] or len(r["learners"]) == 2, r
+  assert arrival["clock"] == "arrival" and all(r["due_s"] is None for r in arrival_merges)
+  assert len(arrival_merges) > len(period_merges), (len(arrival_merges), len(period_merges))
 
 
 def test_the_pace_is_measured_between_arrivals():
@@ -372,3 +381,54 @@ def test_the_pace_is_measured_between_arrivals():
   restored = merge_clock.Pace(0.5)
   restored.load(pace.state())
   assert restored.step_s[0].get() == 1.125 and restored.measured == {0} and not restored.last
+
+
+def _virtual_merges(tmp_path, clock: str) -> tuple[list, dict]:
+  """A tiny Decoupled run on the virtual clock (3 learners at speeds 1, 1.18 and 3, 10%
+  jitter): its merges (time, fragment, learners, version) and its summary's merge_clock."""
+  c = shakespeare.get_config("mode=decoupled,runlocal,learners=3,steps=48")
+  c.sim.speeds, c.sim.step_jitter, c.outer.merge_clock = "1,1.18,3", 0.1, clock
+  summary = islands_lib.run(c, str(tmp_path / clock))
+  rows = read_jsonl(str(tmp_path / clock / "metrics.jsonl"))
+  merges = [
+      (round(r["time"], 9), r["fragment"], r["learners"], r["version"])
+      for r in rows
+      if r.get("event") == "merge"
+  ]
+  return merges, summary["merge_clock"]
+
+
+def test_arrival_merges_as_before_the_merge_clock_and_period_keeps_its_bound(tmp_path):
+  # The arrival schedule's digest was computed once with the code before the merge clock
+  # (commit dc19a52, the same run): 47 merges, the first of fragment 1 at 3.5185 s with
+  # learners 0 and 1. Times and members only: they do not depend on the CPU's last bits.
+  merges, summary = _virtual_merges(tmp_path, "arrival")
+  digest = hashlib.sha256(json.dumps(merges).encode()).hexdigest()
+  assert len(merges) == 47 and merges[0] == (3.518513266, 1, [0, 1], 1)
+  assert digest == "23709694e5466364c5f090d1a4a86c9bc7ca88604ecc7dc76742732991e01e45"
+  assert summary["clock"] == "arrival" and summary["mean_merges_per_period"] > 1.2
+  # The same run by the period clock: fewer merges, at most about one per fragment per period.
+  period, summary = _virtual_merges(tmp_path, "period")
+  assert len(period) < len(merges)
+  assert max(summary["merges_per_period"].values()) <= 1.1, summary
+
+
+@pytest.mark.parametrize(
+    "keys,message",
+    [
+        (dict(merge_clock="sometimes"), "outer.merge_clock='sometimes'"),
+        (dict(merge_scale="half"), "outer.merge_scale='half'"),
+        (dict(merge_clock="period", blocking=True), "outer.merge_clock=period with blocking"),
+        (
+            dict(merge_scale="tokens", optimizer="delayed_nesterov"),
+            "outer.merge_scale=tokens with outer.optimizer=delayed_nesterov",
+        ),
+    ],
+)
+def test_a_bad_clock_or_scale_is_refused_before_a_run_naming_the_key(tmp_path, keys, message):
+  config = shakespeare.get_config("mode=decoupled,runlocal")
+  for k, v in keys.items():
+    sweep.set_from_text(config, f"outer.{k}", str(v))
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()  # nothing was written

@@ -8,8 +8,9 @@ results are checked in under notebooks/results/merge_clock/:
   python -m experiments.sweep --config=configs/sweeps/merge_clock.py:study=d,part=tune --workdir=$W --table=d_tune --parallel=2
   python -m experiments.sweep --config=configs/sweeps/merge_clock.py:study=d,part=extend,results=$W --workdir=$W --table=d_extend1 --parallel=2   # until it adds no point
   python -m experiments.sweep --config=configs/sweeps/merge_clock.py:study=d,part=seeds,results=$W --workdir=$W --table=d_seeds --parallel=2
-  (the same with study=a, c and b; `learners=8` narrows study a to one M, `pairs=period/one`
-  narrows any study to the pairs named)
+  (the same with study=a, c and b; `studies_m=2/16` narrows study a to those M, `pairs=
+  period/one,arrival/one` any study to the pairs named, `policies=k1/wait_all` study c to those
+  policies, `rates=0.1/0.2` part=tune to those rates)
 
 study=a  invariance: the heterogeneous table's text run at the paper's setting (configs/sweeps/
          delivery.py: rebase, RDA, token weights, K = 1 with the grace window, P = 4, H = 20, the
@@ -24,7 +25,9 @@ study=b  scavenging: configs/sweeps/scavenging.py's runs (4 learners, 1/2/4/12 m
          stretch; time to the 4-learner run's final loss) under a pair, at the preset's outer
          rate (part=preset, every seed) and at each row's own rate (part=tune/extend/seeds).
 study=d  the README main job's Decoupled DiLoCo (configs/sweeps/main_job.py's decoupled point,
-         inner lr 1e-2: two learners, the second 3x slower, 4,096,000 bytes) under every pair.
+         inner lr 1e-2: two learners, the second 3x slower, 4,096,000 bytes) under every pair;
+         part=baseline: the main job's synchronous DiLoCo (its tuned inner lr, the preset's
+         outer rate 0.4), every seed, the reference of the gap.
 `tiny`: the test suite's version (study a at M = 2 and 4 on the tiny run, one rate, one seed).
 """
 
@@ -46,7 +49,7 @@ SWEEP_KEYS = (
     "finished",
     "tokens",
 )
-SWEEP_ONLY = ("part", "results", "seeds", "pairs", "studies_m")
+SWEEP_ONLY = ("part", "results", "seeds", "pairs", "studies_m", "policies", "rates")
 PAIRS = (("arrival", "one"), ("period", "one"), ("arrival", "tokens"), ("period", "tokens"))
 LEARNERS = (2, 4, 8, 16)
 BUDGET = 8000  # learner steps' tokens of studies a and c (8 x 1,000, the heterogeneous table's)
@@ -69,9 +72,12 @@ def _arg(arg: str | None) -> ml_collections.ConfigDict:
       seeds=3,
       pairs="",
       studies_m="",
+      policies="",
+      rates="",
       learners=8,
       policy="k1_grace",
       extra=0,
+      method="decoupled",
       clock="arrival",
       scale="one",
       outer_lr=0.1,
@@ -107,6 +113,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = _hetero(a)
   elif a.study == "b":
     c = scavenging.get_config(f"tiny={a.tiny},extra={a.extra},seed={a.seed},outer_lr={a.outer_lr}")
+  elif a.study == "d" and a.method == "diloco":  # the gap's reference, as the main job runs it
+    return main_job.get_config(f"tiny={a.tiny},method=diloco,seed={a.seed}")
   elif a.study == "d":
     c = main_job.get_config(f"tiny={a.tiny},method=decoupled,lr=0.01,seed={a.seed}")
     c.outer.lr = a.outer_lr
@@ -126,7 +134,9 @@ def _cells(a) -> list[tuple]:
     return [(k, *p) for k in scavenging.EXTRAS for p in pairs]
   if a.study == "c":
     cells = [(pol, *p) for pol in ("k1", "k1_grace") for p in pairs]
-    return cells + [("wait_all", "arrival", "one"), ("wait_all", "arrival", "tokens")]
+    cells += [("wait_all", "arrival", "one"), ("wait_all", "arrival", "tokens")]
+    named = a.policies.split("/") if a.policies else None
+    return [c for c in cells if named is None or c[0] in named]
   return pairs
 
 
@@ -145,7 +155,7 @@ def _mine(study: str):
     return lambda r: r.get("study") == "a" and r.get("policy") == "k1_grace"
   if study == "c":
     return lambda r: r.get("study") == "a" and int(r.get("learners", 0)) == 8
-  return lambda r: r.get("study") == study
+  return lambda r: r.get("study") == study and r.get("method", "decoupled") == "decoupled"
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
@@ -155,13 +165,15 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   keys, cells = KEYS[a.study], _cells(a)
   if a.study == "b" and a.part == "preset":  # every row at the preset's outer rate, every seed
     return [_point("b", c, outer_lr=0.1, seed=s) for s in range(a.seeds) for c in cells]
+  if a.study == "d" and a.part == "baseline":
+    return [dict(study="d", method="diloco", seed=s) for s in range(a.seeds)]
   mine = _mine(a.study)
   return search.stage_points(
       a.part,
       a.results,
       keys=keys,
       cells=cells,
-      grid=GRID[1:2] if a.tiny else GRID,
+      grid=[float(x) for x in a.rates.split("/")] if a.rates else GRID[1:2] if a.tiny else GRID,
       point=lambda c, lr, seed: _point(a.study, c, outer_lr=lr, seed=seed),
       rows=lambda: [_flat(r) for r in sp.read_rows(a.results) if mine(r)],
       seeds=range(1, a.seeds),

@@ -1,0 +1,229 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Decoupled DiLoCo's merge clock: more learners must never mean bigger outer steps
+#
+# Issue 69. Under the `arrival` clock a fragment merges at its quorum plus the grace window, so
+# with K = 1 nearly every upload is its own merge and M learners make up to M full outer steps
+# of a fragment per H steps. Two axes of the synchronizer (`diloco/outer/merge_clock.py`,
+# docs/algorithms.md "The merge clock") try to keep one outer step per period whatever M is:
+#
+# - `outer.merge_clock=period`: fragment p merges once per H steps of the K-th fastest live
+#   learner's pace, taking every upload since its last merge;
+# - `outer.merge_scale=tokens`: a merge takes its share of a full round's expected tokens of an
+#   outer step (a fractional Nesterov step).
+#
+# Four studies (`configs/sweeps/merge_clock.py` has the runs and commands), each cell of
+# (clock, scale) at its own outer rate from a doubling ladder extended past its edges, seeds 1
+# and 2 at the winner: (a) invariance of the winning rate over M = 2, 4, 8, 16 at equal tokens;
+# (b) the scavenging table at the preset's outer rate; (c) heterogeneous hardware at the paper's
+# setting, K = 8, K = 1 and K = 1 with grace; (d) the README main job against synchronous
+# DiLoCo. A study or cell not run is printed as such.
+#
+# Set `DILOCO_NOTEBOOK_TINY=1` for a few-second version of study a (the test suite does);
+# `DILOCO_NOTEBOOK_RESULTS_ONLY=1` reads `notebooks/results/merge_clock/` and never trains
+# (`python scripts/render_notebooks.py merge_clock` writes the .ipynb that way).
+
+# %%
+import os
+import sys
+import tempfile
+
+TINY = os.environ.get("DILOCO_NOTEBOOK_TINY") == "1"
+RESULTS_ONLY = os.environ.get("DILOCO_NOTEBOOK_RESULTS_ONLY") == "1"
+here = os.getcwd()
+REPO = os.path.dirname(here) if os.path.basename(here) == "notebooks" else here
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+import matplotlib.pyplot as plt
+
+from configs.sweeps import merge_clock as mc
+from diloco.sweeps import sweep_run
+from experiments.studies import merge_clock_table as mt, scaling_protocol as sp, scavenging_table as st
+
+SPEC = os.path.join(REPO, "configs", "sweeps", "merge_clock.py")
+RESULTS = tempfile.mkdtemp() if TINY else os.path.join(REPO, "notebooks", "results", "merge_clock")
+OPTIONS = dict(parallel=0 if TINY else 2, progress=not TINY)
+if TINY:
+  print(f"python: {sys.executable}; tiny: {TINY}; results: {RESULTS}")
+else:
+  print(f"results: {os.path.relpath(RESULTS, REPO)}")
+stage = sweep_run.stager(SPEC, RESULTS, False, tiny=TINY, **OPTIONS)
+
+
+def staged(study: str, extra: str = "") -> list[dict]:
+  """A study's rows: read from the results (results-only), or its stages run first (tune, extend
+  until no winner is on an edge, seeds)."""
+  if not RESULTS_ONLY:
+    x = f",{extra}" if extra else ""
+    stage(f"study={study},part=tune{x}", f"{study}_tune")
+    for i in range(1, 6):
+      if not stage(f"study={study},part=extend,results={RESULTS}{x}", f"{study}_extend{i}"):
+        break
+    seeds = 1 if TINY else 3
+    stage(f"study={study},part=seeds,seeds={seeds},results={RESULTS}{x}", f"{study}_seeds")
+  return [mc._flat(r) for r in sp.read_rows(RESULTS) if mc._mine(study)(r)]
+
+
+def merges_per_period(rows) -> float:
+  got = [r["merge_clock"]["mean_merges_per_period"] for r in rows if r.get("merge_clock")]
+  return sum(got) / len(got) if got else float("nan")
+
+
+# %% [markdown]
+# ## (d) The README main job: Decoupled DiLoCo against synchronous DiLoCo
+#
+# Two learners, the second 3x slower, 4,096,000 bytes; Decoupled at inner lr 1e-2 (its tuned
+# rate) under each pair at its own outer rate; synchronous DiLoCo as the main job runs it.
+# Bits per byte on the whole validation split, mean ± half the range of three seeds.
+
+# %%
+if TINY:
+  print("(d): not run in tiny mode")
+else:
+  d_rows = staged("d")
+  if not RESULTS_ONLY:
+    stage("study=d,part=baseline,seeds=3", "d_baseline")
+  base = [r for r in sp.read_rows(RESULTS) if r.get("method") == "diloco"]
+  ref = mt.stats(base, "eval_bpb")
+  print(f"synchronous DiLoCo: {ref[0]:.4f} bpb ±{ref[1]:.4f} ({ref[2]} seeds)")
+  best = mt.winners(d_rows, ("clock", "scale"))
+  grids = {
+      c: sorted(
+          (float(r["outer_lr"]), float(r["eval_bpb"]))
+          for r in d_rows
+          if (r["clock"], r["scale"]) == c and int(r["seed"]) == 0
+      )
+      for c in best
+  }
+  print(
+      f"{'clock/scale':<16}{'outer lr':>9}{'eval bpb':>22}{'gap to DiLoCo':>15}{'merges/period':>15}  seed-0 grid"
+  )
+  for pair in mt.PAIRS:
+    if pair not in best:
+      print(f"{mt.label(pair):<16}{'not run':>9}")
+      continue
+    lr, at = best[pair]
+    s = mt.stats(at, "eval_bpb")
+    grid = ", ".join(f"{x:g}: {y:.4f}" for x, y in grids[pair])
+    print(
+        f"{mt.label(pair):<16}{lr:>9g}{f'{s[0]:.4f} ±{s[1]:.4f} ({s[2]})':>22}"
+        f"{mt.gap(s, ref):>+15.2%}{merges_per_period(at):>15.2f}  {grid}"
+    )
+
+# %% [markdown]
+# ## (c) Heterogeneous hardware at the paper's setting
+#
+# Eight learners, four of them 18% slower, 10% jitter, 8 x 1,000 steps' tokens (the delivery
+# table's text run, rebase). Waiting for all (K = 8) runs by arrival: the period clock is refused
+# with blocking learners, and a round of all merges the same under every pair (the tokens share
+# of a full round is 1; its row under arrival/tokens checks that).
+
+# %%
+if TINY:
+  print("(c): not run in tiny mode")
+else:
+  c_rows = staged("c")
+  best = mt.winners(c_rows, ("policy", "clock", "scale"))
+  print(
+      f"{'policy':<10}{'clock/scale':<16}{'outer lr':>9}{'eval loss':>24}{'merges/period':>15}{'learners/merge':>16}"
+  )
+  for pol in ("wait_all", "k1", "k1_grace"):
+    for pair in mt.PAIRS:
+      if (pol, *pair) not in best:
+        continue
+      lr, at = best[(pol, *pair)]
+      s = mt.stats(at)
+      q = sum(float(r["mean_quorum"]) for r in at) / len(at)
+      print(
+          f"{pol:<10}{mt.label(pair):<16}{lr:>9g}{f'{s[0]:.4f} ±{s[1]:.4f} ({s[2]})':>24}{merges_per_period(at):>15.2f}{q:>16.2f}"
+      )
+  print()
+  for pair, verdict in mt.grace_verdicts(c_rows):
+    print(f"the grace window's claim, {pair}: {verdict}")
+
+# %% [markdown]
+# ## (a) Invariance: the winning outer rate over M = 2, 4, 8, 16
+#
+# The same run at one budget of 8,000 learner steps' tokens (8,000 / M steps each), half the
+# learners 18% slower, K = 1 with the grace window. Each entry: the winning rate, its eval loss
+# (mean ± half-range over the seeds run there, their number in brackets). Under an invariant
+# rule the winner stays put: the last column counts the doubling-ladder rungs between the
+# winners over M.
+
+# %%
+a_rows = staged("a")
+counts = sorted({int(r["learners"]) for r in a_rows})
+table = mt.invariance(a_rows, counts)
+print(mt.invariance_text(table, counts))
+for row in table:
+  verdict = (
+      "the winner stays put" if row["rungs"] == 0 else f"the winner moves {row['rungs']:g} rung(s)"
+  )
+  print(f"invariance, {row['pair']}: {verdict}")
+
+# %%
+fig, axes = plt.subplots(1, len(mt.PAIRS), figsize=(16, 3.6), sharey=True)
+for ax, pair in zip(axes, mt.PAIRS):
+  for m in counts:
+    pts = sorted(
+        (float(r["outer_lr"]), float(r["eval_loss"]))
+        for r in a_rows
+        if (r["clock"], r["scale"]) == pair and int(r["learners"]) == m and int(r["seed"]) == 0
+    )
+    if pts:
+      ax.plot(*zip(*pts), marker="o", label=f"M = {m}")
+  ax.set_xscale("log", base=2)
+  ax.set_title(mt.label(pair))
+  ax.set_xlabel("outer learning rate")
+axes[0].set_ylabel("eval loss (seed 0)")
+axes[0].legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## (b) Scavenging at the preset's outer rate
+#
+# `configs/sweeps/scavenging.py`'s runs (4 learners joined by 1, 2, 4 or 12 more from 25% to
+# 75% of the nominal run), each row at the preset's outer rate 0.1 with no retuning, under the
+# pairs run; the arrival/one rows are the scavenging notebook's own
+# (`notebooks/results/scavenging/`, the same runs). Time to the same seed's 4-learner final loss
+# over that run's time.
+
+# %%
+if TINY:
+  print("(b): not run in tiny mode")
+else:
+  b_rows = [mc._flat(r) for r in sp.read_rows(RESULTS) if r.get("study") == "b"]
+  old = sp.read_rows(os.path.join(REPO, "notebooks", "results", "scavenging"))
+  sets = {("arrival", "one"): [r for r in old if float(r.get("outer_lr", 0.1)) == 0.1]}
+  for pair in mt.PAIRS[1:]:
+    sets[pair] = [
+        r for r in b_rows if (r["clock"], r["scale"]) == pair and float(r["outer_lr"]) == 0.1
+    ]
+  for pair, rows in sets.items():
+    print(f"\n{mt.label(pair)} at outer rate 0.1:")
+    if not rows:
+      print("  not run")
+      continue
+    rel = st.relative_times(rows)
+    for k in sorted(rel):
+      if k == 0:
+        continue
+      mu, hr = st.spread(rel[k])
+      shown = ", ".join("never" if v is None else f"{v:.3f}" for v in rel[k])
+      print(
+          f"  +{k:>2} learners: {mu:.3f} ±{hr:.3f} ({shown}){'' if mu <= 1 else '  slower than 4 learners'}"
+      )
