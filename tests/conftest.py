@@ -42,6 +42,7 @@ LONGEST_FIRST = (
     "test_recovery.py",  # 109 s
     "test_preemption.py",  # 106 s
     "test_grpc.py",  # 104 s
+    "test_merge_clock.py",  # 102 s beside a two-point sweep (2026-12-06: two gRPC runs)
     "test_island_bucket.py",  # 78 s alone (2026-12-05: a 4-process island killed and restarted)
     "test_ray.py",  # 96 s
     "test_sharded_sync.py",  # 73 s

@@ -33,6 +33,7 @@ NOTEBOOKS = {
     "async_local_sgd": (1, "Delayed Nesterov + DyLU closes the gap"),
     "regime": (1, "regime: DiLoCo M=4 vs data-parallel"),
     "scavenging": (1, "scavenged learners shorten Decoupled DiLoCo's run"),
+    "merge_clock": (1, "invariance, period/tokens"),
 }
 TRAINING = (  # sweeps
     "scaling_laws",
@@ -41,6 +42,7 @@ TRAINING = (  # sweeps
     "async_local_sgd",
     "decoupled_delivery",
     "scavenging",
+    "merge_clock",
 )
 
 
