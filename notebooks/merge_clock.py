@@ -169,9 +169,13 @@ counts = sorted({int(r["learners"]) for r in a_rows})
 table = mt.invariance(a_rows, counts)
 print(mt.invariance_text(table, counts))
 for row in table:
-  verdict = (
-      "the winner stays put" if row["rungs"] == 0 else f"the winner moves {row['rungs']:g} rung(s)"
-  )
+  ms = ", ".join(map(str, row["per_m"]))
+  if len(row["per_m"]) < 2:
+    verdict = f"one M only ({ms}): not decided"
+  elif row["rungs"] == 0:
+    verdict = f"the winner stays put over M = {ms}"
+  else:
+    verdict = f"the winner moves {row['rungs']:g} rung(s) over M = {ms}"
   print(f"invariance, {row['pair']}: {verdict}")
 
 # %%
@@ -207,8 +211,11 @@ if TINY:
   print("(b): not run in tiny mode")
 else:
   b_rows = [mc._flat(r) for r in sp.read_rows(RESULTS) if r.get("study") == "b"]
-  old = sp.read_rows(os.path.join(REPO, "notebooks", "results", "scavenging"))
-  sets = {("arrival", "one"): [r for r in old if float(r.get("outer_lr", 0.1)) == 0.1]}
+  scavenging = os.path.join(REPO, "configs", "sweeps", "scavenging.py")
+  old = sweep_run.load(
+      f"{scavenging}:seeds=3", os.path.join(REPO, "notebooks", "results", "scavenging")
+  )
+  sets = {("arrival", "one"): old}
   for pair in mt.PAIRS[1:]:
     sets[pair] = [
         r for r in b_rows if (r["clock"], r["scale"]) == pair and float(r["outer_lr"]) == 0.1
@@ -222,8 +229,10 @@ else:
     for k in sorted(rel):
       if k == 0:
         continue
-      mu, hr = st.spread(rel[k])
       shown = ", ".join("never" if v is None else f"{v:.3f}" for v in rel[k])
-      print(
-          f"  +{k:>2} learners: {mu:.3f} ±{hr:.3f} ({shown}){'' if mu <= 1 else '  slower than 4 learners'}"
-      )
+      never = sum(v is None for v in rel[k])
+      if never:
+        print(f"  +{k:>2} learners: never reached in {never} of {len(rel[k])} seeds ({shown})")
+        continue
+      mu, hr = st.spread(rel[k])
+      print(f"  +{k:>2} learners: {mu:.3f} ±{hr:.3f} ({shown}){'' if mu <= 1 else '  slower'}")
