@@ -31,9 +31,9 @@
 # setting, K = 8, K = 1 and K = 1 with grace; (d) the README main job against synchronous
 # DiLoCo. A study or cell not run is printed as such.
 #
-# Set `DILOCO_NOTEBOOK_TINY=1` for a few-second version of study a (the test suite does);
-# `DILOCO_NOTEBOOK_RESULTS_ONLY=1` reads `notebooks/results/merge_clock/` and never trains
-# (`python scripts/render_notebooks.py merge_clock` writes the .ipynb that way).
+# Set `DILOCO_NOTEBOOK_TINY=1` for a few-second version of study a at M = 4 and 8 (the test
+# suite does); `DILOCO_NOTEBOOK_RESULTS_ONLY=1` reads `notebooks/results/merge_clock/` and never
+# trains (`python scripts/render_notebooks.py merge_clock` writes the .ipynb that way).
 
 # %%
 import os

@@ -36,7 +36,7 @@ def test_the_sweep_builds_each_study_as_documented():
   c8 = [p for p in mc.get_sweep("study=c") if p["policy"] == "k1_grace"]
   assert a8 == c8 and len(a8) == 4 * len(mc.GRID)
   tiny = mc.get_sweep("study=a,tiny")
-  assert {p["learners"] for p in tiny} == {2, 4} and {p["outer_lr"] for p in tiny} == {0.1}
+  assert {p["learners"] for p in tiny} == {4, 8} and {p["outer_lr"] for p in tiny} == {0.1}
   assert mc.get_sweep("study=d,part=baseline,seeds=2") == [
       dict(study="d", method="diloco", seed=0),
       dict(study="d", method="diloco", seed=1),

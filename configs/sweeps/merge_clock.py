@@ -28,7 +28,7 @@ study=d  the README main job's Decoupled DiLoCo (configs/sweeps/main_job.py's de
          inner lr 1e-2: two learners, the second 3x slower, 4,096,000 bytes) under every pair;
          part=baseline: the main job's synchronous DiLoCo (its tuned inner lr, the preset's
          outer rate 0.4), every seed, the reference of the gap.
-`tiny`: the test suite's version (study a at M = 2 and 4 on the tiny run, one rate, one seed).
+`tiny`: the test suite's version (study a at M = 4 and 8 on the tiny run, one rate, one seed).
 """
 
 import ml_collections
@@ -127,7 +127,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def _cells(a) -> list[tuple]:
   pairs = [tuple(p.split("/")) for p in a.pairs.split(",")] if a.pairs else list(PAIRS)
   if a.study == "a":
-    counts = (2, 4) if a.tiny else LEARNERS
+    counts = (4, 8) if a.tiny else LEARNERS  # (tiny: 8 test devices split evenly, batch 2)
     counts = [int(m) for m in a.studies_m.split("/")] if a.studies_m else counts
     return [(m, *p) for m in counts for p in pairs]
   if a.study == "b":
