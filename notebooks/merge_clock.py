@@ -128,8 +128,9 @@ else:
 #
 # Eight learners, four of them 18% slower, 10% jitter, 8 x 1,000 steps' tokens (the delivery
 # table's text run, rebase). Waiting for all (K = 8) runs by arrival: the period clock is refused
-# with blocking learners, and a round of all merges the same under every pair (the tokens share
-# of a full round is 1; its row under arrival/tokens checks that).
+# with blocking learners, and a round of all takes a whole outer step under the tokens scale too,
+# but for each fragment's first merge, whose uploads hold only the stagger's 5, 10 or 15 steps
+# (shares 0.25, 0.5, 0.75); the arrival/tokens row shows what those three merges change.
 
 # %%
 if TINY:

@@ -358,7 +358,10 @@ def test_grpc_processes_with_a_learner_3x_slower(tmp_path):
     assert r["due_s"] is None or r["time"] >= r["due_s"] or len(r["learners"]) == 2, r
   assert arrival["clock"] == "arrival" and all(r["due_s"] is None for r in arrival_merges)
   assert len(arrival_merges) > len(period_merges), (len(arrival_merges), len(period_merges))
-  for name, got, merges in (("period", period, period_merges), ("arrival", arrival, arrival_merges)):
+  for name, got, merges in (
+      ("period", period, period_merges),
+      ("arrival", arrival, arrival_merges),
+  ):
     print(f"{name}: {len(merges)} merges, per period {got['merges_per_period']}")  # (BENCHMARKS)
 
 

@@ -20,7 +20,8 @@ study=a  invariance: the heterogeneous table's text run at the paper's setting (
 study=c  heterogeneous hardware at the paper's setting: the same run at M = 8 with K = 1 (no
          grace) and K = 1 with grace (study a's M = 8 cells) under every pair, and waiting for
          all (K = 8, blocking learners) by arrival (the period clock is refused with blocking
-         learners, and a round of all merges the same under any pair: tokens' share is 1).
+         learners; a round of all takes a whole step under tokens too, but for each fragment's
+         first merge, of the stagger's 5, 10 or 15 steps).
 study=b  scavenging: configs/sweeps/scavenging.py's runs (4 learners, 1/2/4/12 more for a
          stretch; time to the 4-learner run's final loss) under a pair, at the preset's outer
          rate (part=preset, every seed) and at each row's own rate (part=tune/extend/seeds).

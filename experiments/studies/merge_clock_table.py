@@ -84,6 +84,11 @@ def compare(a: tuple[float, float, int], b: tuple[float, float, int]) -> str:
   return "lower" if a[0] < b[0] else "higher"
 
 
+def _against(a: tuple[float, float, int], b: tuple[float, float, int]) -> str:
+  said = compare(a, b)
+  return said + (" of" if said == "within the spread" else " than")
+
+
 def grace_verdicts(rows: Sequence[Row]) -> list[tuple[str, str]]:
   """Study c: per pair, the grace window's claim (K = 1 alone loses quality against waiting
   for all; K = 1 with grace recovers it): (pair, verdict)."""
@@ -103,9 +108,9 @@ def grace_verdicts(rows: Sequence[Row]) -> list[tuple[str, str]]:
     out.append(
         (
             label(pair),
-            f"{shown}: K = 1 {s1[0]:.4f} ±{s1[1]:.4f} ({compare(s1, wait_s)} than waiting for "
+            f"{shown}: K = 1 {s1[0]:.4f} ±{s1[1]:.4f} ({_against(s1, wait_s)} waiting for "
             f"all, {wait_s[0]:.4f} ±{wait_s[1]:.4f}); with grace {sg[0]:.4f} ±{sg[1]:.4f} "
-            f"({compare(sg, s1)} than K = 1 alone)",
+            f"({_against(sg, s1)} K = 1 alone)",
         )
     )
   return out
