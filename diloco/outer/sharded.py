@@ -6,7 +6,8 @@ a Leave and a timer's Tick go to every shard, whose actions come back in shard o
 passes between shards, so with the same events the merges of a fragment are those of one
 synchronizer, except where a shard's decision reads what it saw of other fragments: the adaptive
 grace window (its EMAs see only its own uploads), the outlier screen's cross-fragment norm
-history, DyLU's step-time estimates, and `checkpoint_every` (counted in the shard's own merges).
+history, DyLU's step-time estimates, the merge clock's pace (its period and a merge's token share,
+merge_clock.py) and `checkpoint_every` (counted in the shard's own merges).
 """
 
 import hashlib
