@@ -227,7 +227,8 @@ def _atomic(path: str, write) -> None:
 
 def export(workdir: str, dest: str) -> int:
   """Copies every finished point's summary.json from workdir to dest/<name>/ (checked-in results:
-  without its `workdir`, the path on the machine that ran it); returns how many."""
+  without its `workdir`, the path on the machine that ran it, and with its `timeline` picture
+  named inside the point's directory); returns how many."""
   count = 0
   for name in sorted(os.listdir(workdir)):
     src = os.path.join(workdir, name, SUMMARY)
@@ -236,6 +237,8 @@ def export(workdir: str, dest: str) -> int:
     with open(src, encoding="utf-8") as f:
       summary = json.load(f)
     summary.pop("workdir", None)
+    if isinstance(summary.get("timeline"), str):
+      summary["timeline"] = os.path.basename(summary["timeline"])
     os.makedirs(os.path.join(dest, name), exist_ok=True)
     with open(os.path.join(dest, name, SUMMARY), "w", encoding="utf-8") as f:
       json.dump(summary, f, indent=2, sort_keys=True)
