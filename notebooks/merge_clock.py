@@ -74,7 +74,7 @@ def staged(study: str, extra: str = "") -> list[dict]:
         break
     seeds = 1 if TINY else 3
     stage(f"study={study},part=seeds,seeds={seeds},results={RESULTS}{x}", f"{study}_seeds")
-  return [mc._flat(r) for r in sp.read_rows(RESULTS) if mc._mine(study)(r)]
+  return [mc.flat(r) for r in sp.read_rows(RESULTS) if mc.mine(study)(r)]
 
 
 def merges_per_period(rows) -> float:
@@ -211,7 +211,7 @@ plt.show()
 if TINY:
   print("(b): not run in tiny mode")
 else:
-  b_rows = [mc._flat(r) for r in sp.read_rows(RESULTS) if r.get("study") == "b"]
+  b_rows = [mc.flat(r) for r in sp.read_rows(RESULTS) if r.get("study") == "b"]
   scavenging = os.path.join(REPO, "configs", "sweeps", "scavenging.py")
   old = sweep_run.load(
       f"{scavenging}:seeds=3", os.path.join(REPO, "notebooks", "results", "scavenging")

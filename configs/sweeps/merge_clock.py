@@ -149,7 +149,7 @@ def _point(study: str, cell: tuple, **more) -> dict:
   return dict(study=study, **point, **more)
 
 
-def _mine(study: str):
+def mine(study: str):
   """Whether a finished row belongs to `study`'s cells (a and c share their M = 8, K = 1 with
   grace runs)."""
   if study == "a":
@@ -168,7 +168,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     return [_point("b", c, outer_lr=0.1, seed=s) for s in range(a.seeds) for c in cells]
   if a.study == "d" and a.part == "baseline":
     return [dict(study="d", method="diloco", seed=s) for s in range(a.seeds)]
-  mine = _mine(a.study)
+  mine = mine(a.study)
   return search.stage_points(
       a.part,
       a.results,
@@ -176,14 +176,14 @@ def get_sweep(arg: str | None = None) -> list[dict]:
       cells=cells,
       grid=[float(x) for x in a.rates.split("/")] if a.rates else GRID[1:2] if a.tiny else GRID,
       point=lambda c, lr, seed: _point(a.study, c, outer_lr=lr, seed=seed),
-      rows=lambda: [_flat(r) for r in sp.read_rows(a.results) if mine(r)],
+      rows=lambda: [flat(r) for r in sp.read_rows(a.results) if mine(r)],
       seeds=range(1, a.seeds),
       extend=(lambda rows: []) if a.tiny else None,
       extend_tuned=True,
   )
 
 
-def _flat(row: dict) -> dict:
+def flat(row: dict) -> dict:
   """A sweep row with its cell's keys as the sweep wrote them (ints for counts)."""
   out = dict(row)
   for k in ("learners", "extra"):
