@@ -168,7 +168,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     return [_point("b", c, outer_lr=0.1, seed=s) for s in range(a.seeds) for c in cells]
   if a.study == "d" and a.part == "baseline":
     return [dict(study="d", method="diloco", seed=s) for s in range(a.seeds)]
-  mine = mine(a.study)
+  belongs = mine(a.study)
   return search.stage_points(
       a.part,
       a.results,
@@ -176,7 +176,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
       cells=cells,
       grid=[float(x) for x in a.rates.split("/")] if a.rates else GRID[1:2] if a.tiny else GRID,
       point=lambda c, lr, seed: _point(a.study, c, outer_lr=lr, seed=seed),
-      rows=lambda: [flat(r) for r in sp.read_rows(a.results) if mine(r)],
+      rows=lambda: [flat(r) for r in sp.read_rows(a.results) if belongs(r)],
       seeds=range(1, a.seeds),
       extend=(lambda rows: []) if a.tiny else None,
       extend_tuned=True,
