@@ -4,11 +4,14 @@ used, and the corrupt one is renamed aside so that the run can save that step ag
 fails midway (an OSError such as a full disk) leaves the previous one intact and later saves work.
 """
 
+import asyncio
 import errno
 import glob
 import json
+import logging
 import os
 import subprocess
+import sys
 import time
 
 import jax
@@ -318,3 +321,49 @@ def test_whatever_the_storage_layer_raises_is_one_line_and_its_temporary_is_remo
   assert ckpt.save(3, {"w": jnp.arange(1000.0) * 3}, force=True)
   assert ckpt.latest_step() == 3
   ckpt.close()
+
+
+def test_orbax_tracebacks_of_a_failed_save_are_cut_to_one_line():
+  """Orbax logs a failed background save with the storage library's whole traceback (its
+  finalize thread, before the error reaches us): the record keeps one line and the reason."""
+  try:
+    raise ValueError("RESOURCE_EXHAUSTED: Failed writing\nsecond line")
+  except ValueError:
+    exc_info = sys.exc_info()
+  record = logging.getLogger("absl").makeRecord(
+      "absl",
+      40,
+      "/x/orbax/checkpoint/checkpoint_manager.py",
+      2107,
+      "step=%s failed.",
+      (5,),
+      exc_info,
+  )
+  [orbax_filter] = [f for f in logging.getLogger("absl").filters if "Orbax" in type(f).__name__]
+  assert orbax_filter.filter(record)
+  assert logging.Formatter().format(record) == (
+      "step=5 failed. (ValueError: RESOURCE_EXHAUSTED: Failed writing)"
+  )
+  ours = logging.getLogger("absl").makeRecord("absl", 40, "/x/diloco/a.py", 1, "m", (), exc_info)
+  assert orbax_filter.filter(ours) and ours.exc_info is exc_info  # other tracebacks stay
+
+
+def test_a_write_that_ends_after_orbax_closed_its_loop_is_one_line(capsys, monkeypatch):
+  """Tensorstore's writes of a failed save still in flight call orbax's closed event loop from
+  their own threads; the RuntimeError they print is one line, other errors print as before."""
+  loop = asyncio.new_event_loop()
+  loop.close()
+  lines = []
+  monkeypatch.setattr(checkpoint.logging, "warning", lambda msg, *a: lines.append(msg % a))
+  for error in (None, ValueError("something else")):
+    try:
+      if error:
+        raise error
+      loop.call_soon_threadsafe(print)
+    except (RuntimeError, ValueError):
+      sys.excepthook(*sys.exc_info())
+  assert lines == [
+      "a write of a failed save ended after its event loop closed (Event loop is closed)"
+  ]
+  err = capsys.readouterr().err
+  assert err.count("Traceback") == 1 and "ValueError: something else" in err

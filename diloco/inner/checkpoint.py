@@ -15,6 +15,9 @@ A checkpoint of a model whose blocks were stored the other way (`model.scan_laye
 on restore (models/layer_stack.py).
 """
 
+import logging as pylogging
+import os
+import sys
 import threading
 from typing import Any
 
@@ -29,6 +32,55 @@ from diloco.inner import manifest
 from diloco.models import layer_stack
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's directory of a save in progress
+
+
+class _OrbaxErrorsInOneLine(pylogging.Filter):
+  """Orbax's own log records of a failed background save, cut to one line each.
+
+  Orbax logs the storage library's whole traceback from its commit and finalize threads (about
+  560 lines for a full disk) before the save's error reaches `Checkpointer`, which logs the
+  failure once in its own words; the error's first line is kept on orbax's record."""
+
+  def filter(self, record: pylogging.LogRecord) -> bool:
+    if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
+      error = record.exc_info[1]
+      first = (str(error).strip().splitlines() or [""])[0][:300]
+      record.msg = f"{record.getMessage()} ({type(error).__name__}: {first})"
+      record.args, record.exc_info, record.exc_text = None, None, None
+    return True
+
+
+logging.get_absl_logger().addFilter(_OrbaxErrorsInOneLine())
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+  return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+def _one_line_for_late_writes(previous_excepthook, previous_unraisablehook):
+  """Hooks for the writes of a failed save that finish after orbax closed their event loop.
+
+  Orbax runs a save's writes on an asyncio loop of its own and closes it at the first error;
+  tensorstore's writes still in flight then call the closed loop from its own threads and print
+  the RuntimeError's traceback (PyErr_Print, or as unraisable). That error is one line; any other
+  goes to the hooks that were there before."""
+
+  def excepthook(kind, error, tb):
+    if _closed_loop(error):
+      logging.warning("a write of a failed save ended after its event loop closed (%s)", error)
+    else:
+      previous_excepthook(kind, error, tb)
+
+  def unraisablehook(unraisable):
+    if _closed_loop(unraisable.exc_value):
+      logging.warning("a write of a failed save ended after its event loop closed")
+    else:
+      previous_unraisablehook(unraisable)
+
+  return excepthook, unraisablehook
+
+
+sys.excepthook, sys.unraisablehook = _one_line_for_late_writes(sys.excepthook, sys.unraisablehook)
 
 
 def _write_manifest(step_dir: str) -> None:
