@@ -39,6 +39,8 @@ EXTRAS_REQUIRE = {
     "ray": ["ray>=2.60"],
     # --config.trackers=jsonl,wandb: Weights & Biases (imported only when chosen).
     "wandb": ["wandb>=0.31"],
+    # python -m experiments.gcs_emulator: a Cloud Storage server on the loopback (docs/running.md)
+    "emulator": ["gcp-storage-emulator>=2026.7.19"],
     "dev": [
         "pytest>=9.0",
         "pytest-xdist>=3.8",  # the README's test command runs the suite on 2 workers
@@ -51,7 +53,7 @@ EXTRAS_REQUIRE = {
         "selenium>=4.51",  # drives Debian's chromium + chromium-driver in the status page test
         "ray>=2.60",  # tests/test_ray.py starts a real local Ray cluster
         "wandb>=0.31",  # tests/test_trackers.py reads an offline run back
-        "gcp-storage-emulator>=2026.7.19",  # a Cloud Storage server on the loopback (tests)
+        "gcp-storage-emulator>=2026.7.19",  # experiments.gcs_emulator, for the bucket tests
         "pyink==26.5.1",  # the formatter .ci/run checks with (pinned: its output is the style)
         # tests/test_plan.py compiles plans with the TPU compiler (libtpu: Linux x86-64 wheels)
         "jax[tpu]>=0.10.2; sys_platform == 'linux' and platform_machine == 'x86_64'",

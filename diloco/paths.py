@@ -6,8 +6,10 @@ all: a local file by writing a temporary name and renaming it, a bucket object b
 store's own single upload. A bucket has no directories: `makedirs` does nothing there, and a
 "directory" is the prefix of the objects under it.
 
-Tests point gcsfs and tensorstore at a Cloud Storage server on the loopback (tests/object_store.py:
-STORAGE_EMULATOR_HOST, TENSORSTORE_GCS_HTTP_URL).
+Tests point gcsfs and tensorstore at a Cloud Storage server on the loopback (`python -m
+experiments.gcs_emulator`: the environment it prints). The storage libraries' notes that are not
+the user's business (a cache's settings, gcsfs's retries of an error that reaches us as its
+exception) are left out of the log.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import glob as glob_lib
 import io
+import logging
 import os
 import re
 import shutil
@@ -25,6 +28,23 @@ from typing import IO
 import fsspec
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+for _name, _level in (("fsspec.caching", logging.WARNING), ("gcsfs", logging.WARNING)):
+  logging.getLogger(_name).setLevel(_level)
+logging.getLogger("gcsfs.retry").setLevel(logging.CRITICAL)  # the error is raised to us
+
+
+def missing_bucket(path: str) -> str:
+  """'' when `path` is local or its bucket is there; else the bucket's URL (one that does not
+  exist, or that these credentials may not see)."""
+  if not is_url(path):
+    return ""
+  fs, p = _fs(path)
+  bucket = p.split("/", 1)[0]
+  try:
+    found = fs.exists(bucket)
+  except OSError:  # (gcsfs: no access)
+    found = False
+  return "" if found else fs.unstrip_protocol(bucket)
 
 
 def is_url(path: str) -> bool:

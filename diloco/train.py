@@ -67,8 +67,10 @@ def train_and_evaluate(
         config.data, *_readers(config), jax.process_index(), jax.process_count()
     )
   hold = workdir_lib.Hold(workdir)
+  fresh = not paths.exists(workdir)  # removed again if the run stops before writing anything
   if not distributed:  # one run at a time in a workdir: a second is refused naming the first
     hold.acquire()
+  finished = False
   try:
     decision = workdir_lib.claim(
         workdir, json.loads(config.to_json()), restart, ignore=keys.INVOCATION
@@ -80,21 +82,29 @@ def train_and_evaluate(
       if jax.process_index() == 0:  # the island's processes share the workdir: one holds it
         hold.acquire()
     with data_lib.reuse_splits():  # the runner's islands and the summary read the data once
-      if config.mode not in ("dp", "compare"):  # learners against documents, before any write
-        problems = bounds.data_problems(config, data_lib.load_splits(config.data))
-        if problems:
-          raise checks.ConfigError(problems, config)
+      # the vocabulary, and learners against documents, before any write
+      problems = bounds.data_problems(config, data_lib.load_splits(config.data))
+      if problems:
+        raise checks.ConfigError(problems, config)
       workdir_lib.write_config(workdir, config.to_json(indent=2))
-      summary = run(config, workdir, **runner_options)
+      try:
+        summary = run(config, workdir, **runner_options)
+      except BaseException:
+        if decision != "resume" and jax.process_index() == 0:  # a new run that wrote nothing
+          workdir_lib.unclaim(workdir)
+        raise
       if config.mode != "compare":  # each compared run's summary has its own
         summary["data"] = data_summary(config, summary.pop("corpus_tokens", None))
         summary.update(utilisation(summary))
     summary["workdir"] = paths.absolute(workdir)
     if jax.process_index() == 0:
       _write_summary(workdir, summary)
+    finished = True
     return summary
   finally:
     hold.release()
+    if fresh and not finished and jax.process_index() == 0:
+      workdir_lib.remove_if_empty(workdir)
 
 
 def _readers(config: ml_collections.ConfigDict) -> tuple[list[int], int]:

@@ -3,6 +3,7 @@
 from absl import app, flags
 from ml_collections import config_flags
 
+from diloco.config import cli as config_cli
 from diloco.sim import bandwidth_report
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -19,4 +20,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)

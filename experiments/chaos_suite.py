@@ -3,6 +3,7 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco.config import cli as config_cli
 from configs import shakespeare
 from diloco import paths
 from experiments.studies import chaos_suite
@@ -29,4 +30,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.FLAGS.set_default("verbosity", -1)
-  app.run(main)
+  config_cli.run(main)

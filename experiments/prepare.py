@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 
+from diloco import errors
+from diloco.config import cli as config_cli
 from diloco.data.corpus import documents, prepare, tokenizer_files
 
 _INPUTS = flags.DEFINE_list("inputs", None, "Globs of input files (comma-separated).")
@@ -40,7 +42,7 @@ COMMANDS = ("tokenizer", "shards")
 
 def main(argv: Sequence[str]) -> None:
   if len(argv) != 2 or argv[1] not in COMMANDS:
-    raise app.UsageError(f"say what to prepare: one of {COMMANDS}, got {argv[1:]}")
+    raise errors.InputError(f"say what to prepare: one of {COMMANDS}, got {argv[1:]}")
   if argv[1] == "tokenizer":
     texts = prepare.sample_texts(_INPUTS.value, _FORMAT.value, _FIELD.value, _SAMPLE.value)
     tok = tokenizer_files.train(_KIND.value, texts, _VOCAB.value, _TOKENIZER.value)
@@ -49,7 +51,7 @@ def main(argv: Sequence[str]) -> None:
     )
     return
   if not _OUTPUT.value:
-    raise app.UsageError("shards needs --output")
+    raise errors.InputError("shards needs --output")
   spec = prepare.Spec(
       tuple(_INPUTS.value),
       _FORMAT.value,
@@ -67,4 +69,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)

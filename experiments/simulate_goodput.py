@@ -6,6 +6,7 @@ python -m experiments.simulate_goodput --config=configs/goodput.py --workdir=DIR
 from absl import app, flags
 from ml_collections import config_flags
 
+from diloco.config import cli as config_cli
 from diloco.sim import goodput
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -22,4 +23,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)

@@ -10,6 +10,7 @@ import sys
 
 from absl import app, flags
 
+from diloco.config import cli as config_cli
 from diloco.launch import supervisor
 
 _MAX = flags.DEFINE_integer("max_restarts", 20, "Restarts before giving up (-1: never).")
@@ -27,4 +28,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)

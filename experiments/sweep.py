@@ -7,6 +7,7 @@ DIR/results.jsonl and DIR/results.csv; --export=DEST copies the summaries to che
 
 from absl import app, flags, logging
 
+from diloco.config import cli as config_cli
 from diloco import paths
 from diloco.sweeps import sweep, sweep_run
 
@@ -58,4 +59,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_cli.run(main)

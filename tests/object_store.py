@@ -1,6 +1,7 @@
-"""A real Cloud Storage server on the loopback for tests: the `gcp-storage-emulator` package's, in
-memory, one bucket, with Cloud Storage's generation preconditions (tests/gcs_server.py). gcsfs (and so fsspec's gs://) talks to it through STORAGE_EMULATOR_HOST; the
-environment the fixture sets is inherited by the processes a test starts.
+"""A real Cloud Storage server on the loopback for tests: `python -m experiments.gcs_emulator` (the
+`gcp-storage-emulator` package's, with Cloud Storage's generation preconditions), in memory, one
+bucket. gcsfs (and so fsspec's gs://) and tensorstore talk to it through the environment
+`gcs_emulator.environment` names, which the fixture sets and the processes a test starts inherit.
 
 Why this server: gcsfs reaches it with its own client, unmocked, over HTTP (moto's S3 server would
 serve s3fs the same way; Cloud Storage is what TPU users have).
@@ -16,6 +17,7 @@ import time
 import pytest
 
 from diloco.rpc import local
+from experiments import gcs_emulator
 
 BUCKET = "diloco-test"
 
@@ -25,18 +27,13 @@ def gcs_server():
   """Yields the bucket's URL (gs://BUCKET) while a server runs; the environment points at it."""
   port = local.free_port()
   proc = subprocess.Popen(
-      [sys.executable, "-m", "tests.gcs_server", "start", "--host", "127.0.0.1"]
+      [sys.executable, "-m", "experiments.gcs_emulator", "start", "--host", "127.0.0.1"]
       + ["--port", str(port), "--in-memory", "--default-bucket", BUCKET],
       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
       stdout=subprocess.DEVNULL,
       stderr=subprocess.DEVNULL,
   )
-  env = {
-      "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
-      "TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{port}",  # orbax's arrays (tensorstore)
-      # gcsfs would first ask a gRPC endpoint whether the bucket is hierarchical (60 s to fail)
-      "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-  }
+  env = gcs_emulator.environment("127.0.0.1", port)
   saved = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
   try:

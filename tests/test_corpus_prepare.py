@@ -3,6 +3,7 @@ shards and a manifest out; tokenizers trained once or loaded from a file; a resu
 redoes only what a kill left unfinished; bad input is refused naming the file."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -85,9 +86,23 @@ def test_parquet_and_text_inputs(tmp_path, bpe):
   pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
   texts = _texts(60)
   pq.write_table(pa.table({"body": texts}), tmp_path / "a.parquet", row_group_size=10)
-  pieces = documents.pieces(documents.list_inputs([str(tmp_path / "a.parquet")]), "parquet", 1)
-  assert len(pieces) == 6  # one per row group at a target of one byte
+  found = documents.list_inputs([str(tmp_path / "a.parquet")])
+  meta = pq.ParquetFile(tmp_path / "a.parquet").metadata
+  group_bytes = max(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+  whole = documents.pieces(found, "parquet", group_bytes)
+  bounds = [(p.start, p.end) for p in whole]  # whole row groups, together up to the target
+  assert [b for b, _ in bounds[1:]] == [e for _, e in bounds[:-1]] and bounds[-1][1] == 60
+  assert bounds[0][0] == 0 and all(b % 10 == 0 for bound in bounds for b in bound)
+  pieces = documents.pieces(found, "parquet", 1)
+  assert len(pieces) == 60  # at a target of one byte, a row each
   assert [t for p in pieces for _, t in documents.read(p, "parquet", "body")] == texts
+  # One row group of 60 rows still makes four pieces of 15 rows at a quarter of its bytes.
+  pq.write_table(pa.table({"body": texts}), tmp_path / "one.parquet", row_group_size=60)
+  found = documents.list_inputs([str(tmp_path / "one.parquet")])
+  one_bytes = pq.ParquetFile(tmp_path / "one.parquet").metadata.row_group(0).total_byte_size
+  quarters = documents.pieces(found, "parquet", math.ceil(one_bytes / 4))
+  assert [(p.start, p.end) for p in quarters] == [(0, 15), (15, 30), (30, 45), (45, 60)]
+  assert [t for p in quarters for _, t in documents.read(p, "parquet", "body")] == texts
   names = [
       n
       for _, n in zip(
@@ -154,7 +169,11 @@ def test_a_resume_with_other_arguments_is_refused(tmp_path, bpe):
 @pytest.mark.parametrize(
     "line, why",
     [
-        ("{not json", r"part0.jsonl@\d+: not a JSON line"),
+        (
+            "{not json",
+            r"part0.jsonl@\d+: not a JSON line \(Expecting property name enclosed in "
+            r"double quotes: column 2\)",
+        ),
         ('{"body": "x"}', r"part0.jsonl@\d+: no string field 'text' \(keys: body\)"),
         ('{"text": 3}', r"no string field 'text'"),
     ],
@@ -167,6 +186,39 @@ def test_a_bad_json_line_is_refused_naming_the_file_and_offset(tmp_path, bpe, li
   with pytest.raises(ValueError, match=why):
     prepare.prepare(spec, progress=False)
   assert not os.path.exists(tmp_path / "out" / manifest_lib.NAME)
+  assert not list(tmp_path.glob("out/*.tmp")) and not list(tmp_path.glob("out/*.done"))
+  # The line fixed, the same command prepares (the failed preparation's plan is replaced).
+  with open(path, "r+", encoding="utf-8") as f:
+    lines = f.readlines()[:-1] + [json.dumps({"text": "fixed"}) + "\n"]
+    f.seek(0)
+    f.writelines(lines)
+    f.truncate()
+  m = prepare.prepare(spec, progress=False)
+  assert m.documents == 11
+
+
+def test_a_fixed_input_after_some_shards_rewrites_only_the_shards_it_changed(
+    tmp_path, bpe, monkeypatch
+):
+  """Two files, a piece each, the larger in shard 0: the smaller fails on a bad line after
+  shard 0 was written; fixed, the same command writes shard 1 again and keeps shard 0."""
+  monkeypatch.setattr(prepare, "PIECES_PER_SHARD", 1)
+  a, b = _jsonl(tmp_path, _texts(40), files=2)
+  with open(a, "a", encoding="utf-8") as f:
+    f.writelines(json.dumps({"text": t}) + "\n" for t in _texts(20, seed=2))
+  with open(b, "a", encoding="utf-8") as f:
+    f.write("{not json\n")
+  spec = prepare.Spec((str(a), str(b)), "jsonl", bpe.path, str(tmp_path / "out"), 2)
+  with pytest.raises(ValueError, match="part1.jsonl@.*not a JSON line"):
+    prepare.prepare(spec, progress=False)
+  done = sorted(p.name for p in (tmp_path / "out").glob("*.done"))
+  assert len(done) == 1
+  first = (tmp_path / "out" / done[0]).stat().st_mtime_ns
+  b.write_text(b.read_text(encoding="utf-8").replace("{not json\n", ""), encoding="utf-8")
+  m = prepare.prepare(spec, progress=False)
+  assert m.documents == 60 and (tmp_path / "out" / done[0]).stat().st_mtime_ns == first
+  with pytest.raises(ValueError, match="shards differ, 2 of its 2 shards written"):
+    prepare.prepare(dataclasses_replace(spec, shards=1), progress=False)
 
 
 def test_inputs_and_tokenizers_that_do_not_exist_are_named(tmp_path, bpe):

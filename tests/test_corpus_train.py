@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco import train
+from diloco import errors, train
+from diloco.config import checks
+from diloco.runners import finished_run
 from diloco.data import pipeline
 from diloco.data.corpus import prepare, splits as corpus_splits, tokenizer_files
 
@@ -80,6 +82,38 @@ def test_a_run_on_the_corpus_trains_and_resumes_to_the_same_parameters(corpus, t
   resumed = train.train_and_evaluate(config, workdir)
   assert resumed["resumed_from_step"] == 6
   assert resumed["params_sha256"] == whole["params_sha256"]
+  # The finished run is scored and sampled through the corpus's own tokenizer (before: the corpus
+  # splits had no tokenizer, and both commands failed with an AttributeError).
+  run = finished_run.open_run(workdir)
+  assert finished_run.evaluate(run)["eval_loss"] == pytest.approx(resumed["eval_loss"], rel=1e-5)
+  (tmp_path / "t.txt").write_text(" ".join(WORDS * 3))  # 60 words: over 33 ids, under 65
+  text = finished_run.evaluate(run, str(tmp_path / "t.txt"))
+  assert text["sequences"] == 1 and text["eval_loss"] < np.log(300)
+  ids, sampled = finished_run.sample(run, "the of", 8, temperature=0.0, top_k=0, seed=0)
+  assert len(ids) == 8 and sampled == run.tokenizer.decode(ids).decode("utf-8", errors="replace")
+  assert run.tokenizer.decode(run.tokenizer.encode(b"the naive and")) == b"the naive and"
+
+
+def test_a_vocabulary_given_that_is_not_the_corpus_s_is_refused_naming_both(corpus, tmp_path):
+  """Before: model.vocab_size=4096 was replaced by the corpus's 300 without a word."""
+  workdir = tmp_path / "run"
+  with pytest.raises(checks.ConfigError, match=r"model.vocab_size=4096: 4,096 given, but the "
+                     r"corpus .*train has 300 ids"):  # fmt: skip
+    train.train_and_evaluate(_config(corpus, **{"model.vocab_size": 4096}), str(workdir))
+  assert not (workdir / "config.json").exists()
+
+
+def test_a_warm_start_that_does_not_fit_leaves_the_workdir_free(corpus, tmp_path):
+  """Before: config.json stayed, and the corrected command was refused (init_from: ... -> "")."""
+  first = str(tmp_path / "first")
+  train.train_and_evaluate(_config(corpus, steps=2), first)
+  workdir = tmp_path / "run"
+  config = _config(corpus, steps=2, init_from=first, **{"model.d_model": 48})
+  with pytest.raises(errors.InputError, match=r"init_from=.*first.*does not fit this run's model"):
+    train.train_and_evaluate(config, str(workdir))
+  assert not (workdir / "config.json").exists()
+  config.init_from = ""
+  assert train.train_and_evaluate(config, str(workdir))["finished"]
 
 
 def test_a_corpus_that_is_not_there_is_named_before_the_workdir_is_touched(corpus, tmp_path):

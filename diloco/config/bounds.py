@@ -68,8 +68,34 @@ def problems(
   ]
 
 
+PLACEHOLDER_VOCAB = 256  # model.vocab_size's default, which the tokenizer's size replaces
+
+
 def data_problems(c: ml_collections.ConfigDict, splits) -> Problems:
-  """More learners than training documents when each learner trains on its own (data.iid=False)."""
+  """What the loaded data refuses: a model.vocab_size given that is not the tokenizer's; more
+  learners than training documents when each learner trains on its own (data.iid=False)."""
+  return _vocab_problems(c, splits) + _learner_problems(c, splits)
+
+
+def _vocab_problems(c: ml_collections.ConfigDict, splits) -> Problems:
+  """The model's vocabulary is the tokenizer's: a different value given is refused, not
+  replaced (256, the default, is replaced)."""
+  if c.data.source in IMAGE_SOURCES:  # (there, model.vocab_size is the number of classes)
+    return []
+  given, data = int(c.model.vocab_size), int(splits.vocab_size)
+  if given in (PLACEHOLDER_VOCAB, data):
+    return []
+  where = f"the corpus {c.data.corpus}" if c.data.source == "corpus" else "the run's tokenizer"
+  return [
+      (
+          "model.vocab_size",
+          f"{given:,} given, but {where} has {data:,} ids: leave model.vocab_size out (the "
+          f"tokenizer's size is used) or give {data}",
+      )
+  ]
+
+
+def _learner_problems(c: ml_collections.ConfigDict, splits) -> Problems:
   if c.mode in ("dp", "compare") or c.data.get("iid", False):
     return []
   manifest = getattr(splits, "manifest", None)  # a prepared corpus: whole shards per learner

@@ -11,6 +11,7 @@ runs, the learner and synchronizer processes and the launchers.
 import ml_collections
 from ml_collections import config_dict
 
+from diloco import errors
 from diloco.config import bounds, dependent, deploy as deploy_lib, keys, outer_check, presets
 from diloco.config import resolve, shape_check
 from diloco.config.dependent import get as _get
@@ -18,7 +19,7 @@ from diloco.config.dependent import get as _get
 Problems = list[tuple[str, str]]  # (key, why)
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.InputError):
   """A config that cannot run as written; the message lists every bad key."""
 
   def __init__(self, problems: Problems, config: ml_collections.ConfigDict | None = None):

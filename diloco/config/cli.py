@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from absl import app, flags
 
-from diloco.config import checks, keys
-from diloco.recovery import workdir as workdir_lib
+from diloco import errors
+from diloco.config import keys
 
 USAGE_ERROR = 2  # the exit code of a command that cannot run as written
 HELP = (
@@ -61,12 +61,28 @@ def run(main: Callable[[list[str]], None]) -> None:
   """app.run(main), with config mistakes reported as one message and exit code USAGE_ERROR."""
 
   def checked(argv):
+    unloaded = _unloaded_config_file()
+    if unloaded:
+      fail(unloaded)
     try:
       return main(argv)
-    except (checks.ConfigError, workdir_lib.WorkdirError) as e:
+    except (errors.InputError, app.UsageError) as e:  # ConfigError and WorkdirError among them
       fail(str(e))
 
   app.run(checked, flags_parser=_parse_flags)
+
+
+def _unloaded_config_file() -> str:
+  """The message for a config file flag (ml_collections' config_flags) whose file did not load:
+  it parses, and raises only when the main first reads it."""
+  for name in flags.FLAGS:
+    value = flags.FLAGS[name].value
+    if type(value).__name__ == "_ErrorConfig":  # (config_flags' stand-in for a failed load)
+      try:
+        value.anything  # pylint: disable=pointless-statement  (raises the load's error)
+      except OSError as e:
+        return f"--{name}: {str(e).strip().splitlines()[-1].strip()}"
+  return ""
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -74,8 +90,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
   config does not have a usage error (exit 2, one line) rather than absl's exit 1 or a traceback."""
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:
-    fail(str(e))
+  except flags.Error as e:  # one line (absl names each missing flag on a line of its own)
+    fail("; ".join(line.strip() for line in str(e).splitlines() if line.strip()))
   except (AttributeError, KeyError):  # ml_collections: an override of a key it does not have
     message = unknown_override(argv)
     if message is None:

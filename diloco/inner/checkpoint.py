@@ -53,34 +53,45 @@ class _OrbaxErrorsInOneLine(pylogging.Filter):
 logging.get_absl_logger().addFilter(_OrbaxErrorsInOneLine())
 
 
-def _closed_loop(error: BaseException | None) -> bool:
-  return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+def _late(error: BaseException | None, where: object = None) -> bool:
+  """The error of a read or write of a failed save or restore, ended after the failure.
+
+  Orbax runs a save's writes (a restore's reads) on an asyncio loop of its own and closes it at
+  the first error; tensorstore's operations still in flight then call the closed loop from their
+  own threads and print the RuntimeError's traceback (PyErr_Print, or as unraisable), and the
+  coroutines of the other reads are collected unfinished at exit, printing theirs."""
+  if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+    return True
+  code = getattr(where, "cr_code", None)  # an orbax coroutine collected unfinished
+  return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
-def _one_line_for_late_writes(previous_excepthook, previous_unraisablehook):
-  """Hooks for the writes of a failed save that finish after orbax closed their event loop.
+def _quiet_late_errors(previous_excepthook, previous_unraisablehook):
+  """Hooks that log `_late` errors as a debug line (the save's failure is our one line, the
+  restore's is raised); any other error goes to the hooks that were there before."""
 
-  Orbax runs a save's writes on an asyncio loop of its own and closes it at the first error;
-  tensorstore's writes still in flight then call the closed loop from its own threads and print
-  the RuntimeError's traceback (PyErr_Print, or as unraisable). That error is one line; any other
-  goes to the hooks that were there before."""
+  def note(error):
+    try:
+      logging.debug("a read or write of a failed checkpoint operation ended: %s", error)
+    except Exception:  # pylint: disable=broad-except  (at exit, logging may be gone)
+      pass
 
   def excepthook(kind, error, tb):
-    if _closed_loop(error):
-      logging.warning("a write of a failed save ended after its event loop closed (%s)", error)
+    if _late(error):
+      note(error)
     else:
       previous_excepthook(kind, error, tb)
 
   def unraisablehook(unraisable):
-    if _closed_loop(unraisable.exc_value):
-      logging.warning("a write of a failed save ended after its event loop closed")
+    if _late(unraisable.exc_value, unraisable.object):
+      note(unraisable.exc_value)
     else:
       previous_unraisablehook(unraisable)
 
   return excepthook, unraisablehook
 
 
-sys.excepthook, sys.unraisablehook = _one_line_for_late_writes(sys.excepthook, sys.unraisablehook)
+sys.excepthook, sys.unraisablehook = _quiet_late_errors(sys.excepthook, sys.unraisablehook)
 
 
 def _write_manifest(step_dir: str) -> None:

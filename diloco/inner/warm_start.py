@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from diloco import paths
+from diloco import errors, paths
 from diloco.inner import checkpoint
 
 FINAL = "final_params"  # under a run's checkpoints/: a multi-learner run's final global parameters
@@ -24,7 +24,7 @@ def checkpoint_dir(path: str, what: str = "init_from") -> str:
   inner = paths.join(path, "checkpoints")
   found = inner if paths.isdir(inner) else path
   if not paths.isdir(found):
-    raise FileNotFoundError(f"{what}={path!r}: no such run directory or checkpoints directory")
+    raise errors.MissingInput(f"{what}={path!r}: no such run directory or checkpoints directory")
   return found
 
 
@@ -63,12 +63,12 @@ def newest(path: str, abstract_state: Any, what: str = "init_from") -> tuple[int
     final = paths.join(directory, FINAL)
     found = _restore(final, {"params": abstract_state.params}, path, what)
     if found is None:
-      raise FileNotFoundError(f"{what}={path!r}: {directory} holds no checkpoint")
+      raise errors.MissingInput(f"{what}={path!r}: {directory} holds no checkpoint")
     step, params = found[0], found[1]["params"]
   params = jax.device_get(params)
   bad = [k for k, v in jax.tree_util.tree_leaves_with_path(params) if not np.isfinite(v).all()]
   if bad:
-    raise ValueError(
+    raise errors.InputError(
         f"{what}={path!r}: the checkpoint at step {step} has non-finite "
         f"parameters in {jax.tree_util.keystr(bad[0])}"
     )
@@ -87,7 +87,7 @@ def _restore(directory: str, abstract: Any, path: str, what: str) -> tuple[int, 
     try:
       return ckpt.restore(abstract)
     except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(
+      raise errors.InputError(
           f"{what}={path!r}: the checkpoint at step {step} does not fit this "
           f"run's model and optimizer (same model= and optimizer.name needed): {e}"
       ) from e

@@ -26,7 +26,7 @@ from typing import Any
 
 from absl import logging
 
-from diloco import paths
+from diloco import errors, paths
 
 CONFIG = "config.json"
 RUN_OUTPUTS = ("summary.json", "metrics.jsonl", "checkpoints")  # any one means a run was here
@@ -36,7 +36,7 @@ _ABSENT = "(absent)"
 _MAX_VALUE_CHARS = 80
 
 
-class WorkdirError(ValueError):
+class WorkdirError(errors.InputError):
   """The workdir holds another run; the message says how to start over or where else to go."""
 
 
@@ -122,6 +122,7 @@ def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, 
   `ignore`: dotted keys that may differ on a resume (how a run is watched, where it stops).
   """
   workdir = paths.absolute(workdir)
+  _check_bucket(workdir)
   held = _held_run(workdir, config, ignore)
   if held is None:
     return "new"
@@ -134,9 +135,32 @@ def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, 
   return "restarted"
 
 
+def _check_bucket(workdir: str) -> None:
+  bucket = paths.missing_bucket(workdir)
+  if bucket:
+    raise WorkdirError(f"workdir {workdir}: the bucket {bucket} does not exist (or cannot be seen)")
+
+
 def write_config(workdir: str, config_json: str) -> None:
   """Writes `config_json` to `<workdir>/config.json` whole or not at all."""
   paths.write_text(paths.join(workdir, CONFIG), config_json)
+
+
+def unclaim(workdir: str) -> bool:
+  """Removes `<workdir>/config.json` when the workdir holds nothing else (but the hold file): a
+  new run that stopped before writing anything of its own (a warm start that does not fit)
+  leaves the workdir free for the corrected command. True when it did."""
+  workdir = paths.absolute(workdir)
+  if not paths.isdir(workdir) or set(paths.listdir(workdir)) - {CONFIG, HOLD}:
+    return False
+  paths.remove(paths.join(workdir, CONFIG))
+  return True
+
+
+def remove_if_empty(workdir: str) -> None:
+  """Removes a local workdir that holds nothing (a bucket has no empty directories)."""
+  if paths.is_local(workdir) and paths.isdir(workdir) and not paths.listdir(workdir):
+    os.rmdir(paths.absolute(workdir))
 
 
 HOLD = ".diloco-hold"  # the hold file: {"host", "pid", "since"} of the run that holds the workdir
@@ -145,6 +169,7 @@ HOLD = ".diloco-hold"  # the hold file: {"host", "pid", "since"} of the run that
 def Hold(workdir: str) -> "LocalHold | BucketHold":  # pylint: disable=invalid-name
   """The hold of `workdir`: a lock on a local disk, a lease in a bucket."""
   workdir = paths.absolute(workdir)
+  _check_bucket(workdir)
   return BucketHold(workdir) if paths.is_url(workdir) else LocalHold(workdir)
 
 

@@ -16,17 +16,17 @@ import jax
 import ml_collections
 import numpy as np
 
-from diloco import paths
+from diloco import errors, paths
 from diloco.config import build
 from diloco.data import batching, pipeline, sources
+from diloco.data.corpus import stream
 from diloco.inner import evaluation, island as island_lib, sampling, warm_start
 from diloco.recovery import workdir as workdir_lib
 
 COMPARE = "compare"  # its runs live in WORKDIR/<mode>/
 
 
-class InputError(ValueError):
-  """A flag the finished run cannot take (a glob without text, an empty prompt)."""
+InputError = errors.InputError  # a flag the finished run cannot take (a glob without text)
 
 
 @dataclasses.dataclass
@@ -52,12 +52,18 @@ class _Held:
 def read_config(workdir: str) -> ml_collections.ConfigDict:
   """WORKDIR/config.json, or a WorkdirError saying that no run was here."""
   path = paths.join(workdir, workdir_lib.CONFIG)
+  bucket = paths.missing_bucket(workdir)
+  if bucket:
+    raise workdir_lib.WorkdirError(f"workdir {workdir}: the bucket {bucket} does not exist")
   if not paths.isfile(path):
     raise workdir_lib.WorkdirError(
         f"workdir {workdir} holds no run (no {workdir_lib.CONFIG}); pass the --workdir of a run "
         "that `python -m experiments.train` wrote"
     )
-  return ml_collections.ConfigDict(json.loads(paths.read_text(path)))
+  try:
+    return ml_collections.ConfigDict(json.loads(paths.read_text(path)))
+  except ValueError as e:  # (json's JSONDecodeError)
+    raise workdir_lib.WorkdirError(f"{path} is not a run's config ({e})") from e
 
 
 def run_dirs(workdir: str) -> list[str]:
@@ -90,7 +96,10 @@ def open_run(workdir: str, sequences: int | None = None) -> FinishedRun:
     step, params = warm_start.newest(workdir, isl.abstract_state(), what="--workdir")
   except FileNotFoundError as e:
     raise workdir_lib.WorkdirError(f"{e}{_why_no_params(workdir)}") from e
-  tokenizer = None if isl.data.image_shape else splits.tokenizer
+  try:
+    tokenizer = None if isl.data.image_shape else splits.tokenizer
+  except ValueError as e:  # a corpus's tokenizer file moved or changed since it was prepared
+    raise InputError(f"--workdir={workdir}: {e}") from e
   return FinishedRun(workdir, cfg, isl, tokenizer, step, params)
 
 
@@ -135,11 +144,15 @@ def _text(run: FinishedRun, text_glob: str) -> _Held:
   except ValueError as e:
     raise InputError(str(e)) from e
   tokens = [run.tokenizer.encode(t) for _, t in files]
+  if run.island.data.packed:  # a corpus run's model reads documents joined by end-of-document ids
+    tokens = [np.append(t, run.tokenizer.eod_id).astype(t.dtype) for t in tokens]
   corpus = sources.TokenCorpus.from_documents(
       [p for p, _ in files], tokens, [len(t) for _, t in files]
   )
   try:
     packed = sources.PackedTokenSource(corpus.tokens, cfg.seq_len)
+    if run.island.data.packed:
+      packed = stream.PackedDocuments(corpus.tokens, cfg.seq_len, run.tokenizer.eod_id)
     final_N = batching.eval_sample(len(packed), cfg.data.final_eval_sequences)
   except ValueError as e:
     raise InputError(f"--text_glob={text_glob!r}: {e}") from e

@@ -3,7 +3,9 @@ each line) and Parquet (a named column of each row), on any file system fsspec s
 gs://, s3://), cut into pieces that workers read on their own.
 
 A piece is a byte range of a JSON Lines file (a line belongs to the piece it starts in), a range
-of a Parquet file's row groups, or one whole text file. Pieces depend only on the files' sizes.
+of a Parquet file's rows (whole row groups where they are small enough, row ranges of a large
+one, so a file of one row group still makes many pieces), or one whole text file. Pieces depend
+only on the files' sizes (and a Parquet file's row groups).
 """
 
 from __future__ import annotations
@@ -16,20 +18,20 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import fsspec
 
-from diloco import paths
+from diloco import errors, paths
 
 FORMATS = ("text", "jsonl", "parquet")
 
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
-  """Part of one input file: bytes [start, end) of JSON Lines, row groups [start, end) of Parquet,
-  or the whole text file (0, size)."""
+  """Part of one input file: bytes [start, end) of JSON Lines, rows [start, end) of Parquet, or
+  the whole text file (0, size)."""
 
   path: str  # as fsspec names it, with its protocol (gs://b/x.jsonl) or a local path
   start: int
   end: int
-  size: int  # bytes it covers (Parquet: its row groups' compressed bytes), for balancing
+  size: int  # bytes it covers (Parquet: its share of its row groups' bytes), for balancing
 
 
 def list_inputs(patterns: Sequence[str]) -> dict[str, int]:
@@ -39,14 +41,19 @@ def list_inputs(patterns: Sequence[str]) -> dict[str, int]:
   for pattern in patterns:
     fs, root = fsspec.core.url_to_fs(pattern)
     local = paths.is_local(pattern)
-    entries = fs.glob(root, detail=True)
+    try:
+      entries = fs.glob(root, detail=True)
+    except OSError as e:  # a bucket that does not exist, a bucket we may not read
+      missing = paths.missing_bucket(pattern)
+      why = f"the bucket {missing} does not exist" if missing else f"{type(e).__name__}: {e}"
+      raise errors.MissingInput(f"input {pattern!r}: {why}") from e
     matched = {
         (name if local else fs.unstrip_protocol(name)): int(info["size"])
         for name, info in entries.items()
         if info["type"] == "file"
     }
     if not matched:
-      raise ValueError(f"input {pattern!r} matches no files")
+      raise errors.InputError(f"input {pattern!r} matches no files")
     found.update(sorted(matched.items()))
   return found
 
@@ -55,7 +62,7 @@ def pieces(inputs: Mapping[str, int], fmt: str, target_bytes: int) -> list[Piece
   """Each file (path -> bytes, `list_inputs`) cut into pieces of about `target_bytes` (text
   files stay whole)."""
   if fmt not in FORMATS:
-    raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    raise errors.InputError(f"format must be one of {FORMATS}, got {fmt!r}")
   out = []
   for path, size in inputs.items():
     if fmt == "text":
@@ -77,13 +84,24 @@ def _parquet_pieces(path, fs, local, target_bytes) -> list[Piece]:
     with fs.open(local, "rb") as f:
       meta = pq.ParquetFile(f).metadata
   except Exception as e:  # pyarrow raises its own ArrowInvalid on a file that is not Parquet
-    raise ValueError(f"{path}: not a readable Parquet file: {e}") from e
+    raise errors.InputError(f"{path}: not a readable Parquet file: {e}") from e
   out, start, size = [], 0, 0
+  row = 0  # the first row of group g
   for g in range(meta.num_row_groups):
-    size += meta.row_group(g).total_byte_size
-    if size >= target_bytes or g == meta.num_row_groups - 1:
-      out.append(Piece(path, start, g + 1, size))
-      start, size = g + 1, 0
+    rows, nbytes = meta.row_group(g).num_rows, meta.row_group(g).total_byte_size
+    if nbytes > target_bytes and rows > 1:  # a large group: row ranges of about target_bytes
+      if row > start:
+        out.append(Piece(path, start, row, size))
+      n = min(rows, math.ceil(nbytes / max(target_bytes, 1)))
+      cuts = [row + rows * i // n for i in range(n + 1)]
+      out += [Piece(path, a, b, nbytes * (b - a) // rows) for a, b in zip(cuts, cuts[1:])]
+      start, size = row + rows, 0
+    else:
+      size += nbytes
+    row += rows
+    if row > start and (size >= target_bytes or g == meta.num_row_groups - 1):
+      out.append(Piece(path, start, row, size))
+      start, size = row, 0
   return out
 
 
@@ -96,13 +114,13 @@ def read(piece: Piece, fmt: str, field: str = "text") -> Iterator[tuple[str, str
     try:
       yield piece.path, data.decode("utf-8")
     except UnicodeDecodeError as e:
-      raise ValueError(f"{piece.path}: not UTF-8 text ({e})") from e
+      raise errors.InputError(f"{piece.path}: not UTF-8 text ({e})") from e
   elif fmt == "jsonl":
     yield from _jsonl(piece, fs, local, field)
   elif fmt == "parquet":
     yield from _parquet(piece, fs, local, field)
   else:
-    raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    raise errors.InputError(f"format must be one of {FORMATS}, got {fmt!r}")
 
 
 READ_BUFFER = 8 << 20  # bytes per read of a JSON Lines file: one request to a bucket
@@ -127,10 +145,10 @@ def _jsonl(piece: Piece, fs, local: str, field: str) -> Iterator[tuple[str, str]
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not a JSON line ({e.msg})") from e
+        raise errors.InputError(f"{where}: not a JSON line ({e.msg}: column {e.colno})") from e
       text = record.get(field) if isinstance(record, dict) else None
       if not isinstance(text, str):
-        raise ValueError(f"{where}: no string field {field!r} (keys: {_keys(record)})")
+        raise errors.InputError(f"{where}: no string field {field!r} (keys: {_keys(record)})")
       yield where, text
 
 
@@ -144,13 +162,19 @@ def _parquet(piece: Piece, fs, local: str, field: str) -> Iterator[tuple[str, st
   with fs.open(local, "rb") as f:
     pf = pq.ParquetFile(f)
     if field not in pf.schema_arrow.names:
-      raise ValueError(
+      raise errors.InputError(
           f"{piece.path}: no column {field!r} (columns: {', '.join(pf.schema_arrow.names[:8])})"
       )
-    row = sum(pf.metadata.row_group(g).num_rows for g in range(piece.start))
-    for g in range(piece.start, piece.end):
-      for text in pf.read_row_group(g, columns=[field]).column(0).to_pylist():
-        if not isinstance(text, str):
-          raise ValueError(f"{piece.path}#{row}: column {field!r} is {type(text).__name__}")
-        yield f"{piece.path}#{row}", text
-        row += 1
+    row = 0  # the first row of group g
+    for g in range(pf.metadata.num_row_groups):
+      rows = pf.metadata.row_group(g).num_rows
+      lo, hi = max(piece.start, row), min(piece.end, row + rows)
+      if lo < hi:
+        column = pf.read_row_group(g, columns=[field]).column(0)
+        for i, text in enumerate(column.slice(lo - row, hi - lo).to_pylist(), lo):
+          if not isinstance(text, str):
+            raise errors.InputError(f"{piece.path}#{i}: column {field!r} is {type(text).__name__}")
+          yield f"{piece.path}#{i}", text
+      row += rows
+      if row >= piece.end:
+        return

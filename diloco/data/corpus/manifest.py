@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from diloco import paths
+from diloco import errors, paths
 
 NAME = "manifest.json"
 FORMAT = "diloco-tokens-v1"
@@ -70,20 +70,20 @@ def read(directory: str) -> Manifest:
   """The corpus manifest; ValueError naming the file when it is missing or malformed."""
   path = paths.join(directory, NAME)
   if not paths.exists(path):
-    raise ValueError(
+    raise errors.InputError(
         f"{path} does not exist: {directory} is not a prepared corpus, or its preparation did "
         "not finish (python -m experiments.prepare)"
     )
   try:
     d = json.loads(paths.read_bytes(path))
     if d.get("format") != FORMAT:
-      raise ValueError(f"format {d.get('format')!r}, expected {FORMAT!r}")
+      raise errors.InputError(f"format {d.get('format')!r}, expected {FORMAT!r}")
     shards = tuple(Shard(**s) for s in d["shards"])
     return Manifest(
         d["tokenizer"], int(d["vocab_size"]), int(d["eod_id"]), d["dtype"], shards, d["source"]
     )
-  except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"{path} is not a corpus manifest: {e}") from e
+  except (ValueError, KeyError, TypeError, AttributeError) as e:  # (AttributeError: not a dict)
+    raise errors.InputError(f"{path} is not a corpus manifest: {type(e).__name__}: {e}") from e
 
 
 def check(directory: str, manifest: Manifest, vocab_size: int | None = None) -> None:
@@ -91,7 +91,7 @@ def check(directory: str, manifest: Manifest, vocab_size: int | None = None) -> 
   (the model's): ValueError naming the file otherwise. Cheap: sizes, not contents (the reader
   checks each record's ids as it reads them)."""
   if vocab_size is not None and manifest.vocab_size > vocab_size:
-    raise ValueError(
+    raise errors.InputError(
         f"{paths.join(directory, NAME)}: the corpus's vocabulary of {manifest.vocab_size} ids "
         f"does not fit the model's {vocab_size}"
     )
@@ -99,14 +99,16 @@ def check(directory: str, manifest: Manifest, vocab_size: int | None = None) -> 
   for s in manifest.shards:
     path = paths.join(directory, s.name)
     if s.name not in sizes:
-      raise ValueError(f"{path}: shard listed in the manifest is missing")
+      raise errors.InputError(f"{path}: shard listed in the manifest is missing")
     if s.documents == 0:
-      raise ValueError(f"{path}: shard holds no documents")
+      raise errors.InputError(f"{path}: shard holds no documents")
     have = sizes[s.name]
     if have != s.bytes:
-      raise ValueError(f"{path}: {have} bytes, the manifest says {s.bytes} (truncated or replaced)")
+      raise errors.InputError(
+          f"{path}: {have} bytes, the manifest says {s.bytes} (truncated or replaced)"
+      )
     if s.max_id >= manifest.vocab_size:
-      raise ValueError(
+      raise errors.InputError(
           f"{path}: token id {s.max_id} is not below the vocabulary {manifest.vocab_size}"
       )
 
@@ -114,7 +116,7 @@ def check(directory: str, manifest: Manifest, vocab_size: int | None = None) -> 
 def check_tokenizer(directory: str, manifest: Manifest, sha256: str, path: str) -> None:
   """The tokenizer given to training is the one the corpus was prepared with."""
   if sha256 != manifest.tokenizer["sha256"]:
-    raise ValueError(
+    raise errors.InputError(
         f"tokenizer {path} (sha256 {sha256[:12]}) is not the one {paths.join(directory, NAME)} "
         f"was prepared with ({manifest.tokenizer['path']}, sha256 {manifest.tokenizer['sha256'][:12]})"
     )

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 import grain
 import numpy as np
 
+from diloco import errors
+
 SOURCE = "corpus_BxL"  # the batch field naming each token's corpus (removed by `Counted`)
 
 
@@ -22,7 +24,7 @@ def directories(corpus: str) -> list[str]:
   """data.corpus as its corpora: 'gs://b/web,gs://b/code' -> two directories."""
   out = [d.strip() for d in corpus.split(",") if d.strip()]
   if len(set(out)) != len(out):
-    raise ValueError(f"data.corpus={corpus!r} names a corpus twice")
+    raise errors.InputError(f"data.corpus={corpus!r} names a corpus twice")
   return out
 
 
@@ -34,13 +36,13 @@ def weights(text: str, count: int, tokens: Sequence[int]) -> list[float]:
   try:
     got = [float(w) for w in text.split(",")]
   except ValueError as e:
-    raise ValueError(f"data.corpus_weights={text!r}: {e}") from e
+    raise errors.InputError(f"data.corpus_weights={text!r}: {e}") from e
   if len(got) != count:
-    raise ValueError(
+    raise errors.InputError(
         f"data.corpus_weights={text!r} gives {len(got)} weights for {count} corpora in data.corpus"
     )
   if any(not w > 0 for w in got):
-    raise ValueError(f"data.corpus_weights={text!r}: every weight must be > 0")
+    raise errors.InputError(f"data.corpus_weights={text!r}: every weight must be > 0")
   return [w / sum(got) for w in got]
 
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
@@ -27,7 +28,7 @@ import tqdm
 from array_record.python import array_record_module
 
 from diloco.data import shards as shards_lib
-from diloco import paths
+from diloco import errors, paths
 from diloco.data.corpus import documents, manifest as manifest_lib, tokenizer_files
 
 PLAN = "plan.json"
@@ -51,12 +52,12 @@ class Spec:
 def plan(spec: Spec) -> list[list[documents.Piece]]:
   """The pieces of each shard."""
   if spec.shards < 1:
-    raise ValueError(f"shards must be >= 1, got {spec.shards}")
+    raise errors.InputError(f"shards must be >= 1, got {spec.shards}")
   found_paths = documents.list_inputs(spec.inputs)
   target = max(1, sum(found_paths.values()) // (spec.shards * PIECES_PER_SHARD))
   pieces = documents.pieces(found_paths, spec.fmt, target)
   if len(pieces) < spec.shards:
-    raise ValueError(
+    raise errors.InputError(
         f"the inputs make {len(pieces)} pieces ({len(found_paths)} files of {spec.fmt}), too few for "
         f"{spec.shards} shards: ask for at most {len(pieces)}"
     )
@@ -76,37 +77,73 @@ def _plan_record(spec: Spec, tok: tokenizer_files.PretrainedTokenizer, groups) -
 
 
 def _claim(spec: Spec, record: dict) -> None:
-  """Writes the plan, or checks that the one there is the same (a resume)."""
+  """Writes the plan, or checks the one there against it.
+
+  The same plan: a resume. Another plan with no shard finished yet (a preparation that failed
+  before writing any: a bad line fixed, another shard count): replaced. The same arguments
+  over inputs that changed since (a bad line fixed after some shards were written): the
+  shards whose pieces changed are written again, the others kept. Anything else is refused."""
   path = paths.join(spec.output, PLAN)
   if paths.exists(paths.join(spec.output, manifest_lib.NAME)) and not paths.exists(path):
-    raise ValueError(f"{spec.output} holds a corpus this command did not prepare; use another")
-  if not paths.exists(path):
-    paths.write_bytes(path, json.dumps(record, indent=1).encode())
-    return
-  have = json.loads(paths.read_bytes(path))
-  differ = [k for k in record if have.get(k) != record[k]]
-  if differ:
-    raise ValueError(
-        f"{path}: {spec.output} holds a preparation of something else (its {', '.join(differ)} "
-        "differ); resume it with the same arguments, or prepare into a new directory"
+    raise errors.InputError(
+        f"{spec.output} holds a corpus this command did not prepare; use another"
     )
+  if paths.exists(path):
+    have = json.loads(paths.read_bytes(path))
+    differ = [k for k in record if have.get(k) != record[k]]
+    if not differ:
+      return
+    old = have.get("shards", [])
+    done = [i for i in range(len(old)) if paths.exists(_marker(spec.output, i, len(old)))]
+    if done and (differ != ["shards"] or len(old) != len(record["shards"])):
+      raise errors.InputError(
+          f"{path}: {spec.output} holds a preparation of something else (its "
+          f"{', '.join(differ)} differ, {len(done)} of its {len(old)} shards written); resume it "
+          "with the same arguments, or prepare into a new directory"
+      )
+    stale = [i for i in done if old[i] != record["shards"][i]]
+    for i in stale:
+      paths.remove(_marker(spec.output, i, len(old)))
+    print(
+        f"{spec.output}: the plan there differs (its {', '.join(differ)}): "
+        + (f"{len(stale)} of {len(done)} written shards are written again" if done else "replaced"),
+        file=sys.stderr,
+        flush=True,
+    )
+  paths.write_bytes(path, json.dumps(record, indent=1).encode())
+
+
+def _marker(output: str, index: int, count: int) -> str:
+  """A written shard's marker (`_done`)."""
+  return paths.join(output, manifest_lib.shard_name(index, count) + ".done")
 
 
 def prepare(spec: Spec, workers: int = 1, progress: bool = True) -> manifest_lib.Manifest:
   """Prepares (or resumes preparing) `spec.output`; returns its manifest."""
+  missing = paths.missing_bucket(spec.output)
+  if missing:
+    raise errors.MissingInput(f"--output={spec.output}: the bucket {missing} does not exist")
   tok = tokenizer_files.load(spec.tokenizer, spec.eod_token)
   groups = plan(spec)
+  existed = paths.isdir(spec.output)
   _claim(spec, _plan_record(spec, tok, groups))
   n = len(groups)
   shards: list[manifest_lib.Shard | None] = [_done(spec.output, i, n) for i in range(n)]
   todo = [i for i in range(n) if shards[i] is None]
   bar = tqdm.tqdm(total=n, initial=n - len(todo), unit="shard", disable=not progress)
   jobs = [(spec, i, n, groups[i]) for i in todo]
-  with bar, _pool(workers) as pool:
-    for i, shard in zip(todo, pool.map(_write_shard, jobs) if pool else map(_write_shard, jobs)):
-      shards[i] = shard
-      bar.update(1)
-      bar.set_postfix(tokens=sum(s.tokens for s in shards if s))
+  try:
+    with bar, _pool(workers) as pool:
+      for i, shard in zip(todo, pool.map(_write_shard, jobs) if pool else map(_write_shard, jobs)):
+        shards[i] = shard
+        bar.update(1)
+        bar.set_postfix(tokens=sum(s.tokens for s in shards if s))
+  except BaseException:
+    if not any(paths.exists(_marker(spec.output, i, n)) for i in range(n)):
+      paths.remove(paths.join(spec.output, PLAN))  # it wrote nothing: as if never run
+      if not existed and not paths.listdir(spec.output):
+        paths.rmtree(spec.output)
+    raise
   m = manifest_lib.Manifest(
       tok.describe(),
       tok.vocab_size,
@@ -139,7 +176,7 @@ class _NoPool:
 def _done(output: str, index: int, count: int) -> manifest_lib.Shard | None:
   """The shard's record if it was written whole (its marker there, its size as recorded)."""
   name = manifest_lib.shard_name(index, count)
-  marker = paths.join(output, name + ".done")
+  marker = _marker(output, index, count)
   if not paths.exists(marker):
     return None
   shard = manifest_lib.Shard(**json.loads(paths.read_bytes(marker)))
@@ -168,11 +205,14 @@ def _write_shard(job) -> manifest_lib.Shard:
       writer.write(ids.astype(dtype).tobytes())
       docs, tokens, max_id = docs + 1, tokens + len(ids), max(max_id, int(ids.max()))
       text_bytes += nbytes
-  finally:
+  except BaseException:
     writer.close()
+    os.remove(tmp)
+    raise
+  writer.close()
   if docs == 0:
     os.remove(tmp)
-    raise ValueError(
+    raise errors.InputError(
         f"shard {name} got no documents from {pieces[0].path} and the rest: fewer shards"
     )
   with open(tmp, "rb") as f:

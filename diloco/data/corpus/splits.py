@@ -5,14 +5,16 @@ corpus in memory, and the streamed reader of one process over one corpus or a mi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 
 import grain
 import ml_collections
 
+from diloco import errors
 from diloco.data import archive as archive_lib, shards, sources
-from diloco.data.corpus import manifest as manifest_lib, mixture, stream
+from diloco.data.corpus import manifest as manifest_lib, mixture, stream, tokenizer_files
 
 _log = logging.getLogger(__name__)
 
@@ -39,6 +41,14 @@ class CorpusSplits:
   bytes_per_token: float  # validation text bytes over its tokens, end-of-document ids included
   cache_dir: str  # where a reader copies its shards of a bucket
 
+  @functools.cached_property
+  def tokenizer(self) -> tokenizer_files.BytesTokenizer:
+    """The tokenizer the corpora were prepared with, read when first asked for (scoring text
+    files, sampling): training reads token ids only."""
+    first = self.train[0]
+    tok = tokenizer_files.load_recorded(first.manifest.tokenizer, self.eod_id, first.directory)
+    return tokenizer_files.BytesTokenizer(tok)
+
 
 def check(cfg: ml_collections.ConfigDict) -> tuple[tuple[TrainCorpus, ...], manifest_lib.Manifest]:
   """The training corpora (with their token shares) and the validation manifest of
@@ -46,7 +56,7 @@ def check(cfg: ml_collections.ConfigDict) -> tuple[tuple[TrainCorpus, ...], mani
   tokenizer and vocabulary for all): ValueError naming the file otherwise. Cheap (no shard is
   read): train.py calls it before the workdir is touched."""
   if not cfg.corpus or not cfg.val_corpus:
-    raise ValueError(
+    raise errors.InputError(
         "data.source='corpus' needs data.corpus and data.val_corpus (prepared corpora)"
     )
   dirs = mixture.directories(cfg.corpus)
@@ -57,7 +67,7 @@ def check(cfg: ml_collections.ConfigDict) -> tuple[tuple[TrainCorpus, ...], mani
     if d != dirs[0]:
       manifest_lib.check_tokenizer(d, m, first.tokenizer["sha256"], dirs[0])
       if (m.vocab_size, m.eod_id) != (first.vocab_size, first.eod_id):
-        raise ValueError(
+        raise errors.InputError(
             f"{d}: vocabulary {m.vocab_size} and end-of-document id {m.eod_id}, but {dirs[0]} "
             f"has {first.vocab_size} and {first.eod_id}: a mixture needs one tokenizer"
         )
@@ -113,7 +123,7 @@ def _dealt(t: TrainCorpus, iid, shard_index, num_shards, process_index, process_
   try:
     return stream.assign(len(t.manifest.shards), readers)[index]
   except ValueError as e:
-    raise ValueError(f"{t.directory}: {e}") from e
+    raise errors.InputError(f"{t.directory}: {e}") from e
 
 
 def fetch_own(
@@ -157,7 +167,7 @@ def reader(
   them, each learner in its own order)."""
   shards.check_shard(shard_index, num_shards)
   if global_batch_size % process_count:
-    raise ValueError(
+    raise errors.InputError(
         f"batch_size={global_batch_size} does not split over {process_count} processes"
     )
   where = (iid, shard_index, num_shards, process_index, process_count)

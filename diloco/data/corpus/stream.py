@@ -22,16 +22,16 @@ import os
 import grain
 import numpy as np
 
-from diloco import paths
+from diloco import errors, paths
 from diloco.data.corpus import manifest as manifest_lib, mixture
 
 
 def assign(num_shards: int, readers: int) -> list[list[int]]:
   """The shard indices of each reader, round robin; every reader gets at least one."""
   if readers < 1:
-    raise ValueError(f"readers must be >= 1, got {readers}")
+    raise errors.InputError(f"readers must be >= 1, got {readers}")
   if num_shards < readers:
-    raise ValueError(
+    raise errors.InputError(
         f"{num_shards} shards cannot give each of {readers} readers (learners x processes) "
         f"shards of its own: prepare the corpus with --shards={readers} or more"
     )
@@ -71,7 +71,7 @@ def _check_digest(name: str, local: str, shard: manifest_lib.Shard) -> None:
   with open(local, "rb") as f:
     digest = hashlib.file_digest(f, "sha256").hexdigest()
   if digest != shard.sha256:
-    raise ValueError(
+    raise errors.InputError(
         f"{name}: sha256 {digest[:12]}, the manifest says {shard.sha256[:12]} (corrupt or replaced)"
     )
 
@@ -115,7 +115,7 @@ class _Decode:
     if ids is None or (ids.size and int(ids.max()) >= self.vocab_size):
       s = int(np.searchsorted(self.starts, index, side="right")) - 1
       what = "a torn record" if ids is None else f"token id {int(ids.max())}"
-      raise ValueError(
+      raise errors.InputError(
           f"{self.names[s]} record {index - self.starts[s]}: {what} (vocabulary {self.vocab_size})"
       )
     tokens = np.append(ids.astype(np.int32), np.int32(self.eod_id))
@@ -161,7 +161,7 @@ def mixed(
   {'inputs_BxL', 'targets_BxL', 'segment_ids_BxL', 'positions_BxL', 'targets_mask_BxL'}, all
   [batch_size, seq_len] int32; the iterator counts the tokens of each source."""
   if seq_len < 1 or batch_size < 1:
-    raise ValueError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}")
+    raise errors.InputError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}")
   docs = [_documents(src, i, seed, vocab_size) for i, src in enumerate(sources)]
   both = docs[0] if len(docs) == 1 else grain.MapDataset.mix(docs, list(document_weights))
   stream = both.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=64))

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import fsspec
 import numpy as np
 
-from diloco import paths
+from diloco import errors, paths
 
 TRAINABLE = ("sentencepiece", "bpe")
 # Names an end-of-document token goes by, tried in order when none is named.
@@ -31,7 +31,7 @@ def kind_of(path: str) -> str:
     return "sentencepiece"
   if path.endswith(".json"):
     return "hf"
-  raise ValueError(
+  raise errors.InputError(
       f"tokenizer {path!r}: name a SentencePiece .model or a Hugging Face tokenizer.json"
   )
 
@@ -71,21 +71,67 @@ class PretrainedTokenizer:
     }
 
 
+@dataclasses.dataclass
+class BytesTokenizer:
+  """A pretrained tokenizer as the pipeline's `tokenizers.Tokenizer`: UTF-8 bytes in and out
+  (bytes that are not UTF-8 are replaced), for scoring text files and sampling a finished run."""
+
+  pretrained: PretrainedTokenizer
+
+  @property
+  def vocab_size(self) -> int:
+    return self.pretrained.vocab_size
+
+  @property
+  def eod_id(self) -> int:
+    return self.pretrained.eod_id
+
+  def encode(self, data: bytes) -> np.ndarray:
+    return self.pretrained.encode(data.decode("utf-8", errors="replace"))
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> bytes:
+    return self.pretrained.decode(ids).encode("utf-8")
+
+
+def load_recorded(record: dict, eod_id: int, corpus: str) -> PretrainedTokenizer:
+  """The tokenizer a manifest recorded (`PretrainedTokenizer.describe`) at its recorded path,
+  with the manifest's end-of-document id: ValueError naming the corpus and the file when that
+  file cannot be read or is not the one recorded (another sha256)."""
+  path = record["path"]
+  try:
+    with fsspec.open(path, "rb") as f:
+      data = f.read()
+    impl = _open(record["kind"], data)[0]
+  except Exception as e:  # missing (OSError), unreadable (each library's own error type)
+    raise errors.InputError(
+        f"{corpus} was prepared with tokenizer {path}, which cannot be read here "
+        f"({type(e).__name__}: {e})"
+    ) from e
+  sha = hashlib.sha256(data).hexdigest()
+  if sha != record["sha256"]:
+    raise errors.InputError(
+        f"{corpus} was prepared with tokenizer {path} of sha256 {record['sha256'][:12]}; the file "
+        f"there now has sha256 {sha[:12]}"
+    )
+  return PretrainedTokenizer(record["kind"], path, sha, record["vocab_size"], eod_id, impl)
+
+
 def load(path: str, eod_token: str | None = None) -> PretrainedTokenizer:
   """The tokenizer in `path`; its end-of-document id is `eod_token`'s, else the model's own
   end-of-sequence piece, else the first of EOD_NAMES it knows. ValueError naming the file when
   it is missing, unreadable or has none of those."""
   kind = kind_of(path)
+  path = paths.absolute(path)  # what a manifest records: readable from any directory
   try:
     with fsspec.open(path, "rb") as f:
       data = f.read()
   except FileNotFoundError as e:
-    raise ValueError(f"tokenizer {path!r} does not exist") from e
+    raise errors.InputError(f"tokenizer {path!r} does not exist") from e
   sha = hashlib.sha256(data).hexdigest()
   try:
     impl, vocab, own_eos, lookup = _open(kind, data)
   except Exception as e:  # each library raises its own error type on a file it cannot parse
-    raise ValueError(f"tokenizer {path!r} is not a readable {kind} model: {e}") from e
+    raise errors.InputError(f"tokenizer {path!r} is not a readable {kind} model: {e}") from e
   names = (eod_token,) if eod_token else EOD_NAMES
   eod = own_eos if (own_eos is not None and not eod_token) else None
   for name in names if eod is None else ():
@@ -94,7 +140,7 @@ def load(path: str, eod_token: str | None = None) -> PretrainedTokenizer:
       break
   if eod is None:
     wanted = repr(eod_token) if eod_token else f"an end-of-sequence piece or any of {EOD_NAMES}"
-    raise ValueError(f"tokenizer {path!r} has no {wanted}: name its end-of-document token")
+    raise errors.InputError(f"tokenizer {path!r} has no {wanted}: name its end-of-document token")
   return PretrainedTokenizer(kind, path, sha, vocab, int(eod), impl)
 
 
@@ -122,10 +168,13 @@ def train(kind: str, texts: Iterable[str], vocab_size: int, out_path: str) -> Pr
   """Trains a tokenizer on `texts` and writes it to `out_path` (.model for SentencePiece, .json
   for byte-level BPE), with TRAINED_EOD as its end-of-document token."""
   if kind not in TRAINABLE:
-    raise ValueError(f"tokenizer kind must be one of {TRAINABLE}, got {kind!r}")
+    raise errors.InputError(f"tokenizer kind must be one of {TRAINABLE}, got {kind!r}")
   want = ".model" if kind == "sentencepiece" else ".json"
   if not out_path.endswith(want):
-    raise ValueError(f"a {kind} tokenizer is written to a {want} file, got {out_path!r}")
+    raise errors.InputError(f"a {kind} tokenizer is written to a {want} file, got {out_path!r}")
+  missing = paths.missing_bucket(out_path)
+  if missing:
+    raise errors.MissingInput(f"tokenizer {out_path!r}: the bucket {missing} does not exist")
   if kind == "sentencepiece":
     data = _train_sentencepiece(texts, vocab_size)
   else:
@@ -155,7 +204,9 @@ def _train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
         minloglevel=2,
     )
   except RuntimeError as e:
-    raise ValueError(f"SentencePiece training with vocab_size={vocab_size} failed: {e}") from e
+    raise errors.InputError(
+        f"SentencePiece training with vocab_size={vocab_size} failed: {e}"
+    ) from e
   return proto.getvalue()
 
 
@@ -163,7 +214,7 @@ def _train_bpe(texts: Iterable[str], vocab_size: int) -> bytes:
   import tokenizers
 
   if vocab_size <= 257:
-    raise ValueError(f"byte-level BPE needs vocab_size > 257 (256 bytes + {TRAINED_EOD})")
+    raise errors.InputError(f"byte-level BPE needs vocab_size > 257 (256 bytes + {TRAINED_EOD})")
   bpe = tokenizers.ByteLevelBPETokenizer()
   bpe.train_from_iterator(
       texts, vocab_size=vocab_size, special_tokens=[TRAINED_EOD], show_progress=False
