@@ -24,8 +24,9 @@ tensorstore's "Malformed StorageGeneration". Here a download carries its generat
 """
 
 import argparse
-import time
+import socketserver
 import sys
+import time
 from http import HTTPStatus
 
 try:
@@ -110,6 +111,13 @@ def main(argv: list[str]) -> None:
   where.add_argument("--host", default="localhost")
   where.add_argument("--port", type=int, default=9023)
   known, _ = where.parse_known_args(argv)
+  plain = socketserver.BaseServer.handle_error
+
+  def handle_error(self, request, client_address):
+    if not isinstance(sys.exc_info()[1], ConnectionError):  # not a client that hung up early
+      plain(self, request, client_address)
+
+  socketserver.BaseServer.handle_error = handle_error
   server = emulator_main.main(argv, test_mode=True)  # built, not yet serving
   server.start()
   try:

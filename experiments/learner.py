@@ -27,7 +27,7 @@ _SYNC = flags.DEFINE_string(
     "in shard order.",
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "This learner's outputs and checkpoints.")
-_COORD, _NPROC, _PID = multihost.define_cluster_flags("this learner")
+_COORD, _NPROC, _PID, _HEARTBEAT = multihost.define_cluster_flags("this learner")
 flags.mark_flags_as_required(["config", "learner_id", "synchronizer", "workdir"])
 
 
@@ -37,15 +37,16 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   token = cli.read_token(_TOKEN)
-  cluster = learner_main.Cluster(_COORD.value, _NPROC.value, _PID.value)
-  s = learner_main.run(
-      _CONFIG.value,
-      _WORKDIR.value,
-      learner_id=_ID.value,
-      target=_SYNC.value,
-      token=token,
-      cluster=cluster,
-  )
+  cluster = learner_main.Cluster(_COORD.value, _NPROC.value, _PID.value, _HEARTBEAT.value)
+  with preemption.a_failed_save_ends_the_job():
+    s = learner_main.run(
+        _CONFIG.value,
+        _WORKDIR.value,
+        learner_id=_ID.value,
+        target=_SYNC.value,
+        token=token,
+        cluster=cluster,
+    )
   if s["role"] == "follower":
     print(f"learner {_ID.value} process {s['process']}: followed {s['steps']} steps", flush=True)
     return

@@ -25,7 +25,7 @@ _RESTART = flags.DEFINE_bool(
     "Start over in a workdir that holds a run: the old run is moved to WORKDIR.old-N, never "
     "deleted (without it, a workdir with another config is refused, listing the keys that differ).",
 )
-_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID = multihost.define_cluster_flags("this run")
+_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _HEARTBEAT = multihost.define_cluster_flags("this run")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -34,14 +34,18 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:  # the libraries' INFO logs drown the progress bar
     logging.set_verbosity(logging.WARNING)
-  if _COORDINATOR.value:
-    if not _CONFIG.value.get("distributed", False):
+  if _COORDINATOR.value:  # a multi-process run: config.distributed follows
+    if "distributed" not in _CONFIG.value:
       raise app.UsageError(
-          "--coordinator starts a multi-process run: add --config.distributed=True"
+          "--coordinator starts a multi-process run: the config has no distributed"
       )
-    multihost.initialize(True, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    _CONFIG.value.distributed = True
+    multihost.initialize(
+        True, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value
+    )
   with preemption.stop_on_signals():  # a signal while it sets up stops it after its first step
-    summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, restart=_RESTART.value)
+    with preemption.a_failed_save_ends_the_job():
+      summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, restart=_RESTART.value)
   print(train.format_summary(summary), flush=True)
   sys.exit(preemption.exit_code(summary))  # 75: stopped on a signal, restart me
 

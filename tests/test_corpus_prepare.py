@@ -125,6 +125,30 @@ def test_a_sentencepiece_model_trains_and_loads_with_its_end_of_document_id(tmp_
   assert tok.decode([tok.eod_id]) == tokenizer_files.TRAINED_EOD  # one piece of its own
 
 
+def test_a_tokenizer_that_turns_newlines_into_spaces_is_said_once_with_the_count(
+    tmp_path, bpe, capsys
+):
+  """SentencePiece's default normalisation turns the newline of every seventh document (_texts)
+  into a space: the preparation says so once, with the count; a byte-level BPE keeps it."""
+  texts = _texts(70)
+  _jsonl(tmp_path, texts, files=1)
+  sp = tokenizer_files.train("sentencepiece", _texts(300), 320, str(tmp_path / "sp.model"))
+  for tok, lost in ((sp, 10), (bpe, 0)):
+    out = str(tmp_path / tok.kind)
+    m = prepare.prepare(prepare.Spec((str(tmp_path / "part0.jsonl"),), "jsonl", tok.path, out, 2),
+                        progress=False)  # fmt: skip
+    assert (
+        sum(s.whitespace_lost for s in m.shards)
+        == lost
+        == sum(t.count("\n") for t in texts) * (tok is sp)
+    )
+    said = [l for l in capsys.readouterr().err.splitlines() if "into spaces" in l]
+    assert said == ([f"{out}: the tokenizer {tok.path} turns newlines, tabs and carriage returns "
+                     "into spaces: 10 characters of the inputs changed (code and other text whose "
+                     "whitespace matters reads differently; a byte-level BPE keeps them)"]
+                    if lost else [])  # fmt: skip
+
+
 def test_a_killed_preparation_leaves_no_manifest_and_a_resume_redoes_only_what_is_missing(
     tmp_path, bpe, monkeypatch
 ):

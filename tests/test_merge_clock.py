@@ -342,28 +342,21 @@ def _grpc_run(tmp_path, clock: str) -> tuple[dict, list[dict]]:
   return summary, [r for r in rows if r.get("event") == "merge"]
 
 
-def test_grpc_processes_with_a_learner_3x_slower(tmp_path):
+def test_grpc_processes_with_a_learner_3x_slower_keep_the_period(tmp_path):
   # A synchronizer and two learner processes (runlocal: P = 4, H = 8, K = 1 with grace), learner
-  # 1 straggling x3 (after it measured its own pace), both training 96 steps. Under period every
-  # merge but each fragment's first kept its scheduled time or had both learners in, and a
-  # fragment merges at most about once per period (n merges span at least n - 2 periods; 1.25
-  # leaves room for the pace's EMA moving). Under arrival no merge keeps a schedule. (How many
-  # merges each makes is not compared here: two learner processes on two loaded cores do not
-  # keep a 3x pace, and a CI run had 75 by arrival against 82 by period; the virtual clock's test
-  # above compares the counts.)
+  # 1 straggling x3 (after it measured its own pace), both training 96 steps under the period
+  # clock: every merge but each fragment's first kept its scheduled time or had both learners
+  # in, and a fragment merges at most about once per period (n merges span at least n - 2
+  # periods; 1.25 leaves room for the pace's EMA moving). (The arrival clock through the same
+  # processes is every other gRPC test's; how many merges each clock makes is compared on the
+  # virtual clock above: two learner processes on two loaded cores do not keep a 3x pace.)
   period, period_merges = _grpc_run(tmp_path, "period")
-  arrival, arrival_merges = _grpc_run(tmp_path, "arrival")
   assert period["clock"] == "period" and len(period["merges_per_period"]) == 4
   assert max(period["merges_per_period"].values()) <= 1.25, period
+  assert period_merges and all(r["clock"] == "period" for r in period_merges)
   for r in period_merges:
     assert r["due_s"] is None or r["time"] >= r["due_s"] or len(r["learners"]) == 2, r
-  assert arrival["clock"] == "arrival" and all(r["due_s"] is None for r in arrival_merges)
-  assert len(arrival["merges_per_period"]) == 4 and arrival_merges
-  for name, got, merges in (
-      ("period", period, period_merges),
-      ("arrival", arrival, arrival_merges),
-  ):
-    print(f"{name}: {len(merges)} merges, per period {got['merges_per_period']}")  # (BENCHMARKS)
+  print(f"period: {len(period_merges)} merges, per period {period['merges_per_period']}")
 
 
 def test_the_pace_is_measured_between_arrivals():

@@ -122,6 +122,22 @@ def test_cluster_flags_are_checked():
   multihost.initialize(False)  # nothing to do for a single-process learner
 
 
+def test_the_heartbeat_bound_on_a_dead_process_is_a_setting(monkeypatch):
+  """How long the others wait for a process that died (issue 70: 1 to 2 minutes, JAX's 100 s
+  heartbeat, with no way to change it) is --heartbeat_timeout_s, handed to JAX's coordinator."""
+  calls = []
+  monkeypatch.setattr(multihost.jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(multihost.jax.config, "update", lambda *a: None)
+  multihost.initialize(True, "127.0.0.1:1", 2, 1, heartbeat_s=7)
+  multihost.initialize(True)
+  assert calls == [
+      dict(coordinator_address="127.0.0.1:1", num_processes=2, process_id=1,
+           heartbeat_timeout_seconds=7),
+      dict(heartbeat_timeout_seconds=multihost.HEARTBEAT_S),
+  ]  # fmt: skip
+  assert multihost.HEARTBEAT_S == 100  # JAX's own default, kept
+
+
 def test_process_zero_keeps_followers_posted_while_it_waits():
   ops = []
 

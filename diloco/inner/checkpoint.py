@@ -10,7 +10,10 @@ that training can save that step again; a reader of another run's directory (`se
 warm starts) leaves it in place. A save that fails, now or in the background, with whatever the
 storage library raises (an OSError; tensorstore's ValueError "RESOURCE_EXHAUSTED ... No space left
 on device" for a full disk) is one logged line, its temporary directory is removed and training
-goes on; orbax writes into a temporary directory, so the previous checkpoint stays as it was.
+goes on; orbax writes into a temporary directory, so the previous checkpoint stays as it was. In a
+multi-process job (one island over several processes) a failed save stops the job instead
+(`SaveFailed`): the processes save together, and one that went on would wait for the others in
+its next collective while they wait for it in orbax's barrier.
 A checkpoint of a model whose blocks were stored the other way (`model.scan_layers`) is converted
 on restore (models/layer_stack.py).
 """
@@ -108,6 +111,11 @@ def abstract_like(tree, shardings) -> Any:
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
   )
+
+
+class SaveFailed(OSError):
+  """A save of a checkpoint of a multi-process job failed: its processes save together (orbax's
+  barriers), so one that goes on alone would wait for the others forever; the job stops."""
 
 
 class Checkpointer:
@@ -258,6 +266,11 @@ class Checkpointer:
     )
     for path in paths.glob(paths.join(self.directory, f"*{TMP_SUFFIX}*")):
       paths.rmtree(path)
+    if self._job_shared:
+      raise SaveFailed(
+          f"checkpoint save of step {step} in {self.directory} failed in process "
+          f"{jax.process_index()} of {jax.process_count()} ({type(error).__name__}: {first[:300]})"
+      )
     return False
 
   def _seal_committed(self) -> None:

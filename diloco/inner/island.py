@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import ml_collections
+from absl import logging
 
 from diloco import data as data_lib
 from diloco.inner import checkpoint, sharding, step as step_lib, warm_start
@@ -40,6 +41,8 @@ class Island:
     if ckpt.latest_step() is None:
       return self.init_state(), 0
     step, state = ckpt.restore(self.abstract_state(), self.data.train_iter)
+    if jax.process_index() == 0:  # (a warning: shown at the mains' default verbosity)
+      logging.warning("resumed from step %d (%s)", step, ckpt.step_dir(step))
     return state, step
 
 

@@ -44,6 +44,7 @@ class Cluster:
   coordinator: str = ""  # HOST:PORT of JAX process 0 (local tests); else auto-detected
   num_processes: int = 0
   process_id: int = -1
+  heartbeat_s: int = multihost.HEARTBEAT_S  # a dead process is declared so after this
 
 
 def talks_to_sync() -> bool:
@@ -132,6 +133,7 @@ def _join_job(config: ml_collections.ConfigDict, cluster: Cluster) -> None:
       cluster.coordinator,
       cluster.num_processes,
       cluster.process_id,
+      cluster.heartbeat_s,
   )
   deploy_lib.check_platform(config.deploy, jax.default_backend())
 

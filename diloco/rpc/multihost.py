@@ -57,16 +57,32 @@ def define_cluster_flags(of: str) -> tuple:
   )
   processes = flags.DEFINE_integer("num_processes", 0, f"With --coordinator: processes of {of}.")
   index = flags.DEFINE_integer("process_id", -1, "With --coordinator: this process's index.")
-  return coordinator, processes, index
+  heartbeat = flags.DEFINE_integer(
+      "heartbeat_timeout_s",
+      HEARTBEAT_S,
+      f"A multi-process job: seconds without a heartbeat after which JAX's coordination service "
+      f"declares a process of {of} dead and the others stop with an error (JAX's default).",
+      lower_bound=1,
+  )
+  return coordinator, processes, index, heartbeat
+
+
+HEARTBEAT_S = 100  # jax.distributed.initialize's heartbeat_timeout_seconds
 
 
 def initialize(
-    distributed: bool, coordinator: str = "", num_processes: int = 0, process_id: int = -1
+    distributed: bool,
+    coordinator: str = "",
+    num_processes: int = 0,
+    process_id: int = -1,
+    heartbeat_s: int = HEARTBEAT_S,
 ) -> None:
   """`jax.distributed.initialize`, with an explicit coordinator for local multi-process tests.
 
   On CPU the cross-process collectives need gloo (set before the backend starts; the setting
-  only concerns the CPU backend, so it is harmless on accelerators).
+  only concerns the CPU backend, so it is harmless on accelerators). `heartbeat_s` bounds how
+  long the others wait for a process that died (SIGKILL, a lost host): the coordination service
+  then declares it dead and every process's next call into it fails.
   """
   if not distributed and not coordinator:
     return
@@ -78,10 +94,13 @@ def initialize(
           f"0..num_processes-1, got {num_processes} and {process_id}"
       )
     jax.distributed.initialize(
-        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        heartbeat_timeout_seconds=heartbeat_s,
     )
   else:
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_s)
 
 
 def summed(counts: list[int]) -> list[int]:

@@ -15,7 +15,9 @@ learner process uses too); `experiments.supervise` restarts it, and the same com
 import contextlib
 import hashlib
 import json
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +27,7 @@ from absl import logging
 
 from diloco import paths
 from diloco.config import keys
+from diloco.inner import checkpoint
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped early with a checkpoint; restart me
 # EX_IOERR: trained to the end, summary written, but the last checkpoint's save failed (a full
@@ -68,6 +71,21 @@ def stop_on_signals() -> Iterator[None]:
     _depth[0] -= 1
     for s, handler in previous.items():
       signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def a_failed_save_ends_the_job() -> Iterator[None]:
+  """A save that failed in a multi-process job (`checkpoint.SaveFailed`) ends this process at
+  once with one line and EXIT_SAVE_FAILED: not through JAX's exit barrier, which would wait for
+  the other processes, themselves waiting for this one (they stop when the coordination service
+  misses its heartbeat: --heartbeat_timeout_s)."""
+  try:
+    yield
+  except checkpoint.SaveFailed as e:
+    print(f"error: {e}; the job stops (its last saved checkpoint resumes it)", file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(EXIT_SAVE_FAILED)
 
 
 def stop_reason(step: int, stop_at: int | None) -> str | None:

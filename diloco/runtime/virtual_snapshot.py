@@ -22,8 +22,9 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
-from diloco import paths
+from diloco import errors, paths
 from diloco.outer.learner import Learner
 from diloco.outer.stacked_learner import StackedLearner
 from diloco.outer.sharded import ShardedSynchronizer
@@ -185,10 +186,11 @@ def load(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any] | No
     return None
   snap = pickle.loads(paths.read_bytes(target))
   if snap.get("format") != FORMAT or snap.get("config") != preemption.config_digest(config):
-    raise ValueError(
+    raise errors.InputError(
         f"{target} is the snapshot of a run with another config (or format); run this config"
         " in another workdir, or delete the snapshot to start over"
     )
+  logging.warning("resumed from the snapshot %s", target)
   return snap
 
 

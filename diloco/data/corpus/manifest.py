@@ -36,6 +36,7 @@ class Shard:
   sha256: str
   max_id: int  # the largest id it holds (-1: none)
   text_bytes: int = 0  # UTF-8 bytes of its documents' text (bits per byte = loss / bytes per token)
+  whitespace_lost: int = 0  # newlines, tabs and carriage returns the tokenizer turned into spaces
 
 
 @dataclasses.dataclass(frozen=True)

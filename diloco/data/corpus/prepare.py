@@ -153,6 +153,15 @@ def prepare(spec: Spec, workers: int = 1, progress: bool = True) -> manifest_lib
       {"inputs": list(spec.inputs), "format": spec.fmt, "field": spec.field},
   )
   manifest_lib.write(spec.output, m)
+  lost = sum(s.whitespace_lost for s in m.shards)
+  if lost:
+    print(
+        f"{spec.output}: the tokenizer {spec.tokenizer} turns newlines, tabs and carriage returns "
+        f"into spaces: {lost:,} characters of the inputs changed (code and other text whose "
+        "whitespace matters reads differently; a byte-level BPE keeps them)",
+        file=sys.stderr,
+        flush=True,
+    )
   return m
 
 
@@ -198,13 +207,13 @@ def _write_shard(job) -> manifest_lib.Shard:
   fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp")
   os.close(fd)
   writer = array_record_module.ArrayRecordWriter(tmp, manifest_lib.ARRAY_RECORD_OPTIONS)
-  docs = tokens = text_bytes = 0
+  docs = tokens = text_bytes = lost = 0
   max_id = -1
   try:
-    for ids, nbytes in _token_docs(tok, pieces, spec):
+    for ids, nbytes, whitespace in _token_docs(tok, pieces, spec):
       writer.write(ids.astype(dtype).tobytes())
       docs, tokens, max_id = docs + 1, tokens + len(ids), max(max_id, int(ids.max()))
-      text_bytes += nbytes
+      text_bytes, lost = text_bytes + nbytes, lost + whitespace
   except BaseException:
     writer.close()
     os.remove(tmp)
@@ -217,7 +226,9 @@ def _write_shard(job) -> manifest_lib.Shard:
     )
   with open(tmp, "rb") as f:
     sha = hashlib.file_digest(f, "sha256").hexdigest()
-  shard = manifest_lib.Shard(name, docs, tokens, os.path.getsize(tmp), sha, max_id, text_bytes)
+  shard = manifest_lib.Shard(
+      name, docs, tokens, os.path.getsize(tmp), sha, max_id, text_bytes, lost if _lossy(tok) else 0
+  )
   paths.put_file(tmp, paths.join(spec.output, name))
   paths.write_bytes(
       paths.join(spec.output, name + ".done"), json.dumps(dataclasses.asdict(shard)).encode()
@@ -238,9 +249,19 @@ def _token_docs(tok, pieces: Sequence[documents.Piece], spec: Spec) -> Iterator[
 
 
 def _encoded(tok, texts: list[str]) -> Iterator[tuple]:
+  """(ids, UTF-8 bytes, newlines and tabs) of each non-empty document."""
   for ids, text in zip(tok.encode_batch(texts) if texts else [], texts):
     if len(ids):
-      yield ids, len(text.encode("utf-8"))
+      yield ids, len(text.encode("utf-8")), sum(text.count(c) for c in WHITESPACE)
+
+
+WHITESPACE = "\n\t\r"  # what SentencePiece's default normalisation turns into spaces
+
+
+def _lossy(tok) -> bool:
+  """Whether the tokenizer loses newlines or tabs (SentencePiece's default normalisation)."""
+  probe = "a\nb\tc\r\nd"
+  return tok.decode(tok.encode(probe)) != probe
 
 
 def sample_texts(inputs: Sequence[str], fmt: str, field: str, max_bytes: int) -> Iterator[str]:
