@@ -31,40 +31,48 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # `--no-loadscope-reorder`; by default it puts the files with the most tests first, which left the
 # one-test files of a minute or more to the end while the other worker idled). The longest files go
 # first, so the last ones are short and the two workers finish together. Seconds of one file on one
-# of two workers (the 2-core machine, 2026-12-03; BENCHMARKS.md, "The test suite's time"); files
-# not listed follow in their own order.
-LONGEST_FIRST = (
-    "test_notebooks.py",  # 296 s
-    "test_stacked.py",  # 128 s
-    "test_threads_chaos.py",  # 122 s
-    "test_multihost.py",  # 117 s
-    "test_learner_faults.py",  # 114 s
-    "test_recovery.py",  # 109 s
-    "test_preemption.py",  # 106 s
-    "test_grpc.py",  # 104 s
-    "test_merge_clock.py",  # 102 s beside a two-point sweep (2026-12-06: two gRPC runs)
-    "test_island_bucket.py",  # 78 s alone (2026-12-05: a 4-process island killed and restarted)
-    "test_ray.py",  # 96 s
-    "test_sharded_sync.py",  # 73 s
-    "test_moe.py",  # 72 s
-    "test_grpc_shards.py",  # 72 s
-    "test_train.py",  # 57 s
-    "test_bucket_workdir.py",  # 33 s alone (2026-12-05: a command, a resume, a local run per mode)
-    "test_plan.py",  # 45 s (alone, 2026-12-04: TPU compiles and three launcher dry runs)
-    "test_determinism.py",  # 56 s
-    "test_vision.py",  # 43 s
-    "test_sweep.py",  # 43 s
-    "test_own_experiments.py",  # 39 s
-    "test_step.py",  # 37 s
-    "test_decoupled.py",  # 36 s
-    "test_learner_process.py",  # 36 s
+# of two workers (the 2-core machine; BENCHMARKS.md, "The test suite's time"); files not listed
+# follow in their own order.
+LONGEST_FIRST = (  # seconds of each file's slowest tests (2026-12-06, `--durations=200`)
+    "test_notebooks.py",  # 473 s
+    "test_stacked.py",  # 149 s
+    "test_ray.py",  # 128 s
+    "test_preemption.py",  # 126 s
+    "test_island_bucket.py",  # 125 s (a 4-process island killed and restarted)
+    "test_threads_chaos.py",  # 103 s
+    "test_recovery.py",  # 95 s
+    "test_learner_process.py",  # 92 s
+    "test_plan.py",  # 88 s (TPU compiles and three launcher dry runs)
+    "test_moe.py",  # 83 s
+    "test_learner_faults.py",  # 79 s
+    "test_bad_input.py",  # 77 s alone (23 mains refusing bad input, a process each)
+    "test_merge_clock.py",  # 77 s
+    "test_docs_commands.py",  # 65 s alone (the own-corpus walkthrough: eight commands)
+    "test_sharded_sync.py",  # 68 s
+    "test_corpus_processes.py",  # 67 s
+    "test_grpc.py",  # 67 s
+    "test_grpc_shards.py",  # 56 s
+    "test_model.py",  # 45 s
+    "test_determinism.py",  # 44 s
+    "test_train.py",  # 42 s
+    "test_multihost.py",  # 41 s
+    "test_dp_processes.py",  # 40 s
+    "test_sweep.py",  # 38 s
+    "test_step.py",  # 38 s
+    "test_bucket_workdir.py",  # 36 s
+    "test_own_experiments.py",  # 36 s
+    "test_attention.py",  # 34 s
+    "test_corpus_train.py",  # 34 s
+    "test_tensor_parallel.py",  # 33 s
+    "test_evaluate.py",  # 33 s
     "test_islands.py",  # 32 s
-    "test_checkpoint_integrity.py",  # 30 s
-    "test_model.py",  # 25 s
-    "test_evaluate.py",  # 25 s
-    "test_recipe.py",  # 21 s
-    "test_sync_properties.py",  # 21 s
-    "test_status.py",  # 19 s
+    "test_vision.py",  # 24 s
+    "test_decoupled.py",  # 23 s
+    "test_warm_start.py",  # 23 s
+    "test_checkpoint_integrity.py",  # 20 s
+    "test_sync_properties.py",  # 18 s
+    "test_recipe.py",  # 10 s
+    "test_status.py",
 )
 
 

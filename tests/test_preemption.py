@@ -14,6 +14,7 @@ import pytest
 
 from configs import shakespeare
 from diloco import metrics, train
+from diloco.inner import manifest
 from diloco.runtime import preemption, virtual_snapshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +80,32 @@ def _finish(mode: str, workdir) -> dict:
   proc = subprocess.run(_command(mode, workdir), cwd=REPO, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads((workdir / metrics.SUMMARY_FILE).read_text())
+
+
+BLOCKED = """
+import time
+from diloco.runtime import preemption
+with preemption.stop_on_signals(grace_s=1.0):
+  print("blocked", flush=True)
+  time.sleep(120)  # as a collective waiting for a dead peer: no boundary asks for the request
+"""
+
+
+def test_a_run_that_reaches_no_boundary_after_sigterm_ends_with_one_line_and_75():
+  """Before: a process blocked in a collective or a save's barrier logged the first SIGTERM
+  ("stopping at the next step boundary") and went on waiting; only SIGKILL ended it."""
+  proc = subprocess.Popen([sys.executable, "-c", BLOCKED], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)  # fmt: skip
+  assert proc.stdout.readline() == "blocked\n"
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=60)  # (the sleep alone would take 120 s)
+  assert proc.returncode == preemption.EXIT_PREEMPTED, err
+  lines = [l for l in err.splitlines() if l.startswith("error: ")]
+  assert lines == [
+      "error: got SIGTERM 1 s ago and reached no step boundary since (blocked in a collective or "
+      "a save?): exiting with 75 without a new checkpoint; the same command resumes from the "
+      "last one"
+  ]
 
 
 def test_a_signal_requests_a_stop_and_a_second_one_interrupts():
@@ -175,7 +202,13 @@ def test_kill_9_between_saves_resumes_from_the_newest_committed_save(tmp_path):
   with open(tmp_path / "log", "w") as log:
     proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
     rows, deadline = workdir / metrics.METRICS_FILE, time.monotonic() + 300
-    while not (rows.exists() and any(r.get("step", 0) >= 70 for r in _rows(rows))):
+    # Killed once step 70 has run and the save of step 50 has its manifest (written when orbax
+    # commits it; before, only at the next save): a CI run of a loaded suite had killed it at step
+    # 70 before that save had committed, and the rerun began at 0.
+    sealed = workdir / "checkpoints" / "50" / manifest.NAME
+    while not (
+        rows.exists() and any(r.get("step", 0) >= 70 for r in _rows(rows)) and sealed.exists()
+    ):
       assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
       time.sleep(0.02)
     proc.kill()

@@ -5,7 +5,10 @@
 the previous ones after (nested uses share one request; only the outermost clears it). A first
 signal only records the request: runners poll `requested()` at their step (or event) boundaries,
 save a checkpoint there and return a summary with `finished: False` and `stopped_by` ('signal'
-or 'stop_after_steps'). A second signal while stopping raises KeyboardInterrupt, as Python does.
+or 'stop_after_steps'). A run whose main thread reaches no boundary within `STOP_GRACE_S` of the
+signal (blocked in a collective waiting for a dead peer, or in a save's barrier: Python's
+handlers only run between bytecodes) is ended by a watchdog with one line and EXIT_PREEMPTED. A
+second signal while stopping raises KeyboardInterrupt, as Python does.
 
 A main whose run stopped on a signal exits with EXIT_PREEMPTED (`exit_code`): 75, EX_TEMPFAIL of
 sysexits.h, "stopped early, run the same command again" (the code the chaos crash fault of a
@@ -37,12 +40,18 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SIGNAL, STOP_AFTER_STEPS = "signal", "stop_after_steps"  # summary["stopped_by"]
 ORBAX_TMP = "*.orbax-checkpoint-tmp*"
 
+STOP_GRACE_S = 120.0  # a run that reaches no step boundary this long after a signal is ended
+
 _received: list[int] = []  # signals received since the outermost stop_on_signals began
 _depth = [0]
+_grace_s = [STOP_GRACE_S]
+_heard = threading.Event()  # a runner saw the request (at a boundary), or the run ended
 
 
 def requested() -> bool:
-  """Whether a stop signal arrived during the current run."""
+  """Whether a stop signal arrived during the current run (a runner asking has seen it)."""
+  if _received:
+    _heard.set()
   return bool(_received)
 
 
@@ -55,13 +64,34 @@ def _handle(signum: int, frame: Any) -> None:
       "got %s: stopping at the next step boundary with a checkpoint (again: abort now)",
       signal.Signals(signum).name,
   )
+  name, grace = signal.Signals(signum).name, _grace_s[0]
+  threading.Thread(target=_watch, args=(name, grace), name="stop-watchdog", daemon=True).start()
+
+
+def _watch(name: str, grace: float) -> None:
+  """Ends the process when no runner saw the stop request within `grace` seconds: its main
+  thread is blocked where signals are not seen (a collective waiting for a peer, a save in a
+  barrier), and would never reach a boundary; the last saved checkpoint resumes the run."""
+  if _heard.wait(grace):
+    return
+  print(
+      f"error: got {name} {grace:.0f} s ago and reached no step boundary since (blocked in a "
+      f"collective or a save?): exiting with {EXIT_PREEMPTED} without a new checkpoint; the "
+      "same command resumes from the last one",
+      file=sys.stderr,
+      flush=True,
+  )
+  os._exit(EXIT_PREEMPTED)
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-  """SIGTERM and SIGINT request a stop while inside (outside the main thread: nothing installed)."""
+def stop_on_signals(grace_s: float = STOP_GRACE_S) -> Iterator[None]:
+  """SIGTERM and SIGINT request a stop while inside (outside the main thread: nothing installed);
+  a run that reaches no step boundary within `grace_s` of the signal is ended (`_watch`)."""
   if _depth[0] == 0:
     _received.clear()
+    _heard.clear()
+    _grace_s[0] = grace_s
   main = threading.current_thread() is threading.main_thread()
   previous = {s: signal.signal(s, _handle) for s in SIGNALS} if main else {}
   _depth[0] += 1
@@ -69,6 +99,8 @@ def stop_on_signals() -> Iterator[None]:
     yield
   finally:
     _depth[0] -= 1
+    if _depth[0] == 0:
+      _heard.set()  # the run is over: nothing left to watch
     for s, handler in previous.items():
       signal.signal(s, handler)
 
@@ -90,7 +122,7 @@ def a_failed_save_ends_the_job() -> Iterator[None]:
 
 def stop_reason(step: int, stop_at: int | None) -> str | None:
   """Why a runner stops after `step` ('signal', 'stop_after_steps'), or None to go on."""
-  if requested():
+  if requested():  # (the boundary saw it: the watchdog stands down)
     return SIGNAL
   if stop_at is not None and step >= stop_at:
     return STOP_AFTER_STEPS
