@@ -27,6 +27,8 @@ from typing import IO
 
 import fsspec
 
+from diloco import errors
+
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 for _name, _level in (("fsspec.caching", logging.WARNING), ("gcsfs", logging.WARNING)):
   logging.getLogger(_name).setLevel(_level)
@@ -45,6 +47,14 @@ def missing_bucket(path: str) -> str:
   except OSError:  # (gcsfs: no access)
     found = False
   return "" if found else fs.unstrip_protocol(bucket)
+
+
+def require_bucket(path: str, what: str) -> None:
+  """MissingInput naming `what` when `path` is in a bucket that does not exist (or that these
+  credentials may not see); checked before anything is written there."""
+  bucket = missing_bucket(path)
+  if bucket:
+    raise errors.MissingInput(f"{what}: the bucket {bucket} does not exist")
 
 
 def is_url(path: str) -> bool:

@@ -122,7 +122,7 @@ def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, 
   `ignore`: dotted keys that may differ on a resume (how a run is watched, where it stops).
   """
   workdir = paths.absolute(workdir)
-  _check_bucket(workdir)
+  paths.require_bucket(workdir, f"workdir {workdir}")
   held = _held_run(workdir, config, ignore)
   if held is None:
     return "new"
@@ -133,12 +133,6 @@ def claim(workdir: str, config: dict, restart: bool = False, ignore: tuple[str, 
     raise _refusal(workdir, why, lines)
   paths.rename(workdir, _aside_path(workdir))
   return "restarted"
-
-
-def _check_bucket(workdir: str) -> None:
-  bucket = paths.missing_bucket(workdir)
-  if bucket:
-    raise WorkdirError(f"workdir {workdir}: the bucket {bucket} does not exist (or cannot be seen)")
 
 
 def write_config(workdir: str, config_json: str) -> None:
@@ -169,7 +163,7 @@ HOLD = ".diloco-hold"  # the hold file: {"host", "pid", "since"} of the run that
 def Hold(workdir: str) -> "LocalHold | BucketHold":  # pylint: disable=invalid-name
   """The hold of `workdir`: a lock on a local disk, a lease in a bucket."""
   workdir = paths.absolute(workdir)
-  _check_bucket(workdir)
+  paths.require_bucket(workdir, f"workdir {workdir}")
   return BucketHold(workdir) if paths.is_url(workdir) else LocalHold(workdir)
 
 

@@ -52,9 +52,7 @@ class _Held:
 def read_config(workdir: str) -> ml_collections.ConfigDict:
   """WORKDIR/config.json, or a WorkdirError saying that no run was here."""
   path = paths.join(workdir, workdir_lib.CONFIG)
-  bucket = paths.missing_bucket(workdir)
-  if bucket:
-    raise workdir_lib.WorkdirError(f"workdir {workdir}: the bucket {bucket} does not exist")
+  paths.require_bucket(workdir, f"workdir {workdir}")
   if not paths.isfile(path):
     raise workdir_lib.WorkdirError(
         f"workdir {workdir} holds no run (no {workdir_lib.CONFIG}); pass the --workdir of a run "
@@ -144,15 +142,17 @@ def _text(run: FinishedRun, text_glob: str) -> _Held:
   except ValueError as e:
     raise InputError(str(e)) from e
   tokens = [run.tokenizer.encode(t) for _, t in files]
-  if run.island.data.packed:  # a corpus run's model reads documents joined by end-of-document ids
+  packed_documents = run.island.data.packed  # a corpus run's model: documents joined by an id
+  if packed_documents:
     tokens = [np.append(t, run.tokenizer.eod_id).astype(t.dtype) for t in tokens]
   corpus = sources.TokenCorpus.from_documents(
       [p for p, _ in files], tokens, [len(t) for _, t in files]
   )
   try:
-    packed = sources.PackedTokenSource(corpus.tokens, cfg.seq_len)
-    if run.island.data.packed:
+    if packed_documents:
       packed = stream.PackedDocuments(corpus.tokens, cfg.seq_len, run.tokenizer.eod_id)
+    else:
+      packed = sources.PackedTokenSource(corpus.tokens, cfg.seq_len)
     final_N = batching.eval_sample(len(packed), cfg.data.final_eval_sequences)
   except ValueError as e:
     raise InputError(f"--text_glob={text_glob!r}: {e}") from e

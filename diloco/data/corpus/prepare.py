@@ -120,9 +120,7 @@ def _marker(output: str, index: int, count: int) -> str:
 
 def prepare(spec: Spec, workers: int = 1, progress: bool = True) -> manifest_lib.Manifest:
   """Prepares (or resumes preparing) `spec.output`; returns its manifest."""
-  missing = paths.missing_bucket(spec.output)
-  if missing:
-    raise errors.MissingInput(f"--output={spec.output}: the bucket {missing} does not exist")
+  paths.require_bucket(spec.output, f"--output={spec.output}")
   tok = tokenizer_files.load(spec.tokenizer, spec.eod_token)
   groups = plan(spec)
   existed = paths.isdir(spec.output)

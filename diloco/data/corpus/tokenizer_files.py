@@ -172,9 +172,7 @@ def train(kind: str, texts: Iterable[str], vocab_size: int, out_path: str) -> Pr
   want = ".model" if kind == "sentencepiece" else ".json"
   if not out_path.endswith(want):
     raise errors.InputError(f"a {kind} tokenizer is written to a {want} file, got {out_path!r}")
-  missing = paths.missing_bucket(out_path)
-  if missing:
-    raise errors.MissingInput(f"tokenizer {out_path!r}: the bucket {missing} does not exist")
+  paths.require_bucket(out_path, f"tokenizer {out_path!r}")
   if kind == "sentencepiece":
     data = _train_sentencepiece(texts, vocab_size)
   else:
