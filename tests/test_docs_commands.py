@@ -8,6 +8,7 @@ import pathlib
 import re
 import signal
 import subprocess
+import sys
 
 import numpy as np
 
@@ -39,10 +40,15 @@ def test_the_own_corpus_walkthrough_runs_as_written(tmp_path):
   _raw(tmp_path)
   (tmp_path / "configs").symlink_to(REPO / "configs")
   commands = walkthrough()
+  # As a user with the project's environment active: `python` is this test's Python.
+  env = dict(
+      os.environ, PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+  )
   with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
     proc = subprocess.Popen(
         ["bash", "-x", "-euo", "pipefail", "-c", commands],  # -x: the log names each command
         cwd=tmp_path,
+        env=env,
         stdout=out,
         stderr=err,
         start_new_session=True,  # the emulator it starts goes with it, whatever happens
