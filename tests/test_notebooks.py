@@ -90,6 +90,13 @@ def test_notebook_runs_in_tiny_mode_and_draws(name, monkeypatch):
   monkeypatch.delenv(render.RESULTS_ONLY, raising=False)
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
   monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend makes the PNGs
+  # One CPU device, as the notebooks' own runs had: with the suite's eight, each of M learners
+  # got its own device and compiled every program once per device (heterogeneous: 16 compiles of
+  # two train steps, 60 s; on one device 19 s).
+  flags = os.environ.get("XLA_FLAGS", "").replace(
+      "--xla_force_host_platform_device_count=8", "--xla_force_host_platform_device_count=1"
+  )
+  monkeypatch.setenv("XLA_FLAGS", flags)
   nb = jupytext.read(REPO / "notebooks" / f"{name}.py")
   client = nbclient.NotebookClient(
       nb,
