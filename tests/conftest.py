@@ -1,13 +1,20 @@
 """Test setup before jax is imported anywhere: eight fake CPU devices, rank promotion an error;
 one data cache; one compilation cache."""
 
+import collections
+import json
 import os
+import pathlib
 import tempfile
 
-# XLA's backend optimisation off: compiling tiny programs, not running them, is most of the
-# suite's time (BENCHMARKS.md, "The test suite's time").
+# XLA's backend optimisation off and its older, per-op emitters for fused loops: compiling tiny
+# programs, not running them, is most of the suite's time (BENCHMARKS.md, "The test suite's
+# time"). Without the fusion emitters test_step.py and test_attention.py compile in 34 s of CPU
+# against 59 s; golden numbers hold to their 1e-5, and every process of a test shares the flags.
 os.environ.setdefault(
-    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    " --xla_cpu_use_fusion_emitters=false",
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Implicit broadcasting between arrays of different ranks is an error in tests (and in the learner
@@ -30,53 +37,32 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # pytest-xdist's `--dist loadfile` hands out whole files in collection order (with
 # `--no-loadscope-reorder`; by default it puts the files with the most tests first, which left the
 # one-test files of a minute or more to the end while the other worker idled). The longest files go
-# first, so the last ones are short and the two workers finish together. Seconds of one file on one
-# of two workers (the 2-core machine; BENCHMARKS.md, "The test suite's time"); files not listed
-# follow in their own order.
-LONGEST_FIRST = (  # seconds of each file's slowest tests (2026-12-06, `--durations=200`)
-    "test_notebooks.py",  # 473 s
-    "test_stacked.py",  # 149 s
-    "test_ray.py",  # 128 s
-    "test_preemption.py",  # 126 s
-    "test_island_bucket.py",  # 125 s (a 4-process island killed and restarted)
-    "test_threads_chaos.py",  # 103 s
-    "test_recovery.py",  # 95 s
-    "test_learner_process.py",  # 92 s
-    "test_plan.py",  # 88 s (TPU compiles and three launcher dry runs)
-    "test_moe.py",  # 83 s
-    "test_learner_faults.py",  # 79 s
-    "test_bad_input.py",  # 77 s alone (23 mains refusing bad input, a process each)
-    "test_merge_clock.py",  # 77 s
-    "test_docs_commands.py",  # 65 s alone (the own-corpus walkthrough: eight commands)
-    "test_sharded_sync.py",  # 68 s
-    "test_corpus_processes.py",  # 67 s
-    "test_grpc.py",  # 67 s
-    "test_grpc_shards.py",  # 56 s
-    "test_model.py",  # 45 s
-    "test_determinism.py",  # 44 s
-    "test_train.py",  # 42 s
-    "test_multihost.py",  # 41 s
-    "test_dp_processes.py",  # 40 s
-    "test_sweep.py",  # 38 s
-    "test_step.py",  # 38 s
-    "test_bucket_workdir.py",  # 36 s
-    "test_own_experiments.py",  # 36 s
-    "test_attention.py",  # 34 s
-    "test_corpus_train.py",  # 34 s
-    "test_tensor_parallel.py",  # 33 s
-    "test_evaluate.py",  # 33 s
-    "test_islands.py",  # 32 s
-    "test_vision.py",  # 24 s
-    "test_decoupled.py",  # 23 s
-    "test_warm_start.py",  # 23 s
-    "test_checkpoint_integrity.py",  # 20 s
-    "test_sync_properties.py",  # 18 s
-    "test_recipe.py",  # 10 s
-    "test_status.py",
-)
+# first, so the last ones are short and the two workers finish together: each test's seconds on one
+# of two workers of the 2-core machine are recorded in durations.json
+# (`python scripts/record_durations.py` runs the suite and writes it); files not recorded follow in
+# their own order. A recorded test of SLOW_S seconds or more is marked `slow`:
+# `pytest -m "not slow"` is the developers' loop (docs/testing.md).
+DURATIONS = json.loads((pathlib.Path(__file__).parent / "durations.json").read_text())
+SLOW_S = 5.0
+
+
+FILE_SECONDS = collections.Counter()
+for _nodeid, _s in DURATIONS["seconds"].items():
+  FILE_SECONDS[_nodeid.split("::")[0].rsplit("/", 1)[-1]] += _s
+LONGEST_FIRST = tuple(name for name, _ in FILE_SECONDS.most_common())
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", f"slow: took {SLOW_S:g} s or more in the recorded run (tests/durations.json)"
+  )
 
 
 def pytest_collection_modifyitems(items):
-  """Longest files first (a stable sort: tests keep their order inside a file)."""
+  """Longest files first (a stable sort: tests keep their order inside a file); recorded tests of
+  SLOW_S seconds or more marked slow."""
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+  for item in items:
+    if DURATIONS["seconds"].get(item.nodeid, 0.0) >= SLOW_S:
+      item.add_marker("slow")

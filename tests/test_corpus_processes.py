@@ -81,7 +81,7 @@ def _run(tmp_path, bucket_url, workdir):
   )
   procs = []
   for i in (0, 1):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "XLA_FLAGS": local.xla_flags(2)}
     env |= {"JAX_PLATFORMS": "cpu", "DILOCO_DATA_DIR": str(tmp_path / f"cache{i}")}
     command = train_command(workdir, *flags, f"--process_id={i}", variants="runlocal,mode=dp")
     procs.append(

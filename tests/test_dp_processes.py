@@ -13,6 +13,7 @@ from configs import shakespeare
 from diloco import metrics
 from diloco.inner import checkpoint, island as island_lib
 from diloco.outer import fragments
+from diloco.rpc import local
 from proc_helpers import REPO, train_command
 
 
@@ -24,7 +25,7 @@ def _free_port() -> int:
 
 def test_fsdp_over_two_processes_finishes_with_the_saved_models_hash(tmp_path):
   workdir, port = str(tmp_path / "run"), _free_port()
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  env = {**os.environ, "XLA_FLAGS": local.xla_flags(2)}
   env["JAX_PLATFORMS"] = "cpu"
   flags = ("--config.distributed=True", "--config.mesh.fsdp=4", "--config.mesh.data=1")
   procs = [
@@ -81,7 +82,7 @@ def test_a_save_that_fails_in_one_process_ends_both(tmp_path):
   one line (exit 74) and process 0 stops when the coordination service misses process 1's
   heartbeat (--heartbeat_timeout_s=5): both end, the bound being the communicate timeout."""
   workdir, port = str(tmp_path / "run"), _free_port()
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  env = {**os.environ, "XLA_FLAGS": local.xla_flags(2)}
   env["JAX_PLATFORMS"] = "cpu"
   flags = ("--config.mesh.fsdp=4", "--config.mesh.data=1", "--config.steps=30")
   flags += ("--config.checkpoint_every=10", f"--coordinator=127.0.0.1:{port}")
