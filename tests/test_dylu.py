@@ -10,7 +10,7 @@ from configs import shakespeare
 from configs.sweeps import ablations
 from diloco import train
 from diloco.config import build, checks
-from diloco.outer import compression, dylu, fragments, optimizers, policies
+from diloco.outer import compression, fragments, optimizers, policies
 from diloco.outer.protocol import Join, Send, Upload
 from diloco.outer.synchronizer import Synchronizer
 from diloco.sweeps import sweep
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_dylu_steps_scale_with_measured_speed():
-  d = dylu.Dylu(inner_steps=20, decay=0.5)
+  d = policies.Dylu(inner_steps=20, decay=0.5)
   assert d.steps_for(0, {0}) == 0  # not measured: keeps its schedule
   for m, t in ((0, 1.0), (1, 2.0), (2, 3.0)):
     d.observe(m, t)
@@ -37,7 +37,7 @@ def test_dylu_steps_scale_with_measured_speed():
   d.observe(2, 0.0)  # not a measurement
   assert d.steps_for(2, {1, 2}) == 10
   with pytest.raises(ValueError, match="inner_steps >= 1"):
-    dylu.Dylu(0, 0.5)
+    policies.Dylu(0, 0.5)
 
 
 def _up(m: int, base: int, delta: float, step_time: float) -> Upload:

@@ -203,3 +203,29 @@ def test_the_repository_reader_sees_lab_imports(tmp_path):
       "experiments.studies",
       "experiments.studies.a",
   }
+
+
+SMALL = 40  # lines
+
+
+def test_a_small_module_has_more_than_one_importer_or_says_why():
+  """A library module under SMALL lines that one other module alone imports (in the library or
+  the lab; tests do not count) folds back into it (issue 71), unless its docstring starts "one
+  importer:" and says why it stands alone."""
+  modules, graph = _modules(), _graph()
+  importers = {m: {o for o, deps in graph.items() if m in deps} for m in graph}
+  for o, path in _repo_modules().items():
+    if not o.startswith(("diloco", "tests")):
+      for d in _absolute_imports(path):
+        d = d if d in importers else d.rpartition(".")[0]
+        if d in importers:
+          importers[d].add(o)
+  alone = []
+  for m, path in sorted(modules.items()):
+    text = path.read_text(encoding="utf-8")
+    if m == "diloco" or path.name == "__init__.py" or len(text.splitlines()) >= SMALL:
+      continue
+    doc = ast.get_docstring(ast.parse(text)) or ""
+    if len(importers[m]) <= 1 and not doc.lower().startswith("one importer:"):
+      alone.append(f"{m} ({len(text.splitlines())} lines): imported by {sorted(importers[m])}")
+  assert not alone, "\n".join(alone)

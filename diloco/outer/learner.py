@@ -4,7 +4,7 @@ Per fragment p it keeps its copy of the last global version it received (Θ_p, o
 version number, and counters of inner steps and tokens since it received p. Uploads carry the
 encoded outer gradient Θ_p − θ_p; a received fragment is mixed in as θ_p ← α·θ_p + (1−α)·Θ_p and
 resets p's counters. With DyLU (outer.dylu) a received fragment may carry this learner's own
-inner steps between syncs, H_m (see dylu.py): its schedule follows it from then on.
+inner steps between syncs, H_m (see policies.Dylu): its schedule follows it from then on.
 
 It also keeps the synchronizer generation of each fragment version it holds (see protocol), and
 `accepts` decides whether a Send can be applied: intact, from a generation not older than one

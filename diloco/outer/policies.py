@@ -6,6 +6,7 @@ A mode is a choice of these objects, made once (see `from_config`):
 """
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -185,7 +186,7 @@ class Policy:
   restart_window_s: float = 0.0
   # Sends carry the inner steps merged so far (`Send.progress`): outer.schedule_by=global.
   send_progress: bool = False
-  dylu_inner_steps: int = 0  # >0: DyLU on, with the fastest learner's H (dylu.py)
+  dylu_inner_steps: int = 0  # >0: DyLU on, with the fastest learner's H (Dylu below)
   # What an outer gradient is taken against: "base", the version the learner started from
   # (Δ = Θ_base − θ, formed by the learner), or "global", the synchronizer's fragment when the
   # upload arrives (the learner sends θ; Δ = Θ − θ, not stale).
@@ -254,3 +255,34 @@ def from_config(config: ml_collections.ConfigDict) -> Policy:
       merge_scale=o.get("merge_scale", "one"),
       clock_steps=o.inner_steps,
   )
+
+
+class Dylu:
+  """Dynamic local updates (DyLU, Liu et al. 2024, arXiv 2401.09135, eq. 6), measured: per-learner
+  step-time averages and the inner steps they give.
+
+  Learner m's inner steps between two syncs of a fragment are H_m = max(1, ⌊v_m / v_max · H⌋), v the
+  speed in steps per second: the fastest learner keeps H and a learner half as fast syncs every H/2
+  steps, so that rounds take about the same time everywhere and a slow learner's outer gradients are
+  neither stale nor few. Speeds are measured, not configured: the synchronizer keeps an exponential
+  moving average of the step time each learner reports with its uploads, and sends H_m along with
+  every fragment it sends that learner (protocol.Send.inner_steps); a learner not yet measured keeps
+  its schedule.
+  """
+
+  def __init__(self, inner_steps: int, decay: float):
+    if inner_steps < 1:
+      raise ValueError(f"DyLU needs inner_steps >= 1, got {inner_steps}")
+    self.inner_steps, self.decay = inner_steps, decay
+    self.step_s: dict[int, Ema] = {}
+
+  def observe(self, learner: int, step_time: float) -> None:
+    if step_time > 0 and math.isfinite(step_time):
+      self.step_s.setdefault(learner, Ema(self.decay)).update(step_time)
+
+  def steps_for(self, learner: int, live: set[int]) -> int:
+    """H_m for `learner` against the fastest live learner measured; 0 if it is not measured."""
+    if learner not in self.step_s:
+      return 0
+    fastest = min(self.step_s[m].get() for m in live | {learner} if m in self.step_s)
+    return max(1, math.floor(self.inner_steps * fastest / self.step_s[learner].get() + 1e-9))

@@ -9,7 +9,7 @@ Merge of fragment p (its round: rounds.py): once `policy.quorum` uploads of p fr
 are in, wait the grace window (cut short when every live learner has uploaded), then merge every
 pending upload of p with `policy.weights` and `policy.merge`, step the outer optimizer, and send
 version v+1 to every live learner (or to its contributors only, `policy.broadcast`; with DyLU each
-Send carries the learner's inner steps, dylu.py). The update Θ_new − Θ_old is sent encoded with
+Send carries the learner's inner steps, policies.Dylu). The update Θ_new − Θ_old is sent encoded with
 the downlink codec, and the synchronizer itself applies the decoded update, so learners and
 synchronizer hold bit-identical fragments; the quantisation error is fed back into the next
 update of that fragment (error feedback).
@@ -46,7 +46,7 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, dylu, fragments, integrity, merge_clock, merging, ownership, policies, protocol, restart_window, rounds, screening, sends, sync_state
+from diloco.outer import admission, commit, compression, fragments, integrity, merge_clock, merging, ownership, policies, protocol, restart_window, rounds, screening, sends, sync_state
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, Tick, Upload
 
@@ -97,7 +97,7 @@ class Synchronizer:
     self.rounds = {p: rounds.Round() for p in self.owned}  # each fragment's round in progress
     self.ema_step, self.ema_quorum, self.ema_sync = (policies.Ema(policy.ema_decay) for _ in "sqs")
     steps, window_s = policy.dylu_inner_steps, policy.restart_window_s
-    self.dylu = dylu.Dylu(steps, policy.ema_decay) if steps else None
+    self.dylu = policies.Dylu(steps, policy.ema_decay) if steps else None
     # asynchronous Local-SGD's restart window (restart_window.py)
     self.window = restart_window.RestartWindow(window_s) if window_s > 0 else None
     self.clock = merge_clock.MergeClock.of(
