@@ -49,9 +49,33 @@ def missing_bucket(path: str) -> str:
   return "" if found else fs.unstrip_protocol(bucket)
 
 
+# Cloud Storage's bucket names: 3-63 characters (up to 222 in dot-separated parts of at most 63),
+# lowercase letters, digits, '-', '_' and '.', beginning and ending with a letter or digit.
+_GCS_BUCKET = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{1,220})[a-z0-9]$")
+
+
+def bad_bucket_name(path: str) -> str:
+  """Why a gs:// URL's bucket cannot be a Cloud Storage bucket ('' when it can, or not gs://): an
+  emulator takes any name that the storage library of a checkpoint refuses later, mid-run."""
+  if not os.fspath(path).startswith("gs://"):
+    return ""
+  bucket = os.fspath(path)[len("gs://") :].split("/", 1)[0]
+  parts = bucket.split(".")
+  if not _GCS_BUCKET.match(bucket) or max(len(p) for p in parts) > 63 or "" in parts:
+    return (
+        f"gs://{bucket} is not a Cloud Storage bucket name (3-63 lowercase letters, digits, "
+        f"'-', '_' or '.', first and last a letter or digit)"
+    )
+  return ""
+
+
 def require_bucket(path: str, what: str) -> None:
-  """MissingInput naming `what` when `path` is in a bucket that does not exist (or that these
-  credentials may not see); checked before anything is written there."""
+  """InputError naming `what` when `path` is in a bucket that cannot exist by its name, and
+  MissingInput when it is in one that does not exist (or that these credentials may not see);
+  checked before anything is written there."""
+  bad = bad_bucket_name(path)
+  if bad:
+    raise errors.InputError(f"{what}: {bad}")
   bucket = missing_bucket(path)
   if bucket:
     raise errors.MissingInput(f"{what}: the bucket {bucket} does not exist")

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from diloco import jsonl, paths, train
+from diloco import errors, jsonl, paths, train
 from diloco.inner import manifest
 from diloco.recovery import workdir as workdir_lib
 from configs import shakespeare
@@ -135,3 +135,25 @@ def test_a_failed_run_keeps_its_rows_in_the_bucket(bucket, mode):  # noqa: F811
   steps = {r["step"] for r in jsonl.read(f"{url}/metrics.jsonl") if "loss" in r}
   assert bad > 2 and max(steps) == bad - 1  # every finite row, the last one's too
   assert not paths.exists(f"{url}/summary.json")
+
+
+@pytest.mark.parametrize(
+    "url,bad",
+    [
+        ("gs://my-corpus/run", False),
+        ("gs://a_b-c.d/run", False),
+        ("/local/b/run", False),
+        ("gs://b/run", True),  # too short: an emulator takes it, tensorstore refuses it mid-run
+        ("gs://My-Corpus/run", True),
+        ("gs://-corpus/run", True),
+        ("gs://a..b/run", True),
+        ("gs://" + "a" * 64 + "/run", True),
+    ],
+)
+def test_a_url_whose_bucket_cannot_exist_is_refused_by_its_name(url, bad):
+  """Refused before any storage call (no server runs here), naming the bucket and the rule."""
+  if bad:
+    with pytest.raises(errors.InputError, match="--workdir: gs://.* is not a Cloud Storage bucket"):
+      paths.require_bucket(url, "--workdir")
+  else:
+    assert paths.bad_bucket_name(url) == ""
