@@ -55,8 +55,10 @@ def train_and_evaluate(
   run = MODES[config.mode]
   if "deploy" in config:
     deploy_lib.check_platform(config.deploy, jax.default_backend())
-  if jax.default_backend() == "cpu" and not config.get("distributed", False):
-    problems = bounds.problems(config, bounds.local_memory())  # this machine holds the step
+  local = jax.default_backend() == "cpu" and not config.get("distributed", False)
+  limit = bounds.local_memory() if local else (bounds.LARGEST_POD_BYTES, bounds.POD)
+  if local:
+    problems = bounds.problems(config, limit)  # this machine holds the step
     if problems:
       raise checks.ConfigError(problems, config)
   distributed = config.get("distributed", False)
@@ -82,8 +84,8 @@ def train_and_evaluate(
       if jax.process_index() == 0:  # the island's processes share the workdir: one holds it
         hold.acquire()
     with data_lib.reuse_splits():  # the runner's islands and the summary read the data once
-      # the vocabulary, and learners against documents, before any write
-      problems = bounds.data_problems(config, data_lib.load_splits(config.data))
+      # the vocabulary, learners against documents and the logits' bytes, before any write
+      problems = bounds.data_problems(config, data_lib.load_splits(config.data), limit)
       if problems:
         raise checks.ConfigError(problems, config)
       workdir_lib.write_config(workdir, config.to_json(indent=2))

@@ -5,14 +5,16 @@ uninterrupted run's parameters."""
 
 import json
 import os
+import pathlib
 import shutil
+import types
 
 import numpy as np
 import pytest
 
 from configs import shakespeare
 from diloco import errors, train
-from diloco.config import checks
+from diloco.config import bounds, checks
 from diloco.runners import finished_run
 from diloco.data import pipeline
 from diloco.data.corpus import prepare, splits as corpus_splits, tokenizer_files
@@ -101,6 +103,21 @@ def test_a_vocabulary_given_that_is_not_the_corpus_s_is_refused_naming_both(corp
                      r"corpus .*train has 300 ids"):  # fmt: skip
     train.train_and_evaluate(_config(corpus, **{"model.vocab_size": 4096}), str(workdir))
   assert not (workdir / "config.json").exists()
+
+
+def test_the_logits_bound_counts_the_corpus_vocabulary_not_bytes():
+  """Before: the memory bound of a corpus run counted a vocabulary of 256 (the byte tokenizer's
+  setting), whatever the corpus had. Logits are 4 x batch x seq_len x vocabulary bytes: with a
+  limit of 1,000 ids' worth the byte count passes, and the data's 300 ids pass while 4,096 do
+  not, naming the batch key."""
+  c = checks.prepare(_config(pathlib.Path("/nowhere")))
+  batch, seq = max(c.batch_size, c.data.eval_batch_size), c.seq_len
+  limit = (4.0 * batch * seq * 1000, "a test's 1,000 ids")
+  assert bounds.problems(c, limit) == []
+  data = lambda vocab: types.SimpleNamespace(vocab_size=vocab, manifest=None, train=None)
+  assert bounds.data_problems(c, data(300), limit) == []
+  [(key, why)] = bounds.data_problems(c, data(4096), limit)
+  assert key in ("batch_size", "data.eval_batch_size") and "vocabulary 4,096" in why
 
 
 def test_a_warm_start_that_does_not_fit_leaves_the_workdir_free(corpus, tmp_path):

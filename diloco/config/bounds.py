@@ -43,15 +43,18 @@ def _largest_batch(c) -> tuple[str, int]:
 
 
 def problems(
-    c: ml_collections.ConfigDict, limit: tuple[float, str] = (LARGEST_POD_BYTES, POD)
+    c: ml_collections.ConfigDict,
+    limit: tuple[float, str] = (LARGEST_POD_BYTES, POD),
+    vocab: int | None = None,
 ) -> Problems:
   """A batch whose float32 logits alone exceed `limit` (default: the largest machine there is),
-  naming the keys."""
+  naming the keys. `vocab`: the loaded data's vocabulary (a corpus's is known only then; before,
+  the tokenizer setting's)."""
   if c.data.source in IMAGE_SOURCES:
     return []
   try:
     key, batch = _largest_batch(c)
-    seq, vocab = int(c.seq_len), _vocabulary(c)
+    seq, vocab = int(c.seq_len), vocab or _vocabulary(c)
   except (TypeError, ValueError, KeyError):
     return []  # the domain checks name the bad key
   logits = 4.0 * batch * seq * vocab
@@ -71,10 +74,14 @@ def problems(
 PLACEHOLDER_VOCAB = 256  # model.vocab_size's default, which the tokenizer's size replaces
 
 
-def data_problems(c: ml_collections.ConfigDict, splits) -> Problems:
+def data_problems(
+    c: ml_collections.ConfigDict, splits, limit: tuple[float, str] = (LARGEST_POD_BYTES, POD)
+) -> Problems:
   """What the loaded data refuses: a model.vocab_size given that is not the tokenizer's; more
-  learners than training documents when each learner trains on its own (data.iid=False)."""
-  return _vocab_problems(c, splits) + _learner_problems(c, splits)
+  learners than training documents when each learner trains on its own (data.iid=False); a batch
+  whose logits over the data's own vocabulary exceed `limit`."""
+  vocab = _vocab_problems(c, splits) + _learner_problems(c, splits)
+  return vocab + ([] if vocab else problems(c, limit, int(splits.vocab_size)))
 
 
 def _vocab_problems(c: ml_collections.ConfigDict, splits) -> Problems:
