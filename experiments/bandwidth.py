@@ -3,6 +3,7 @@
 from absl import app, flags
 from ml_collections import config_flags
 
+from diloco import paths
 from diloco.config import cli as config_cli
 from diloco.sim import bandwidth_report
 
@@ -16,8 +17,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  paths.require_bucket(_WORKDIR.value, "--workdir")
   bandwidth_report.run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":
-  config_cli.run(main)
+  config_cli.run(main, like="configs/bandwidth.py")

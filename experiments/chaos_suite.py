@@ -30,4 +30,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.FLAGS.set_default("verbosity", -1)
-  config_cli.run(main)
+  config_cli.run(main, like="configs/chaos_suite.py")

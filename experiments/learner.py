@@ -12,6 +12,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco import paths
 from diloco.config import cli as config_cli
 from diloco.launch import cli
 from diloco.rpc import learner_main, multihost
@@ -37,6 +38,7 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   token = cli.read_token(_TOKEN)
+  paths.require_bucket(_WORKDIR.value, "--workdir")
   cluster = learner_main.Cluster(_COORD.value, _NPROC.value, _PID.value, _HEARTBEAT.value)
   with preemption.a_failed_save_ends_the_job():
     s = learner_main.run(

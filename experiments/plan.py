@@ -24,6 +24,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco import paths
 from diloco.config import cli as config_cli
 from diloco.plan import devices, make, report
 
@@ -44,6 +45,8 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # libtpu's and XLA's INFO lines drown the report
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
+  if _JSON.value:
+    paths.require_bucket(_JSON.value, "--json")
   try:
     plan = make.make_plan(config, _TOPOLOGY.value, vocab_size=_VOCAB.value, mfu=_MFU.value)
   except devices.LibtpuMissing as e:
@@ -56,8 +59,7 @@ def main(argv):
   if refused:
     config_cli.fail(str(refused))
   if _JSON.value:
-    with open(_JSON.value, "w", encoding="utf-8") as f:
-      json.dump(report.figures(plan), f, indent=1)
+    paths.write_text(_JSON.value, json.dumps(report.figures(plan), indent=1))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ A COMMAND that exits 0 is done; any other exit restarts it after a backoff that 
 synchronizer this way, so a process that dies comes back and rejoins from its checkpoint.
 """
 
+import shutil
 import sys
 
 from absl import app, flags
 
+from diloco import errors, paths
 from diloco.config import cli as config_cli
 from diloco.launch import supervisor
 
@@ -23,6 +25,10 @@ _LOG = flags.DEFINE_string("log", "", "JSON lines of every start and exit (empty
 def main(argv):
   if len(argv) < 2:
     raise app.UsageError("give the command to supervise after --")
+  if shutil.which(argv[1]) is None:  # (a path that is not there, or a name not on PATH)
+    raise errors.MissingInput(f"{argv[1]}: no such command (not an executable file, nor on PATH)")
+  if _LOG.value:
+    paths.require_bucket(_LOG.value, "--log")
   policy = supervisor.Policy(_MAX.value, _BACKOFF.value, _MAX_BACKOFF.value, _RESET.value)
   sys.exit(supervisor.main(argv[1:], policy, _LOG.value))
 

@@ -14,6 +14,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from diloco import paths
 from diloco.config import cli as config_cli
 from diloco.launch import cli
 from diloco.rpc import sync_main
@@ -35,6 +36,7 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   token = cli.read_token(_TOKEN)
+  paths.require_bucket(_WORKDIR.value, "--workdir")
   config = _CONFIG.value
   if _PORT.value is not None:
     config.deploy.port = _PORT.value

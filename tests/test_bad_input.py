@@ -6,6 +6,7 @@ a warm start that is not there)."""
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import pytest
 
 from object_store import gcs_server
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = str(HERE.parent)
 NO_BUCKET = "gs://no-such-bucket-here"
 RUNLOCAL = f"--config={REPO}/configs/shakespeare.py:runlocal"
 
@@ -29,35 +31,68 @@ def _inputs(d):
   (d / "run" / "config.json").write_text("{ half a config")
   (d / "corpus").mkdir()
   (d / "corpus" / "manifest.json").write_text("[]")
+  (d / "bad.py").write_text("def get_config(:\n")
+  (d / "raises.py").write_text("def get_config(arg=None):\n  return undefined_name\n")
 
 
-# main, arguments (D: this test's directory), what the one line says
+KINDS = ("missing file", "missing bucket", "malformed")
+SUBCOMMANDS = {"prepare": ("tokenizer", "shards")}
+CFGS = f"--config={REPO}/configs"
+CFG = f"{CFGS}/shakespeare.py"
+NONE, BAD = "--config=D/none.py", "--config=D/bad.py"  # a config file not there; one that fails
+NOT_FOUND = "No such file|does not exist"
+GONE = f"the bucket {NO_BUCKET} does not exist"
+SYNTAX = "D/bad.py line 1: SyntaxError: invalid syntax"
+LOCAL = "writes with local file calls, so a bucket URL would become a local directory"
+TOKEN = "--token_from=env:BAD_INPUT_TOKEN"  # (set for the commands: their token is checked first)
+
+
+def _three(
+    main: str, extra: list[str], bucket: list[str], cfg: str = CFG, bucket_says: str = GONE
+) -> dict:
+  """A main whose config file is its input: none there, a workdir in a bucket that is not there,
+  one that does not parse; a main with a config file of its own (`cfg`) also given another's."""
+  cases = {
+      f"{main}/missing file": (main, [NONE, *extra], NOT_FOUND),
+      f"{main}/missing bucket": (main, [cfg, *bucket], bucket_says),
+      f"{main}/malformed": (main, [BAD, *extra], SYNTAX),
+  }
+  if cfg != CFG:
+    cases[f"{main}/another command's config"] = (main, [CFG, *extra], "not a config of this")
+  return cases
+
+
+# "main/kind": (main, arguments (D: this case's directory, T: the tokenizer's), what its line says)
 CASES = {
-    "config/missing file": ("config", ["--config=D/none.py"], "No such file"),
-    "train/missing bucket": (
+    "config/missing file": ("config", [NONE], NOT_FOUND),
+    "config/missing bucket": ("config", [f"--config={NO_BUCKET}/c.py"], NOT_FOUND),
+    "config/malformed": ("config", [BAD], SYNTAX),
+    "config/unknown key": ("config", [CFG, "--config.stepz=3"], "did you mean 'steps'"),
+    "config/unknown variant": ("config", [f"{CFG}:nosuch"], "unknown config variant 'nosuch'"),
+    "config/raising config file": ("config", ["--config=D/raises.py"], "line 2: NameError"),
+    "train/missing file": (
         "train",
-        [RUNLOCAL, f"--workdir={NO_BUCKET}/run"],
-        f"the bucket {NO_BUCKET} does not exist",
+        [RUNLOCAL, "--config.init_from=D/none", "--workdir=D/out"],
+        "init_from='D/none': no such run directory",
     ),
-    "train/malformed corpus": (
+    "train/missing bucket": ("train", [RUNLOCAL, f"--workdir={NO_BUCKET}/run"], GONE),
+    "train/malformed": (
         "train",
         [RUNLOCAL, "--config.data.source=corpus", "--config.data.corpus=D/corpus",
          "--config.data.val_corpus=D/corpus", "--workdir=D/out"],
         "corpus/manifest.json is not a corpus manifest",
     ),  # fmt: skip
-    "train/missing warm start": (
+    "train/bucket name": (
         "train",
-        [RUNLOCAL, "--config.init_from=D/none", "--workdir=D/out"],
-        "init_from='D/none': no such run directory",
+        [RUNLOCAL, "--workdir=gs://b/run"],
+        "gs://b is not a Cloud Storage bucket name",
     ),
     "evaluate/missing file": ("evaluate", ["--workdir=D/none"], "holds no run"),
+    "evaluate/missing bucket": ("evaluate", [f"--workdir={NO_BUCKET}/run"], GONE),
     "evaluate/malformed": ("evaluate", ["--workdir=D/run"], "config.json is not a run's config"),
-    "evaluate/missing bucket": (
-        "evaluate",
-        [f"--workdir={NO_BUCKET}/run"],
-        f"the bucket {NO_BUCKET} does not exist",
-    ),
     "sample/missing file": ("sample", ["--workdir=D/none"], "holds no run"),
+    "sample/missing bucket": ("sample", [f"--workdir={NO_BUCKET}/run"], GONE),
+    "sample/malformed": ("sample", ["--workdir=D/run"], "config.json is not a run's config"),
     "prepare tokenizer/missing file": (
         "prepare",
         ["tokenizer", "--inputs=D/none*.jsonl", "--tokenizer=D/out/t.json"],
@@ -66,59 +101,66 @@ CASES = {
     "prepare tokenizer/missing bucket": (
         "prepare",
         ["tokenizer", f"--inputs={NO_BUCKET}/*.jsonl", "--tokenizer=D/out/t.json"],
-        f"the bucket {NO_BUCKET} does not exist",
+        GONE,
     ),
-    "prepare shards/malformed jsonl": (
+    "prepare tokenizer/malformed": (
         "prepare",
-        [
-            "shards",
-            "--inputs=D/bad.jsonl",
-            "--tokenizer=T/tok.json",
-            "--output=D/out",
-            "--shards=1",
-        ],
-        r"bad.jsonl@\d+: not a JSON line \(Expecting property name .*: column 15\)",
+        ["tokenizer", "--inputs=D/bad.jsonl", "--tokenizer=D/out/t.json"],
+        r"bad.jsonl@\d+: not a JSON line",
     ),
+    "prepare shards/missing file": (
+        "prepare",
+        ["shards", "--inputs=D/raw/*.jsonl", "--tokenizer=D/none.json", "--output=D/out"],
+        "none.json",
+    ),
+    "prepare shards/missing bucket": (
+        "prepare",
+        ["shards", "--inputs=D/raw/*.jsonl", "--tokenizer=T/tok.json", f"--output={NO_BUCKET}/c"],
+        GONE,
+    ),
+    "prepare shards/malformed": (
+        "prepare",
+        ["shards", "--inputs=D/bad.jsonl", "--tokenizer=T/tok.json", "--output=D/out",
+         "--shards=1"],
+        r"bad.jsonl@\d+: not a JSON line \(Expecting property name .*: column 15\)",
+    ),  # fmt: skip
     "prepare shards/malformed parquet": (
         "prepare",
         ["shards", "--inputs=D/bad.parquet", "--format=parquet", "--tokenizer=T/tok.json",
          "--output=D/out"],
         "bad.parquet: not a readable Parquet file",
     ),  # fmt: skip
-    "prepare shards/missing bucket": (
-        "prepare",
-        ["shards", "--inputs=D/raw/*.jsonl", "--tokenizer=T/tok.json", f"--output={NO_BUCKET}/c"],
-        f"the bucket {NO_BUCKET} does not exist",
-    ),
     "prepare/no subcommand": ("prepare", ["--inputs=x", "--tokenizer=y"], "say what to prepare"),
-    "plan/missing file": ("plan", ["--config=D/none.py", "--topology=v5p-8"], "No such file"),
-    "sweep/missing file": ("sweep", ["--config=D/none.py", "--workdir=D/out"], "does not exist"),
-    "learner/missing file": (
+    **_three("plan", ["--topology=v5p-8"], ["--topology=v5p-8", f"--json={NO_BUCKET}/p.json"]),
+    **_three("sweep", ["--workdir=D/out"], [f"--workdir={NO_BUCKET}/s"], bucket_says=LOCAL),
+    **_three(
         "learner",
-        ["--config=D/none.py", "--learner_id=0", "--synchronizer=localhost:1", "--workdir=D/out"],
-        "No such file",
+        ["--learner_id=0", "--synchronizer=localhost:1", "--workdir=D/out"],
+        ["--learner_id=0", "--synchronizer=localhost:1", TOKEN, f"--workdir={NO_BUCKET}/l"],
     ),
-    "synchronizer/missing file": (
-        "synchronizer",
-        ["--config=D/none.py", "--workdir=D/o"],
-        "No such",
-    ),
-    "launch_ray/missing file": (
+    **_three("synchronizer", ["--workdir=D/o"], [TOKEN, f"--workdir={NO_BUCKET}/s"]),
+    **_three(
         "launch_ray",
-        ["--config=D/none.py", "--learners=2", "--workdir=D/out"],
-        "No such file",
+        ["--learners=2", "--workdir=D/out"],
+        ["--learners=2", f"--workdir={NO_BUCKET}/r"],
+        bucket_says=LOCAL,
     ),
-    "bandwidth/missing file": ("bandwidth", ["--config=D/none.py", "--workdir=D/out"], "No such"),
-    "simulate_goodput/missing file": (
-        "simulate_goodput",
-        ["--config=D/none.py", "--workdir=D/out"],
-        "No such file",
+    **_three(
+        "bandwidth", ["--workdir=D/out"], [f"--workdir={NO_BUCKET}/b"], f"{CFGS}/bandwidth.py"
     ),
-    "chaos_suite/missing file": (
+    **_three(
+        "simulate_goodput", ["--workdir=D/out"], [f"--workdir={NO_BUCKET}/g"], f"{CFGS}/goodput.py"
+    ),
+    **_three(
         "chaos_suite",
-        ["--config=D/none.py", "--workdir=D/out"],
-        "No such file",
+        ["--workdir=D/out"],
+        [f"--workdir={NO_BUCKET}/c"],
+        f"{CFGS}/chaos_suite.py",
+        bucket_says=LOCAL,
     ),
+    "supervise/missing file": ("supervise", ["--", "D/none"], "D/none"),
+    "supervise/missing bucket": ("supervise", [f"--log={NO_BUCKET}/log.jsonl", "--", "true"], GONE),
+    "supervise/malformed": ("supervise", ["--backoff_s=abc", "--", "true"], "--backoff_s"),
     "supervise/no command": ("supervise", [], "give the command to supervise"),
 }
 
@@ -138,24 +180,67 @@ def tokenizer(tmp_path_factory):
   return d
 
 
+def _mains() -> list[str]:
+  """Every experiments main (a module that runs through config_cli.run), prepare's subcommands
+  each on its own."""
+  found = []
+  for path in sorted(pathlib.Path(REPO, "experiments").glob("*.py")):
+    if "config_cli.run(" in path.read_text(encoding="utf-8"):
+      subcommands = SUBCOMMANDS.get(path.stem)
+      found.extend([f"{path.stem} {s}" for s in subcommands] if subcommands else [path.stem])
+  return found
+
+
+def test_every_main_is_tried_with_each_kind_of_bad_input():
+  mains = _mains()
+  assert len(mains) >= 15 and "train" in mains and "prepare shards" in mains
+  missing = [f"{m}/{k}" for m in mains for k in KINDS if f"{m}/{k}" not in CASES]
+  assert not missing, missing
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, emulator, tokenizer):
+  """Runs a main's cases on first use, all in one process (tests/bad_input_driver.py); per case
+  its directory, the files before, exit code, stdout and stderr."""
+  done = {}
+
+  def get(case: str) -> dict:
+    main = CASES[case][0]
+    if main not in done:
+      root = tmp_path_factory.mktemp(main)
+      batch, runs = [], {}
+      for name in sorted(c for c in CASES if CASES[c][0] == main):
+        d = root / re.sub(r"\W", "_", name)
+        d.mkdir()
+        _inputs(d)
+        args = [a.replace("D/", f"{d}/").replace("T/", f"{tokenizer}/") for a in CASES[name][1]]
+        batch.append({"main": main, "argv": args, "cwd": str(d), "out": str(d) + ".out"})
+        runs[name] = {"dir": d, "before": sorted(x.relative_to(d) for x in d.rglob("*"))}
+      (root / "cases.json").write_text(json.dumps(batch))
+      subprocess.run(
+          [sys.executable, str(HERE / "bad_input_driver.py"), "cases.json", "codes.json"],
+          cwd=root,
+          env={**os.environ, "BAD_INPUT_TOKEN": "a-token"},
+          timeout=300,
+          check=True,
+      )
+      codes = json.loads((root / "codes.json").read_text())
+      for (name, run), code, b in zip(runs.items(), codes, batch, strict=True):
+        run.update(code=code, stderr=pathlib.Path(b["out"] + ".stderr").read_text())
+      done[main] = runs
+    return done[main][case]
+
+  return get
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_command_that_cannot_run_is_one_line_exit_2_and_writes_nothing(
-    case, tmp_path, emulator, tokenizer
-):
-  main, args, says = CASES[case]
-  _inputs(tmp_path)
-  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-  args = [a.replace("D/", f"{tmp_path}/").replace("T/", f"{tokenizer}/") for a in args]
-  out = subprocess.run(
-      [sys.executable, "-m", f"experiments.{main}", *args],
-      cwd=tmp_path,
-      capture_output=True,
-      text=True,
-      timeout=120,
-  )
+def test_a_command_that_cannot_run_is_one_line_exit_2_and_writes_nothing(case, outcomes):
+  says = CASES[case][2]
+  run = outcomes(case)
+  d, stderr = run["dir"], run["stderr"]
   bar = re.compile(r"^\s*\d+%\|")  # a progress bar's line (prepare's, before it failed)
-  lines = [l for l in out.stderr.splitlines() if l.strip() and not bar.match(l)]
-  assert out.returncode == 2, out.stderr[-2000:]
-  assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-2000:]
-  assert re.search(says.replace("D/", f"{tmp_path}/"), lines[0]), lines[0]
-  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+  lines = [l for l in stderr.splitlines() if l.strip() and not bar.match(l)]
+  assert run["code"] == 2, stderr[-2000:]
+  assert len(lines) == 1 and lines[0].startswith("error: "), stderr[-2000:]
+  assert re.search(says.replace("D/", f"{d}/"), lines[0]), lines[0]
+  assert sorted(x.relative_to(d) for x in d.rglob("*")) == run["before"]

@@ -5,6 +5,7 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 
 from absl import app, flags
@@ -57,17 +58,24 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
   return None
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-  """app.run(main), with config mistakes reported as one message and exit code USAGE_ERROR."""
+def run(main: Callable[[list[str]], None], like: str | None = None) -> None:
+  """app.run(main), with config mistakes reported as one message and exit code USAGE_ERROR.
+  `like`: the config file (from the repository's root) whose top-level keys the main reads; a
+  `--config` without them (another command's config) is refused naming them."""
 
   def checked(argv):
-    unloaded = _unloaded_config_file()
+    unloaded = _unloaded_config_file() or (like and _unlike(like))
     if unloaded:
       fail(unloaded)
     try:
       return main(argv)
     except (errors.InputError, app.UsageError) as e:  # ConfigError and WorkdirError among them
       fail(str(e))
+    except Exception as e:  # pylint: disable=broad-except  (a config file a main loads itself)
+      message = config_file_error(sys.argv, e)
+      if message is None:
+        raise
+      fail(message)
 
   app.run(checked, flags_parser=_parse_flags)
 
@@ -85,18 +93,57 @@ def _unloaded_config_file() -> str:
   return ""
 
 
+def _unlike(like: str, flag: str = "config") -> str:
+  """The message for a `--config` that lacks top-level keys of the config file `like`."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  wanted = load_module(os.path.join(root, like)).get_config()
+  given = flags.FLAGS[flag].value
+  missing = [k for k in wanted if k not in given]
+  if not missing:
+    return ""
+  shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+  return (
+      f"--{flag}={flags.FLAGS[flag].config_filename}: not a config of this command (no {shown}; "
+      f"{like} is one)"
+  )
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, with a value that does not parse (`--config.batch_size=abc`) or a key the
-  config does not have a usage error (exit 2, one line) rather than absl's exit 1 or a traceback."""
+  """absl's parsing, with a value that does not parse (`--config.batch_size=abc`), a key the
+  config does not have, or a config file that raises as it loads a usage error (exit 2, one line)
+  rather than absl's exit 1 or a traceback."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:  # one line (absl names each missing flag on a line of its own)
-    fail("; ".join(line.strip() for line in str(e).splitlines() if line.strip()))
-  except (AttributeError, KeyError):  # ml_collections: an override of a key it does not have
-    message = unknown_override(argv)
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if "Traceback (most recent call last):" in lines:  # (config_flags': a get_config that raised)
+      lines = [" ".join([*lines[: lines.index("Traceback (most recent call last):")], lines[-1]])]
+    fail("; ".join(lines))
+  except Exception as e:  # pylint: disable=broad-except  (re-raised unless the config file's)
+    message = unknown_override(argv) if isinstance(e, (AttributeError, KeyError)) else None
+    message = message or config_file_error(argv, e)
     if message is None:
       raise
     fail(message)
+
+
+def config_file_error(argv: list[str], error: BaseException, flag: str = "config") -> str | None:
+  """One line for an error that the config file itself raised as it loaded (a SyntaxError in it,
+  or an exception with a frame of it: a typo in get_config), naming the file, line and error."""
+  spec = _flag_value(argv, flag)
+  if not spec:
+    return None
+  path = spec.partition(":")[0]
+  if isinstance(error, SyntaxError) and error.filename:
+    if os.path.abspath(error.filename) == os.path.abspath(path):
+      return f"--{flag}: {path} line {error.lineno}: SyntaxError: {error.msg}"
+    return None
+  frames = traceback.extract_tb(error.__traceback__)
+  mine = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(path)]
+  if not mine:
+    return None
+  first = (str(error).strip().splitlines() or [""])[0]
+  return f"--{flag}: {path} line {mine[-1].lineno}: {type(error).__name__}: {first}"
 
 
 def fail(message: str) -> None:
