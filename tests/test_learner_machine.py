@@ -241,6 +241,33 @@ def test_a_rebasing_learners_join_sends_its_unanswered_uploads_as_they_were(answ
   assert machine.arrived(later) == [lm.Apply(later)]  # once only
 
 
+def test_a_send_buffered_before_a_synchronizer_restart_is_stale_after_the_join():
+  # tests/test_grpc.py's chaos run, learner 0, fragment 3: its upload was merged just before
+  # the synchronizer was killed, and the merge's send (generation 0, naming that upload) sat in
+  # its link's buffer through the outage. Taken after the Join to generation 1, it answered the
+  # upload; the Join's answer then brought the same version again (generation 1, naming the same
+  # upload, which the learner no longer held): the learner replaced the fragment, dropping the
+  # 14 steps trained since, and sent nothing. Now the buffered send is dropped as stale, and the
+  # answer's copy answers the upload and sends what was trained after it.
+  held = Held(versions=[1, 1], c_steps=[2, 2], steps=2, delivery="rebase")
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  assert machine.stepped([0]) == [lm.Upload(0)]  # on (0, 1); merged as (0, 2), then the kill
+  for _ in range(3):  # trained on while the synchronizer was away
+    held.step()
+  machine.join_sent(10.0)
+  machine.joined(1)
+  machine.joined(None)  # (a link that cannot tell changes nothing)
+  stale = _update(0, 2, base_gen=0, gen=0, own=True)
+  assert machine.arrived(stale) == [lm.Drop(stale, Code.OLD_GENERATION)]
+  assert machine.undelivered() == {0: 5}  # still unanswered
+  assert machine.joined_unseen() == [lm.Resend(0, None, as_sent=True)]
+  assert machine.resend_due(0, None, now=11.0, as_sent=True) == [lm.Upload(0)]
+  answer = Send(0, 0, 2, values=VALUES, generation=1, own=stale.own)  # the Join's answer
+  assert machine.arrived(answer) == [lm.Apply(answer), lm.Resend(0, None)]
+  newer = _values(1, 3, gen=1)  # (the joined generation's own sends are taken)
+  assert machine.arrived(newer) == [lm.Apply(newer)]
+
+
 def test_a_duplicate_on_the_version_held_rebases_the_arrival_and_resends_the_rest():
   # Its upload of fragment 0 on (0, 0) was merged and the synchronizer died before the answer
   # came; the copy sent after the Join is refused as a duplicate of that base. The merged

@@ -176,7 +176,8 @@ def test_the_host_answers_a_join_with_the_versions_the_peers_and_the_earlier_pro
 
 def test_the_join_answer_crosses_the_wire():
   """The same answer through the gRPC service and client: the report's c_steps go up with a
-  heartbeat, the peers and the earlier process come back in the JoinReply."""
+  heartbeat, the peers, the earlier process and the synchronizer's generation come back in the
+  JoinReply."""
   sync = _sync()
   now = [0.0]
   host = sync_host.SyncHost(sync, absent_after_s=3.0, clock=lambda: now[0])
@@ -190,12 +191,12 @@ def test_the_join_answer_crosses_the_wire():
   try:
     a = link(0)
     a.report = lambda: dict(total_steps=12, c_steps=[2])
-    assert a.join((0,), ()) == Joined((0,), (), None, 0.0)
+    assert a.join((0,), ()) == Joined((0,), (), None, 0.0, generation=0)
     a.progress(False)
-    assert link(1).join((0,), ()) == Joined((0,), (Peer(12, (2,)),), None, 0.0)
+    assert link(1).join((0,), ()) == Joined((0,), (Peer(12, (2,)),), None, 0.0, generation=0)
     now[0] = 4.0
     _until(lambda: 0 not in sync.live)  # learner 0's process is found absent (silent 4 s)
-    assert link(0).join((0,), ()) == Joined((0,), (), Peer(12, (2,)), 4.0)
+    assert link(0).join((0,), ()) == Joined((0,), (), Peer(12, (2,)), 4.0, generation=0)
   finally:
     for l in links:
       l.close()

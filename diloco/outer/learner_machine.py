@@ -15,6 +15,8 @@ The rules:
   it sent after step s is unanswered.
 - **Merged fragments.** One is applied only if intact, from a generation not older than one
   already heard from its synchronizer (shard), and (an update) built on exactly the version held (`verdict`).
+  Nor one older than the generation that answered the last real-time Join (`joined`): it was
+  buffered before that synchronizer restarted, and the Join's answer supersedes it.
   A corrupt one or a gap (messages were lost) makes the learner re-join; a duplicate or an old
   generation's is dropped.
 - **Refused uploads** (`outcomes.Code`): nothing comes back for them, so they stop being waited
@@ -85,6 +87,7 @@ class LearnerMachine:
     # Rebasing: fragments whose unanswered upload went again as it was (`joined_unseen`); what
     # was trained after it goes once a merge names it (`arrived`), or afresh if it is refused.
     self.as_sent: dict[int, float] = {}  # fragment -> when the copy went
+    self.joined_gen = -1  # the synchronizer generation that answered the last real-time Join
     self.skipped = 0  # due uploads not sent: the last one of that fragment was unanswered
     # What it decided, in order: ("upload", p, base version, step), ("apply", p, version, step)
     # and ("rejoin", why, step): two runtimes given the same events decide the same (`digest`).
@@ -92,7 +95,9 @@ class LearnerMachine:
 
   _STATE = ("inflight", "join_inflight", "last_join", "restoring", "awaiting", "resent")
   _STATE += ("skipped", "decisions", "merged_unseen", "after_join", "answering", "as_sent")
-  _NEWER = {"after_join": set(), "answering": None, "as_sent": {}}  # absent from older snapshots
+  _STATE += ("joined_gen",)
+  # (absent from older snapshots)
+  _NEWER = {"after_join": set(), "answering": None, "as_sent": {}, "joined_gen": -1}
 
   def state(self) -> dict:
     """Its protocol state (not the learner it reads), for a snapshot of a virtual run."""
@@ -133,6 +138,8 @@ class LearnerMachine:
   def arrived(self, send: protocol.Send) -> list[Decision]:
     """A merged fragment arrived."""
     code = verdict(send, self.held, self.num_fragments)
+    if code is None and send.generation < self.joined_gen:  # stale (`joined`)
+      code = Code.OLD_GENERATION
     if code is not None:
       rejoin = self._resync() if code in REJOIN_ON_SEND else None
       return [Drop(send, code)] + ([rejoin] if rejoin is not None else []) + self._answered(send)
@@ -224,6 +231,17 @@ class LearnerMachine:
 
   def join_sent(self, now: float) -> None:
     self.join_inflight, self.last_join = True, now
+
+  def joined(self, generation: int | None) -> None:
+    """A real-time Join was answered by the synchronizer's `generation` (None: the link cannot
+    tell). A send of an older generation that arrives after it was buffered before that
+    synchronizer restarted (a link's poller fetched it, the learner found the synchronizer gone
+    before taking it): the Join's answer, computed from the versions the Join reported, holds
+    what it held. Taken after the Join, it made the answer's copy of the same version look
+    new: a merge naming an upload already taken as merged, on which the learner replaced its
+    fragment and dropped the progress it had made since (issue 49's gRPC test, fragment 3)."""
+    if generation is not None:
+      self.joined_gen = max(self.joined_gen, generation)
 
   def join_lost(self) -> None:
     self.join_inflight = False

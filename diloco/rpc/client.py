@@ -116,6 +116,7 @@ class GrpcLink:
         tuple(peer(p) for p in reply.peers),
         peer(reply.previous) if reply.HasField("previous") else None,
         reply.silent_s,
+        reply.generation,
     )
 
   def progress(self, finished: bool) -> bool:

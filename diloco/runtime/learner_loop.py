@@ -150,6 +150,9 @@ class _LearnerLoop:
       return False
     self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
     self.joins += 1
+    # Sends of an older synchronizer generation still buffered (fetched before it restarted)
+    # are stale from now on: the Join's answer holds what they held (`LearnerMachine.joined`).
+    self.machine.joined(getattr(answer, "generation", None))
     if self.rejoin is not None:  # (at a sync point: a restart may move its step counter)
       self.rejoin.joined(answer)
     self.machine.join_sent(self.last_beat)

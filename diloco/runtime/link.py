@@ -29,12 +29,16 @@ class Unreachable(Exception):
 class Joined:
   """A Join's answer: the synchronizer's versions then (the learner has rejoined once it holds
   them), the other live learners as they last reported, and this learner id's last report from
-  an earlier process with how long that one had been silent (None: no earlier process)."""
+  an earlier process with how long that one had been silent (None: no earlier process), and
+  the synchronizer's generation (None where the link cannot tell: several shards). A send of
+  an older generation that arrives after it (buffered before a synchronizer restart) is stale:
+  the answer was computed from the versions the Join reported (`LearnerMachine.joined`)."""
 
   versions: tuple[int, ...]
   peers: tuple[Peer, ...] = ()
   previous: Peer | None = None
   silent_s: float = 0.0
+  generation: int | None = None
 
 
 class Link(Protocol):
