@@ -269,10 +269,13 @@ def test_a_dp_run_whose_final_checkpoint_is_corrupt_retrains_it_and_finishes(tmp
 
 @pytest.fixture
 def small_disk(tmp_path):
-  """A real 1 MiB filesystem (tmpfs; needs root): the first tiny checkpoint fits, not all."""
+  """A real 1.5 MiB filesystem (tmpfs; needs root): the first tiny checkpoint fits (0.5-0.9 MiB
+  with the run's 0.25 MiB summary reserve), not all."""
   mount = tmp_path / "disk"
   mount.mkdir()
-  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=False)
+  done = subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mount)], check=False
+  )
   if done.returncode:
     pytest.skip("cannot mount a tmpfs here (not root?); the raising test below covers the code")
   yield mount
@@ -281,7 +284,9 @@ def small_disk(tmp_path):
 
 def test_a_full_disk_is_one_line_per_save_and_the_run_finishes_with_its_summary(small_disk):
   """Before: tensorstore's ValueError (RESOURCE_EXHAUSTED ... No space left on device) was no
-  OSError: rc 1, about 560 lines of traceback, a temporary directory left on the full disk."""
+  OSError: rc 1, about 560 lines of traceback, a temporary directory left on the full disk. Then
+  the summary did not fit in 1 of 8 runs (orbax's steps took 0.52-0.92 MiB of the 1 MiB disk):
+  the run now holds a reserve for it (train.RESERVE_BYTES), removed when it is written."""
   workdir = small_disk / "run"
   out = proc_helpers.train(workdir, "--config.steps=40", "--config.checkpoint_every=5")
   assert out.returncode == preemption.EXIT_SAVE_FAILED == 74, out.stderr[-3000:]
@@ -292,6 +297,7 @@ def test_a_full_disk_is_one_line_per_save_and_the_run_finishes_with_its_summary(
   assert len(failed) == summary["checkpoint_failures"] and "No space left" in failed[-1]
   assert "Traceback" not in out.stderr
   assert not glob.glob(str(workdir / "checkpoints" / "*orbax-checkpoint-tmp*"))
+  assert not (workdir / train.RESERVE_FILE).exists()
 
 
 def test_whatever_the_storage_layer_raises_is_one_line_and_its_temporary_is_removed(
