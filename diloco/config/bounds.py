@@ -80,8 +80,10 @@ def data_problems(
   """What the loaded data refuses: a model.vocab_size given that is not the tokenizer's; more
   learners than training documents when each learner trains on its own (data.iid=False); a batch
   whose logits over the data's own vocabulary exceed `limit`."""
-  vocab = _vocab_problems(c, splits) + _learner_problems(c, splits)
-  return vocab + ([] if vocab else problems(c, limit, int(splits.vocab_size)))
+  found = _vocab_problems(c, splits) + _learner_problems(c, splits)
+  if found or c.data.source in IMAGE_SOURCES:  # (images: classes, no logits over a vocabulary)
+    return found
+  return problems(c, limit, int(splits.vocab_size))
 
 
 def _vocab_problems(c: ml_collections.ConfigDict, splits) -> Problems:
