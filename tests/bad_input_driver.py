@@ -21,7 +21,14 @@ import sys
 
 from absl import app, flags  # pylint: disable=unused-import  (app: its flags in the baseline)
 
-OURS = ("__main__", "diloco", "experiments")  # flags defined again by the next command
+# Flags the next command defines again: the main's (absl names a __main__ module by its file's
+# path) and those of this repository's library functions.
+OURS = (
+    "__main__",
+    "diloco",
+    "experiments",
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
 
 
 def _exit_code(e: SystemExit) -> int:
@@ -73,7 +80,7 @@ def run_one(main: str, argv: list[str], cwd: str, out: str) -> int:
     for fd in saved:
       os.close(fd)
     for name in set(flags.FLAGS) - baseline:
-      if flags.FLAGS.find_module_defining_flag(name).startswith(OURS):
+      if (flags.FLAGS.find_module_defining_flag(name) or "").startswith(OURS):
         delattr(flags.FLAGS, name)
     flags.FLAGS.unparse_flags()
   return code
