@@ -94,7 +94,7 @@ def train_and_evaluate(
       try:
         summary = run(config, workdir, **runner_options)
       except BaseException:
-        _release(reserve)
+        _release(reserve)  # (before unclaim, which frees only a workdir with nothing else in it)
         if decision != "resume" and jax.process_index() == 0:  # a new run that wrote nothing
           workdir_lib.unclaim(workdir)
         raise

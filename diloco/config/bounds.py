@@ -81,9 +81,7 @@ def data_problems(
   learners than training documents when each learner trains on its own (data.iid=False); a batch
   whose logits over the data's own vocabulary exceed `limit`."""
   found = _vocab_problems(c, splits) + _learner_problems(c, splits)
-  if found or c.data.source in IMAGE_SOURCES:  # (images: classes, no logits over a vocabulary)
-    return found
-  return problems(c, limit, int(splits.vocab_size))
+  return found or problems(c, limit, getattr(splits, "vocab_size", None))  # (images: none)
 
 
 def _vocab_problems(c: ml_collections.ConfigDict, splits) -> Problems:
