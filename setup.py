@@ -28,7 +28,7 @@ INSTALL_REQUIRES = [
     "protobuf>=7.35.1,<8",  # the stubs need a 7.x runtime at least as new as their generator
     "prometheus-client>=0.26",  # the status service's /metrics
     "zlib-ng>=1.1.0",  # zlib's CRC-32 at ~25 GB/s for message checksums (zlib itself: ~4)
-    "numba>=0.68.1",  # the synchronizer's commit as one compiled loop (diloco/outer/kernels.py)
+    "numba>=0.68.1",  # the synchronizer's commit as one compiled loop (diloco/outer/codecs/kernels.py)
 ]
 
 EXTRAS_REQUIRE = {

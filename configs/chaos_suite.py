@@ -4,10 +4,11 @@ Command:
 
   python -m experiments.chaos_suite --config=configs/chaos_suite.py --workdir=runs/chaos_suite
 
-Each run is `configs/shakespeare.py:runlocal,mode=decoupled,learners=4,steps=S,chaos=heavy` (tiny
-model) with chaos seed 0, 1, ...: per learner a fault every quarter of the run on average (crash,
-straggle, delay, partition, corrupt, poison), synchronizer crashes every half run on average, each
-lasting 5% of the run on average. The table (WORKDIR/chaos_suite.md, also printed) has one row per
+Each run is `base_file` (configs/shakespeare.py) with
+`runlocal,mode=decoupled,learners=4,steps=S,chaos=heavy` (tiny model) and chaos seed 0, 1, ...:
+per learner a fault every quarter of the run on average (crash, straggle, delay, partition,
+corrupt, poison), synchronizer crashes every half run on average, each lasting 5% of the run on
+average. The table (WORKDIR/chaos_suite.md, also printed) has one row per
 run: faults by kind, rejections by reason, rejoins, restarts, corrupted/poisoned messages caught,
 and whether the global parameters stayed finite and uncorrupted, every crashed learner rejoined
 and training advanced.
@@ -30,6 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg.runs < 1:
     raise ValueError(f"runs must be >= 1, got {arg.runs}")
   c = ml_collections.ConfigDict()
+  c.base_file = "configs/shakespeare.py"  # each run's config file (from the working directory)
   c.base = f"runlocal,mode={arg.mode},learners={arg.learners},steps={arg.steps},chaos={arg.preset}"
   c.runs = arg.runs
   c.seed0 = 0  # chaos seeds seed0 .. seed0 + runs - 1

@@ -26,7 +26,7 @@ under a minute; mode=decoupled with M=4 and one learner 3x slower at least 93%.
 import ml_collections
 
 from configs import shakespeare
-from diloco.config import keys, resolve, variants
+from diloco.config import base, keys, resolve, variants
 
 VARIANTS = {
     **{k: v for k, v in shakespeare.VARIANTS.items() if k != "seq"},
@@ -52,7 +52,7 @@ def model_section() -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = shakespeare.base_config()
+  c = base.base_config()
   c.model = model_section()
   c.model.vocab_size = 10
   c.data.source, c.data.iid = "digits", True

@@ -3,9 +3,8 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from diloco.config import cli as config_cli
-from configs import shakespeare
 from diloco import paths
+from diloco.config import cli as config_cli
 from experiments.studies import chaos_suite
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -23,7 +22,11 @@ def main(argv):
     workdir = paths.local_only(_WORKDIR.value, "the chaos suite")
   except ValueError as err:
     raise app.UsageError(str(err)) from None
-  summary = chaos_suite.run(_CONFIG.value, workdir, shakespeare.get_config)
+  try:  # the config file each run starts from, by path as --config is
+    get_base = config_cli.load_module(_CONFIG.value.base_file).get_config
+  except FileNotFoundError as err:
+    raise app.UsageError(f"base_file: {err}") from None
+  summary = chaos_suite.run(_CONFIG.value, workdir, get_base)
   print(summary["table"], flush=True)
   print(f"wall {summary['wall_s']:.0f} s", flush=True)
 

@@ -18,7 +18,7 @@
 # `diloco/sim/bandwidth.py` (the same code as `experiments/bandwidth.py`) lays out one learner's
 # steps layer by layer (forward, then backward) and puts each sync on a FIFO link as soon as the
 # layer's backward is done; a late sync stalls the forward that needs it. Payload sizes come from
-# the codecs in `diloco/outer/compression.py`. Set `DILOCO_NOTEBOOK_TINY=1` to run it in a few seconds
+# the codecs in `diloco/outer/codecs/compression.py`. Set `DILOCO_NOTEBOOK_TINY=1` to run it in a few seconds
 # (the test suite does); the figures quoted in the text come from the full run, whose outputs
 # `python scripts/render_notebooks.py bandwidth` stores in the .ipynb.
 

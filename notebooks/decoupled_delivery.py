@@ -18,7 +18,7 @@
 # taken `rebase` since, by the table below) every merged fragment replaces the learner's
 # copy, so its progress since its own last upload is lost whenever another learner's merge
 # arrives first: in issue 32's heterogeneous runs only 15% of the trained learner-steps reached a
-# merge at K = 1. Two rules keep that work (`diloco/outer/learner.py`):
+# merge at K = 1. Two rules keep that work (`diloco/outer/learner/learner.py`):
 #
 # - `rebase`: the learner keeps the progress the merge does not hold,
 #   θ ← Θ_new + (θ − Θ_held) + [the merge holds its upload u] decode(u);

@@ -16,7 +16,7 @@
 #
 # Issue 69. Under the `arrival` clock a fragment merges at its quorum plus the grace window, so
 # with K = 1 nearly every upload is its own merge and M learners make up to M full outer steps
-# of a fragment per H steps. Two axes of the synchronizer (`diloco/outer/merge_clock.py`,
+# of a fragment per H steps. Two axes of the synchronizer (`diloco/outer/sync/merge_clock.py`,
 # docs/algorithms.md "The merge clock") try to keep one outer step per period whatever M is:
 #
 # - `outer.merge_clock=period`: fragment p merges once per H steps of the K-th fastest live

@@ -18,7 +18,8 @@ import numpy as np
 from absl import app, flags
 
 from diloco import timing
-from diloco.outer import compression, merging
+from diloco.outer import merging
+from diloco.outer.codecs import compression
 
 _MBYTES = flags.DEFINE_integer("mbytes", 64, "Fragment size in MiB of float32.")
 _LEARNERS = flags.DEFINE_integer("learners", 8, "Deltas merged.")

@@ -107,10 +107,12 @@ def merge_loop(a) -> dict:
   """Merges the fragments this process owns for `seconds`, from `start` (wall clock)."""
   import numpy as np
 
-  from diloco.outer import compression, fragments, integrity, memory, optimizers, ownership
+  from diloco.outer import fragments, integrity, memory, optimizers
+  from diloco.outer.codecs import compression
+  from diloco.outer.sync import ownership
   from diloco.outer import parallel, policies
   from diloco.outer.protocol import Join, Upload
-  from diloco.outer.synchronizer import Synchronizer
+  from diloco.outer.sync.synchronizer import Synchronizer
 
   memory.keep_freed_arrays()  # as the synchronizer process does
   if a.threads:

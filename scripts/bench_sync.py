@@ -27,10 +27,12 @@ import numpy as np
 from absl import app, flags
 
 from diloco import timing
-from diloco.outer import commit, compression, fragments, integrity, merging, optimizers, parallel
+from diloco.outer import fragments, integrity, merging, optimizers, parallel
+from diloco.outer.codecs import compression
+from diloco.outer.sync import commit
 from diloco.outer import memory, policies
 from diloco.outer.protocol import Join, Upload
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 
 _MBYTES = flags.DEFINE_integer("mbytes", 64, "Fragment size in MiB of float32.")
 _LEARNERS = flags.DEFINE_integer("learners", 8, "Learners uploading the fragment each round.")

@@ -23,9 +23,11 @@ import hypothesis
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from diloco.outer import compression, fragments, integrity, merge_clock, optimizers, policies, protocol
+from diloco.outer import fragments, integrity, optimizers, policies, protocol
+from diloco.outer.codecs import compression
+from diloco.outer.sync import merge_clock
 from diloco.outer.protocol import Join, Leave, Log, Refused, Send, Tick, Upload, records
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 
 F32 = np.float32
 PARAMS = {

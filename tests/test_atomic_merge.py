@@ -3,9 +3,10 @@ with `non_finite_merge`, the state bit-identical to before, and `handle` never r
 
 import numpy as np
 
-from diloco.outer import compression, fragments, merging, optimizers, policies, protocol
+from diloco.outer import fragments, merging, optimizers, policies, protocol
+from diloco.outer.codecs import compression
 from diloco.outer.protocol import Join, Log, Send, Upload, records
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 
 F32 = np.float32
 BIG = np.finfo(F32).max

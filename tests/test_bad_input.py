@@ -158,6 +158,11 @@ CASES = {
         f"{CFGS}/chaos_suite.py",
         bucket_says=LOCAL,
     ),
+    "chaos_suite/missing base file": (
+        "chaos_suite",
+        [f"{CFGS}/chaos_suite.py", "--config.base_file=D/none.py", "--workdir=D/out"],
+        "base_file: config file",
+    ),
     "supervise/missing file": ("supervise", ["--", "D/none"], "D/none"),
     "supervise/missing bucket": ("supervise", [f"--log={NO_BUCKET}/log.jsonl", "--", "true"], GONE),
     "supervise/malformed": ("supervise", ["--backoff_s=abc", "--", "true"], "--backoff_s"),

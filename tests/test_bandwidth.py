@@ -5,7 +5,7 @@ import json
 import pytest
 
 from configs import bandwidth as bandwidth_config
-from diloco.outer import compression
+from diloco.outer.codecs import compression
 from diloco.sim import bandwidth, bandwidth_reference, bandwidth_report
 from diloco.sim.timeline import required_bandwidth, utilization, Workload
 

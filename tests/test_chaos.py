@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 from diloco.chaos import schedule as chaos
-from diloco.outer import compression, fragments, integrity, optimizers, policies, screening, sync_state
-from diloco.outer.learner import Learner
+from diloco.outer import fragments, integrity, optimizers, policies
+from diloco.outer.codecs import compression
+from diloco.outer.sync import screening, sync_state
+from diloco.outer.learner.learner import Learner
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Join, Log, Send, Upload, records
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 
 F32 = np.float32
 PARAMS = {

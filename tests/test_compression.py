@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from diloco.outer import blockwise, compression as C
+from diloco.outer.codecs import blockwise, compression as C
 
 
 def _wide_range(n: int, seed: int = 0) -> np.ndarray:

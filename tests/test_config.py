@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from configs import digits, shakespeare
 from diloco import train
-from diloco.config import checks, domains, keys, presets, resolve, variants
+from diloco.config import base, checks, domains, keys, presets, resolve, variants
 from diloco.recovery import workdir as workdir_lib
 from diloco.sweeps import sweep
 
@@ -173,7 +173,7 @@ def test_a_key_declared_in_one_place_is_resolved_listed_and_checked():
   from experiments import config as config_main
 
   def declared(arg: str):
-    c = shakespeare.base_config()
+    c = base.base_config()
     c.extra = keys.section(
         "extra",
         share=(

@@ -13,7 +13,8 @@ import numpy as np
 from configs import shakespeare
 from diloco import metrics, train
 from diloco.config import build
-from diloco.outer import compression, protocol
+from diloco.outer import protocol
+from diloco.outer.codecs import compression
 from diloco.runtime import learner_loop
 
 

@@ -14,7 +14,8 @@ import pytest
 from configs import shakespeare
 from diloco import train
 from diloco.config import build, checks
-from diloco.outer import compression, protocol
+from diloco.outer import protocol
+from diloco.outer.codecs import compression
 
 
 def _learner(delivery: str, overlap: int = 0, alpha: float = 0.0, anchor: str = "base"):

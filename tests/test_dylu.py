@@ -10,9 +10,10 @@ from configs import shakespeare
 from configs.sweeps import ablations
 from diloco import train
 from diloco.config import build, checks
-from diloco.outer import compression, fragments, optimizers, policies
+from diloco.outer import fragments, optimizers, policies
+from diloco.outer.codecs import compression
 from diloco.outer.protocol import Join, Send, Upload
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.sweeps import sweep
 
 F32 = np.float32

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from diloco.chaos import faults, schedule as chaos
-from diloco.outer import compression, protocol
+from diloco.outer import protocol
+from diloco.outer.codecs import compression
 
 SCHEDULE = chaos.parse("""
     delay learner 0 at t=10s for 20s +2s

@@ -14,7 +14,8 @@ from proc_helpers import read_jsonl, wait_for
 
 from configs import shakespeare
 from diloco.config import build
-from diloco.outer import fragments, ownership
+from diloco.outer import fragments
+from diloco.outer.sync import ownership
 from diloco.rpc import local
 
 SPEC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps=100000"

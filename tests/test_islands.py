@@ -20,9 +20,10 @@ from configs import shakespeare
 from diloco import data as data_lib, metrics, train
 from diloco.config import build
 from diloco.inner import evaluation, island as island_lib, step as step_lib
-from diloco.outer import compression, fragments
-from diloco.outer.learner import Learner
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer import fragments
+from diloco.outer.codecs import compression
+from diloco.outer.learner.learner import Learner
+from diloco.outer.sync.synchronizer import Synchronizer
 from test_train import SUMMARY_KEYS  # the keys every run's summary has
 
 MULTI_KEYS = SUMMARY_KEYS | {

@@ -1,4 +1,4 @@
-"""The outer step's fast path (diloco/outer/kernels.py) gives the bits of the reference: optax's
+"""The outer step's fast path (diloco/outer/codecs/kernels.py) gives the bits of the reference: optax's
 step op by op, then the codec's encode and add_decoded. This is the contract between the two."""
 
 import hypothesis
@@ -8,7 +8,9 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from diloco.outer import blockwise, commit, compression, kernels, optimizers
+from diloco.outer import optimizers
+from diloco.outer.codecs import blockwise, compression, kernels
+from diloco.outer.sync import commit
 
 
 def _passes(tx, g, trace, plus, old):

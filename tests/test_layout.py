@@ -26,7 +26,9 @@ LAYERS = (
         "diloco.watch",
     ),
     ("diloco.inner",),  # mesh, the pure step, island, evaluation, checkpoints, warm start
-    ("diloco.outer",),  # protocol, synchronizer, policies, merging, optimizers, fragments, codecs
+    (
+        "diloco.outer",
+    ),  # protocol, policies, merging, optimizers, fragments; sync/, learner/, codecs/
     ("diloco.recovery", "diloco.chaos", "diloco.sim"),
     ("diloco.config",),  # variants, presets, deploy section, and build.py over all of the above
     ("diloco.plan",),  # a learner compiled for a TPU slice before launch: memory, FLOPs, roofline
@@ -107,6 +109,28 @@ def test_no_import_cycles():
   assert not cycles, "\n".join(cycles)
 
 
+# The two sides of the protocol share only what outer/ holds below them: neither imports the
+# other, and nothing else in outer/ imports either (their runtimes, a layer up, drive both).
+SIDES = ("diloco.outer.sync", "diloco.outer.learner")
+
+
+def _side(module: str) -> str | None:
+  return next((s for s in SIDES if module == s or module.startswith(s + ".")), None)
+
+
+def test_the_synchronizer_and_the_learner_meet_only_in_the_protocol():
+  graph = _graph()
+  crossed = [
+      f"{m} imports {d}"
+      for m, deps in sorted(graph.items())
+      if m.startswith("diloco.outer")
+      for d in sorted(deps)
+      if _side(d) is not None and _side(m) != _side(d)
+  ]
+  assert not crossed, "\n".join(crossed)
+  assert all(any(_side(m) == s for m in graph) for s in SIDES)  # (both packages are read)
+
+
 @pytest.mark.parametrize(
     "source,imported",
     [
@@ -130,7 +154,7 @@ def test_a_module_above_its_layer_is_named():
   assert (
       _layer("diloco.runtime.virtual")
       > _layer("diloco.config.build")
-      > _layer("diloco.outer.synchronizer")
+      > _layer("diloco.outer.sync.synchronizer")
   )
 
 

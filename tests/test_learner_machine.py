@@ -1,4 +1,4 @@
-"""The learner's protocol machine (outer/learner_machine.py): hand-worked sequences, then random
+"""The learner's protocol machine (outer/learner/learner_machine.py): hand-worked sequences, then random
 event sequences (hypothesis) against three properties the runtimes rely on.
 
 The machine holds no arrays, so a plain record stands in for the learner: per fragment the
@@ -13,7 +13,8 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from diloco.outer import compression, learner_machine as lm
+from diloco.outer.codecs import compression
+from diloco.outer.learner import learner_machine as lm
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Refused, Send
 

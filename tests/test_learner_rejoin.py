@@ -8,7 +8,7 @@ import numpy as np
 
 from diloco.outer import fragments, optimizers, policies
 from diloco.outer.outcomes import Code
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.recovery.crash_machine import Peer
 from diloco.rpc import client as client_lib, learner_rejoin, service
 from diloco.runtime import link as link_lib, sharded_link, sync_host

@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from diloco.outer import blockwise, compression, low_bit
-from diloco.outer.uplink import Uplink
+from diloco.outer.codecs import blockwise, compression, low_bit
+from diloco.outer.codecs.uplink import Uplink
 
 F32 = np.float32
 

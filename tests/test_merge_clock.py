@@ -12,9 +12,11 @@ from proc_helpers import read_jsonl
 
 from configs import shakespeare
 from diloco import train
-from diloco.outer import compression, fragments, merge_clock, optimizers, policies
+from diloco.outer import fragments, optimizers, policies
+from diloco.outer.codecs import compression
+from diloco.outer.sync import merge_clock
 from diloco.outer.protocol import Join, Log, SetTimer, Tick, Upload
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.rpc import local
 from diloco.runners import islands as islands_lib
 from diloco.runtime import sync_host

@@ -5,7 +5,8 @@ import numpy as np
 import optax
 import pytest
 
-from diloco.outer import kernels, optimizers
+from diloco.outer import optimizers
+from diloco.outer.codecs import kernels
 
 LR, BETA = 0.7, 0.9
 

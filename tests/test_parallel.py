@@ -7,7 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from diloco.outer import blockwise, commit, compression, integrity, merging, optimizers, parallel
+from diloco.outer import integrity, merging, optimizers, parallel
+from diloco.outer.codecs import blockwise, compression
+from diloco.outer.sync import commit
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The README's Layout table names every module under diloco/ and nothing else, and every path
+"""The README's Layout table names every package under diloco/ and nothing else, and every path
 `diloco/...py` that the docs, scripts and notebooks mention exists. The README stays a guide (at
 most about 300 lines, every docs/ page linked) whose every command the suite or CI runs."""
 
@@ -11,40 +11,43 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PATH = re.compile(r"diloco/[\w/]+\.(?:py|proto)")
 
 
-def _layout_rows(readme: str) -> list[tuple[str, list[str]]]:
+def _listed(readme: str) -> set[str]:
+  """The first cell of each row of the Layout table: a package (`diloco/x/`) or a module."""
   section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
-  rows = []
+  rows = set()
   for line in section.splitlines():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    if len(cells) >= 3 and cells[0].startswith("`diloco/"):
-      rows.append((cells[0].strip("`"), re.findall(r"`([\w.]+\.py)`", cells[1])))
+    if len(cells) >= 2 and cells[0].startswith("`diloco/"):
+      rows.add(cells[0].strip("`"))
   return rows
 
 
-def _listed(readme: str) -> set[str]:
-  return {f"{package}{module}" for package, modules in _layout_rows(readme) for module in modules}
-
-
 def _on_disk() -> set[str]:
-  return {
-      str(p.relative_to(ROOT)) for p in (ROOT / "diloco").rglob("*.py") if p.name != "__init__.py"
-  }
+  """Every package under diloco/ (a folder with an `__init__.py`), as `diloco/x/`."""
+  return {f"{p.parent.relative_to(ROOT)}/" for p in (ROOT / "diloco").rglob("__init__.py")}
 
 
 def test_layout_table_matches_the_tree():
   listed = _listed((ROOT / "README.md").read_text(encoding="utf-8"))
+  packages = {row for row in listed if row.endswith("/")}
   on_disk = _on_disk()
-  assert not on_disk - listed, f"not in the README's Layout: {sorted(on_disk - listed)}"
-  assert not listed - on_disk, f"in the README's Layout but not on disk: {sorted(listed - on_disk)}"
+  assert not on_disk - packages, f"not in the README's Layout: {sorted(on_disk - packages)}"
+  assert (
+      not packages - on_disk
+  ), f"in the README's Layout but not on disk: {sorted(packages - on_disk)}"
+  modules = listed - packages  # a row for one module (`diloco/train.py`) names one that exists
+  assert all((ROOT / m).is_file() for m in modules), sorted(
+      m for m in modules if not (ROOT / m).is_file()
+  )
 
 
 def test_the_table_reader_finds_rows_and_ignores_prose():
   text = (
-      "## Layout\n\nprose `diloco/x.py`\n\n| package | modules | role |\n|---|---|---|\n"
-      "| `diloco/outer/` | `protocol.py` `merging.py` | the outer loop |\n\n## Running\n"
-      "| `diloco/later/` | `no.py` | after the section |\n"
+      "## Layout\n\nprose `diloco/x.py`\n\n| package | role |\n|---|---|\n"
+      "| `diloco/outer/` | the outer loop |\n| `diloco/train.py` | the mode table |\n\n## Running\n"
+      "| `diloco/later/` | after the section |\n"
   )
-  assert _listed(text) == {"diloco/outer/protocol.py", "diloco/outer/merging.py"}
+  assert _listed(text) == {"diloco/outer/", "diloco/train.py"}
 
 
 def test_every_mentioned_path_exists():

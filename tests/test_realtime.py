@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco.outer import compression, fragments, optimizers, policies, protocol
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer import fragments, optimizers, policies, protocol
+from diloco.outer.codecs import compression
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.rpc import sync_main
 from diloco.runtime import learner_loop, sync_host
 

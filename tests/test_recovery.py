@@ -23,9 +23,10 @@ from configs import shakespeare
 from diloco import metrics, train
 from diloco.chaos import schedule as chaos
 from diloco.inner import step as step_lib
-from diloco.outer import compression, fragments, optimizers, policies
+from diloco.outer import fragments, optimizers, policies
+from diloco.outer.codecs import compression
 from diloco.outer.protocol import Join, Upload
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.recovery import rejoin, sync_checkpoint
 from diloco.runtime import virtual, virtual_chaos
 from experiments.studies import chaos_suite

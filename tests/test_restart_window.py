@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco.config import outer_check
+from diloco.config import checks
 from diloco.outer import optimizers, policies, protocol
 from test_decoupled import _run
 
@@ -47,7 +47,7 @@ def test_delayed_nesterov_over_a_restart_window_is_synchronous_diloco_at_equal_s
 def test_a_restart_window_needs_contributors_and_blocking_learners():
   c = _config(**{"outer.restart_window_s": 0.5})
   with pytest.raises(ValueError, match="needs outer.broadcast='contributors' and blocking"):
-    outer_check.check(c.outer)
+    checks.outer_rules(c.outer)
 
 
 def test_the_window_holds_contributors_until_it_ends_then_sends_the_newest_version():
@@ -134,7 +134,7 @@ def test_fresh_inner_optimizers_keep_the_reduction_and_change_the_run(tmp_path):
   assert rel(kept, sync_params) > 0.1
   c = _config(**fresh, **{"outer.fragments": 2})
   with pytest.raises(ValueError, match="need outer.fragments=1, got 2"):
-    outer_check.check(c.outer)
+    checks.outer_rules(c.outer)
 
 
 def test_the_async_tables_toy_variant_runs_every_baseline_the_authors_way():
@@ -145,6 +145,6 @@ def test_the_async_tables_toy_variant_runs_every_baseline_the_authors_way():
     assert (o.fresh_inner_optimizer, o.schedule_by, o.fragments) == (True, "global", 1)
     # the toy's 0.5 s window against its fastest step of 0.58 s, in our 1 s steps
     assert o.restart_window_s == (0.0 if method == "sync" else 0.862)
-    outer_check.check(o)
+    checks.outer_rules(o)
   preset = ar.get_config("toy=1,method=decoupled").outer  # the project's own: as it is
   assert (preset.fresh_inner_optimizer, preset.restart_window_s) == (False, 0.0)

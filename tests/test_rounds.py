@@ -1,11 +1,12 @@
-"""A fragment's merge round (diloco/outer/rounds.py): quorum, grace window, merge, by hand."""
+"""A fragment's merge round (diloco/outer/sync/rounds.py): quorum, grace window, merge, by hand."""
 
 import types
 
 import numpy as np
 import pytest
 
-from diloco.outer import policies, rounds
+from diloco.outer import policies
+from diloco.outer.sync import rounds
 from diloco.outer.protocol import SetTimer
 
 

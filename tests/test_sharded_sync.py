@@ -15,10 +15,12 @@ import pytest
 from configs import shakespeare
 from diloco import train
 from diloco.inner import stacked, step as step_lib
-from diloco.outer import compression, fragments, optimizers, ownership, policies, protocol
+from diloco.outer import fragments, optimizers, policies, protocol
+from diloco.outer.codecs import compression
+from diloco.outer.sync import ownership
 from diloco.outer.outcomes import Code
-from diloco.outer.sharded import ShardedSynchronizer
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.sharded import ShardedSynchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -158,7 +160,7 @@ def _run(tmp_path, mode: str, shards: int) -> tuple[dict, list[dict]]:
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
   # A merge's `period_s` is the merge clock's reading of the learners' pace, which each shard
-  # measures from its own fragments' uploads, as its grace EMAs (outer/sharded.py): under the
+  # measures from its own fragments' uploads, as its grace EMAs (outer/sync/sharded.py): under the
   # arrival clock it decides nothing, so the merges compared are the rest of each record.
   merges = [
       {k: v for k, v in r.items() if k != "period_s"} for r in rows if r.get("event") == "merge"

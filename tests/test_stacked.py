@@ -1,4 +1,4 @@
-"""Stacked learners (inner/stacked.py, outer/stacked_learner.py): waves step only the learners
+"""Stacked learners (inner/stacked.py, outer/learner/stacked_learner.py): waves step only the learners
 with a queued step, rows are read and written in place, and stacked runs of every mode match
 sequential ones.
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from diloco import metrics
-from diloco.outer import compression, fragments, optimizers, policies, protocol
+from diloco.outer import fragments, optimizers, policies, protocol
+from diloco.outer.codecs import compression
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Join, Leave, Log, Refused, Send, SetTimer, Tick, Upload, records
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 
 F32 = np.float32
 PARAMS = {

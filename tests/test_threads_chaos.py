@@ -9,7 +9,8 @@ import pytest
 from configs import shakespeare
 from diloco.chaos import schedule as chaos
 from diloco.config import build
-from diloco.outer import compression, protocol
+from diloco.outer import protocol
+from diloco.outer.codecs import compression
 from diloco.runtime import faulty_link, link as link_lib, threads
 
 SCALE = 0.1  # wall seconds per schedule second in the link tests

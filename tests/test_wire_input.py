@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
-from diloco.outer import compression, protocol
+from diloco.outer import protocol
+from diloco.outer.codecs import compression
 from diloco.rpc import client as client_lib, limits as limits_lib, security, service, synchronizer_pb2 as pb, transport
 from diloco.runtime import link as link_lib, sync_host, threads
 

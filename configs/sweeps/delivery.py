@@ -21,7 +21,7 @@ fragments every H = 20 steps, 10% log-normal step jitter, the same budgets and e
 the policies wait_all / k1 / k1_grace), with two more axes:
   setting    paper: learners 4-7 are 18% slower (the published TPU v6e / v5p rows); 2x: twice
              as slow (the table of issue 32)
-  delivery   replace | rebase | at_own_sync (outer.delivery; see diloco/outer/learner.py)
+  delivery   replace | rebase | at_own_sync (outer.delivery; see diloco/outer/learner/learner.py)
 and a budget:
   tokens     a run ends once the token budget is trained, whoever trains it
   time       no step starts after the simulated time in which all learners, never waiting,

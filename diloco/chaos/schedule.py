@@ -35,7 +35,7 @@ import re
 import ml_collections
 import numpy as np
 
-from diloco.outer import compression
+from diloco.outer.codecs import compression
 
 LEARNER_KINDS = ("crash", "straggle", "delay", "partition", "corrupt", "poison")
 KINDS = LEARNER_KINDS + ("sync_crash",)

@@ -21,12 +21,13 @@ import optax
 from diloco import data as data_lib
 from diloco.chaos import schedule as chaos
 from diloco.inner import island as island_lib, sharding, stacked
-from diloco.outer import fragments, integrity, optimizers, ownership, policies
-from diloco.outer.learner import Learner
-from diloco.outer.stacked_learner import StackedLearner
-from diloco.outer.uplink import Uplink
-from diloco.outer.sharded import ShardedSynchronizer
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer import fragments, integrity, optimizers, policies
+from diloco.outer.sync import ownership
+from diloco.outer.learner.learner import Learner
+from diloco.outer.learner.stacked_learner import StackedLearner
+from diloco.outer.codecs.uplink import Uplink
+from diloco.outer.sync.sharded import ShardedSynchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.recovery import rejoin
 
 

@@ -28,7 +28,8 @@ def _problems(c) -> Problems:
   except (ValueError, TypeError) as e:
     return out + [("model", str(e))]
   if c.mode != "dp":
-    from diloco.outer import fragments, ownership
+    from diloco.outer import fragments
+    from diloco.outer.sync import ownership
 
     try:
       fragments.make(c.outer.fragment_kind, shapes, c.outer.fragments)

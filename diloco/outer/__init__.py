@@ -1,1 +1,1 @@
-"""The outer loop: protocol and wire math, the synchronizer state machine and its durable state, policies, merging, outer optimizers, fragments, codecs, integrity, the learner's side."""
+"""The outer loop: the protocol and its wire math, policies, merging, outer optimizers, fragments, integrity, refusal codes and the merge round's thread pool; the synchronizer (sync/), the learner's side (learner/) and the codecs (codecs/) in their packages."""

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from diloco.outer import compression, parallel
+from diloco.outer import parallel
+from diloco.outer.codecs import compression
 
 try:
   from zlib_ng import zlib_ng as _zlib

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from diloco.outer import kernels, parallel
+from diloco.outer import parallel
+from diloco.outer.codecs import kernels
 
 NAMES = ("nesterov", "sgd", "delayed_nesterov")
 

@@ -13,7 +13,8 @@ from typing import Protocol
 import ml_collections
 import numpy as np
 
-from diloco.outer import compression, merging
+from diloco.outer import merging
+from diloco.outer.codecs import compression
 from diloco.outer.protocol import Upload
 
 

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from diloco.outer import compression, integrity, outcomes, uplink
+from diloco.outer import integrity, outcomes
+from diloco.outer.codecs import compression, uplink
 
 Flat = Mapping[str, np.ndarray]
 EncodedFlat = Mapping[str, compression.Encoded]

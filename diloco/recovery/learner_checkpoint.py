@@ -17,7 +17,7 @@ synchronizer's settling (runtime/sync_host.py, `settled`) and failed with synchr
 
 from diloco import paths
 from diloco.inner import checkpoint
-from diloco.outer.learner import Learner
+from diloco.outer.learner.learner import Learner
 
 
 class LearnerCheckpointer:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from diloco import paths
-from diloco.outer.learner import Learner
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.learner.learner import Learner
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 

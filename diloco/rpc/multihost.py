@@ -33,7 +33,7 @@ import numpy as np
 from absl import flags
 
 from diloco.outer import fragments
-from diloco.outer.learner import Learner
+from diloco.outer.learner.learner import Learner
 from diloco.outer.protocol import Send
 from diloco.rpc import host_parts, transport
 

@@ -19,9 +19,10 @@ import numpy as np
 
 from diloco import metrics, paths
 from diloco.config import build, checks
-from diloco.outer import kernels, memory, optimizers
-from diloco.outer.sync_state import arrays_digest
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer import memory, optimizers
+from diloco.outer.codecs import kernels
+from diloco.outer.sync.sync_state import arrays_digest
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
 from diloco.rpc import limits as limits_lib, service, status_board, status_server
 from diloco.runtime import preemption, sync_host

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from diloco.outer import compression, protocol
+from diloco.outer import protocol
+from diloco.outer.codecs import compression
 
 MAGIC = b"DLW1"
 _HEAD = struct.Struct("<4sI")

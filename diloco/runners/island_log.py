@@ -19,8 +19,8 @@ import ml_collections
 from diloco import metrics
 from diloco.inner import evaluation, island as island_lib
 from diloco.outer import fragments
-from diloco.outer.learner import Learner
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.learner.learner import Learner
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.plan import peak
 from diloco.runtime import virtual_snapshot
 from diloco.watch import progress

@@ -10,7 +10,7 @@ import numpy as np
 from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
-from diloco.outer.learner import Learner
+from diloco.outer.learner.learner import Learner
 from diloco.runtime import virtual
 from diloco.watch import timeline
 

@@ -26,8 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from diloco.outer import admission, learner_machine, protocol
-from diloco.outer.learner import Learner
+from diloco.outer import protocol
+from diloco.outer.learner import learner_machine
+from diloco.outer.sync import admission
+from diloco.outer.learner.learner import Learner
 from diloco.outer.outcomes import Code
 from diloco.runtime.link import Link, Refused, Unreachable
 

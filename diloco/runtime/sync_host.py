@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from diloco.outer import protocol
 from diloco.outer.outcomes import Code
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.recovery.crash_machine import Peer
 from diloco.runtime.link import Joined, Refused
 

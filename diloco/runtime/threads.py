@@ -29,8 +29,8 @@ import numpy as np
 from diloco import metrics
 from diloco.config import build
 from diloco.outer import protocol
-from diloco.outer.learner import Learner
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.learner.learner import Learner
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.runtime import faulty_link, learner_loop, sharded_link, sync_host, threads_chaos
 from diloco.runtime.link import Joined
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from diloco.chaos import schedule as chaos
-from diloco.outer.learner import Learner
+from diloco.outer.learner.learner import Learner
 from diloco.recovery import crash_machine, rejoin as recovery_lib, sync_checkpoint
 from diloco.runtime import sync_host
 from diloco.runtime.faulty_link import FaultClock, FaultyLink, HostSlot, Shared

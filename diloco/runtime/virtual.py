@@ -34,9 +34,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diloco.outer import learner_machine, protocol
-from diloco.outer.learner import Learner
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer import protocol
+from diloco.outer.learner import learner_machine
+from diloco.outer.learner.learner import Learner
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.runtime import virtual_hooks
 from diloco.watch import timeline
 
@@ -97,7 +98,7 @@ class VirtualRuntime:
       faults: virtual_hooks.Faults | None = None,
   ):
     self.learners, self.sync, self.clocks, self.net = learners, sync, clocks, network
-    self.machines = [  # each learner's protocol decisions (outer/learner_machine.py)
+    self.machines = [  # each learner's protocol decisions (outer/learner/learner_machine.py)
         learner_machine.LearnerMachine(
             l_, l_.frag.num_fragments, blocking=blocking, overlap=overlap
         )

@@ -38,7 +38,8 @@ import numpy as np
 
 from diloco.chaos import faults as fault_layer, schedule as chaos
 from diloco.chaos.stats import ChaosStats, Taints
-from diloco.outer import learner_machine, protocol
+from diloco.outer import protocol
+from diloco.outer.learner import learner_machine
 from diloco.recovery import crash_machine, sync_checkpoint
 from diloco.runtime import virtual_faults, virtual_hooks
 from diloco.runtime.virtual import AT_LEARNER, FAULT, START, SYNC

@@ -9,7 +9,7 @@ faulty links, and what a learner does when a partition that dropped its messages
   NaN/Inf/huge values at the source. Each tainted message is followed to its fate: rejected
   (by reason), merged (a failure of the checks), superseded, or lost.
 - what a learner does about a refused upload or a merged fragment it cannot apply is its
-  machine's (outer/learner_machine.py); the runtime carries it out.
+  machine's (outer/learner/learner_machine.py); the runtime carries it out.
 
 What each fault does to a message is the fault layer's (chaos/faults.py); this module routes
 messages through it, for the `Chaos` whose layer, random generator, statistics and taint records

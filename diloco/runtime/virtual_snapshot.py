@@ -25,10 +25,10 @@ import numpy as np
 from absl import logging
 
 from diloco import errors, paths
-from diloco.outer.learner import Learner
-from diloco.outer.stacked_learner import StackedLearner
-from diloco.outer.sharded import ShardedSynchronizer
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.learner.learner import Learner
+from diloco.outer.learner.stacked_learner import StackedLearner
+from diloco.outer.sync.sharded import ShardedSynchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.runtime import preemption, virtual
 
 FILE = "virtual_run.pkl"  # under WORKDIR/checkpoints

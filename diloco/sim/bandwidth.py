@@ -3,7 +3,7 @@
 Each method is a small object that says what one learner (datacenter) sends and when, as a
 `timeline.SyncPlan`; `timeline.required_bandwidth` finds the smallest link bandwidth whose per-layer
 timeline reaches the target utilization. Payload sizes come from
-`diloco.outer.compression.encoded_nbytes`, so the model counts the bytes the codecs really put on the wire
+`diloco.outer.codecs.compression.encoded_nbytes`, so the model counts the bytes the codecs really put on the wire
 (fp4 and int8 include their per-block fp32 scales).
 
 - data_parallel: every step, every layer's gradient is all-reduced over M datacenters (ring: each
@@ -22,7 +22,7 @@ import dataclasses
 import ml_collections
 import numpy as np
 
-from diloco.outer import compression
+from diloco.outer.codecs import compression
 from diloco.sim.timeline import required_bandwidth, SyncPlan, Workload
 
 METHODS = ("data_parallel", "diloco", "streaming", "decoupled")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from diloco.outer import compression
+from diloco.outer.codecs import compression
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from diloco.inner import stacked, step as step_lib
-from diloco.outer.learner import Learner
+from diloco.outer.learner.learner import Learner
 
 
 class StackedLearner(Learner):

@@ -46,11 +46,52 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import admission, commit, compression, fragments, integrity, merge_clock, merging, ownership, policies, protocol, restart_window, rounds, screening, sends, sync_state
+from diloco.outer import fragments, integrity, merging, policies, protocol
+from diloco.outer.codecs import compression
+from diloco.outer.sync import admission, commit, merge_clock, ownership, rounds, screening, sync_state
 from diloco.outer.outcomes import Code
-from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, Tick, Upload
+from diloco.outer.protocol import Action, Event, Join, Leave, Log, Send, SetTimer, Tick, Upload
 
 NON_FINITE = screening.NON_FINITE
+
+
+class RestartWindow:
+  """The restart window of asynchronous Local-SGD as its authors' toy runs it
+  (`policy.restart_window_s`): a merge's contributors are not answered at once. The first of a
+  window sets its end, window_s later; every contributor merged until then waits too. At the end,
+  or as soon as every live learner waits, all of them are sent the newest version of what they
+  wait for and restart together. It names who is due and asks for a timer."""
+
+  def __init__(self, window_s: float):
+    if not window_s > 0:
+      raise ValueError(f"restart window must be > 0 s, got {window_s}")
+    self.window_s = window_s
+    self.waiting: dict[int, dict[int, tuple | None]] = {}  # learner -> fragment -> own key
+    self.release_s: float | None = None
+
+  def hold(self, learners, p: int, own: dict, now: float) -> list[SetTimer]:
+    """Holds back fragment p's answer to `learners` (`own`: learner -> its merged upload's key);
+    the timer of a window this opens."""
+    for m in learners:
+      self.waiting.setdefault(m, {})[p] = own.get(m)
+    if self.release_s is not None:
+      return []
+    self.release_s = now + self.window_s
+    return [SetTimer(self.release_s)]
+
+  def drop(self, learner: int) -> None:
+    """A learner that left waits no more."""
+    self.waiting.pop(learner, None)
+
+  def release(self, now: float, live: set[int]) -> list[tuple[int, int, tuple | None]]:
+    """(learner, fragment, own key) to answer now: all held, once the window has ended or every
+    live learner waits; else none."""
+    if self.release_s is None or (now < self.release_s and not live <= set(self.waiting)):
+      return []
+    waiting, self.waiting, self.release_s = self.waiting, {}, None
+    return [
+        (m, p, key) for m in sorted(waiting) if m in live for p, key in sorted(waiting[m].items())
+    ]
 
 
 class Synchronizer:
@@ -98,8 +139,8 @@ class Synchronizer:
     self.ema_step, self.ema_quorum, self.ema_sync = (policies.Ema(policy.ema_decay) for _ in "sqs")
     steps, window_s = policy.dylu_inner_steps, policy.restart_window_s
     self.dylu = policies.Dylu(steps, policy.ema_decay) if steps else None
-    # asynchronous Local-SGD's restart window (restart_window.py)
-    self.window = restart_window.RestartWindow(window_s) if window_s > 0 else None
+    # asynchronous Local-SGD's restart window
+    self.window = RestartWindow(window_s) if window_s > 0 else None
     self.clock = merge_clock.MergeClock.of(
         policy.merge_clock, policy.merge_scale, policy.clock_steps, policy.ema_decay, self.owned
     )
@@ -343,19 +384,26 @@ class Synchronizer:
       own=None,
       merged: bool = False,
   ) -> Send:
-    """Fragment p's newest version for `learner` (`sends.newest`); `own`: the key of that
+    """Fragment p's newest version for `learner`: the encoded `update` (checksummed from its
+    payload's CRC `update_crc`) when the learner holds the version before it, else a copy of the
+    full values; what the learner holds then records the version. `own`: the key of that
     learner's upload the version merges; `merged`: it answers a merge (a release), which carries
-    DyLU's steps."""
+    DyLU's steps (0: as it was) and, with `send_progress`, the inner steps merged so far."""
     num = self.frag.num_fragments
     held = self.held.setdefault(learner, [-1] * num)
     held_gen = self.held_gen.setdefault(learner, [self.generation] * num)
-    f = self.fragments[p]
+    f, g = self.fragments[p], self.generation
     dylu = self.dylu is not None and (update is not None or merged)
     h = self.dylu.steps_for(learner, self.live) if dylu else 0
     done = sum(w[0] for w in f.merged.values()) if self.policy.send_progress else 0
-    return sends.newest(
-        learner, p, f, self.generation, held, held_gen, h, done, own, update, update_crc
-    )
+    kw = dict(generation=g, inner_steps=h, own=own, progress=done)
+    if update is not None and held[p] == f.version - 1:
+      crc = protocol.send_checksum(p, f.version, g, held_gen[p], update_crc, h, own, done)
+      send = Send(learner, p, f.version, update, base_generation=held_gen[p], checksum=crc, **kw)
+    else:
+      send = Send(learner, p, f.version, values={k: x.copy() for k, x in f.values.items()}, **kw)
+    held[p], held_gen[p] = f.version, g
+    return send
 
   # ---- restarts ----
 

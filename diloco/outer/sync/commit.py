@@ -14,7 +14,8 @@ import jax
 import numpy as np
 import optax
 
-from diloco.outer import compression, encode_apply, kernels, merging, optimizers, parallel
+from diloco.outer import merging, optimizers, parallel
+from diloco.outer.codecs import compression, encode_apply, kernels
 
 
 def outer_step(

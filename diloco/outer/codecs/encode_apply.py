@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from diloco.outer import blockwise, compression, low_bit, parallel
+from diloco.outer import parallel
+from diloco.outer.codecs import blockwise, compression, low_bit
 
 FUSED = ("int8", "fp4")  # codecs of `EncodeApply` (log rounding)
 

@@ -14,7 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
-from diloco.outer import compression, outcomes
+from diloco.outer import outcomes
+from diloco.outer.codecs import compression
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Join, Refused, Upload
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from diloco.outer import blockwise, compression, low_bit, parallel
+from diloco.outer import parallel
+from diloco.outer.codecs import blockwise, compression, low_bit
 
 _TINY = low_bit.TINY
 _SQRT2 = np.float32(math.sqrt(2))

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from diloco.outer import low_bit
+from diloco.outer.codecs import low_bit
 
 # int8 and fp4 work through an array in chunks of this many values (a multiple of any block up to
 # it), so that their temporaries stay in cache.

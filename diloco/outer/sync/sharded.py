@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from diloco.outer import merge_clock, protocol
+from diloco.outer import protocol
+from diloco.outer.sync import merge_clock
 from diloco.outer.protocol import Action, Event
-from diloco.outer.synchronizer import Synchronizer
+from diloco.outer.sync.synchronizer import Synchronizer
 
 SEP = "/"  # a shard's arrays in the joint state_dict: "shard{s}/{name}"
 

@@ -40,7 +40,8 @@ from collections.abc import Iterator, Mapping
 import ml_dtypes  # installed with jax
 import numpy as np
 
-from diloco.outer import blockwise, low_bit, parallel
+from diloco.outer import parallel
+from diloco.outer.codecs import blockwise, low_bit
 
 CODECS = ("fp32", "bf16", "int8", "fp4", "2bit", "1bit")
 ROUNDINGS = low_bit.ROUNDINGS  # of fp4 values

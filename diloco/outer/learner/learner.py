@@ -38,10 +38,12 @@ import jax
 import numpy as np
 
 from diloco.inner import island as island_lib, step as step_lib
-from diloco.outer import compression, fragments, learner_machine, learner_state, protocol
+from diloco.outer import fragments, protocol
+from diloco.outer.codecs import compression
+from diloco.outer.learner import learner_machine
 from diloco.outer.outcomes import Code
 from diloco.outer.protocol import Send, Upload
-from diloco.outer.uplink import Uplink
+from diloco.outer.codecs.uplink import Uplink
 
 DELIVERIES = ("replace", "rebase", "at_own_sync")  # what a merged fragment does (module doc)
 GLOBAL_REBASE = (
@@ -329,17 +331,88 @@ class Learner:
     self.base_versions[p], self.base_generations[p] = self.versions[p], self.generations[p]
     self.adopt_at[p], self.own_merged[p] = -1, 0
 
+  # What survives a crash: its train state and, on the host, its counters, the fragment versions
+  # it holds and its copy of them (with at_own_sync's base and the uplink's residuals), in the held
+  # form it keeps them (`save_form`).
+
   def checkpoint_state(self) -> dict[str, Any]:
-    """What a crash must not lose: {'train': TrainState, 'host': name -> array} (learner_state)."""
-    return learner_state.state(self)
+    """What a crash must not lose: {'train': TrainState, 'host': name -> np.ndarray}."""
+    host = {
+        "versions": self.versions,
+        "generations": self.generations,
+        "c_steps": self.c_steps,
+        "c_tokens": self.c_tokens,
+        "counters": [self.steps, self.tokens, *self.sync_generations],
+    }
+    own_base = self.delivery == "at_own_sync"  # (the base is the newest version otherwise)
+    if own_base:
+      host.update(
+          bases=self.base_versions + self.base_generations + self.adopt_at + self.own_merged
+      )
+    host = {k: np.asarray(v, np.int64) for k, v in host.items()}
+    for p in range(self.frag.num_fragments):
+      for i, k in enumerate(self.frag.paths[p]):
+        host[f"global.{p}.{i}"] = self.save_form(k, self.global_copy[p][k])
+        if own_base:
+          host[f"base.{p}.{i}"] = self.save_form(k, self.base_copy[p][k])
+      if self.uplink.error_feedback:
+        shapes = {k: self.global_copy[p][k].shape for k in self.frag.paths[p]}
+        res = self.uplink.residual_of(p, shapes)
+        host.update(
+            {
+                f"residual.{p}.{i}": self.save_form(k, res[k])
+                for i, k in enumerate(self.frag.paths[p])
+            }
+        )
+    return {"train": self.state, "host": host}
 
   def checkpoint_like(self) -> dict[str, Any]:
     """The shapes of `checkpoint_state()` (a restore target), from this learner's island."""
-    return learner_state.like(self)
+    n, params = self.frag.num_fragments, fragments.flatten(self.island.abstract_state().params)
+    host = {k: np.zeros(n, np.int64) for k in ("versions", "generations", "c_steps", "c_tokens")}
+    host["counters"] = np.zeros(2 + len(self.sync_generations), np.int64)
+    own_base = self.delivery == "at_own_sync"
+    if own_base:
+      host["bases"] = np.zeros(4 * n, np.int64)
+    for p in range(n):
+      for i, k in enumerate(self.frag.paths[p]):
+        host[f"global.{p}.{i}"] = self.save_like(k, params[k])
+        if own_base:
+          host[f"base.{p}.{i}"] = self.save_like(k, params[k])
+        if self.uplink.error_feedback:
+          host[f"residual.{p}.{i}"] = self.save_like(k, params[k])
+    return {"train": self.island.abstract_state(), "host": host}
 
   def load_checkpoint_state(self, saved: Mapping[str, Any]) -> None:
     """Continues from `checkpoint_state()` output (restored onto this learner's island)."""
-    learner_state.load(self, saved)
+    host, n = saved["host"], self.frag.num_fragments
+    self.state = saved["train"]
+    self.versions, self.generations = (
+        [int(x) for x in host[k]] for k in ("versions", "generations")
+    )
+    self.c_steps, self.c_tokens = ([int(x) for x in host[k]] for k in ("c_steps", "c_tokens"))
+    self.steps, self.tokens, *gens = (int(x) for x in host["counters"])
+    self.sync_generations = gens
+    self.global_copy = [
+        {k: self.from_saved(k, host[f"global.{p}.{i}"]) for i, k in enumerate(self.frag.paths[p])}
+        for p in range(n)
+    ]
+    self.base_copy = list(self.global_copy)
+    self.base_versions, self.base_generations = list(self.versions), list(self.generations)
+    self.adopt_at, self.own_merged = [-1] * n, [0] * n
+    if "bases" in host:
+      bases = [int(x) for x in host["bases"]]
+      self.base_versions, self.base_generations = bases[:n], bases[n : 2 * n]
+      self.adopt_at, self.own_merged = bases[2 * n : 3 * n], bases[3 * n :]
+      self.base_copy = [
+          {k: self.from_saved(k, host[f"base.{p}.{i}"]) for i, k in enumerate(paths)}
+          for p, paths in enumerate(self.frag.paths)
+      ]
+    if self.uplink.error_feedback:
+      self.uplink.residuals = {
+          p: {k: self.from_saved(k, host[f"residual.{p}.{i}"]) for i, k in enumerate(paths)}
+          for p, paths in enumerate(self.frag.paths)
+      }
 
   # How the host copies are held (whole arrays here; a multi-process learner holds its own part
   # of each, rpc/host_parts.py): elementwise arithmetic is the same on both.

@@ -1,0 +1,1 @@
+"""What travels on the wire: the uplink and downlink codecs (low-bit, block-scaled, fp4), the learner's uplink encoder with error feedback, the fused downlink encode-and-apply and the compiled outer-step loop."""

@@ -1,0 +1,1 @@
+"""The synchronizer: its sans-I/O state machine, a fragment's round and merge clock, admission, the outer step's commit, its durable state, the screen at merge time, shard ownership and S shards as one."""
