@@ -1,14 +1,15 @@
 """A learner process's checkpoints are written in the background (issue 54): the save copies the
 state off the devices and returns, the next steps run while orbax writes it; a stop finishes the
 save in flight and saves the step it stopped at; a process killed during a save leaves the last
-complete one to restore. Orbax's commit is slowed down here, so "in the background" is measured."""
+complete one to restore. Orbax's commit is held at a gate the test opens, so "in the background" is
+an order of events, not a time."""
 
 import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -21,21 +22,21 @@ from diloco.config import build
 from diloco.inner import checkpoint
 from diloco.recovery.learner_checkpoint import LearnerCheckpointer
 
-SLOW_S = 3.0  # each commit waits this long before orbax renames the save into place
+GATE_S = 120.0  # the longest a commit waits for its gate (a save that blocks would wait it out)
 
 
-def _slow_commits(monkeypatch, seconds: float = SLOW_S) -> list[float]:
-  """Orbax's commit of a save (its rename into place) waits `seconds` first; the times it began."""
-  began, finalize = [], atomicity.AtomicRenameTemporaryPath.finalize
+def _gated_commits(monkeypatch) -> tuple[threading.Event, list[bool]]:
+  """Orbax's commit of a step's save (its rename into place) waits until the test opens the gate;
+  for each commit, whether it was let through (False: it waited out GATE_S)."""
+  gate, opened, finalize = threading.Event(), [], atomicity.AtomicRenameTemporaryPath.finalize
 
-  async def slow(self, *args, **kwargs):
+  async def gated(self, *args, **kwargs):
     if self.get().name.split(".")[0].isdigit():  # a step's directory (not one of its items)
-      began.append(time.monotonic())
-      await asyncio.sleep(seconds)
+      opened.append(await asyncio.to_thread(gate.wait, GATE_S))
     return await finalize(self, *args, **kwargs)
 
-  monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", slow)
-  return began
+  monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", gated)
+  return gate, opened
 
 
 def _learner():
@@ -53,18 +54,16 @@ def test_a_learner_trains_on_while_its_save_is_written(tmp_path, monkeypatch):
   for _ in range(2):
     learner.step(next(batches))
   at_save = jax.device_get(learner.state.params)
-  began = _slow_commits(monkeypatch)
-  t0 = time.monotonic()
+  gate, opened = _gated_commits(monkeypatch)
   assert ckpt.maybe_save(learner, batches)
-  returned = time.monotonic()
   learner.step(next(batches))  # (donates the state the save was given)
   jax.block_until_ready(learner.state)
-  stepped = time.monotonic()
   assert not _committed(tmp_path, 2), "the save was committed before the next step ran"
+  gate.set()
   ckpt.wait()
-  assert _committed(tmp_path, 2) and len(began) == 1
-  # The save returned, and the next step ran, before the (slowed) write could have finished.
-  assert returned - t0 < SLOW_S and stepped < began[0] + SLOW_S, (returned - t0, stepped - t0)
+  # The save returned, and the next step ran, while its commit waited at the gate: a save that
+  # blocked the learner would have waited out GATE_S inside maybe_save and found the gate shut.
+  assert _committed(tmp_path, 2) and opened == [True]
   # What was written is the state at the save, not the one the step after it made.
   again = parts.make_learner(0)
   assert ckpt.restore_into(again, batches) == 2 and again.steps == 2
@@ -79,12 +78,13 @@ def test_a_stop_during_a_save_finishes_it_and_saves_the_step_it_stopped_at(tmp_p
   ckpt = LearnerCheckpointer(str(tmp_path), every=2, async_save=True)
   for _ in range(2):
     learner.step(next(batches))
-  began = _slow_commits(monkeypatch)
+  gate, opened = _gated_commits(monkeypatch)
   assert ckpt.maybe_save(learner, batches)
   learner.step(next(batches))
-  assert not _committed(tmp_path, 2)
+  assert not _committed(tmp_path, 2)  # (held at the gate)
+  gate.set()
   assert ckpt.save_now(learner, batches)  # the save in flight, then step 3
-  assert _committed(tmp_path, 2) and _committed(tmp_path, 3) and len(began) == 2
+  assert _committed(tmp_path, 2) and _committed(tmp_path, 3) and opened == [True, True]
   ckpt.close()
   restarted = LearnerCheckpointer(str(tmp_path), every=2, async_save=True)
   again = parts.make_learner(0)
