@@ -26,9 +26,7 @@ LAYERS = (
         "diloco.watch",
     ),
     ("diloco.inner",),  # mesh, the pure step, island, evaluation, checkpoints, warm start
-    (
-        "diloco.outer",
-    ),  # protocol, policies, merging, optimizers, fragments; sync/, learner/, codecs/
+    ("diloco.outer",),  # protocol, policies, merging, fragments; sync/, learner/, codecs/
     ("diloco.recovery", "diloco.chaos", "diloco.sim"),
     ("diloco.config",),  # variants, presets, deploy section, and build.py over all of the above
     ("diloco.plan",),  # a learner compiled for a TPU slice before launch: memory, FLOPs, roofline
