@@ -37,6 +37,12 @@ def test_the_sweep_builds_each_study_as_documented():
   assert a8 == c8 and len(a8) == 4 * len(mc.GRID)
   tiny = mc.get_sweep("study=a,tiny")
   assert {p["learners"] for p in tiny} == {4, 8} and {p["outer_lr"] for p in tiny} == {0.1}
+  # Scavenging with one rate for every row and seed: the preset's 0.1, or the one named.
+  preset = mc.get_sweep("study=b,part=preset,pairs=period/one,seeds=2")
+  assert len(preset) == 5 * 2 and {p["outer_lr"] for p in preset} == {0.1}
+  assert {p["extra"] for p in preset} == {0, 1, 2, 4, 12} and {p["seed"] for p in preset} == {0, 1}
+  named = mc.get_sweep("study=b,part=preset,pairs=period/one,rates=0.2")
+  assert len(named) == 15 and {p["outer_lr"] for p in named} == {0.2}
   assert mc.get_sweep("study=d,part=baseline,seeds=2") == [
       dict(study="d", method="diloco", seed=0),
       dict(study="d", method="diloco", seed=1),

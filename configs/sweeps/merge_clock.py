@@ -24,7 +24,8 @@ study=c  heterogeneous hardware at the paper's setting: the same run at M = 8 wi
          first merge, of the stagger's 5, 10 or 15 steps).
 study=b  scavenging: configs/sweeps/scavenging.py's runs (4 learners, 1/2/4/12 more for a
          stretch; time to the 4-learner run's final loss) under a pair, at the preset's outer
-         rate (part=preset, every seed) and at each row's own rate (part=tune/extend/seeds).
+         rate (part=preset, every seed; `rates=0.2`: at that one rate instead, as a user who set
+         it once) and at each row's own rate (part=tune/extend/seeds).
 study=d  the README main job's Decoupled DiLoCo (configs/sweeps/main_job.py's decoupled point,
          inner lr 1e-2: two learners, the second 3x slower, 4,096,000 bytes) under every pair;
          part=baseline: the main job's synchronous DiLoCo (its tuned inner lr, the preset's
@@ -164,8 +165,9 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   if a.study not in KEYS:
     raise ValueError(f"study={a.study!r}: expected one of {tuple(KEYS)}")
   keys, cells = KEYS[a.study], _cells(a)
-  if a.study == "b" and a.part == "preset":  # every row at the preset's outer rate, every seed
-    return [_point("b", c, outer_lr=0.1, seed=s) for s in range(a.seeds) for c in cells]
+  if a.study == "b" and a.part == "preset":  # every row at one outer rate, every seed: the
+    rate = float(a.rates) if a.rates else 0.1  # preset's, or one named (set once, never retuned)
+    return [_point("b", c, outer_lr=rate, seed=s) for s in range(a.seeds) for c in cells]
   if a.study == "d" and a.part == "baseline":
     return [dict(study="d", method="diloco", seed=s) for s in range(a.seeds)]
   belongs = mine(a.study)
