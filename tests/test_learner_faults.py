@@ -103,33 +103,49 @@ def test_a_restarted_process_keeps_the_schedule_clock(tmp_path):
   assert again.wait_if_down() == 0.0  # no crash window at its start
 
 
+class _FakeTime:
+  """The process's clocks and sleep, moved only by the test's steps and the faults' sleeps."""
+
+  def __init__(self):
+    self.t = 1000.0
+
+  def now(self) -> float:
+    return self.t
+
+  def sleep(self, seconds: float) -> None:
+    self.t += max(seconds, 0.0)
+
+
 def test_a_straggle_from_the_start_first_measures_the_learners_speed(tmp_path):
   """Straggling from its first step the learner has no speed of its own yet: it measures it over
-  MEASURE_STEPS steps after the warm-up (here 20 ms sleeps stand in for the device), then runs at
+  MEASURE_STEPS steps after the warm-up (here each step takes 20 ms of fake time), then runs at
   a third of it until the window ends at 2 s, and at its own speed after; the start is logged at
   its first step, the end at the first step after the window."""
-  import time
-
+  fake = _FakeTime()
   faults = learner_faults.ProcessFaults(
-      chaos.parse("straggle learner 0 at t=0s for 2s x3"), 0, str(tmp_path)
+      chaos.parse("straggle learner 0 at t=0s for 2s x3"),
+      0,
+      str(tmp_path),
+      clock=fake.now,
+      monotonic=fake.now,
+      sleep=fake.sleep,
   )
   faults.after_step(1)  # the first step starts the schedule's clock
 
   def mean_step(first, n):
-    t0 = time.monotonic()
+    t0 = fake.t
     for step in range(first, first + n):
-      time.sleep(0.02)
+      fake.t += 0.02  # the step itself
       faults.after_step(step)
-    return (time.monotonic() - t0) / n
+    return (fake.t - t0) / n
 
   measured = learner_faults.WARMUP_STEPS + learner_faults.MEASURE_STEPS
-  plain = mean_step(2, measured)  # about 0.3 s
-  stretched = mean_step(measured + 2, 5)  # about 0.3 s more
-  assert faults.clock.now() < 1.5, faults.clock.now()  # all inside the window
-  time.sleep(2.0 - faults.clock.now())
+  plain = mean_step(2, measured)
+  stretched = mean_step(measured + 2, 5)  # each step stretched to 3 x the mean measured
+  assert faults.clock.now() == pytest.approx(measured * 0.02 + 5 * 0.06)  # inside the window
+  fake.sleep(2.0 - faults.clock.now())
   after = mean_step(measured + 7, 5)
-  assert plain < 0.03 and 2.7 < stretched / plain < 3.3, (plain, stretched)
-  assert after < 0.03, (plain, stretched, after)
+  assert (plain, stretched, after) == pytest.approx((0.02, 0.06, 0.02))
   events = read_jsonl(str(tmp_path / learner_faults.LOG_FILE))
   assert [(e["event"], e["step"]) for e in events] == [
       ("straggle", 1),

@@ -28,6 +28,7 @@ is appended to WORKDIR/chaos.jsonl, and the first unstretched step after a strag
 import json
 import os
 import time
+from collections.abc import Callable
 
 
 from diloco import jsonl, paths
@@ -79,7 +80,12 @@ class ProcessFaults:
       workdir: str,
       scale: float = 1.0,
       busy: bool = False,
+      clock: Callable[[], float] = time.time,
+      monotonic: Callable[[], float] = time.monotonic,
+      sleep: Callable[[float], None] = time.sleep,
   ):
+    """`clock` (the schedule's, shared by the processes of a run through CLOCK_FILE),
+    `monotonic` (step gaps and stretches) and `sleep`: the real ones, or a test's fake time."""
     bad = [f.describe() for f in faults if f.kind == "sync_crash"]
     if bad:
       raise ValueError(
@@ -87,8 +93,9 @@ class ProcessFaults:
           "restart the synchronizer process instead (scripts/chaos_local.py)"
       )
     self.m, self.workdir, self.busy = m, workdir, busy
+    self._monotonic, self._sleep = monotonic, sleep
     mine = [f for f in faults if f.learner == m]
-    self.clock = FaultClock(mine, scale, clock=time.time)
+    self.clock = FaultClock(mine, scale, clock=clock)
     self.shared = Shared(1, seed=m)
     path = paths.join(workdir, CLOCK_FILE)
     if paths.exists(path):
@@ -115,7 +122,7 @@ class ProcessFaults:
       return 0.0
     wait = self.clock.wall(until) - self.clock.clock()
     self._log({"event": "down", "until": until, "wait_s": wait})
-    time.sleep(max(wait, 0.0))
+    self._sleep(max(wait, 0.0))
     self._born = self.clock.now()
     return wait
 
@@ -126,7 +133,7 @@ class ProcessFaults:
   def after_step(self, step: int) -> None:
     """Called after every step: starts the clock at the first, stretches straggling steps,
     exits at a crash."""
-    now = time.monotonic()
+    now = self._monotonic()
     if self.clock.t0 is None:
       self.clock.start()
       self._born = 0.0
@@ -150,12 +157,12 @@ class ProcessFaults:
         weight = max(MEAN_WEIGHT, 1.0 / self._measured)  # the plain mean of the first steps
         self._mean = gap if self._mean is None else self._mean + weight * (gap - self._mean)
     self._straggling = factor > 1
-    self._last = time.monotonic()
+    self._last = self._monotonic()
 
   def _until(self, end: float) -> None:
     """Sleeps (or spins) to monotonic time `end`."""
     if not self.busy:
-      time.sleep(max(end - time.monotonic(), 0.0))
+      self._sleep(max(end - self._monotonic(), 0.0))
       return
-    while time.monotonic() < end:
+    while self._monotonic() < end:
       pass
