@@ -180,13 +180,20 @@ class LocalCluster:
   def wait(self, timeout_s: float, restart_crashed: bool = False) -> dict[str, int | None]:
     """Waits for every process to exit by itself; returns their exit codes (None: running).
 
+    `timeout_s` bounds a stall, not the run: the wait ends once the processes have gone
+    `timeout_s` without using CPU_PROGRESS_S of CPU between two samples (hung, or waiting on each
+    other), and at most after STALL_CAP x `timeout_s` in all, so that a run slowed down by a
+    loaded machine is not taken for a hung one (on a system without /proc: `timeout_s` in all).
+
     With `restart_crashed`, a learner one of whose processes crashed (exited with
     learner_faults.CRASH_EXIT, a chaos `crash` fault, or was killed by a signal) is started again
     at once, as a supervisor would: every process of a multi-process learner, as one JAX job does
     not outlive one of its processes (the others would wait in a collective), each resuming from
     the learner's last checkpoint."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    start = time.monotonic()
+    deadline, cap = start + timeout_s, start + STALL_CAP * timeout_s
+    sampled, cpu = start, cpu_seconds({p.pid for p in self.procs.values()})
+    while time.monotonic() < min(deadline, cap):
       if restart_crashed:
         for m in range(self.learners):
           codes = [self.procs[n].poll() for n in self.learner_names(m)]
@@ -196,6 +203,11 @@ class LocalCluster:
       if all(p.poll() is not None for p in self.procs.values()):
         break
       time.sleep(0.2)
+      if cpu is not None and time.monotonic() - sampled >= SAMPLE_S:
+        now_cpu = cpu_seconds({p.pid for p in self.procs.values()})
+        if now_cpu is not None and now_cpu - cpu >= CPU_PROGRESS_S:
+          deadline = time.monotonic() + timeout_s  # it is working: the stall starts again
+        sampled, cpu = time.monotonic(), now_cpu
     return {n: p.poll() for n, p in self.procs.items()}
 
   def stop(self, grace_s: float = 5.0) -> None:
@@ -212,6 +224,30 @@ class LocalCluster:
 
 
 MAX_RESTARTS = 3  # restarts of one learner under `wait(restart_crashed=True)`
+STALL_CAP = 4  # `wait`: a run's longest wait, in stalls
+SAMPLE_S = 2.0  # `wait`: how often the processes' CPU time is read
+CPU_PROGRESS_S = 0.5  # `wait`: the CPU seconds between two samples that count as working
+
+
+def cpu_seconds(groups: set[int]) -> float | None:
+  """The CPU seconds used so far by the running processes of these process groups (each process
+  of a cluster leads its own), from /proc; None where there is no /proc."""
+  try:
+    entries = os.listdir("/proc")
+  except OSError:
+    return None
+  total = 0
+  for entry in entries:
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # (the name may hold spaces)
+    except (OSError, IndexError):
+      continue  # (gone since the listing)
+    if int(fields[2]) in groups:  # pgrp; then utime, stime, cutime, cstime (fields 14-17)
+      total += sum(int(x) for x in fields[11:15])
+  return total / os.sysconf("SC_CLK_TCK")
 
 
 def _crashed(codes: list[int | None]) -> bool:
