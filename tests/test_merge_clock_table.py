@@ -69,6 +69,25 @@ def test_invariance_counts_the_rungs_the_winner_moves():
   assert "not run" in text and "0.2: 1.7500 ±0.0500 (2)" in text
 
 
+def test_one_rate_for_every_m_is_the_one_of_least_worst_excess():
+  rows = []
+  # arrival/one: M = 2 best 1.9 at 0.2, M = 8 best 1.8 at 0.05. At 0.05 the worst excess is
+  # M = 2's 2.1 - 1.9 = 0.2; at 0.1: max(2.0 - 1.9, 1.85 - 1.8) = 0.1 (M = 2); at 0.2:
+  # 1.95 - 1.8 = 0.15 (M = 8). period/one: 0.4 at M = 2 only, left out of its choice.
+  for m, losses in ((2, {0.05: 2.1, 0.1: 2.0, 0.2: 1.9}), (8, {0.05: 1.8, 0.1: 1.85, 0.2: 1.95})):
+    for lr, loss in losses.items():
+      rows.append(_row(lr, loss, learners=m, clock="arrival", scale="one"))
+  for m, losses in ((2, {0.2: 1.95, 0.4: 1.7}), (8, {0.2: 1.82})):
+    for lr, loss in losses.items():
+      rows.append(_row(lr, loss, learners=m, clock="period", scale="one"))
+  rows.append(_row(0.2, 1.0, seed=1, learners=8, clock="period", scale="one"))  # (not seed 0)
+  got = mt.one_rate(rows, (2, 8))
+  assert got["arrival/one"] == (0.1, pytest.approx(0.1), 2)
+  # period/one: 0.2 is the one rate run at both: excess 1.95 - 1.7 = 0.25 at M = 2, 0 at M = 8.
+  assert got["period/one"] == (0.2, pytest.approx(0.25), 2)
+  assert "period/tokens" not in got and mt.one_rate(rows, (2, 4)) == {}
+
+
 def test_grace_verdicts():
   rows = [
       _row(0.4, 1.90, policy="wait_all", clock="arrival", scale="one"),

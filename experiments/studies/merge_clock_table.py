@@ -59,6 +59,29 @@ def invariance(rows: Sequence[Row], counts: Sequence[int]) -> list[dict[str, Any
   return out
 
 
+def one_rate(rows: Sequence[Row], counts: Sequence[int]) -> dict[str, tuple[float, float, int]]:
+  """Study a, as a user who sets one rate whatever M is: per pair, among the rates run at every M
+  of `counts` (seed 0), the one whose worst excess over each M's own best loss is least:
+  {pair: (that rate, its worst excess, the M where it is worst)}. A pair run at fewer M is left
+  out."""
+  out = {}
+  for pair in PAIRS:
+    loss: dict[int, dict[float, float]] = {}
+    for r in rows:
+      if (r["clock"], r["scale"]) == pair and int(r.get("seed", 0)) == 0:
+        loss.setdefault(int(r["learners"]), {})[float(r["outer_lr"])] = float(r["eval_loss"])
+    if any(m not in loss for m in counts):
+      continue
+    common = set.intersection(*(set(loss[m]) for m in counts))
+    if not common:
+      continue
+    best = {m: min(loss[m].values()) for m in counts}
+    worst = {lr: max((loss[m][lr] - best[m], m) for m in counts) for lr in common}
+    lr = min(common, key=lambda x: (worst[x][0], x))
+    out[label(pair)] = (lr, *worst[lr])
+  return out
+
+
 def invariance_text(table: list[dict[str, Any]], counts: Sequence[int]) -> str:
   head = f"{'clock/scale':<16}" + "".join(f"{'M = ' + str(m):>26}" for m in counts)
   lines = [head + f"{'winner moves (rungs)':>22}"]
