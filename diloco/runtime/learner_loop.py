@@ -205,9 +205,14 @@ class _LearnerLoop:
           self.outbox.append(copy or self._upload(up.fragment, self.step_time))
 
   def beat(self, finished: bool = False) -> bool:
+    """A heartbeat; returns whether the run is settled. The learner reports itself finished only
+    with nothing unanswered: an upload still in flight (a rebase's progress sent after its last
+    merge arrived) may merge into a version the others must still receive, so they must not be
+    told the run is settled and leave before it."""
+    done = (finished or self.trained) and not self.machine.inflight
     try:
       with self._beat_lock:
-        settled = self.link.progress(finished or self.trained)
+        settled = self.link.progress(done)
     except (Unreachable, Refused):
       self.fail()
       return False

@@ -170,6 +170,8 @@ class SyncHost:
         )
       if finished:
         self.finished.add(learner)
+      else:  # (a finished learner with an upload in flight again: learner_loop.beat)
+        self.finished.discard(learner)
       if report is not None:
         self.on_progress(learner, report)
         if "c_steps" in report:  # (where a restarted learner resumes: recovery/crash_machine.py)
