@@ -230,21 +230,6 @@ def times_text(rel: dict) -> list[str]:
   return out
 
 
-def against(rows, base) -> dict:
-  """extra -> per seed, the time to `base`'s same-seed 4-learner final loss over base's own."""
-  by_seed = {int(r["seed"]): r for r in base if int(r["extra"]) == 0}
-  out = {}
-  for r in sorted(rows, key=lambda r: (int(r["extra"]), int(r["seed"]))):
-    b = by_seed.get(int(r["seed"]))
-    if b is None:
-      continue
-    target = float(b["eval_loss"])
-    got = st.time_to(r["eval_curve"], target)
-    own = st.time_to(b["eval_curve"], target)
-    out.setdefault(int(r["extra"]), []).append(None if got is None else got / own)
-  return out
-
-
 if TINY:
   print("(b): not run in tiny mode")
 else:
@@ -273,4 +258,4 @@ else:
     )
     if (pair, lr) != (("arrival", "one"), 0.1):
       print("  to the preset's 4-learner final loss:")
-      print("\n".join("    " + t for t in times_text(against(rows, old))))
+      print("\n".join("    " + t for t in times_text(st.relative_times(rows, base=old))))

@@ -71,17 +71,24 @@ def break_even_pause(work_s: float, extra: int, window: tuple[float, float]) -> 
   return (lo + hi) / 2
 
 
-def relative_times(rows: Iterable[dict[str, Any]]) -> dict[int, list[float | None]]:
+def relative_times(
+    rows: Iterable[dict[str, Any]], base: Iterable[dict[str, Any]] | None = None
+) -> dict[int, list[float | None]]:
   """extra learners -> per seed, the time to the same seed's 4-learner final eval loss over the
-  4-learner run's own time to it (None: not reached before the run stopped)."""
-  by = {(int(r["extra"]), int(r["seed"])): r for r in rows if r.get("status", "done") == "done"}
+  4-learner run's own time to it (None: not reached before the run stopped). The 4-learner runs
+  are `rows`' own, or `base`'s (another pair's: is this one faster than that one?)."""
+  done = lambda rs: {  # noqa: E731
+      (int(r["extra"]), int(r["seed"])): r for r in rs if r.get("status", "done") == "done"
+  }
+  by = done(rows)
+  bases = by if base is None else done(base)
   out: dict[int, list[float | None]] = {}
   for (extra, seed), r in sorted(by.items()):
-    base = by.get((0, seed))
-    if base is None:
+    four = bases.get((0, seed))
+    if four is None:
       continue
-    target = float(base["eval_loss"])
-    own = time_to(base["eval_curve"], target)
+    target = float(four["eval_loss"])
+    own = time_to(four["eval_curve"], target)
     got = time_to(r["eval_curve"], target)
     out.setdefault(extra, []).append(None if got is None else got / own)
   return out
