@@ -43,6 +43,11 @@ def test_the_sweep_builds_each_study_as_documented():
   assert {p["extra"] for p in preset} == {0, 1, 2, 4, 12} and {p["seed"] for p in preset} == {0, 1}
   named = mc.get_sweep("study=b,part=preset,pairs=period/one,rates=0.2")
   assert len(named) == 15 and {p["outer_lr"] for p in named} == {0.2}
+  # Several pairs are joined by '+' (',' separates variants); a pair not run is refused.
+  two = mc.get_sweep("study=a,studies_m=16,pairs=arrival/tokens+period/tokens,rates=0.4")
+  assert [(p["clock"], p["scale"]) for p in two] == [("arrival", "tokens"), ("period", "tokens")]
+  with pytest.raises(ValueError, match="not among"):
+    mc.get_sweep("study=a,pairs=period/half")
   assert mc.get_sweep("study=d,part=baseline,seeds=2") == [
       dict(study="d", method="diloco", seed=0),
       dict(study="d", method="diloco", seed=1),

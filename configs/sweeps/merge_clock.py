@@ -9,7 +9,7 @@ results are checked in under notebooks/results/merge_clock/:
   python -m experiments.sweep --config=configs/sweeps/merge_clock.py:study=d,part=extend,results=$W --workdir=$W --table=d_extend1 --parallel=2   # until it adds no point
   python -m experiments.sweep --config=configs/sweeps/merge_clock.py:study=d,part=seeds,results=$W --workdir=$W --table=d_seeds --parallel=2
   (the same with study=a, c and b; `studies_m=2/16` narrows study a to those M, `pairs=
-  period/one,arrival/one` any study to the pairs named, `policies=k1/wait_all` study c to those
+  period/one+arrival/one` any study to the pairs named, `policies=k1/wait_all` study c to those
   policies, `rates=0.1/0.2` part=tune to those rates)
 
 study=a  invariance: the heterogeneous table's text run at the paper's setting (configs/sweeps/
@@ -127,7 +127,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def _cells(a) -> list[tuple]:
-  pairs = [tuple(p.split("/")) for p in a.pairs.split(",")] if a.pairs else list(PAIRS)
+  pairs = [tuple(p.split("/")) for p in a.pairs.split("+")] if a.pairs else list(PAIRS)
+  if unknown := [p for p in pairs if p not in PAIRS]:
+    raise ValueError(f"pairs={a.pairs!r}: {unknown} not among {PAIRS} (pairs=clock/scale+...)")
   if a.study == "a":
     counts = (4, 8) if a.tiny else LEARNERS  # (tiny: 8 test devices split evenly, batch 2)
     counts = [int(m) for m in a.studies_m.split("/")] if a.studies_m else counts
