@@ -42,6 +42,8 @@ def _report(c: local.LocalCluster, codes: dict, learners: int) -> dict:
       "restored_from": sync.get("restored_from"),
       "generation": sync["generation"],
       "merges": sync["merges"],
+      "restore_s": sync.get("restore_s"),
+      "checkpoints": sync.get("checkpoints"),
       "learners": {},
   }
   for m in range(learners):

@@ -13,6 +13,7 @@ from configs import shakespeare
 from diloco.outer import fragments, optimizers, policies, protocol
 from diloco.outer.codecs import compression
 from diloco.outer.sync.synchronizer import Synchronizer
+from diloco.recovery import sync_checkpoint
 from diloco.rpc import sync_main
 from diloco.runtime import learner_loop, sync_host
 
@@ -317,44 +318,113 @@ def test_a_learner_whose_synchronizer_stays_away_says_what_it_did_not_deliver():
   assert link.sent == [("upload", 0, 1)] and loop.machine.undelivered() == {0: 6}
 
 
-def test_no_learner_can_poll_a_merge_before_its_checkpoint_is_saved():
-  """Issue 49, point 3: the gRPC synchronizer saves after every merge unless
-  outer.sync_checkpoint_every says less often, and the save runs under the host's lock, so a
-  restart never lacks a merge that a learner holds. Here the save takes 0.3 s while learner 1
-  long-polls: its poll returns the merge only after the save."""
-  config = shakespeare.get_config("mode=decoupled,runlocal")
-  assert sync_main.make_synchronizer(config).checkpoint_every == 1  # (the config says 0)
+def _one_fragment_host(on_checkpoint=lambda s: None) -> sync_host.SyncHost:
   params = {"embed": {"w": np.zeros(2, np.float32)}}
   policy = policies.Policy(
       policies.MinQuorum(1), policies.NoGrace(), policies.EqualWeights(), policies.Mean()
   )
   sync = Synchronizer(params, fragments.strided(params, 1), policy, optimizers.sgd(1.0),
                       checkpoint_every=1)  # fmt: skip
-  saved = []
+  return sync_host.SyncHost(sync, on_checkpoint=on_checkpoint)
 
-  def save(s):
-    time.sleep(0.3)
-    saved.append((s.merges, time.monotonic()))
 
-  host = sync_host.SyncHost(sync, on_checkpoint=save)
+def _upload(host: sync_host.SyncHost, version: int) -> int:
+  delta = compression.encode_tree({"embed/w": np.ones(2, np.float32)}, "fp32")
+  up = protocol.Upload(0, 0, version, delta, steps=3, tokens=24, time=0.0, sent_time=0.0,
+                       step_time=0.1)  # fmt: skip
+  return host.upload(0, "s0", up)
+
+
+def test_a_poll_is_answered_while_a_save_is_in_flight(tmp_path):
+  """Issue 72: the gRPC synchronizer saves off its host's lock (sync_checkpoint.BackgroundSaves).
+  Here orbax's write of the save after merge 1 is held until learner 1's poll has returned that
+  merge; the save then completes with the state of merge 1."""
+  config = shakespeare.get_config("mode=decoupled,runlocal")
+  assert sync_main.make_synchronizer(config).checkpoint_every == 1  # (the config says 0)
+  ckpt = sync_checkpoint.SyncCheckpointer(str(tmp_path))
+  writing, release = threading.Event(), threading.Event()
+  write = ckpt._writer.save  # pylint: disable=protected-access
+
+  def held_write(*args, **kwargs):
+    writing.set()
+    assert release.wait(60), "the test never released the write"
+    return write(*args, **kwargs)
+
+  ckpt._writer.save = held_write  # pylint: disable=protected-access
+  host = _one_fragment_host()
+  sync = host.sync
+  saves = sync_checkpoint.BackgroundSaves(
+      ckpt, host.cond, lambda: (sync.merges, sync.state_dict()), share=1.0
+  )
+  host.on_checkpoint = lambda s: saves.request()
   try:
     for m in (0, 1):
       host.join(m, f"s{m}", (0,))
-    polled = []
-    poller = threading.Thread(target=lambda: polled.append((host.poll(1, "s1", 0, 5.0),
-                                                           time.monotonic())))  # fmt: skip
-    poller.start()
-    time.sleep(0.1)
-    delta = compression.encode_tree({"embed/w": np.ones(2, np.float32)}, "fp32")
-    up = protocol.Upload(0, 0, 0, delta, steps=3, tokens=24, time=0.0, sent_time=0.0,
-                         step_time=0.1)  # fmt: skip
-    assert host.upload(0, "s0", up) == 1
-    poller.join(10)
-    ((sends, got_at),) = polled
-    assert [s.version for _, s in sends] == [1] and saved[0][0] == 1
-    assert got_at >= saved[0][1]
+    assert _upload(host, 0) == 1
+    assert writing.wait(60)  # the save of merge 1 is in orbax's hands, and held there
+    digest = sync.digest()
+    sends = host.poll(1, "s1", 0, 30.0)
+    assert [s.version for _, s in sends] == [1]
+    assert saves.in_flight_since is not None and saves.saves == 0
   finally:
+    release.set()
+    saves.close()
     host.close()
+  assert saves.saves == 1 and ckpt.latest_step() == 1
+  fresh = _one_fragment_host().sync
+  fresh.load_state_dict(ckpt.restore(fresh.state_dict()))
+  assert fresh.digest() == digest
+
+
+class _TimedSaves:
+  """A checkpointer whose save takes `took` seconds of a fake clock; records (merges, start)."""
+
+  def __init__(self, clock: list[float], took: float):
+    self.clock, self.took, self.saved = clock, took, []
+
+  def save(self, merges, state):
+    self.saved.append((merges, self.clock[0]))
+    self.clock[0] += self.took
+    return True
+
+
+def _asleep_after(saves, waits: int) -> None:
+  """Returns once the save thread has gone to sleep more than `waits` times (an event)."""
+  with saves._cv:  # pylint: disable=protected-access
+    assert saves._cv.wait_for(lambda: saves.waits > waits, 60)  # pylint: disable=protected-access
+
+
+def test_background_saves_take_at_most_their_share_of_the_time():
+  """share 0.25 and a save of 2 s: the next save starts 8 s after the last one began (a request
+  in between waits for it), so saving takes at most a quarter of the time."""
+  clock, merges = [0.0], [0]
+  ckpt = _TimedSaves(clock, took=2.0)
+  saves = sync_checkpoint.BackgroundSaves(
+      ckpt, threading.Lock(), lambda: (merges[0], {}), share=0.25, clock=lambda: clock[0]
+  )
+  try:
+    _asleep_after(saves, 0)
+    merges[0] = 3
+    saves.request()  # t = 0: saved at once, until t = 2
+    _asleep_after(saves, 1)
+    assert ckpt.saved == [(3, 0.0)] and clock[0] == 2.0
+    merges[0] = 5
+    waits = saves.waits
+    saves.request()  # t = 2: not before t = 0 + 2 / 0.25 = 8
+    _asleep_after(saves, waits)
+    clock[0] = 7.5
+    waits = saves.waits
+    saves.request()
+    _asleep_after(saves, waits)
+    assert ckpt.saved == [(3, 0.0)]
+    merges[0] = 9
+    clock[0] = 8.0
+    waits = saves.waits
+    saves.request()  # due: the snapshot is taken now, with the merges since
+    _asleep_after(saves, waits)
+    assert ckpt.saved == [(3, 0.0), (9, 8.0)] and saves.saves == 2 and saves.seconds == 4.0
+  finally:
+    saves.close()
 
 
 def test_a_learner_told_settled_is_not_waited_for_by_a_later_merge():

@@ -22,7 +22,7 @@ from configs import chaos_suite as suite_config
 from configs import shakespeare
 from diloco import metrics, train
 from diloco.chaos import schedule as chaos
-from diloco.inner import step as step_lib
+from diloco.inner import manifest, step as step_lib
 from diloco.outer import fragments, optimizers, policies
 from diloco.outer.codecs import compression
 from diloco.outer.protocol import Join, Upload
@@ -366,18 +366,83 @@ def test_a_crash_during_a_checkpoint_write_leaves_the_previous_one_restorable(
   # The injected crash of the chaos schedule: half a JSON file, then the process dies.
   with pytest.raises(sync_checkpoint.SimulatedCrash):
     ckpt.save(sync.merges + 1, sync.state_dict(), interrupt=True)
-  names = sorted(os.listdir(tmp_path))
-  assert names == ["1", "3.orbax-checkpoint-tmp", "4.orbax-checkpoint-tmp"]
-  # A restarted synchronizer (a new manager over the directory) finds the first save, whole.
+  # The failed save left fragment 0's write unfinished; the crash wrote both fragments' new
+  # versions and half of step 4.
+  assert sorted(os.listdir(tmp_path)) == ["1", "4.orbax-checkpoint-tmp", "fragments"]
+  frags = lambda: sorted(os.listdir(tmp_path / "fragments"))
+  assert frags() == ["0.v1", "0.v2", "1.v0", "1.v1"]
+  # A restarted synchronizer (a new manager over the directory) finds the first save, whole,
+  # and removes the fragments written after it (a later generation merges those versions anew).
   reopened = sync_checkpoint.SyncCheckpointer(str(tmp_path))
   assert reopened.latest_step() == 1
   fresh = _tiny_sync()
   fresh.load_state_dict(reopened.restore(fresh.state_dict()))
   assert fresh.digest() == first
   assert fresh.versions == [1, 0] and fresh.members == {0}
+  assert frags() == ["0.v1", "1.v0"]
   # Saving that step again replaces the unfinished directory.
   assert reopened.save(3, sync.state_dict())
   assert reopened.latest_step() == 3 and "3" in os.listdir(tmp_path)
+  assert frags() == ["0.v1", "0.v2", "1.v0", "1.v1"]  # steps 1 and 3 are kept (keep=2)
+
+
+def test_a_save_writes_only_the_fragments_merged_since_the_last_one(tmp_path):
+  """Issue 72: bytes written per save scale with the fragments merged, not with the model."""
+  sync = (
+      _tiny_sync()
+  )  # strided: fragment 0 = blocks/0 (3 floats) + embed (4), fragment 1 = blocks/1 (2)
+  ckpt = sync_checkpoint.SyncCheckpointer(str(tmp_path), keep=3)
+  assert ckpt.save(sync.merges, sync.state_dict())
+  # Each fragment: global, residual and the Nesterov momentum, float32; the versions (2 int64).
+  f0, f1, versions = 3 * 7 * 4, 3 * 2 * 4, 2 * 8  # 84, 24 and 16 bytes
+  assert ckpt.bytes_written == f0 + f1 + versions
+  _merge_once(sync, 1, 0.25)
+  assert ckpt.save(sync.merges, sync.state_dict())
+  assert ckpt.bytes_written == f0 + f1 + versions + f1 + versions
+  before = ckpt.bytes_written
+  assert ckpt.save(5, sync.state_dict())  # nothing merged since: only the step itself
+  assert ckpt.bytes_written == before + versions and ckpt.saves == 3
+  names = sorted(os.listdir(tmp_path / "fragments"))
+  assert names == ["0.v0", "1.v0", "1.v1"]
+  ckpt.save(6, sync.state_dict())  # keep=3: step 0, the only one naming 1.v0, is dropped
+  assert sorted(os.listdir(tmp_path / "fragments")) == ["0.v0", "1.v1"]
+  fresh = _tiny_sync()
+  fresh.load_state_dict(sync_checkpoint.SyncCheckpointer(str(tmp_path)).restore(fresh.state_dict()))
+  assert fresh.digest() == sync.digest()
+
+
+def _save_whole(directory, step: int, state: dict) -> None:
+  """Step `step` as the code before fragment items wrote it (format 1), or with the meta given."""
+  manager = ocp.CheckpointManager(str(directory), options=ocp.CheckpointManagerOptions(create=True))
+  manager.save(
+      step,
+      args=ocp.args.Composite(
+          arrays=ocp.args.StandardSave(state["arrays"]), meta=ocp.args.JsonSave(state["meta"])
+      ),
+  )
+  manager.wait_until_finished()
+  manager.close()
+  manifest.write(os.path.join(directory, str(step)))
+
+
+def test_a_checkpoint_of_the_format_before_fragments_restores_and_a_newer_one_is_refused(tmp_path):
+  """A step written whole (format 1: every array in the step, no layout) restores as it was; a
+  step of a format this code does not know is refused, naming it."""
+  sync = _tiny_sync()
+  _merge_once(sync, 0, 0.5)
+  _save_whole(tmp_path, 1, sync.state_dict())
+  ckpt = sync_checkpoint.SyncCheckpointer(str(tmp_path))
+  fresh = _tiny_sync()
+  fresh.load_state_dict(ckpt.restore(fresh.state_dict()))
+  assert fresh.digest() == sync.digest()
+  assert ckpt.save(2, fresh.state_dict())  # the next save writes every fragment: none on disk
+  assert sorted(os.listdir(tmp_path / "fragments")) == ["0.v1", "1.v0"]
+  assert ckpt.bytes_written == 3 * 7 * 4 + 3 * 2 * 4 + 2 * 8
+  newer = sync.state_dict()
+  newer["meta"][sync_checkpoint.LAYOUT] = {"format": 3, "fragments": []}
+  _save_whole(tmp_path / "newer", 1, newer)
+  with pytest.raises(ValueError, match="has format 3; this code reads formats 1-2"):
+    sync_checkpoint.SyncCheckpointer(str(tmp_path / "newer")).restore(fresh.state_dict())
 
 
 def test_a_seeded_chaos_run_is_deterministic_and_the_suite_tables_it(tmp_path, capsys):

@@ -407,6 +407,13 @@ def _outer() -> dict:
           "with chaos: P)",
           domains.nonneg("0: none"),
       ),
+      sync_save_share=(
+          0.25,
+          "a gRPC synchronizer saves off its lock, on a thread of its own, at most this share of"
+          " the time: a save starts no sooner than the last one's duration / share after it began"
+          " (each save writes only the fragments merged since the last)",
+          domains.where(lambda v, c: 0 < v <= 1, "must be in (0, 1]"),
+      ),
       sync_shards=(
           1,
           "S synchronizer shards: each owns the fragments given it (balanced by bytes), "

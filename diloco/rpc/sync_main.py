@@ -3,8 +3,9 @@
 Where it listens, TLS and limits come from the config's `deploy` section. It starts from the
 newest checkpoint in WORKDIR/checkpoints/synchronizer if there is one (beginning a new generation,
 see Synchronizer.restart), else from the config's initial parameters (and saves that as
-checkpoint 0). It saves again whenever the state machine asks (every
-`outer.sync_checkpoint_every` merges) and at shutdown. The bound port goes to WORKDIR/port; the run
+checkpoint 0). When the state machine asks (every `outer.sync_checkpoint_every` merges) it saves
+again on a thread of its own, off the host's lock, each save writing only the fragments merged
+since the last, at most `outer.sync_save_share` of the time; and at shutdown. The bound port goes to WORKDIR/port; the run
 ends when every learner finished, every merge was delivered and no learner is live any more (or on
 SIGTERM), and writes WORKDIR/summary.json with wire and codec byte counts.
 """
@@ -31,10 +32,10 @@ from diloco.watch import progress
 
 def make_synchronizer(config: ml_collections.ConfigDict, shard: int = 0) -> Synchronizer:
   """The config's synchronizer (shard `shard` of `outer.sync_shards`: the fragments it owns),
-  at the initial parameters every learner builds. It checkpoints after every merge unless
-  `outer.sync_checkpoint_every` says less often. The save runs under the host's lock, before any
-  learner can poll the merge, so with every merge saved a restart never lacks a merge that a
-  learner holds; with fewer, the learners send what it lacks (`learner_machine.regressed`)."""
+  at the initial parameters every learner builds. It asks for a checkpoint after every merge
+  unless `outer.sync_checkpoint_every` says less often; `run` saves in the background, at most
+  `outer.sync_save_share` of the time (sync_checkpoint.BackgroundSaves), so a restart may lack
+  merges that learners hold: they send what it lacks (`learner_machine.regressed`)."""
   return build.synchronizer_only(config).make_shard(shard, min_checkpoint_every=1)
 
 
@@ -203,8 +204,10 @@ def run(
   if sync.codec == "fp4" and isinstance(sync.tx, optimizers.SGD):
     kernels.warm_up()  # its merges run the compiled commit: compile before serving, not mid-run
   ckpt = sync_checkpoint.SyncCheckpointer(paths.join(workdir, "checkpoints", "synchronizer"))
+  t_restore = time.monotonic()
   restored_from = ckpt.latest_step()
   restored, sessions = _restore(sync, ckpt)
+  restore_s = time.monotonic() - t_restore  # (checksums checked, arrays read, or checkpoint 0)
   # A restarted synchronizer appends to the log of the run before it.
   writer = metrics.MetricsWriter.for_run(
       config, workdir, resume_step=None if restored_from is None else 1 << 60
@@ -215,10 +218,10 @@ def run(
     with lock:
       writer.write({"step": sync.merges, "wall_time": time.time(), **record}, prefix="sync/")
 
-  def on_checkpoint(s: Synchronizer) -> None:
-    ckpt.save(s.merges, _with_sessions(s.state_dict(), board))
-
-  host, board = watched_host(sync, limits, on_log, on_checkpoint)
+  host, board = watched_host(sync, limits, on_log, lambda s: None)
+  snapshot = lambda: (sync.merges, _with_sessions(sync.state_dict(), board))
+  saves = sync_checkpoint.BackgroundSaves(ckpt, host.cond, snapshot, config.outer.sync_save_share)
+  host.on_checkpoint = lambda s: saves.request()
   board.load_sessions(sessions)
   server, svc, bound = service.serve(
       host,
@@ -240,9 +243,17 @@ def run(
     status.close()
   server.stop(1.0).wait()
   host.close()
+  saves.close()
   with host.cond:
     ckpt.save(sync.merges, _with_sessions(sync.state_dict(), board))
     summary = _summary(sync, board, svc, bound, restored_from, restored, time.monotonic() - t0)
+    summary["restore_s"] = restore_s
+    summary["checkpoints"] = {
+        "saves": ckpt.saves,
+        "bytes_written": ckpt.bytes_written,
+        "background_saves": saves.saves,
+        "background_seconds": saves.seconds,
+    }
     summary["shard"] = shard
     summary["stopped_by"] = preemption.SIGNAL if signalled else None  # saved above either way
   ckpt.close()

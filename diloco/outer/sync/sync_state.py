@@ -1,7 +1,8 @@
 """The synchronizer's durable state: one record per fragment, and all of it as flat arrays plus
 JSON metadata (what a checkpoint holds), and its digest.
 
-`state_dict(sync)` is what a checkpoint saves and a restart loads: per fragment the global values,
+`state_dict(sync)` is what a checkpoint saves and a restart loads (its arrays are the
+synchronizer's own, not copies: outer/sync/commit.py never writes into them): per fragment the global values,
 the downlink residuals and the outer optimizer state's leaves (named `global.p.i`, `residual.p.i`,
 `opt.p.i`, i in the fragment's sorted path order or the optimizer's leaf order), the versions, and
 as metadata the generation and its lineage, who contributed on which base, the outlier screen's
@@ -47,12 +48,12 @@ def state_dict(sync) -> dict[str, Any]:
   arrays: dict[str, np.ndarray] = {
       "versions": np.asarray([f.version for f in frags.values()], np.int64)
   }
-  for p, f in frags.items():
+  for p, f in frags.items():  # by reference: a merge replaces these arrays, never writes them
     for i, k in enumerate(sync.frag.paths[p]):
-      arrays[f"global.{p}.{i}"] = np.array(f.values[k], np.float32)
-      arrays[f"residual.{p}.{i}"] = np.array(f.residual[k], np.float32)
+      arrays[f"global.{p}.{i}"] = np.asarray(f.values[k], np.float32)
+      arrays[f"residual.{p}.{i}"] = np.asarray(f.residual[k], np.float32)
     for i, x in enumerate(jax.tree.leaves(f.opt_state)):
-      arrays[f"opt.{p}.{i}"] = np.array(x)
+      arrays[f"opt.{p}.{i}"] = np.asarray(x)
   meta = {
       "generation": sync.generation,
       "lineage": [[g, list(v)] for g, v in sorted(sync.lineage.items())],
