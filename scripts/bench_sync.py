@@ -1,13 +1,17 @@
 """Times the synchronizer merging one fragment from M learners against a memcpy, in the same run.
 
   python scripts/bench_sync.py [--mbytes=64] [--learners=8] [--merge=mean] [--downlink=fp4]
-                               [--threads=N]
+                               [--uplink=fp32] [--leaves=4] [--threads=N] [--nophases]
 
-One fragment of --mbytes MiB of float32 (four leaves of equal size). Each timed round hands the
-synchronizer M fp32 uploads of that fragment, whose checksums it verifies as they arrive; the last
-one triggers the merge: view the payloads as float32, merge them (mean or RDA) and check for
-NaN/Inf, step Nesterov SGD, encode the update with the downlink codec, apply its decoding and keep
-the residual, and build the sends with their checksum.
+One fragment of --mbytes MiB of float32 (--leaves leaves of equal size; the 8b preset's fragment is
+1,400 MiB: `--mbytes=1400 --leaves=6`, leaves near its 4096 x 14336 matrices). Each timed round
+hands the synchronizer M uploads of that fragment in the --uplink codec, whose checksums it
+verifies as they arrive; the last one triggers the merge: decode the payloads (fp32: viewed in
+place), merge them (mean or RDA) and check for NaN/Inf, step Nesterov SGD, encode the update with
+the downlink codec, apply its decoding and keep the residual, and build the sends with their
+checksum. Printed per round: merges per second and the process's peak resident memory while the
+rounds ran, over the fragment's own bytes (the synchronizer's state at rest is 3 fragments:
+globals, momentum, residual; a round adds its new state, the merged update and the uploads).
 The phases include the outer step's reference (optax op by op, then encode and add_decoded) beside
 its fast path (`commit.outer_step`), the same bits.
 Reference: np.copyto of the fragment's bytes into a preallocated buffer, timed alternately with the
@@ -42,19 +46,52 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds; the fastest is repo
 _THREADS = flags.DEFINE_integer(
     "threads", None, "Threads of the merge round (default: parallel.THREADS, the machine's cores)."
 )
+_UPLINK = flags.DEFINE_enum("uplink", "fp32", list(compression.CODECS), "The uploads' codec.")
+_LEAVES = flags.DEFINE_integer("leaves", 4, "Leaves of the fragment, of equal size.")
+_PHASES = flags.DEFINE_bool("phases", True, "Also time the round's phases one by one.")
 _KEEP = flags.DEFINE_bool(
     "keep_freed", True, "Malloc keeps freed arrays for reuse, as the synchronizer process does."
 )
-LEAVES = 4
 
 
-def make_fragment(mbytes: int) -> dict[str, np.ndarray]:
-  """LEAVES float32 matrices of 1024 columns, --mbytes MiB together."""
-  rows = max(mbytes * 2**20 // 4 // 1024 // LEAVES, 1)
+def make_fragment(mbytes: int, leaves: int = 4) -> dict[str, np.ndarray]:
+  """`leaves` float32 matrices of 1024 columns, `mbytes` MiB together."""
+  rows = max(mbytes * 2**20 // 4 // 1024 // leaves, 1)
   rng = np.random.default_rng(0)
   return {
-      f"blocks/0/w{i}": rng.standard_normal((rows, 1024), dtype=np.float32) for i in range(LEAVES)
+      f"blocks/0/w{i}": rng.standard_normal((rows, 1024), dtype=np.float32) for i in range(leaves)
   }
+
+
+def _status_kib(key: str) -> int:
+  """A line of /proc/self/status in KiB (VmRSS: resident now, VmHWM: its peak)."""
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
+def reset_peak_rss() -> bool:
+  """Resets the process's VmHWM to its resident memory now (Linux 4.0+); whether it could."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+def _uploads(params, m: int, codec: str) -> list[Upload]:
+  """M uploads of small random deltas, each encoded as soon as it is drawn (one fp32 delta alive
+  at a time)."""
+  rng = np.random.default_rng(1)
+  out = []
+  for i in range(m):
+    d = {
+        k: rng.standard_normal(x.shape, dtype=np.float32) * np.float32(1e-3)
+        for k, x in params.items()
+    }
+    out.append(Upload(i, 0, 0, compression.encode_tree(d, codec), 8, 8 * 1024, 0.0, 0.0, 1.0))
+    del d
+  return out
 
 
 def main(argv):
@@ -63,7 +100,7 @@ def main(argv):
   if _THREADS.value is not None:
     parallel.set_threads(_THREADS.value)
   kept = _KEEP.value and memory.keep_freed_arrays()
-  params = make_fragment(_MBYTES.value)
+  params = make_fragment(_MBYTES.value, _LEAVES.value)
   frag = fragments.balanced(params, 1)
   nbytes = sum(x.nbytes for x in params.values())
   policy = policies.Policy(
@@ -77,19 +114,7 @@ def main(argv):
   )
   for i in range(m):
     sync.handle(Join(i, 0.0, (0,)))
-  rng = np.random.default_rng(1)
-  deltas = [
-      {
-          k: rng.standard_normal(x.shape, dtype=np.float32) * np.float32(1e-3)
-          for k, x in params.items()
-      }
-      for _ in range(m)
-  ]
-  uploads = [
-      Upload(i, 0, 0, compression.encode_tree(d, "fp32"), 8, 8 * 1024, 0.0, 0.0, 1.0)
-      for i, d in enumerate(deltas)
-  ]
-
+  uploads = _uploads(params, m, _UPLINK.value)
   payload_crcs = [integrity.tree_crc(u.delta) for u in uploads]  # the senders' work, untimed
 
   def round_() -> None:
@@ -105,17 +130,34 @@ def main(argv):
   flat = next(iter(params.values()))
   src = np.concatenate([x.reshape(-1) for x in params.values()])
   dst = np.empty_like(src)
+  np.copyto(dst, src)  # (both resident before the peak is reset)
+  rest_kib = _status_kib("VmRSS")
+  peak_known = reset_peak_rss()
   memcpy, t_round = timing.best_seconds([lambda: np.copyto(dst, src), round_], reps)
+  peak_kib = _status_kib("VmHWM")
+  up_bytes = sum(e.nbytes for u in uploads for e in u.delta.values())
   merged_bw = m * nbytes / t_round
   copy_bw = nbytes / memcpy
   print(
-      f"fragment {nbytes / 2**20:.0f} MiB ({LEAVES} leaves of {flat.shape}), {m} learners, "
-      f"merge={_MERGE.value}, outer nesterov, downlink {_DOWNLINK.value}, best of {reps}, "
+      f"fragment {nbytes / 2**20:.0f} MiB ({len(params)} leaves of {flat.shape}), {m} learners, "
+      f"uploads {_UPLINK.value} ({up_bytes / m / 2**20:.0f} MiB each), merge={_MERGE.value}, "
+      f"outer nesterov, downlink {_DOWNLINK.value}, best of {reps}, "
       f"{parallel.THREADS} thread{'s' if parallel.THREADS > 1 else ''}, freed arrays "
       f"{'kept' if kept else 'returned'}"
   )
   print(f"memcpy {memcpy * 1e3:8.2f} ms  ({copy_bw / 1e9:.2f} GB/s)")
   print(f"round  {t_round * 1e3:8.2f} ms  ({merged_bw / 1e9:.2f} GB/s of uploads merged)")
+  print(f"merges_per_s={1 / t_round:.3f}")
+  if peak_known:  # the rounds' peak; at rest: the fragment, the memcpy pair, the uploads, state
+    frag_kib = nbytes / 1024
+    print(
+        f"peak_rss={peak_kib / 2**20:.2f} GiB ({peak_kib / frag_kib:.2f} fragments; at rest "
+        f"before the rounds {rest_kib / 2**20:.2f} GiB = {rest_kib / frag_kib:.2f}; the rounds "
+        f"added {(peak_kib - rest_kib) / frag_kib:.2f})"
+    )
+  if not _PHASES.value or _UPLINK.value != "fp32":
+    print(f"sync_vs_memcpy={merged_bw / copy_bw:.2f}")
+    return
 
   # Phases of one round, each on the same inputs, to see where the time goes.
   decoded = [

@@ -84,13 +84,23 @@ def _factors(c: float) -> tuple[np.float32, ...]:
   return (np.float32(math.copysign(root, c)), np.float32(root))
 
 
+def _chunk_dots(x_N: np.ndarray, start: int, stop: int) -> list[float]:
+  """x·x of each chunk of x[start:stop] (start a multiple of CHUNK), in float32, in order."""
+  with np.errstate(over="ignore", under="ignore"):  # both are caught by `_sumsq`
+    return [
+        float(np.dot(c, c))
+        for c in (x_N[c0 : min(c0 + CHUNK, stop)] for c0 in range(start, stop, CHUNK))
+    ]
+
+
 def _sumsq(x_N: np.ndarray) -> float:
-  """Σx² with float32 chunk dots summed in float64; float64 throughout when that is unsafe."""
+  """Σx² with float32 chunk dots summed in float64, in chunk order (the dots computed in spans
+  over `parallel`'s threads: the same sum for any count); float64 throughout when that is
+  unsafe."""
   total = 0.0
-  with np.errstate(over="ignore", under="ignore"):  # both are caught below
-    for c0 in range(0, x_N.size, CHUNK):
-      chunk = x_N[c0 : c0 + CHUNK]
-      total += float(np.dot(chunk, chunk))
+  for dots in parallel.run(lambda s: _chunk_dots(x_N, *s), _spans(x_N.size)):
+    for d in dots:
+      total += d
   if not math.isfinite(total) or total < _SUMSQ_TINY:
     x64 = x_N.astype(np.float64)
     total = float(np.dot(x64, x64))
@@ -192,7 +202,7 @@ def _rda(flats: list[np.ndarray], w: np.ndarray) -> tuple[np.ndarray, list[float
     return out, norms
   ref = max(norms)
   terms = [_scaled(x, wm * (ref / n)) for x, wm, n in zip(flats, w, norms) if wm > 0 and n > 0]
-  _combine(terms, out)
+  parallel.run(lambda s: _combine(terms, out, *s), _spans(out.size))
   length = math.sqrt(_sumsq(out))
   if length == 0:  # the unit directions cancel exactly
     return np.zeros_like(out), norms
@@ -240,11 +250,50 @@ def merge_checked(
   # Normalised twice, as merging each leaf on its own (`weighted_mean`, `rda`) does.
   w = _normalised(_normalised(weights, len(deltas)), len(deltas))
   suspects = {m for m, wm in enumerate(w) if wm == 0}
-  # Tasks for `parallel.run`: a span of chunks of a mean, or a whole RDA (its norms are sums
-  # over the whole leaf, kept in their order).
-  shapes, tasks = {}, []
+  merged = {}
+  for group in _groups(paths, deltas):
+    merged.update(_merge_group(group, deltas, w, rule, is_embedding, suspects))
+  merged = {path: merged[path] for path in paths}
+  bad = [m for m in sorted(suspects) if not all(all_finite(x) for x in deltas[m].values())]
+  return merged, bad
+
+
+DECODE_BUDGET = 1 << 28  # bytes of decoded leaves a merge holds at once (beyond one leaf)
+
+
+def _groups(paths: list[str], deltas: Sequence[Mapping[str, np.ndarray]]) -> list[list[str]]:
+  """Consecutive paths whose decoded copies (`compression.Decoded.copy_bytes`; none for fp32
+  views and arrays) fit DECODE_BUDGET together; a leaf alone when it is larger."""
+  groups, held = [[]], 0
   for path in paths:
-    shapes[path], flats = _flat_f32([d[path] for d in deltas])
+    cost = sum(getattr(d, "copy_bytes", lambda k: 0)(path) for d in deltas)
+    if groups[-1] and held + cost > DECODE_BUDGET:
+      groups.append([])
+      held = 0
+    groups[-1].append(path)
+    held += cost
+  return groups
+
+
+def _merge_group(
+    group: list[str],
+    deltas: Sequence[Mapping[str, np.ndarray]],
+    w: np.ndarray,
+    rule: str,
+    is_embedding: Callable[[str], bool],
+    suspects: set[int],
+) -> dict[str, np.ndarray]:
+  """The merged leaves of `group` (adding to `suspects` the deltas that may hold NaN or Inf).
+
+  The uploads' leaves are read (decoded) over `parallel`'s threads; the tasks are a mean's spans
+  of chunks and each RDA leaf whole (whose phases, norms, combination and length, are spread over
+  spans in turn when it runs alone: `parallel.run` runs inline in a worker): the same bits as one
+  thread."""
+  read = [(path, m) for path in group for m in range(len(deltas))]
+  leaves = dict(zip(read, parallel.run(lambda t: deltas[t[1]][t[0]], read)))
+  shapes, tasks = {}, []
+  for path in group:
+    shapes[path], flats = _flat_f32([leaves.pop((path, m)) for m in range(len(deltas))])
     if rule == "mean" or is_embedding(path):
       terms = [(x, wm) for x, wm in zip(flats, w) if wm > 0]
       out = np.empty(math.prod(shapes[path]), np.float32)
@@ -259,8 +308,7 @@ def merge_checked(
     elif not result:
       suspects.update(m for m, wm in enumerate(w) if wm > 0)
     merged[path] = out.reshape(shapes[path])
-  bad = [m for m in sorted(suspects) if not all(all_finite(x) for x in deltas[m].values())]
-  return merged, bad
+  return merged
 
 
 def _spans(size: int) -> list[tuple[int, int]]:

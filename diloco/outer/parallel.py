@@ -14,6 +14,7 @@ import atexit
 import concurrent.futures
 import contextvars
 import os
+import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -26,6 +27,7 @@ THREADS = max(1, min(os.cpu_count() or 1, 16))
 SPAN = 1 << 22
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_NAME = "merge-pool"
 
 
 def set_threads(n: int) -> None:
@@ -43,14 +45,15 @@ def run(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
   """[fn(x) for x in items], the calls spread over `THREADS` threads; results in order.
 
   Each call runs in a copy of the caller's context, so `np.errstate` applies in the workers too.
-  Every call finishes before an exception (the first in item order) is raised.
+  Every call finishes before an exception (the first in item order) is raised. Called from one
+  of the pool's own threads, it runs the calls there, in order (no task waits on the pool).
   """
   items = list(items)
-  if THREADS == 1 or len(items) < 2:
-    return [fn(x) for x in items]
+  if THREADS == 1 or len(items) < 2 or threading.current_thread().name.startswith(_NAME):
+    return [fn(x) for x in items]  # (in a worker: the pool's threads are busy with its callers)
   global _pool
   if _pool is None:
-    _pool = concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="merge")
+    _pool = concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix=_NAME)
   futures = [_pool.submit(contextvars.copy_context().run, fn, x) for x in items]
   concurrent.futures.wait(futures)
   return [f.result() for f in futures]

@@ -314,6 +314,37 @@ def decoded_view(e: Encoded) -> np.ndarray:
   return decode(e)
 
 
+class Decoded(Mapping):
+  """An upload's delta by path, each leaf decoded when it is read and not kept (fp32 payloads
+  viewed in place), times `factor` when one is given: a merge round holds one leaf of each
+  upload decoded at a time, not M whole fragments (merging.merge_checked)."""
+
+  def __init__(self, encoded: Mapping[str, Encoded], factor: float | None = None):
+    self.encoded = encoded
+    self.factor = None if factor is None else np.float32(factor)
+
+  def __getitem__(self, path: str) -> np.ndarray:
+    x = decoded_view(self.encoded[path])
+    return x if self.factor is None else x * self.factor
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self.encoded)
+
+  def __len__(self) -> int:
+    return len(self.encoded)
+
+  def scaled(self, factor: float) -> Decoded:
+    """The same delta times `factor` (once: a clipped upload)."""
+    if self.factor is not None:
+      raise ValueError("an upload's delta is scaled once")
+    return Decoded(self.encoded, factor)
+
+  def copy_bytes(self, path: str) -> int:
+    """The bytes a read of `path` allocates (0: an fp32 view)."""
+    e = self.encoded[path]
+    return 0 if e.codec == "fp32" and self.factor is None else 4 * math.prod(e.shape)
+
+
 def add_decoded(old: np.ndarray, update: Encoded, raw: np.ndarray, check: bool = False):
   """old + decoded update, a new array; raw − decoded update (the residual) in place of raw.
 

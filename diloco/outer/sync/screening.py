@@ -69,5 +69,7 @@ def screened(
   v = screen_round(deltas, sum(x.size for x in values.values()), screen, norms, rms)
   deltas = list(deltas)
   for i, factor in v.scale.items():
-    deltas[i] = {k: x * np.float32(factor) for k, x in deltas[i].items()}
+    d = deltas[i]
+    scaled = getattr(d, "scaled", None)  # compression.Decoded: scaled as each leaf is read
+    deltas[i] = scaled(factor) if scaled else {k: x * np.float32(factor) for k, x in d.items()}
   return deltas, v.rejected, set(v.scale), v.norms, v.rms

@@ -249,7 +249,7 @@ class Synchronizer:
     ups = [pending[m] for m in sorted(pending)]
     rejected: dict[int, tuple[Code, str]] = {}
     f, clipped = self.fragments[p], set()
-    deltas = [{k: compression.decoded_view(e) for k, e in u.delta.items()} for u in ups]
+    deltas = [compression.Decoded(u.delta) for u in ups]  # each leaf decoded as it is merged
     if self.screen is not None:
       deltas, rejected, scaled, f.norms, self.rms = screening.screened(
           deltas, f.values, self.screen, f.norms, self.rms
