@@ -9,10 +9,13 @@ receive of its largest fragment are compiled by libtpu's TPU compiler for the sl
 types as the launchers take them: v4-8, v5litepod-8 or v5e-8, v5p-64, v6e-8, ...). It prints per
 chip the arguments, outputs, temporaries and peak against the chip's HBM, the FLOPs and HBM traffic
 of a step, the roofline step time, tokens/s at an MFU, the bandwidth M such learners need between
-them (diloco/sim/bandwidth.py) and their goodput under failures (diloco/sim/goodput.py).
+them (diloco/sim/bandwidth.py), their goodput under failures (diloco/sim/goodput.py) and the
+synchronizer they need (diloco/plan/sync_load.py: state, merges per second at this machine's
+measured merge rate, shards and cores, RAM, saves, restore; --sync_cores, --disk_gbps).
 --vocab_size is the planned tokenizer's vocabulary (default: the config's tokenizer, bytes 256).
 
-Exit codes: 0 the plan fits; 2 it does not fit (the numbers and the keys that lower them), or the
+Exit codes: 0 the plan fits; 2 it does not fit, or its synchronizer shards cannot keep up (the
+numbers and the keys that change them), or the
 command cannot run as written (a bad key, topology or mesh), with nothing compiled or written;
 69 (EX_UNAVAILABLE) libtpu is not installed, with the line that installs it.
 """
@@ -26,7 +29,7 @@ from ml_collections import config_flags
 
 from diloco import paths
 from diloco.config import cli as config_cli
-from diloco.plan import devices, make, report
+from diloco.plan import devices, make, report, sync_load
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, config_cli.HELP, lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", None, "The slice's accelerator type, e.g. v5p-64.")
@@ -35,6 +38,12 @@ _MFU = flags.DEFINE_float(
 )
 _VOCAB = flags.DEFINE_integer("vocab_size", None, "The tokenizer's vocabulary (default: config's).")
 _JSON = flags.DEFINE_string("json", "", "Also write the figures here as JSON (when it fits).")
+_SYNC_CORES = flags.DEFINE_integer(
+    "sync_cores", make.SYNC_CORES, "Cores of each synchronizer shard's host."
+)
+_DISK = flags.DEFINE_float(
+    "disk_gbps", sync_load.DISK_BYTES_PER_S / 1e9, "The synchronizer host's disk, GB/s."
+)
 flags.mark_flags_as_required(["config", "topology"])
 EXIT_NO_LIBTPU = 69
 
@@ -48,7 +57,14 @@ def main(argv):
   if _JSON.value:
     paths.require_bucket(_JSON.value, "--json")
   try:
-    plan = make.make_plan(config, _TOPOLOGY.value, vocab_size=_VOCAB.value, mfu=_MFU.value)
+    plan = make.make_plan(
+        config,
+        _TOPOLOGY.value,
+        vocab_size=_VOCAB.value,
+        mfu=_MFU.value,
+        sync_cores=_SYNC_CORES.value,
+        disk_gbps=_DISK.value,
+    )
   except devices.LibtpuMissing as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(EXIT_NO_LIBTPU)

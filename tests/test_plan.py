@@ -1,6 +1,7 @@
 """experiments.plan: a tiny learner compiled by the real TPU compiler (libtpu, compile-only
 devices) on this CPU machine; the figures, the refusals, and the launchers' preflight."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from configs import shakespeare
 from diloco.config import checks
 from diloco.launch import preflight
 from diloco.models import transformer
-from diloco.plan import devices, make, tpu
+from diloco.plan import devices, make, peak, tpu
 from diloco.sweeps import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +75,15 @@ def test_the_peak_grows_with_batch_and_sequence(tiny):
   assert wider.train.flops == pytest.approx(4 * tiny.train.flops, rel=0.05)
 
 
-def test_a_decoupled_plan_compiles_the_receive_of_its_largest_fragment():
+def _cached_rate(monkeypatch, tmp_path, bytes_per_s: float, uplink: str, rule: str) -> None:
+  """This machine's merge rate for (uplink, rule), as if measured: `bytes_per_s`."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  key = f"{peak._machine_key()} / uplink {uplink} / {rule}"  # pylint: disable=protected-access
+  (tmp_path / "diloco").mkdir()
+  (tmp_path / "diloco" / "sync_merge_rate.json").write_text(json.dumps({key: bytes_per_s}))
+
+
+def test_a_decoupled_plan_compiles_the_receive_of_its_largest_fragment(monkeypatch, tmp_path):
   # scanned, as the large presets are: the fragment's blocks are views of the stacked leaves
   config = _config(
       "--config.outer.fragments=2",
@@ -82,12 +91,26 @@ def test_a_decoupled_plan_compiles_the_receive_of_its_largest_fragment():
       "--config.model.scan_layers=True",
       variants="mode=decoupled",
   )
+  # The synchronizer's merge rate on this machine, as the cache holds it: made very low, one
+  # byte of uploads merged per second, so that one shard cannot keep up.
+  _cached_rate(monkeypatch, tmp_path, 1.0, "fp4", "rda")
   plan = make.make_plan(config, "v5p-8")
   assert [p.name for p in plan.programs] == [
       "train step",
       "eval step",
       f"receive fragment {plan.fragment}",
   ]
+  load = plan.sync
+  assert load.rate.bytes_per_s == 1.0 and load.params == plan.learner.param_count
+  assert (load.learners, load.fragments, load.inner_steps) == (plan.learners, 2, 24), load
+  assert load.uploads_per_s == pytest.approx(plan.learners * 2 / (24 * plan.predicted_step_s))
+  assert not load.keeps_up and load.shards_needed > 1
+  refused = make.refusal(plan, config)
+  assert isinstance(refused, make.SyncCannotKeepUp) and plan.fits
+  message = str(refused)
+  assert "cannot keep up" in message and "outer.sync_shards=1: " in message
+  for key in ("outer.inner_steps=", "outer.fragments=2", "outer.codec='fp4'"):
+    assert key in message, key
   receive = plan.programs[2]
   # The fragment's shards arrive beside the parameters (donated, so the result reuses them).
   assert receive.argument_bytes > plan.fragment_bytes > 0
@@ -98,6 +121,8 @@ def test_a_decoupled_plan_compiles_the_receive_of_its_largest_fragment():
       "decoupled",
       "goodput of M=",
       "receive fragment",
+      "synchronizer: state",
+      "CANNOT KEEP UP",
   ):
     assert needle in text
 

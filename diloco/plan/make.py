@@ -6,15 +6,18 @@ slice's chips and the parameters against the mesh (on an abstract mesh). A plan 
 not fit the chip's HBM is refused by `refusal`, naming the keys that change it.
 """
 
+import dataclasses
+
 import ml_collections
 from flax import nnx
 from jax.sharding import AbstractMesh
 
 from diloco.config import build, checks
 from diloco.inner import island as island_lib, sharding
-from diloco.plan import devices as devices_lib, programs, report, tpu
+from diloco.plan import devices as devices_lib, programs, report, sync_load, tpu
 
 BYTE_VOCAB = 256
+SYNC_CORES = 16  # cores of a synchronizer shard's host (its merge threads: outer/parallel.py)
 IMAGE_SOURCES = ("digits", "npz_glob")
 
 
@@ -116,14 +119,19 @@ def make_plan(
     vocab_size: int | None = None,
     mfu: float = report.DEFAULT_MFU,
     key: str = "--topology",
+    sync_cores: int = SYNC_CORES,
+    disk_gbps: float = sync_load.DISK_BYTES_PER_S / 1e9,
 ) -> report.Plan:
-  """Compiles one learner of `config` for a slice of `accelerator_type` and measures it.
+  """Compiles one learner of `config` for a slice of `accelerator_type` and measures it, and
+  sizes the synchronizer of M such learners (`sync_cores` per shard host, its disk's GB/s).
 
   ConfigError (or ValueError naming `key`) before anything is loaded or compiled when the input
   is wrong; devices.LibtpuMissing when libtpu is not installed.
   """
   if not 0 < mfu <= 1:
     raise ValueError(f"--mfu={mfu}: a fraction of the chip's peak, in (0, 1]")
+  if sync_cores < 1 or not disk_gbps > 0:
+    raise ValueError(f"--sync_cores={sync_cores}, --disk_gbps={disk_gbps}: expected >= 1 and > 0")
   config = checks.prepare(config)
   pod = tpu.parse(accelerator_type, key)
   tpu.chip(pod)
@@ -141,14 +149,53 @@ def make_plan(
     compiled.append(programs.receive(learner, fragment))
   m = max(config.outer.learners, 1)
   quorum = config.outer.quorum if 0 < config.outer.quorum <= m else m
-  return report.Plan(
+  plan = report.Plan(
       pod, shape, learner, tuple(compiled), fragment, frag_bytes or 0, mfu, m, quorum
   )
+  if learner.frag is None:
+    return plan
+  return dataclasses.replace(plan, sync=sync_load.load(plan, config, sync_cores, disk_gbps * 1e9))
 
 
-def refusal(plan: report.Plan, config: ml_collections.ConfigDict) -> DoesNotFit | None:
-  """DoesNotFit when the plan's peak exceeds the chip's HBM, else None."""
-  return None if plan.fits else DoesNotFit(plan, config)
+class SyncCannotKeepUp(checks.ConfigError):
+  """A plan whose synchronizer shards cannot merge what its learners upload: the numbers, and
+  the keys that change the load."""
+
+  def __init__(self, plan: report.Plan, config: ml_collections.ConfigDict):
+    load, o = plan.sync, config.outer
+    problems = [
+        (
+            "outer.sync_shards",
+            f"{load.shards_needed} shards of {load.cores_per_shard} cores keep up",
+        ),
+        ("outer.inner_steps", f"H={o.inner_steps}: a longer period sends each fragment less often"),
+        ("outer.fragments", f"P={o.fragments}: uploads per second grow with P / H"),
+        ("outer.codec", f"{o.codec!r}: the uploads' codec sets the decode work per byte merged"),
+    ]
+    super().__init__(problems, config)
+    self.args = (
+        f"the synchronizer of M={load.learners} learners cannot keep up: "
+        f"{load.uploads_per_s:.2f} uploads/s of {load.fragment_bytes / 1e9:.3f} GB need "
+        f"{load.merge_busy:.2f} core-seconds of merging per second ({load.cores_needed} cores "
+        f"with headroom x{sync_load.HEADROOM:g}, {load.shards_needed} shards of "
+        f"{load.cores_per_shard} cores), outer.sync_shards={load.shards}. Keys that change it:\n"
+        + "\n".join(f"  {k}={_value(config, k)!r}: {why}" for k, why in problems),
+    )
+
+  def __str__(self) -> str:
+    return self.args[0]
+
+
+def refusal(
+    plan: report.Plan, config: ml_collections.ConfigDict
+) -> DoesNotFit | SyncCannotKeepUp | None:
+  """DoesNotFit when the plan's peak exceeds the chip's HBM, SyncCannotKeepUp when its
+  synchronizer shards cannot keep up, else None."""
+  if not plan.fits:
+    return DoesNotFit(plan, config)
+  if plan.sync is not None and not plan.sync.keeps_up:
+    return SyncCannotKeepUp(plan, config)
+  return None
 
 
 def summary(plan: report.Plan, config: ml_collections.ConfigDict) -> str:

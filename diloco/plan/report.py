@@ -10,9 +10,10 @@ bandwidth model use it.
 """
 
 import dataclasses
+from typing import Any
 
 from diloco.models import transformer
-from diloco.plan import programs, tpu
+from diloco.plan import programs, sync_load, tpu
 from diloco.sim import bandwidth, calibration, goodput
 from diloco.sim.cluster import Cluster
 from diloco.sim.timeline import Workload
@@ -38,6 +39,7 @@ class Plan:
   mfu: float
   learners: int  # M, for the bandwidth and goodput figures
   quorum: int  # K of the goodput figures' decoupled policy
+  sync: Any = None  # plan/sync_load.SyncLoad: the synchronizer M learners need (with fragments)
 
   @property
   def chip(self) -> tpu.Chip:
@@ -219,6 +221,8 @@ def format_plan(plan: Plan, config, bandwidth_table, goodput_table) -> str:
   )
   for r in goodput_table:
     out.append(f"  {r.policy:<14} {100 * r.goodput:6.2f}%  ({r.failures:.1f} failures)")
+  if plan.sync is not None:
+    out += sync_load.lines(plan.sync)
   times = ", ".join(f"{p.name} {p.compile_s:.1f}" for p in plan.programs)
   out.append(f"compiled for the TPU in {plan.compile_s:.1f} s ({times})")
   return "\n".join(out)
@@ -248,4 +252,5 @@ def figures(plan: Plan) -> dict:
       "predicted_step_s": plan.predicted_step_s,
       "tokens_per_s_per_chip": plan.tokens_per_s_per_chip,
       "compile_s": plan.compile_s,
+      "synchronizer": None if plan.sync is None else sync_load.figures(plan.sync),
   }
