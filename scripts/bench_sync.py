@@ -114,7 +114,9 @@ def main(argv):
   )
   for i in range(m):
     sync.handle(Join(i, 0.0, (0,)))
-  uploads = _uploads(params, m, _UPLINK.value)
+  shapes = {k: x.shape for k, x in params.items()}
+  del params  # (the synchronizer holds its own copy)
+  uploads = _uploads(sync.globals[0], m, _UPLINK.value)
   payload_crcs = [integrity.tree_crc(u.delta) for u in uploads]  # the senders' work, untimed
 
   def round_() -> None:
@@ -127,28 +129,35 @@ def main(argv):
       actions = sync.handle(dataclasses.replace(up, base_version=v, checksum=checksum))
     assert sync.versions[0] == v + 1 and len(actions) == m + 1, actions[:1]
 
-  flat = next(iter(params.values()))
-  src = np.concatenate([x.reshape(-1) for x in params.values()])
+  leaf = next(iter(shapes.values()))
+  # The reference: a memcpy of the whole fragment where the phases are timed against it, else
+  # of one leaf (a large fragment's copy would hold another fragment; its bandwidth is the same).
+  whole = _PHASES.value and _UPLINK.value == "fp32"
+  ref = sync.globals[0].values() if whole else [next(iter(sync.globals[0].values()))]
+  src = np.concatenate([x.reshape(-1) for x in ref])
   dst = np.empty_like(src)
   np.copyto(dst, src)  # (both resident before the peak is reset)
   rest_kib = _status_kib("VmRSS")
   peak_known = reset_peak_rss()
   memcpy, t_round = timing.best_seconds([lambda: np.copyto(dst, src), round_], reps)
   peak_kib = _status_kib("VmHWM")
+  memcpy *= nbytes / src.nbytes  # the fragment's copy at the measured bandwidth
   up_bytes = sum(e.nbytes for u in uploads for e in u.delta.values())
   merged_bw = m * nbytes / t_round
   copy_bw = nbytes / memcpy
   print(
-      f"fragment {nbytes / 2**20:.0f} MiB ({len(params)} leaves of {flat.shape}), {m} learners, "
+      f"fragment {nbytes / 2**20:.0f} MiB ({len(shapes)} leaves of {leaf}), {m} learners, "
       f"uploads {_UPLINK.value} ({up_bytes / m / 2**20:.0f} MiB each), merge={_MERGE.value}, "
       f"outer nesterov, downlink {_DOWNLINK.value}, best of {reps}, "
       f"{parallel.THREADS} thread{'s' if parallel.THREADS > 1 else ''}, freed arrays "
       f"{'kept' if kept else 'returned'}"
   )
-  print(f"memcpy {memcpy * 1e3:8.2f} ms  ({copy_bw / 1e9:.2f} GB/s)")
+  print(
+      f"memcpy {memcpy * 1e3:8.2f} ms  ({copy_bw / 1e9:.2f} GB/s{'' if whole else ', one leaf copied'})"
+  )
   print(f"round  {t_round * 1e3:8.2f} ms  ({merged_bw / 1e9:.2f} GB/s of uploads merged)")
   print(f"merges_per_s={1 / t_round:.3f}")
-  if peak_known:  # the rounds' peak; at rest: the fragment, the memcpy pair, the uploads, state
+  if peak_known:  # the rounds' peak; at rest: the state, the uploads, the memcpy pair
     frag_kib = nbytes / 1024
     print(
         f"peak_rss={peak_kib / 2**20:.2f} GiB ({peak_kib / frag_kib:.2f} fragments; at rest "
