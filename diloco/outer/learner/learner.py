@@ -54,6 +54,9 @@ GLOBAL_REBASE = (
 GLOBAL_CODECS = ("fp32", "bf16")  # a fragment's values, not a delta, travel under anchor=global
 
 
+MERGED_KEPT = 256  # entries of `Learner.merged_own` kept per fragment (a restart lost fewer)
+
+
 @dataclasses.dataclass
 class Learner:
   index: int
@@ -80,6 +83,9 @@ class Learner:
   # sent (`not_merged`): the last is what a rebase takes as merged (encoded payloads, kept until
   # the fragment is received again).
   sent: dict[int, list[Upload]] = dataclasses.field(default_factory=dict)
+  # Per fragment, (version, steps, tokens) of its uploads that versions received merged, newest
+  # last: a restart that lost those versions has the next upload count them again (`receive`).
+  merged_own: dict[int, list[tuple[int, int, int]]] = dataclasses.field(default_factory=dict)
   delivery: str = "replace"  # replace | rebase | at_own_sync (see the module doc)
   overlap: int = 0  # tau: at_own_sync takes the newest version tau steps after its upload
   anchor: str = "base"  # global: uploads carry θ_p, the synchronizer forms Θ_p − θ_p (policies)
@@ -270,7 +276,11 @@ class Learner:
       at = send.progress // self.learners if self.schedule_by == "global" else None
       opt = step_lib.restarted(self.state.opt_state, at, self.fresh_optimizer)
       self.state = self.state._replace(opt_state=opt)
+    if not keep_all and merged_up is not None:
+      self.merged_own[p] = [*self.merged_own.get(p, [])[-MERGED_KEPT + 1 :],
+                            (send.version, merged_up.steps, merged_up.tokens)]  # fmt: skip
     if keep_all:  # the new base only: the next upload carries what the restart lost
+      self._credit_lost(p, send.version)
       self._rebased(p)
     elif held_nothing:
       self._replace(p, new, mix=False)  # nothing local worth keeping
@@ -286,6 +296,18 @@ class Learner:
       self._keep_progress(p, old, new, merged_up)
     else:
       self._replace(p, new)
+
+  def _credit_lost(self, p: int, restored: int) -> None:
+    """A restart restored fragment p at version `restored`, losing the later versions this
+    learner held: its uploads merged into those come back into its counters, so that the next
+    upload, which carries their effect (θ_p less the restored version), counts their steps and
+    tokens as its work again."""
+    kept, lost = [], []
+    for entry in self.merged_own.get(p, []):
+      (lost if entry[0] > restored else kept).append(entry)
+    self.merged_own[p] = kept
+    self.c_steps[p] += sum(e[1] for e in lost)
+    self.c_tokens[p] += sum(e[2] for e in lost)
 
   def _merged_upload(self, p: int, send: Send, take: bool) -> Upload | None:
     """The upload of p that `send` merges, if known, forgetting the uploads it answers: under
