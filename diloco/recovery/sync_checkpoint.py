@@ -303,10 +303,12 @@ class BackgroundSaves:
       snapshot: Callable[[], tuple[int, dict[str, Any]]],
       share: float,
       clock: Callable[[], float] = time.monotonic,
+      on_saved: Callable[[dict[str, Any]], None] = lambda record: None,
   ):
     if not 0 < share <= 1:
       raise ValueError(f"share={share}: expected a share of the time in (0, 1]")
     self.ckpt, self.lock, self.snapshot, self.share, self.clock = ckpt, lock, snapshot, share, clock
+    self.on_saved = on_saved  # a record of each save: merges, wall start, seconds, saved
     self._cv = threading.Condition()
     self._wanted = self._stop = False
     self._next_at = 0.0
@@ -335,7 +337,7 @@ class BackgroundSaves:
         self._wanted = False
       with self.lock:
         merges, state = self.snapshot()
-      t0 = self.clock()
+      t0, wall0 = self.clock(), time.time()
       with self._cv:
         self.in_flight_since = t0
       try:
@@ -344,6 +346,9 @@ class BackgroundSaves:
         logging.exception("synchronizer checkpoint %d failed", merges)
         saved = False
       took = self.clock() - t0
+      self.on_saved(
+          {"event": "save", "merges": merges, "start": wall0, "seconds": took, "saved": saved}
+      )
       with self._cv:
         self.saves += saved
         self.seconds += took

@@ -220,7 +220,9 @@ def run(
 
   host, board = watched_host(sync, limits, on_log, lambda s: None)
   snapshot = lambda: (sync.merges, _with_sessions(sync.state_dict(), board))
-  saves = sync_checkpoint.BackgroundSaves(ckpt, host.cond, snapshot, config.outer.sync_save_share)
+  saves = sync_checkpoint.BackgroundSaves(
+      ckpt, host.cond, snapshot, config.outer.sync_save_share, on_saved=on_log
+  )
   host.on_checkpoint = lambda s: saves.request()
   board.load_sessions(sessions)
   server, svc, bound = service.serve(
