@@ -259,3 +259,33 @@ else:
     if (pair, lr) != (("arrival", "one"), 0.1):
       print("  to the preset's 4-learner final loss:")
       print("\n".join("    " + t for t in times_text(st.relative_times(rows, base=old))))
+
+# %% [markdown]
+# ## (b) Scavenging at each row's own tuned outer rate
+#
+# Each row (4 learners, +1, +2, +4, +12) at its winning rate on its own seed-0 ladder (study b's
+# part=tune, the arrival/one rows at 0.1 joined by the scavenging notebook's seeds), and the
+# time to the 4-learner run's final loss with that run at its own winning rate, seed by seed
+# (the seeds both were run at). This is the table a user who retunes per row would see.
+
+# %%
+if TINY:
+  print("(b, tuned): not run in tiny mode")
+else:
+  tagged = [dict(r, clock="arrival", scale="one", outer_lr=0.1) for r in old]
+  have = {(int(r["extra"]), int(r["seed"]), float(r["outer_lr"]), r["clock"], r["scale"]) for r in b_rows}
+  ladder = b_rows + [
+      r
+      for r in tagged
+      if (int(r["extra"]), int(r["seed"]), 0.1, "arrival", "one") not in have
+  ]
+  for pair, t in mt.tuned_scavenging(ladder).items():
+    print(f"\n{mt.label(pair)}, each row at its own rate:")
+    for extra in sorted(t["rates"]):
+      mu, hr, n = t["losses"][extra]
+      times = t["times"].get(extra, [])
+      shown = ", ".join("never" if v is None else f"{v:.3f}" for v in times)
+      print(
+          f"  +{extra:>2}: rate {t['rates'][extra]:g}, eval loss {mu:.4f} ±{hr:.4f} ({n})"
+          + ("" if extra == 0 else f", time to the 4-learner loss over its own: {shown}")
+      )

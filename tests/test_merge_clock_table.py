@@ -111,3 +111,22 @@ def test_grace_verdicts():
   assert verdicts["arrival/tokens"] == "not run"
   assert mt.gap((2.70, 0.01, 3), (2.675, 0.005, 3)) == pytest.approx(2.70 / 2.675 - 1)
   assert math.isnan(mt.stats([])[0])
+
+
+def test_scavenging_at_each_rows_own_rate():
+  """period/one: the 4-learner run wins at 0.2 (final 2.0, reached at t = 10), the +2 row at
+  0.4; the +2 row's curve at 0.4 reaches 2.0 at t = 8, halfway between its evaluations at 6
+  (2.2) and 10 (1.8): 0.8 of the 4-learner time. The rows at the losing rates are not used."""
+  curve = lambda *pts: [dict(sim_time_s=t, eval_loss=l) for t, l in pts]
+  pair = dict(clock="period", scale="one")
+  rows = [
+      _row(0.2, 2.0, extra=0, eval_curve=curve((5, 2.5), (10, 2.0)), **pair),
+      _row(0.4, 2.1, extra=0, eval_curve=curve((5, 2.4), (10, 2.1)), **pair),
+      _row(0.2, 1.9, extra=2, eval_curve=curve((6, 2.1), (10, 1.9)), **pair),
+      _row(0.4, 1.8, extra=2, eval_curve=curve((6, 2.2), (10, 1.8)), **pair),
+  ]
+  got = mt.tuned_scavenging(rows)
+  assert list(got) == [("period", "one")]
+  t = got[("period", "one")]
+  assert t["rates"] == {0: 0.2, 2: 0.4} and t["losses"][2] == (1.8, 0.0, 1)
+  assert t["times"][0] == [1.0] and t["times"][2] == [pytest.approx(0.8)]

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from experiments.studies import outer_lr_search as search
+from experiments.studies import outer_lr_search as search, scavenging_table as scavenging
 
 Row = dict[str, Any]
 PAIRS = (("arrival", "one"), ("period", "one"), ("arrival", "tokens"), ("period", "tokens"))
@@ -142,3 +142,23 @@ def grace_verdicts(rows: Sequence[Row]) -> list[tuple[str, str]]:
 def gap(decoupled: tuple[float, float, int], diloco: tuple[float, float, int]) -> float:
   """Decoupled's mean over synchronous DiLoCo's, less one (a share: 0.0277 is 2.77%)."""
   return decoupled[0] / diloco[0] - 1.0
+
+
+def tuned_scavenging(rows: Sequence[Row]) -> dict[tuple[str, str], dict[str, Any]]:
+  """Study b at each row's own rate: per pair, each row's (extra learners) winning outer rate
+  on its seed-0 ladder with its rows there, and the times to the 4-learner run's final loss
+  with that run at its own winning rate (`scavenging_table.relative_times`, seed by seed, the
+  seeds both have)."""
+  out = {}
+  for pair in PAIRS:
+    mine = [r for r in rows if (r["clock"], r["scale"]) == pair]
+    best = winners(mine, ("extra",))
+    if not best:
+      continue
+    at = [r for _, (_, rs) in sorted(best.items()) for r in rs]
+    out[pair] = {
+        "rates": {int(k[0]): lr for k, (lr, _) in best.items()},
+        "losses": {int(k[0]): stats(rs) for k, (_, rs) in best.items()},
+        "times": scavenging.relative_times(at),
+    }
+  return out
