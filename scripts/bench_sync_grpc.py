@@ -54,6 +54,7 @@ def _uploader(m: int, port: int, token: str, args, out: str) -> None:
   from diloco.outer.codecs import compression
   from diloco.outer.protocol import Upload
   from diloco.rpc import client, sync_main
+  from diloco.runtime import link as link_lib
   from diloco.sweeps import sweep
 
   config = shakespeare.get_config(f"mode=decoupled,model={args.model}")
@@ -75,25 +76,32 @@ def _uploader(m: int, port: int, token: str, args, out: str) -> None:
   link = client.GrpcLink(f"127.0.0.1:{port}", m, token)
   joined = link.join(tuple([0] * args.fragments), tuple([0] * args.fragments))
   versions, gen = list(joined.versions), joined.generation
-  polls, uploads, t_end = [], 0, time.time() + args.seconds
+  polls, uploads, failed, t_end = [], 0, [], time.time() + args.seconds
   while time.time() < t_end:
     for p, delta in deltas.items():
       now = time.time()
       up = Upload(m, p, versions[p], delta, 8, 8 * 512, now, now, 1.0, base_generation=gen)
-      link.upload(up)
-      uploads += 1
-      t0 = time.time()
-      got = []
-      while not any(s.fragment == p and s.version > versions[p] for s in got):
-        got += link.poll(30.0)
-      polls.append((t0, time.time()))
-      for s in got:
-        versions[s.fragment] = max(versions[s.fragment], s.version)
-      link.progress(False)
+      try:
+        link.upload(up)
+        uploads += 1
+        t0 = time.time()
+        got = []
+        while not any(s.fragment == p and s.version > versions[p] for s in got):
+          got += link.poll(30.0)
+        polls.append((t0, time.time()))
+        for s in got:
+          versions[s.fragment] = max(versions[s.fragment], s.version)
+        link.progress(False)
+      except (link_lib.Unreachable, link_lib.Refused) as e:  # as a learner: note it, go on
+        failed.append((time.time(), type(e).__name__, str(e)[:120]))
+        if isinstance(e, link_lib.Refused):
+          joined = link.join(tuple(versions), tuple([gen] * len(versions)))
   link.progress(True)
   link.close()
   with open(out, "w") as f:
-    json.dump({"uploads": uploads, "polls": polls, "fragment_bytes": fragment_bytes}, f)
+    json.dump(
+        {"uploads": uploads, "polls": polls, "failed": failed, "fragment_bytes": fragment_bytes}, f
+    )
 
 
 def _bench(args, mbytes: int) -> float:
@@ -123,7 +131,9 @@ def main() -> None:
   args.config = [f for f in more if f.startswith("--config.")]
   if len(args.config) < len(more):
     parser.error(f"unexpected arguments: {[f for f in more if not f.startswith('--config.')]}")
-  c = local.LocalCluster(_config_arg(args), args.learners, args.workdir, tuple(_overrides(args)))
+  c = local.LocalCluster(
+      _config_arg(args), args.learners, args.workdir, tuple(_overrides(args)), absent_after_s=120.0
+  )  # (an upload of hundreds of MB from one of M processes on few cores takes seconds)
   ctx = multiprocessing.get_context("spawn")
   try:
     port = c.start_sync(timeout_s=600)
@@ -161,6 +171,7 @@ def main() -> None:
       "merges": summary["merges"],
       "merges_per_s": (len(merge_times) - 1) / span if span > 0 else None,
       "uploads": sum(r["uploads"] for r in runs),
+      "failed_calls": [f for r in runs for f in r["failed"]],
       "uploads_merged": uploads_merged,
       "saves": len(saves),
       "save_seconds": [round(e - s, 3) for s, e in saves],
