@@ -78,7 +78,7 @@ def test_the_peak_grows_with_batch_and_sequence(tiny):
 def _cached_rate(monkeypatch, tmp_path, bytes_per_s: float, uplink: str, rule: str) -> None:
   """This machine's merge rate for (uplink, rule), as if measured: `bytes_per_s`."""
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-  key = f"{peak._machine_key()} / uplink {uplink} / {rule}"  # pylint: disable=protected-access
+  key = f"{peak.machine_key()} / uplink {uplink} / {rule}"
   (tmp_path / "diloco").mkdir()
   (tmp_path / "diloco" / "sync_merge_rate.json").write_text(json.dumps({key: bytes_per_s}))
 

@@ -52,12 +52,32 @@ def device_peak(device) -> Peak:
 CACHE_NAME = "diloco/peak_flops.json"  # under $XDG_CACHE_HOME, else ~/.cache
 
 
-def _cache_path() -> str:
+def _cache_path(name: str = CACHE_NAME) -> str:
   root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, *CACHE_NAME.split("/"))
+  return os.path.join(root, *name.split("/"))
 
 
-def _machine_key() -> str:
+def cached_figure(name: str, key: str, measure) -> float:
+  """A figure of this machine under `key` in the cache file `name`: `measure()` once, then read."""
+  path = _cache_path(name)
+  cached = {}
+  if os.path.exists(path):
+    try:
+      with open(path, encoding="utf-8") as f:
+        cached = json.load(f)
+    except (OSError, ValueError):
+      cached = {}
+  if key not in cached:
+    cached[key] = measure()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(cached, f, indent=1)
+    os.replace(tmp, path)
+  return float(cached[key])
+
+
+def machine_key() -> str:
   import jax
 
   cpu = platform.processor() or platform.machine()
@@ -72,22 +92,8 @@ def _machine_key() -> str:
 
 def cpu_peak() -> Peak:
   """This machine's float32 matmul FLOP/s: measured once, then read from the cache."""
-  path, key = _cache_path(), _machine_key()
-  cached = {}
-  if os.path.exists(path):
-    try:
-      with open(path, encoding="utf-8") as f:
-        cached = json.load(f)
-    except (OSError, ValueError):
-      cached = {}
-  if key not in cached:
-    cached[key] = measure_cpu_matmul()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(cached, f, indent=1)
-    os.replace(tmp, path)
-  return Peak(float(cached[key]), f"cpu float32 matmul measured on this machine ({CACHE_NAME})")
+  flops = cached_figure(CACHE_NAME, machine_key(), measure_cpu_matmul)
+  return Peak(flops, f"cpu float32 matmul measured on this machine ({CACHE_NAME})")
 
 
 def measure_cpu_matmul(n: int = MATMUL_N, reps: int = 5) -> float:

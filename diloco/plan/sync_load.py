@@ -15,9 +15,7 @@ a restore reads the state back and checks each file's sha256.
 """
 
 import dataclasses
-import json
 import math
-import os
 import time
 
 import numpy as np
@@ -88,24 +86,10 @@ def measure_merge_rate(
 def merge_rate(uplink: str, rule: str, measure=measure_merge_rate) -> MergeRate:
   """This machine's merge rate for `uplink` uploads merged by `rule`: measured once, then read
   from the cache."""
-  path = os.path.join(os.path.dirname(peak._cache_path()), os.path.basename(RATE_CACHE))
-  key = f"{peak._machine_key()} / uplink {uplink} / {rule}"  # pylint: disable=protected-access
-  cached = {}
-  if os.path.exists(path):
-    try:
-      with open(path, encoding="utf-8") as f:
-        cached = json.load(f)
-    except (OSError, ValueError):
-      cached = {}
-  if key not in cached:
-    cached[key] = measure(uplink, rule)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(cached, f, indent=1)
-    os.replace(tmp, path)
+  key = f"{peak.machine_key()} / uplink {uplink} / {rule}"
+  rate = peak.cached_figure(RATE_CACHE, key, lambda: measure(uplink, rule))
   return MergeRate(
-      float(cached[key]),
+      rate,
       f"one core of this machine, {RATE_UPLOADS} {uplink} uploads of a {RATE_MBYTES} MiB "
       f"fragment per round, {rule} ({RATE_CACHE})",
   )
