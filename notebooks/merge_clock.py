@@ -276,7 +276,14 @@ else:
 if TINY:
   print("(b, tuned): not run in tiny mode")
 else:
-  for pair, t in mt.tuned_scavenging(b_rows).items():
+  rates = {}
+  for r in b_rows:
+    rates.setdefault((r["clock"], r["scale"]), set()).add(float(r["outer_lr"]))
+  ladders = [r for r in b_rows if len(rates[(r["clock"], r["scale"])]) > 1]  # (one rate: no tuning)
+  for pair in rates:
+    if len(rates[pair]) == 1:
+      print(f"{mt.label(pair)}: one rate run ({min(rates[pair]):g}), not tuned")
+  for pair, t in mt.tuned_scavenging(ladders).items():
     print(f"\n{mt.label(pair)}, each row at its own rate:")
     for extra in sorted(t["rates"]):
       mu, hr, n = t["losses"][extra]
