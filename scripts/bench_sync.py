@@ -25,18 +25,13 @@ phases (each timed alone, same inputs) to show where the time goes.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 from absl import app, flags
 
 from diloco import timing
-from diloco.outer import fragments, integrity, merging, optimizers, parallel
+from diloco.outer import integrity, memory, merging, optimizers, parallel
 from diloco.outer.codecs import compression
-from diloco.outer.sync import commit
-from diloco.outer import memory, policies
-from diloco.outer.protocol import Join, Upload
-from diloco.outer.sync.synchronizer import Synchronizer
+from diloco.outer.sync import commit, merge_round
 
 _MBYTES = flags.DEFINE_integer("mbytes", 64, "Fragment size in MiB of float32.")
 _LEARNERS = flags.DEFINE_integer("learners", 8, "Learners uploading the fragment each round.")
@@ -52,15 +47,6 @@ _PHASES = flags.DEFINE_bool("phases", True, "Also time the round's phases one by
 _KEEP = flags.DEFINE_bool(
     "keep_freed", True, "Malloc keeps freed arrays for reuse, as the synchronizer process does."
 )
-
-
-def make_fragment(mbytes: int, leaves: int = 4) -> dict[str, np.ndarray]:
-  """`leaves` float32 matrices of 1024 columns, `mbytes` MiB together."""
-  rows = max(mbytes * 2**20 // 4 // 1024 // leaves, 1)
-  rng = np.random.default_rng(0)
-  return {
-      f"blocks/0/w{i}": rng.standard_normal((rows, 1024), dtype=np.float32) for i in range(leaves)
-  }
 
 
 def _status_kib(key: str) -> int:
@@ -79,55 +65,17 @@ def reset_peak_rss() -> bool:
     return False
 
 
-def _uploads(params, m: int, codec: str) -> list[Upload]:
-  """M uploads of small random deltas, each encoded as soon as it is drawn (one fp32 delta alive
-  at a time)."""
-  rng = np.random.default_rng(1)
-  out = []
-  for i in range(m):
-    d = {
-        k: rng.standard_normal(x.shape, dtype=np.float32) * np.float32(1e-3)
-        for k, x in params.items()
-    }
-    out.append(Upload(i, 0, 0, compression.encode_tree(d, codec), 8, 8 * 1024, 0.0, 0.0, 1.0))
-    del d
-  return out
-
-
 def main(argv):
   del argv
   m, reps = _LEARNERS.value, _REPEATS.value
   if _THREADS.value is not None:
     parallel.set_threads(_THREADS.value)
   kept = _KEEP.value and memory.keep_freed_arrays()
-  params = make_fragment(_MBYTES.value, _LEAVES.value)
-  frag = fragments.balanced(params, 1)
-  nbytes = sum(x.nbytes for x in params.values())
-  policy = policies.Policy(
-      policies.AllLive(),
-      policies.NoGrace(),
-      weights=policies.EqualWeights(),
-      merge=policies.MERGES[_MERGE.value],
-  )
-  sync = Synchronizer(
-      params, frag, policy, optimizers.nesterov(0.7, 0.9), downlink_codec=_DOWNLINK.value
-  )
-  for i in range(m):
-    sync.handle(Join(i, 0.0, (0,)))
+  params = merge_round.make_fragment(_MBYTES.value, _LEAVES.value)
   shapes = {k: x.shape for k, x in params.items()}
+  round_ = merge_round.MergeRound(params, m, _UPLINK.value, _MERGE.value, _DOWNLINK.value)
   del params  # (the synchronizer holds its own copy)
-  uploads = _uploads(sync.globals[0], m, _UPLINK.value)
-  payload_crcs = [integrity.tree_crc(u.delta) for u in uploads]  # the senders' work, untimed
-
-  def round_() -> None:
-    v = sync.versions[0]
-    actions = []
-    for up, crc in zip(uploads, payload_crcs):
-      checksum = integrity.with_header(
-          (up.fragment, up.base_generation, v, up.steps, up.tokens), crc
-      )
-      actions = sync.handle(dataclasses.replace(up, base_version=v, checksum=checksum))
-    assert sync.versions[0] == v + 1 and len(actions) == m + 1, actions[:1]
+  sync, uploads, nbytes = round_.sync, round_.uploads, round_.fragment_bytes
 
   leaf = next(iter(shapes.values()))
   # The reference: a memcpy of the whole fragment where the phases are timed against it, else

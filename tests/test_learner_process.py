@@ -38,13 +38,24 @@ def _json(path):
 def test_killed_learner_resumes_from_its_checkpoint(cluster):
   c = cluster
   rows = lambda: read_jsonl(os.path.join(c.workdir, "learner1", "progress.jsonl"))
+  ckpt_dir = os.path.join(c.workdir, "learner1", "checkpoints")
+  committed = lambda: sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
   c.start()
-  wait_for(lambda: rows() and rows()[-1]["step"] >= 25, 120, "learner 1 never reached step 25")
+  # Its saves are asynchronous: under load step 25 can be logged before step 20's save commits
+  # (orbax renames the step's folder to its number when it does), so wait for both.
+  wait_for(
+      lambda: rows()
+      and rows()[-1]["step"] >= 25
+      and os.path.isdir(ckpt_dir)
+      and committed()
+      and committed()[-1] >= 20,
+      120,
+      "learner 1 never reached step 25 with a committed checkpoint at step 20 or later",
+  )
   c.kill("learner1")
   killed_at = time.time()
   logged_before = rows()[-1]["step"]
-  ckpt_dir = os.path.join(c.workdir, "learner1", "checkpoints")
-  saved = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+  saved = committed()
   assert saved and saved[-1] >= 20 and all(s % EVERY == 0 for s in saved), saved
   c.start_learner(1)
   assert c.wait(150) == {"sync": 0, "learner0": 0, "learner1": 0}

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from diloco import timing
 from diloco.plan import peak
 
 HEADROOM = 2.0  # a shard's cores at most half busy merging: polls, saves and bursts have the rest
@@ -42,45 +43,19 @@ def measure_merge_rate(
     uplink: str, rule: str, mbytes: int = RATE_MBYTES, uploads: int = RATE_UPLOADS
 ) -> float:
   """Bytes of uploads merged per second by one thread: the fastest of three merge rounds of the
-  synchronizer (what scripts/bench_sync.py times) on one fragment of `mbytes` MiB."""
-  import dataclasses as dc
-
-  from diloco.outer import fragments, integrity, optimizers, parallel, policies
-  from diloco.outer.codecs import compression
-  from diloco.outer.protocol import Join, Upload
-  from diloco.outer.sync.synchronizer import Synchronizer
+  synchronizer after a warm-up one (what scripts/bench_sync.py times) on one fragment of `mbytes`
+  MiB."""
+  from diloco.outer import parallel
+  from diloco.outer.sync import merge_round
 
   threads = parallel.THREADS
   parallel.set_threads(1)
   try:
-    rows = mbytes * 2**20 // 4 // 1024 // 4
-    rng = np.random.default_rng(0)
-    params = {f"w{i}": rng.standard_normal((rows, 1024), np.float32) for i in range(4)}
-    policy = policies.Policy(
-        policies.AllLive(), policies.NoGrace(), policies.EqualWeights(), policies.MERGES[rule]
-    )
-    frag, tx = fragments.balanced(params, 1), optimizers.nesterov(0.7, 0.9)
-    sync = Synchronizer(params, frag, policy, tx, downlink_codec="fp4")
-    ups = []
-    for m in range(uploads):
-      sync.handle(Join(m, 0.0, (0,)))
-      d = {
-          k: rng.standard_normal(x.shape, np.float32) * np.float32(1e-3) for k, x in params.items()
-      }
-      ups.append(Upload(m, 0, 0, compression.encode_tree(d, uplink), 8, 8192, 0.0, 0.0, 1.0))
-    crcs = [integrity.tree_crc(u.delta) for u in ups]
-    best = math.inf
-    for _ in range(3):
-      v = sync.versions[0]
-      t0 = time.perf_counter()
-      for u, crc in zip(ups, crcs):
-        checksum = integrity.with_header((0, u.base_generation, v, u.steps, u.tokens), crc)
-        sync.handle(dc.replace(u, base_version=v, checksum=checksum))
-      best = min(best, time.perf_counter() - t0)
-      assert sync.versions[0] == v + 1
+    round_ = merge_round.MergeRound(merge_round.make_fragment(mbytes), uploads, uplink, rule)
+    (best,) = timing.best_seconds([round_], 3)
   finally:
     parallel.set_threads(threads)
-  return uploads * sum(x.nbytes for x in params.values()) / best
+  return uploads * round_.fragment_bytes / best
 
 
 def merge_rate(uplink: str, rule: str, measure=measure_merge_rate) -> MergeRate:
