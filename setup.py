@@ -43,6 +43,9 @@ EXTRAS_REQUIRE = {
     "wandb": ["wandb>=0.31"],
     # python -m experiments.gcs_emulator: a Cloud Storage server on the loopback (docs/running.md)
     "emulator": ["gcp-storage-emulator>=2026.7.19"],
+    # experiments.evaluate --tasks and eval.harness_tasks: EleutherAI's lm-evaluation-harness
+    # (its core: no torch; diloco/harness/model.py is the model it scores)
+    "eval": ["lm-eval>=0.4.13,<0.5"],
     "dev": [
         "pytest>=9.0",
         "pytest-xdist>=3.8",  # the README's test command runs the suite on 2 workers
@@ -74,4 +77,5 @@ setuptools.setup(
     ),
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
+    package_data={"diloco.harness": ["tasks/*/*.yaml", "tasks/*/*.jsonl"]},  # our local tasks
 )

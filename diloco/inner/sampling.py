@@ -8,6 +8,7 @@ small model's text, not for serving one.
 """
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -45,8 +46,10 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     seed: int = 0,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> np.ndarray:
-  """`tokens` new token ids after `prompt` (1-D, not empty); the same for the same seed."""
+  """`tokens` new token ids after `prompt` (1-D, not empty); the same for the same seed. With
+  `stop`, fewer: generation ends after the first new token for which stop(new ids) is true."""
   if len(prompt) == 0:
     raise ValueError("the prompt is empty: give at least one token to continue")
   if tokens < 0 or temperature < 0 or top_k < 0:
@@ -69,4 +72,6 @@ def generate(
     )
     context.append(int(token))
     out.append(context[-1])
+    if stop is not None and stop(out):
+      break
   return np.asarray(out, np.int32)

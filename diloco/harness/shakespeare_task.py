@@ -1,0 +1,111 @@
+"""A held-out Shakespeare task in the harness's format: which of four lines of the same play comes
+next? Built from the validation split's plays only (data/shakespeare.py: hamlet, henry_v, tempest,
+twelfth_night), deterministically, and shipped as a local task folder (TASK_DIR).
+
+An item is a speech's line and the line after it, both inside one speech (no speaker's name, no
+stage direction between them). The context is the line and its newline; the choices are the true
+next line and three distractors, lines of the same play of length within 25% of it, drawn with a
+seeded generator. Only lines of 16 to 48 bytes answer (the README main job's window is 64 bytes:
+a context and its answer fit), and only lines that never occur in the training split, so that no
+item can be answered by memorising the training text. Chance is 0.25; scored by the log-likelihood
+of each choice (acc) and by it per byte (acc_norm).
+
+  python -m diloco.harness.shakespeare_task   # rewrites TASK_DIR from the prepared corpus
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+TASK = "shakespeare_next_line"
+TASK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks", TASK)
+ITEMS_FILE = "items.jsonl"
+ITEMS_PER_PLAY = 250
+SHORTEST, LONGEST = 16, 48  # bytes of an answer line
+SEED = 1606  # the First Folio's year, for the draws
+_SPEAKER = re.compile(r"^[A-Z][A-Za-z ]*\.$")  # "Hor.", "First Clown." (a speech's heading)
+
+YAML = f"""\
+# The next line of a speech among four lines of the same play, from the validation split's plays
+# only (diloco/harness/shakespeare_task.py builds {ITEMS_FILE}; data_files are relative to this file).
+task: {TASK}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {ITEMS_FILE}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+def _verse(line: str) -> bool:
+  """A line of a speech: not blank, not a speaker's heading, not a stage direction."""
+  s = line.strip()
+  return bool(s) and not _SPEAKER.match(s) and not s.startswith("[")
+
+
+def build_items(plays: list[tuple[str, str]], train_text: str) -> list[dict]:
+  """ITEMS_PER_PLAY items of each play (name, text), in play order then line order."""
+  rng = np.random.default_rng(SEED)
+  items = []
+  for name, text in plays:
+    lines = text.split("\n")
+    fit = [
+        (i, l) for i, l in enumerate(lines) if _verse(l) and SHORTEST <= len(l.encode()) <= LONGEST
+    ]
+    pairs = [
+        (lines[i - 1], l)
+        for i, l in fit
+        if i > 0 and _verse(lines[i - 1]) and f"\n{l}\n" not in train_text
+    ]
+    chosen = sorted(rng.choice(len(pairs), size=min(ITEMS_PER_PLAY, len(pairs)), replace=False))
+    for k in chosen:
+      context, answer = pairs[k]
+      n = len(answer.encode())
+      pool = sorted({l for _, l in fit if l != answer and abs(len(l.encode()) - n) <= n // 4})
+      distractors = [pool[j] for j in rng.choice(len(pool), size=3, replace=False)]
+      label = int(rng.integers(4))
+      choices = distractors[:label] + [answer] + distractors[label:]
+      items.append({"play": name, "context": context + "\n", "choices": choices, "label": label})
+  return items
+
+
+def validation_plays(corpus) -> list[tuple[str, str]]:
+  """(name, text) of each validation play of a prepared corpus (data/shakespeare.py)."""
+  val = corpus.val_tokens
+  return [(p.name, bytes(val[p.offset : p.offset + p.length]).decode()) for p in corpus.val_plays]
+
+
+def write(directory: str = TASK_DIR) -> int:
+  """Writes the task folder from the prepared corpus; the number of items."""
+  from diloco.data import shakespeare
+
+  corpus = shakespeare.ensure_prepared()
+  items = build_items(validation_plays(corpus), bytes(corpus.train_tokens).decode())
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, f"{TASK}.yaml"), "w") as f:
+    f.write(YAML)
+  with open(os.path.join(directory, ITEMS_FILE), "w") as f:
+    f.writelines(json.dumps(item, sort_keys=True) + "\n" for item in items)
+  return len(items)
+
+
+if __name__ == "__main__":
+  print(f"{write()} items in {TASK_DIR}")
