@@ -96,7 +96,7 @@ def _commands(text: str) -> list[str]:
 
 # Each README command, by its start, and where it runs: CI, a test, or this file.
 RUN_BY = {
-    "python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/python -m experiments.train"
+    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[eval]' && .venv/bin/python -m experiments.train"
     " --config=configs/shakespeare.py:mode=compare": "tests/test_train.py",  # (runlocal there)
     "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,eval]'": ".ci/run",
     "python -m experiments.config --config=configs/shakespeare.py:mode=decoupled": "tests/test_readme.py",

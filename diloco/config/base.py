@@ -191,6 +191,24 @@ def base_config() -> ml_collections.ConfigDict:
       sync_mtbf_s=(-1.0, "light/heavy: synchronizer crashes; -1 = preset, 0 = none"),
       kinds=("", "light/heavy: learner fault kinds, e.g. 'crash,straggle'; '' = preset"),
   )
+  c.eval = keys.section(
+      "eval",
+      harness_tasks=(
+          Auto("", compare="shakespeare_next_line"),
+          "lm-evaluation-harness tasks scored at evaluations (pip install -e '.[eval]'): harness "
+          "names, ours (shakespeare_next_line) or local task folders, comma-separated; '' = none",
+      ),
+      harness_every=(
+          0,
+          "score the harness tasks at every N-th evaluation as well as the final one",
+          domains.nonneg("0: the final evaluation only"),
+      ),
+      harness_limit=(
+          Auto(0, runlocal=100),
+          "items per harness task (the first N)",
+          domains.nonneg("0: every item"),
+      ),
+  )
   c.compare = keys.section(
       "compare",
       modes=("dp,diloco,decoupled", "mode=compare runs these on one token budget"),

@@ -201,6 +201,24 @@ def problems_of_run(c: ml_collections.ConfigDict) -> Problems:
   return out + shape_check.problems(c)
 
 
+def _harness(c) -> Problems:
+  """eval.harness_tasks: the harness installed and every task found (local YAML loaded)."""
+  spec = c.get("eval", {}).get("harness_tasks", "")
+  if not spec:
+    return []
+  import importlib.util
+
+  if importlib.util.find_spec("lm_eval") is None:
+    return [("eval.harness_tasks", "needs lm-evaluation-harness: pip install -e '.[eval]'")]
+  from diloco.harness import tasks
+
+  try:
+    tasks.resolve(spec, check=True)
+  except tasks.TaskError as e:
+    return [("eval.harness_tasks", str(e).removeprefix("--tasks: "))]
+  return []
+
+
 def _trackers(c) -> Problems:
   from diloco.watch import trackers
 
@@ -384,5 +402,6 @@ RULES = (
     _chaos,
     _deploy,
     _trackers,
+    _harness,
     bounds.problems,
 )

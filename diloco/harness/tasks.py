@@ -13,6 +13,8 @@ import math
 import os
 from typing import Any
 
+import yaml
+
 from diloco import errors
 
 TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
@@ -27,17 +29,36 @@ def _shipped() -> dict[str, str]:
   return {d: os.path.join(TASKS_DIR, d) for d in sorted(os.listdir(TASKS_DIR))}
 
 
-def _folder_configs(path: str) -> list[dict]:
-  """The task configs of a folder's (or one file's) YAML, data files made absolute."""
-  from lm_eval.tasks import _yaml_loader
+class _CheckLoader(yaml.SafeLoader):
+  """YAML as the harness reads it, its `!function` tags kept as text (no import of the harness)."""
 
+
+_CheckLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+def _load(path: str, functions: bool) -> dict:
+  """One task YAML: with `functions`, as the harness loads it (includes merged, `!function`s
+  imported), else parsed only."""
+  if functions:
+    from lm_eval.tasks import _yaml_loader
+
+    return _yaml_loader.load_yaml(path, resolve_func=True)
+  with open(path) as f:
+    cfg = yaml.load(f, Loader=_CheckLoader)
+  if not isinstance(cfg, dict):
+    raise ValueError(f"expected a mapping, got {type(cfg).__name__}")
+  return cfg
+
+
+def _folder_configs(path: str, functions: bool = True) -> list[dict]:
+  """The task configs of a folder's (or one file's) YAML, data files made absolute."""
   files = [path] if os.path.isfile(path) else sorted(glob.glob(os.path.join(path, "*.y*ml")))
   if not files:
     raise TaskError(f"--tasks: {path} holds no task YAML (*.yaml)")
   out = []
   for f in files:
     try:
-      cfg = _yaml_loader.load_yaml(f, resolve_func=True)
+      cfg = _load(f, functions)
     except Exception as e:  # yaml's errors, a missing include or !function file
       why = " ".join(str(e).split())  # (yaml's messages span lines)
       raise TaskError(f"--tasks: {f} is not a task's YAML ({type(e).__name__}: {why})") from e
@@ -61,18 +82,19 @@ def _folder_configs(path: str) -> list[dict]:
   return out
 
 
-def resolve(spec: str) -> list[str | dict]:
+def resolve(spec: str, check: bool = False) -> list[str | dict]:
   """The tasks of a comma-separated --tasks: harness task or group names, our shipped tasks'
-  names, and paths of local task folders or YAML files. Refuses an unknown name or a bad YAML."""
+  names, and paths of local task folders or YAML files. Refuses an unknown name or a bad YAML.
+  `check`: parse local YAML without importing the harness (a config's check)."""
   names = [s.strip() for s in spec.split(",") if s.strip()]
   if not names:
     raise TaskError("--tasks: name at least one task")
   shipped, out, unknown = _shipped(), [], []
   for name in names:
     if name in shipped:
-      out += _folder_configs(shipped[name])
+      out += _folder_configs(shipped[name], not check)
     elif os.path.exists(name):
-      out += _folder_configs(name)
+      out += _folder_configs(name, not check)
     else:
       out.append(name)
   harness_names = [n for n in out if isinstance(n, str)]

@@ -9,6 +9,7 @@ counted; its bytes per token are those of a ring all-reduce.
 """
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -124,17 +125,35 @@ def _eval_rows(workdir: str) -> list[dict]:
 
 
 def format_table(rows: dict[str, dict]) -> str:
-  """One line per mode: bits per byte for text, held-out accuracy for images."""
+  """One line per mode: bits per byte for text, held-out accuracy for images, and each harness
+  task's headline metric with its standard error (eval.harness_tasks) where every run has it."""
   key = "eval_bpb" if all("eval_bpb" in r for r in rows.values()) else "eval_accuracy"
   name = "eval bpb" if key == "eval_bpb" else "accuracy"
+  tasks = [
+      k
+      for k in next(iter(rows.values()), {})
+      if k.startswith("harness/")
+      and not k.endswith("_stderr")
+      and all(k in r for r in rows.values())
+  ]
+  heads = [k.removeprefix("harness/").replace("/", " ") for k in tasks]
   header = f"{'mode':<10} {name:>9} {'sim time s':>11} {'goodput':>8} {'bytes/token':>12}"
+  header += "".join(f" {h:>{max(len(h), 15)}}" for h in heads)
   lines = [header, "-" * len(header)]
   for mode, r in rows.items():
+    cells = "".join(
+        f" {_with_stderr(r[k], r.get(k + '_stderr', math.nan)):>{max(len(h), 15)}}"
+        for k, h in zip(tasks, heads)
+    )
     lines.append(
         f"{mode:<10} {r[key]:>9.3f} {r.get('sim_time_s', 0):>11.0f}"
-        f" {r.get('goodput', 1.0):>8.3f} {r.get('bytes_per_token', 0):>12.2f}"
+        f" {r.get('goodput', 1.0):>8.3f} {r.get('bytes_per_token', 0):>12.2f}{cells}"
     )
   return "\n".join(lines)
+
+
+def _with_stderr(value: float, stderr: float) -> str:
+  return f"{value:.3f} ±{stderr:.3f}"
 
 
 def plot(rows: dict[str, dict], path: str) -> str:

@@ -11,6 +11,7 @@ import tqdm
 
 from diloco import metrics, paths
 from diloco.data.corpus import mixture
+from diloco.harness import during
 from diloco.inner import checkpoint, evaluation, island as island_lib, step as step_lib
 from diloco.outer import fragments
 from diloco.plan import peak
@@ -119,6 +120,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   writer = metrics.MetricsWriter.for_run(config, workdir, resume_step=start if start else None)
   logger = StepLogger(config, writer, ckpt, start, island.flops_per_token)
   stop_at = start + config.stop_after_steps if config.get("stop_after_steps", 0) else None
+  harness = during.make(config, island)
   last, stopped_by = start, None
   eval_row: dict[str, Any] = {}
   try:
@@ -134,6 +136,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       if due_eval:
         final = step == config.steps  # the one model, at the run's last step
         eval_row = evaluation.evaluate(fns, state.params, data, final)
+        if harness is not None and harness.due(final):
+          eval_row.update(harness.scores(state.params))
         tokens = step * logger.tokens_per_step
         writer.write(
             {"step": step, "tokens": tokens, **eval_row, "model": "global", "final": final}

@@ -17,6 +17,7 @@ import jax
 import ml_collections
 
 from diloco import metrics
+from diloco.harness import during
 from diloco.inner import evaluation, island as island_lib
 from diloco.outer import fragments
 from diloco.outer.learner.learner import Learner
@@ -188,6 +189,7 @@ class GlobalEvals:
   ):
     self.island, self.writer, self.rows = isl, writer, list(rows or [])
     self.every = config.eval_every * config.outer.learners
+    self.harness = during.make(config, isl)
 
   def due(self, total_steps: int) -> bool:
     return total_steps % self.every == 0
@@ -200,20 +202,20 @@ class GlobalEvals:
     last uploads are merged, at the same `step`: its row says `final: false`."""
     if sync is None:  # down: nothing to evaluate until it restarts
       return None
-    row = evaluate_global(self.island, sync, final)
+    params = global_params(self.island, sync)
+    row = evaluation.evaluate(self.island.fns, params, self.island.data, final)
+    if self.harness is not None and self.harness.due(final):
+      row.update(self.harness.scores(params))
     row.update(step=step, sim_time_s=sim_time, tokens=tokens)
     self.writer.write({**row, "model": "global", "final": final})
     self.rows.append(row)
     return row
 
 
-def evaluate_global(
-    isl: island_lib.Island, sync: Synchronizer, final: bool = False
-) -> dict[str, float]:
-  """Eval loss and bits per byte of the synchronizer's global parameters, on one island (`final`:
-  on the final evaluation's records)."""
+def global_params(isl: island_lib.Island, sync: Synchronizer) -> Any:
+  """The synchronizer's global parameters, placed on one island's shardings."""
   flat = sync.global_params()
   like = isl.abstract_state().params
   shapes = fragments.flatten(like)  # carrying the shardings (a stacked leaf's views: their own)
   placed = {k: jax.device_put(flat[k], shapes[k].sharding) for k in shapes}
-  return evaluation.evaluate(isl.fns, fragments.unflatten(placed, like=like), isl.data, final)
+  return fragments.unflatten(placed, like=like)
