@@ -207,3 +207,35 @@ def test_the_shakespeare_task_is_rebuilt_bit_for_bit_from_the_validation_plays_o
   # The labels are spread over the four places (no position wins by itself).
   counts = np.bincount([x["label"] for x in items], minlength=4)
   assert counts.min() > 200
+
+
+def test_a_run_scores_its_harness_tasks_at_every_nth_evaluation_and_the_final_one(quiz, tmp_path):
+  from configs import shakespeare
+  from diloco import metrics, train
+
+  path, _, _ = quiz
+  config = shakespeare.get_config("runlocal")
+  with config.unlocked():
+    config.progress_bar = False
+    config.eval_every = 10  # evaluations at steps 10, 20, 30 and 40 (the final one)
+    config.eval.harness_tasks, config.eval.harness_every = path, 3
+  summary = train.train_and_evaluate(config, str(tmp_path))
+  rows = [r for r in metrics.read_jsonl(str(tmp_path / "metrics.jsonl")) if "eval_loss" in r]
+  scored = [r["step"] for r in rows if "harness/quiz/acc" in r]
+  assert [r["step"] for r in rows] == [10, 20, 30, 40] and scored == [30, 40]
+  assert summary["harness/quiz/acc"] == rows[-1]["harness/quiz/acc"]
+  assert 0.0 <= summary["harness/quiz/acc"] <= 1.0 and summary["harness_padding"] < 0.5
+
+
+def test_a_config_naming_a_bad_task_folder_is_refused_before_the_run(tmp_path):
+  from configs import shakespeare
+  from diloco.config import checks
+
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  (bad / "t.yaml").write_text("task: [\n")
+  config = shakespeare.get_config("runlocal")
+  with config.unlocked():
+    config.eval.harness_tasks = str(bad)
+  ((key, why),) = checks.problems_of(config)
+  assert key == "eval.harness_tasks" and why.startswith(f"{bad}/t.yaml is not a task's YAML")
