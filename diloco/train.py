@@ -193,6 +193,10 @@ def format_summary(summary: dict[str, Any]) -> str:
       "plot",
   )
   lines = [f"  {k:>14}: {_fmt(summary[k])}" for k in keys if k in summary]
+  for k, v in summary.items():  # eval.harness_tasks: each task's headline and its standard error
+    if k.startswith("harness/") and not k.endswith("_stderr"):
+      name = k.removeprefix("harness/").replace("/", " ")
+      lines.append(f"  {name:>14}: {v:.4f} ±{summary.get(k + '_stderr', float('nan')):.4f}")
   lines.append(f"  {'outputs':>14}: {summary['workdir']} (summary.json, metrics.jsonl, tb/)")
   return "\n".join(["summary:"] + lines)
 

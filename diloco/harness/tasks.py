@@ -8,10 +8,14 @@ folders too, found by their name.
 
 from __future__ import annotations
 
+import functools
 import glob
 import math
 import os
 from typing import Any
+from unittest import mock
+
+import tqdm
 
 import yaml
 
@@ -123,18 +127,25 @@ def task_manager(defaults: bool = True):
 
 
 def run(lm, tasks: list[str | dict], limit: int | None = None, bootstrap_iters: int = 1000) -> dict:
-  """The harness's results of `tasks` on `lm` (its `results`, `groups`, `n-samples`, ...)."""
+  """The harness's results of `tasks` on `lm` (its `results`, `groups`, `n-samples`, ...), with
+  no progress bars: the harness draws one per task it builds, whatever its verbosity, and the
+  datasets library one per file it reads (a run draws its own)."""
+  import datasets
   from lm_eval import evaluator
+  from lm_eval.api import task as lm_task
 
-  return evaluator.simple_evaluate(
-      model=lm,
-      tasks=tasks,
-      task_manager=task_manager(defaults=any(isinstance(t, str) for t in tasks)),
-      limit=limit,
-      bootstrap_iters=bootstrap_iters,
-      log_samples=False,
-      verbosity="ERROR",
-  )
+  datasets.disable_progress_bars()
+  quiet = functools.partial(tqdm.tqdm, disable=True)
+  with mock.patch.object(lm_task, "tqdm", quiet):
+    return evaluator.simple_evaluate(
+        model=lm,
+        tasks=tasks,
+        task_manager=task_manager(defaults=any(isinstance(t, str) for t in tasks)),
+        limit=limit,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=False,
+        verbosity="ERROR",
+    )
 
 
 def scores(results: dict) -> dict[str, dict[str, float]]:
