@@ -6,7 +6,7 @@ its own validation batches, or on the text files of a glob, with the run's token
 read from RUN/config.json. Prints a table; writes nothing.
 
 With --tasks, lm-evaluation-harness tasks instead (pip install -e '.[eval]'): harness task or
-group names, our shipped tasks (shakespeare_next_line) and local task folders (YAML and data
+group names, our shipped tasks (shakespeare_line_end) and local task folders (YAML and data
 files), comma-separated. Each run's results go to RUN/eval_harness/<tasks>.json, a row of
 RUN/metrics.jsonl and its trackers; the table gives each task's headline metric and its standard
 error, and their average where the tasks share a metric.

@@ -198,12 +198,20 @@ def test_the_shakespeare_task_is_rebuilt_bit_for_bit_from_the_validation_plays_o
   assert items == shipped and len(items) == 4 * shakespeare_task.ITEMS_PER_PLAY
   texts = dict(plays)
   assert set(texts) == set(shakespeare.VALIDATION_PLAYS)
+  lines = {name: set(text.split("\n")) for name, text in plays}
   for x in items:
-    answer = x["choices"][x["label"]]
-    assert x["context"] + answer + "\n" in texts[x["play"]]  # the true next line of its play
-    assert f"\n{answer}\n" not in train and x["context"] + answer not in train
-    assert all(f"\n{c}\n" in texts[x["play"]] or c in texts[x["play"]] for c in x["choices"])
-    assert len(set(x["choices"])) == 4
+    before, head = x["context"].split("\n")
+    tail = x["choices"][x["label"]]
+    assert f"\n{before}\n{head}{tail}\n" in texts[x["play"]]  # the line after `before`, cut
+    assert head + tail in lines[x["play"]] and f"\n{head}{tail}\n" not in train
+    assert len(head) >= len(head + tail) // 3 and len(tail) >= len(head + tail) // 3
+    # Every choice is the tail of a line of the same play that the training split does not
+    # hold (a model that saw a distractor there would prefer it), all of one length.
+    assert len(set(x["choices"])) == 4 and len({len(c) for c in x["choices"]}) == 1
+    for c in x["choices"]:
+      assert any(
+          l.endswith(c) and len(l) > len(c) and f"\n{l}\n" not in train for l in lines[x["play"]]
+      )
   # The labels are spread over the four places (no position wins by itself).
   counts = np.bincount([x["label"] for x in items], minlength=4)
   assert counts.min() > 200

@@ -157,8 +157,8 @@ def test_compare_mode_prints_a_table_and_draws_the_plot(tmp_path, capsys):
   # The held-out Shakespeare task beside the loss (eval.harness_tasks, runlocal: 100 items), with
   # its standard error, scored on the final global model of each run: the number the finished
   # run's parameters give (the synchronizer's global ones for the two multi-learner runs).
-  acc = "harness/shakespeare_next_line/acc"
-  assert "shakespeare_next_line acc" in summary["table"].splitlines()[0]
+  acc = "harness/shakespeare_line_end/acc"
+  assert "shakespeare_line_end acc" in summary["table"].splitlines()[0]
   from diloco.harness import model as harness_model, tasks
   from diloco.runners import finished_run
 
@@ -169,7 +169,7 @@ def test_compare_mode_prints_a_table_and_draws_the_plot(tmp_path, capsys):
     run = finished_run.open_run(str(tmp_path / mode))
     lm = harness_model.JaxLM.from_run(run)
     again = tasks.scores(tasks.run(lm, tasks.resolve(config.eval.harness_tasks), limit=100))
-    assert again["shakespeare_next_line"]["value"] == r[acc]
+    assert again["shakespeare_line_end"]["value"] == r[acc]
 
 
 @pytest.mark.parametrize("delivery", ["replace", "rebase"])

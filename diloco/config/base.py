@@ -194,9 +194,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = keys.section(
       "eval",
       harness_tasks=(
-          Auto("", compare="shakespeare_next_line"),
+          Auto("", compare="shakespeare_line_end"),
           "lm-evaluation-harness tasks scored at evaluations (pip install -e '.[eval]'): harness "
-          "names, ours (shakespeare_next_line) or local task folders, comma-separated; '' = none",
+          "names, ours (shakespeare_line_end) or local task folders, comma-separated; '' = none",
       ),
       harness_every=(
           0,
