@@ -67,14 +67,14 @@ def _verse(line: str) -> bool:
 def build_items(plays: list[tuple[str, str]], train_text: str) -> list[dict]:
   """ITEMS_PER_PLAY items of each play (name, text), in play order then line order."""
   rng = np.random.default_rng(SEED)
+  seen = set(train_text.split("\n"))  # the training split's lines
   items = []
   for name, text in plays:
     lines = text.split("\n")
     fit = [
         (i, l)
         for i, l in enumerate(lines)
-        if _verse(l) and l.isascii() and SHORTEST <= len(l) <= LONGEST
-        and f"\n{l}\n" not in train_text
+        if _verse(l) and l.isascii() and SHORTEST <= len(l) <= LONGEST and l not in seen
     ]  # fmt: skip
     pairs = [(lines[i - 1], l) for i, l in fit if i > 0 and _verse(lines[i - 1])]
     chosen = sorted(rng.choice(len(pairs), size=min(ITEMS_PER_PLAY, len(pairs)), replace=False))
