@@ -47,4 +47,12 @@ def make(config: ml_collections.ConfigDict, island) -> HarnessEvals | None:
   e = config.get("eval")
   if e is None or not e.harness_tasks:
     return None
+  import jax
+
+  if jax.process_count() > 1:  # (each process would score the whole batch as its own slice)
+    raise ValueError(
+        "eval.harness_tasks scores on one process's island; this run spans "
+        f"{jax.process_count()} processes: score its parameters afterwards with "
+        "`python -m experiments.evaluate --tasks`"
+    )
   return HarnessEvals(config, island)

@@ -117,10 +117,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   fns, data = island.fns, island.data
   ckpt = checkpoint.Checkpointer(paths.join(workdir, "checkpoints"), config.checkpoint_every)
   state, start = island.restore_or_init(ckpt)
+  harness = during.make(config, island)  # (before anything is written)
   writer = metrics.MetricsWriter.for_run(config, workdir, resume_step=start if start else None)
   logger = StepLogger(config, writer, ckpt, start, island.flops_per_token)
   stop_at = start + config.stop_after_steps if config.get("stop_after_steps", 0) else None
-  harness = during.make(config, island)
   last, stopped_by = start, None
   eval_row: dict[str, Any] = {}
   try:
