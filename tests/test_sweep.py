@@ -214,6 +214,15 @@ def test_a_summary_key_that_is_also_an_override_keeps_both():
   assert pending["status"] == "pending" and pending["eval_loss"] is None
 
 
+def test_a_runs_harness_scores_sit_beside_its_loss_in_the_table():
+  p = sweep.Point(0, "steps=24", {"steps": 24}, "f.py:steps=24", {})
+  acc = "harness/shakespeare_line_end/acc"
+  summary = {"eval_loss": 1.5, acc: 0.55, acc + "_stderr": 0.016, "harness_padding": 0.01}
+  (row,) = sweep_run.rows([p], {0: (summary, "")}, ("eval_loss",))
+  assert list(row)[3:6] == ["eval_loss", acc, acc + "_stderr"]
+  assert (row[acc], row[acc + "_stderr"]) == (0.55, 0.016) and "harness_padding" not in row
+
+
 def test_sweeps_sharing_a_workdir_keep_their_tables_apart(sweep_file, tmp_path, monkeypatch):
   workdir = str(tmp_path / "w")
   sweep_run.run(_spec(sweep_file), workdir, parallel=0, progress=False, table="first")

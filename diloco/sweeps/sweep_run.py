@@ -186,7 +186,8 @@ def _execute(todo: list[sweep.Point], workdir: str, parallel: int):
 
 
 def rows(points, results, keys) -> list[dict[str, Any]]:
-  """One row per point: name, status, its overrides, the summary's keys (or the error)."""
+  """One row per point: name, status, its overrides, the summary's keys and harness scores (or
+  the error)."""
   out = []
   for p in points:
     summary, err = results.get(p.index, (None, ""))
@@ -194,6 +195,8 @@ def rows(points, results, keys) -> list[dict[str, Any]]:
     row = {"name": p.name, "status": status, **p.values}
     for k in keys:  # a summary key that is also an override of the point keeps both
       row[f"summary.{k}" if k in p.values else k] = (summary or {}).get(k)
+    for k in sorted(k for k in summary or {} if k.startswith("harness/")):  # eval.harness_tasks:
+      row[k] = summary[k]  # each task's score and standard error beside the loss
     row["eval_set"] = eval_sets.summary_set(summary or {})  # what the tables check
     row["error"] = err
     out.append(row)
