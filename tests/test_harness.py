@@ -246,3 +246,32 @@ def test_a_config_naming_a_bad_task_folder_is_refused_before_the_run(tmp_path):
     config.eval.harness_tasks = str(bad)
   ((key, why),) = checks.problems_of(config)
   assert key == "eval.harness_tasks" and why.startswith(f"{bad}/t.yaml is not a task's YAML")
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "bpe"])
+def test_a_runs_own_tokenizer_scores_what_the_harness_encodes(kind, tmp_path):
+  """A corpus run's tokenizer (trained here: SentencePiece, or byte-level BPE in a tokenizer.json
+  as a pretrained one is read): the harness splits the encoding of context + continuation at the
+  context's length, and the adapter scores those ids as the model's own loss does."""
+  from diloco.data.corpus import tokenizer_files
+
+  text = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind"] * 20
+  out = str(tmp_path / ("t.model" if kind == "sentencepiece" else "t.json"))
+  tok = tokenizer_files.BytesTokenizer(tokenizer_files.train(kind, text, 300, out))
+  cfg = tr.ModelConfig(
+      **{**variants.MODEL_SIZES["tiny"], "vocab_size": tok.vocab_size, "max_len": WINDOW}
+  )
+  graphdef, state = nnx.split(tr.Transformer(cfg, nnx.Rngs(0)))
+  mesh = sharding.make_island_mesh(jax.devices()[:2], 2, 1, 1, 1)
+  lm = harness_model.JaxLM(graphdef, nnx.to_pure_dict(state), tok, WINDOW, mesh, 4)
+  assert lm.eot_token_id == tok.eod_id  # the empty context's token: its end of document
+  pairs = [("To be, or not", " to be"), ("", "Whether"), ("that is the", " question:")]
+  requests = [type("Request", (), {"args": p}) for p in pairs]
+  got = lm.loglikelihood(requests)
+  for (context, continuation), (logp, _) in zip(pairs, got):
+    whole = list(tok.encode((context + continuation).encode()))
+    head = len(tok.encode(context.encode())) if context else 0
+    ids = ([] if context else [tok.eod_id]) + whole
+    start = head if context else 1
+    want = -_nll_sum(lm, ids[:-1], ids[1:], len(ids) - start)
+    assert logp == pytest.approx(want, abs=1e-4)
