@@ -6,6 +6,7 @@ the validation plays and shares no line with the training split."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -232,6 +233,31 @@ def test_a_run_scores_its_harness_tasks_at_every_nth_evaluation_and_the_final_on
   assert [r["step"] for r in rows] == [10, 20, 30, 40] and scored == [30, 40]
   assert summary["harness/quiz/acc"] == rows[-1]["harness/quiz/acc"]
   assert 0.0 <= summary["harness/quiz/acc"] <= 1.0 and summary["harness_padding"] < 0.5
+  # The finished run, evaluated afterwards on two tasks (experiments.evaluate --tasks): the
+  # in-training score again, the results file, a metrics row, and an average column.
+  from diloco.harness import records
+  from diloco.runners import finished_run
+
+  twin = tmp_path / "quiz_twin"
+  twin.mkdir()
+  for name in ("quiz.jsonl", "quiz.yaml"):
+    text = (pathlib.Path(path) / name).read_text()
+    (twin / name.replace("quiz", "twin")).write_text(text.replace("quiz", "twin"))
+  run = finished_run.open_run(str(tmp_path))
+  task_list = tasks.resolve(f"{path},{twin}")
+  lm = harness_model.JaxLM.from_run(run)
+  results = tasks.run(lm, task_list)
+  found = tasks.scores(results)
+  assert found["quiz"]["value"] == summary["harness/quiz/acc"] == found["twin"]["value"]
+  assert found["average"]["value"] == found["quiz"]["value"]
+  written = records.write(run, task_list, results, records.row(run.step, found, 0.3))
+  assert written.endswith("eval_harness/quiz+twin.json")
+  saved = json.loads(pathlib.Path(written).read_text())
+  assert saved["step"] == 40 and saved["results"]["quiz"]["acc,none"] == found["quiz"]["value"]
+  last = metrics.read_jsonl(str(tmp_path / "metrics.jsonl"))[-1]
+  assert last["event"] == "harness" and last["harness/average/acc"] == found["average"]["value"]
+  table = records.format_table([(run.workdir, run.step, found)])
+  assert table.splitlines()[0].split()[-2:] == ["average", "(acc)"]
 
 
 def test_a_config_naming_a_bad_task_folder_is_refused_before_the_run(tmp_path):
