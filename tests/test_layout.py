@@ -26,6 +26,7 @@ LAYERS = (
         "diloco.watch",
     ),
     ("diloco.inner",),  # mesh, the pure step, island, evaluation, checkpoints, warm start
+    ("diloco.harness",),  # lm-evaluation-harness: our decoder as its model, tasks, records
     ("diloco.outer",),  # protocol, policies, merging, fragments; sync/, learner/, codecs/
     ("diloco.recovery", "diloco.chaos", "diloco.sim"),
     ("diloco.config",),  # variants, presets, deploy section, and build.py over all of the above

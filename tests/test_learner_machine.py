@@ -13,10 +13,12 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from diloco.outer import fragments, optimizers, policies
 from diloco.outer.codecs import compression
 from diloco.outer.learner import learner_machine as lm
 from diloco.outer.outcomes import Code
-from diloco.outer.protocol import Refused, Send
+from diloco.outer.protocol import Join, Leave, Log, Refused, Send, Upload
+from diloco.outer.sync.synchronizer import Synchronizer
 
 P = 2  # fragments
 VALUES = {"w": np.zeros(2, np.float32)}
@@ -451,3 +453,70 @@ RebaseProtocol.TestCase.settings = LearnerProtocol.TestCase.settings
 AtOwnSyncProtocol.TestCase.settings = LearnerProtocol.TestCase.settings
 TestRebaseProtocol = RebaseProtocol.TestCase
 TestAtOwnSyncProtocol = AtOwnSyncProtocol.TestCase
+
+
+def test_an_upload_refused_for_a_base_the_restart_lost_goes_again_on_the_joins_answer():
+  """Issue 72's gRPC run (learner 1, fragment 3). The synchronizer, saving every few merges,
+  restarted without the merge of learner 1's upload (version 1 of generation 0); learner 0's
+  merge then made version 1 of generation 1. Learner 1, done training while it was away (8
+  steps of fragment 0 unsent), joins holding (0, 1): the answer sends fragment 0 at (1, 1), but
+  the real-time loop sends its unanswered upload (`joined_unseen`) before that answer is
+  delivered, on the base the restored synchronizer lacks: refused, unknown_base_version (not
+  counted as refused steps), and the learner joins again. The answer, applied under rebase,
+  keeps the 8 steps (not `regressed`: the same version number); nothing sent them again (no
+  step left to schedule an upload) and the learner settled with them."""
+  params = {"blocks": {0: {"w": np.zeros(3, np.float32)}, 1: {"w": np.zeros(2, np.float32)}}}
+  frag = fragments.strided(params, 2)
+  sync = Synchronizer(params, frag, policies.SYNCHRONOUS, optimizers.nesterov(0.5, 0.5))
+  delta = lambda p: compression.encode_tree(
+      {k: np.full(v.shape, 0.1, np.float32) for k, v in sync.globals[p].items()}, "fp32"
+  )
+
+  def upload(m, held_gen, held_v, steps, t):
+    return Upload(m, 0, held_v, delta(0), steps, 8 * steps, t, t, 1.0, base_generation=held_gen)
+
+  sync.handle(Join(1, 0.0, (0, 0)))
+  saved = sync.state_dict()  # the last save before the merge the restart loses
+  assert any(isinstance(a, Send) for a in sync.handle(upload(1, 0, 0, 2, 1.0)))  # v1, gen 0
+  sync.restart(saved, generation=1)
+  sync.handle(Join(0, 2.0, (0, 0), (0, 0)))
+  sync.handle(upload(0, 0, 0, 6, 2.5))  # learner 0's merge: version 1 of generation 1
+  sync.handle(Leave(0, 2.6))
+  assert sync.versions == [1, 0] and sync.generation == 1
+
+  held = Held(versions=[1, 0], c_steps=[8, 0], steps=10, delivery="rebase")
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=2)
+  assert machine.stepped([0]) == [lm.Upload(0)]  # decided while the synchronizer was away
+  answer = [a for a in sync.handle(Join(1, 3.0, (1, 0), (0, 0))) if isinstance(a, Send)]
+  assert [(s.fragment, s.generation, s.version) for s in answer] == [(0, 1, 1)]
+  machine.joined(1)
+  machine.join_sent(3.0)
+  decisions = machine.joined_unseen()  # (the answer is not delivered yet)
+  assert decisions == [lm.Resend(0, None, as_sent=True)]
+  assert machine.resend_due(0, None, now=3.1, as_sent=True) == [lm.Upload(0)]
+  # (computed afresh: `Learner.sent_again` holds no copy, and the upload stamps its own time)
+  refused = sync.handle(upload(1, 0, 1, 8, 3.15))
+  assert [r.code for r in refused] == [Code.UNKNOWN_BASE_VERSION]
+  assert machine.refused(refused[0]) == [lm.Rejoin("refused")]
+  machine.join_sent(3.2)
+  sync.handle(Join(1, 3.2, (1, 0), (0, 0)))
+  assert machine.joined_unseen() == []
+  # The first answer arrives: applied keeping the 8 steps (Learner.receive's rebase), which
+  # go again on the new base.
+  decisions = machine.arrived(answer[0])
+  assert decisions == [lm.Apply(answer[0]), lm.Resend(0, (1, 1))]
+  held.versions[0], held.generations[0], held.sync_generation = 1, 1, 1  # (c_steps kept)
+  assert machine.resend_due(0, (1, 1), now=3.3) == [lm.Upload(0)]
+  merged = sync.handle(upload(1, 1, 1, 8, 3.3))
+  logs = [a.record for a in merged if isinstance(a, Log) and a.record.get("event") == "merge"]
+  assert [(r["learners"], r["steps"]) for r in logs] == [([1], [8])]
+
+
+def test_an_upload_refused_for_its_base_after_a_newer_version_arrived_goes_again_at_once():
+  held = Held(c_steps=[5, 5], steps=5, delivery="rebase")
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  machine.stepped([0])
+  held.versions[0], held.generations[0], held.sync_generation = 2, 1, 1  # (rebase kept c_steps)
+  decisions = machine.refused(_refused(0, Code.UNKNOWN_BASE_VERSION, sent=2.0, base=(0, 0)))
+  assert decisions == [lm.Rejoin("refused"), lm.Resend(0, (1, 2))] and not machine.refused_base
+  assert machine.resend_due(0, (1, 2), now=3.0) == [lm.Upload(0)]

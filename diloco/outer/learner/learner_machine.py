@@ -21,8 +21,10 @@ The rules:
   generation's is dropped.
 - **Refused uploads** (`outcomes.Code`): nothing comes back for them, so they stop being waited
   for. A refused base version (unknown, stale, duplicate) or a lost session makes the learner
-  re-join, unless a Join sent with or after the upload already reported its versions; a payload
-  corrupted in transit is sent again, once, computed afresh on the same base; anything else is
+  re-join, unless a Join sent with or after the upload already reported its versions. The
+  progress of one refused for a base a restarted synchronizer lacks goes again on the version
+  the Join's answer brings (`refused_base`; a learner done training schedules no next upload),
+  or at once if a newer version is held already; a payload corrupted in transit is sent again, once, computed afresh on the same base; anything else is
   left to the next scheduled upload, which carries the progress.
 - **Rejoin.** A restored learner, or any learner after a synchronizer restart or a healed
   partition, joins with the versions it holds; at most one Join is in flight. A restored learner
@@ -151,6 +153,10 @@ def verdict(send: protocol.Send, held: Holdings, num_fragments: int) -> Code | N
 
 RESYNC = frozenset({Code.UNKNOWN_BASE_VERSION, Code.STALE, Code.DUPLICATE, Code.NOT_JOINED})
 RESEND = frozenset({Code.CHECKSUM})
+# A base a restarted synchronizer lacks: the Join's answer brings a newer version to send it on.
+# (A stale base is not among them: a learner still training carries that progress with its next
+# upload, and a virtual run's decisions stay as they were.)
+REBASE = frozenset({Code.UNKNOWN_BASE_VERSION})
 REJOIN_ON_SEND = frozenset({Code.CHECKSUM, Code.GAP})  # a merged fragment lost or corrupted
 
 
@@ -169,6 +175,9 @@ class LearnerMachine:
     # Fragments whose upload on the version held was merged, the merge not received yet (a
     # copy sent again after a Join was refused as a duplicate): its arrival rebases.
     self.merged_unseen: set[int] = set()
+    # Fragments whose upload was refused for its base (unknown to a restarted synchronizer): the
+    # Join's answer sends a newer version, and on it the progress goes again.
+    self.refused_base: set[int] = set()
     # Rebasing, back from a synchronizer restart: its unanswered uploads wait for the Join's
     # answer (`after_join`), which may name one as merged; `answering` is what the answer owes.
     self.after_join: set[int] = set()
@@ -184,9 +193,10 @@ class LearnerMachine:
 
   _STATE = ("inflight", "join_inflight", "last_join", "restoring", "awaiting", "resent")
   _STATE += ("skipped", "decisions", "merged_unseen", "after_join", "answering", "as_sent")
-  _STATE += ("joined_gen",)
+  _STATE += ("joined_gen", "refused_base")
   # (absent from older snapshots)
   _NEWER = {"after_join": set(), "answering": None, "as_sent": {}, "joined_gen": -1}
+  _NEWER["refused_base"] = set()
 
   def state(self) -> dict:
     """Its protocol state (not the learner it reads), for a snapshot of a virtual run."""
@@ -238,6 +248,8 @@ class LearnerMachine:
     if self.held.versions[p] >= 0:  # (a first copy is where it starts: the virtual builder's)
       self.decisions.append(("apply", p, send.version, self.held.steps))
     out: list[Decision] = [Apply(send)]
+    rebased = p in self.refused_base
+    self.refused_base.discard(p)
     if regressed(send, self.held):  # what the restored state lacks goes again
       self.merged_unseen.discard(p)
       out.append(Resend(p, (send.generation, send.version)))
@@ -248,6 +260,8 @@ class LearnerMachine:
       out = [Apply(send, rebase=True), Resend(p, (send.generation, send.version))]
     elif send.includes_own and self.as_sent.pop(p, None) is not None:
       out.append(Resend(p, None))  # what it trained after the upload it sent again as it was
+    elif rebased and p not in self.inflight:  # a refused upload's progress, on the new base
+      out.append(Resend(p, (send.generation, send.version)))
     if self.awaiting is not None:
       self.awaiting.discard(send.fragment)
       if not self.awaiting:
@@ -288,6 +302,11 @@ class LearnerMachine:
       self.merged_unseen.add(p)  # an earlier upload on this version was merged
     if refusal.code in RESYNC and sent is not None and sent > self.last_join:
       out.append(self._resync("refused"))
+    if refusal.code in REBASE and self._delivery() != "at_own_sync":  # (it takes no version)
+      if base == held:  # the Join's answer brings a newer version: the progress goes on it
+        self.refused_base.add(p)
+      else:  # it arrived before the refusal
+        out.append(Resend(p, held))
     if refusal.code in RESEND and sent is not None and (p, sent) not in self.resent:
       out.append(Resend(p, (refusal.base_generation, refusal.base_version)))
     return [d for d in out if d is not None]
@@ -403,6 +422,7 @@ class LearnerMachine:
     """Back from a crash (its state restored or started over): nothing it sent is pending."""
     self.inflight.clear()
     self.merged_unseen.clear()
+    self.refused_base.clear()
     self.after_join, self.answering, self.as_sent = set(), None, {}
     self.join_inflight, self.restoring, self.awaiting = False, True, None
     return [self._rejoin("restored")]
@@ -410,6 +430,7 @@ class LearnerMachine:
   def crashed(self) -> None:
     self.inflight.clear()
     self.merged_unseen.clear()
+    self.refused_base.clear()
     self.after_join, self.answering, self.as_sent = set(), None, {}
     self.join_inflight, self.restoring, self.awaiting = False, False, None
 
