@@ -10,8 +10,9 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
   mode=streaming   Streaming DiLoCo: P fragments at staggered offsets, overlap tau, fp4.
   mode=decoupled   Decoupled DiLoCo: quorum K, adaptive grace, token weights, RDA; never waits.
   mode=compare     dp, diloco and decoupled on one token budget, the last learner 3x slower, each
-                   at its own tuned inner lr (compare.inner_lrs); prints a table and draws
-                   compare.png (diloco/config/presets.py).
+                   at its own tuned inner lr (compare.inner_lrs); prints a table (with the
+                   held-out shakespeare_line_end task's accuracy: eval.harness_tasks, pip install
+                   -e '.[eval]') and draws compare.png (diloco/config/presets.py).
   model=tiny|small|base   tiny ~29k params (tests), small ~0.89M (default), base ~27M;
   model=35m|90m|180m      the DiLoCo scaling-laws shapes (19M, 64M, 151M params with bytes).
                    model.dtype (bfloat16: compute; weights and optimizer stay float32),
