@@ -54,8 +54,8 @@ def test_loglikelihoods_are_the_models_own_losses_packed_and_truncated():
       (list(b"To be"), list(b", or not")),
   ]
   got = lm.score_tokens(pairs)
-  # Packed: 13 + 9 + 12 tokens share rows with the 32 of the truncated request (4 requests,
-  # first-fit longest first: [32], [12, 13], [9]).
+  # Packed: 14 + 9 + 12 tokens share rows beside the 32 of the truncated request (4 requests,
+  # longest first, each into the row with the most room: [32], [14, 12], [9]).
   assert lm.stats.rows == 3 and lm.stats.tokens == 14 + 9 + 32 + 12
   for (context, continuation), (logp, _) in zip(pairs, got):
     whole = (context + continuation)[-(WINDOW + 1) :]
