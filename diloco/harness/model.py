@@ -4,8 +4,8 @@ live learner's (or the synchronizer's global ones) on an island's mesh.
 Log-likelihoods are packed: every request (context + continuation, left-truncated to the window)
 is one segment of a row of `window` tokens, its positions restarting at 0 and its attention kept
 within it by segment ids (the model's packed-document path), so a segment scores as it would
-alone. Requests are sorted longest first, each put in the row with the most room; rows go `batch_rows`
-at a time through one jitted program of fixed shape. `stats` counts the padding left.
+alone. Requests are sorted longest first, each put in the row with the most room; rows go
+`batch_rows` at a time through one jitted program of fixed shape. `stats` counts the padding.
 
 The window is the run's `seq_len` (what the model trained on). An empty context is the prefix
 token: the tokenizer's end-of-document id where it has one, else the first token of a newline
