@@ -29,12 +29,12 @@ TASK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks", TAS
 ITEMS_FILE = "items.jsonl"
 ITEMS_PER_PLAY = 250
 SHORTEST, LONGEST = 24, 48  # bytes of a cut line
-SEED = 1606  # the First Folio's year, for the draws
+SEED = 1606  # of every draw: the shipped items are pinned by it
 _SPEAKER = re.compile(r"^[A-Z][A-Za-z ]*\.$")  # "Hor.", "First Clown." (a speech's heading)
 
 YAML = f"""\
 # How a line of a speech ends, among four tails of lines of the same play, from the validation plays
-# only (diloco/harness/shakespeare_task.py builds {ITEMS_FILE}; data_files are relative to this file).
+# only (shakespeare_task.py builds {ITEMS_FILE}; data_files are read relative to this file).
 task: {TASK}
 dataset_path: json
 dataset_kwargs:
