@@ -209,8 +209,8 @@ plt.show()
 #
 # `configs/sweeps/scavenging.py`'s runs (4 learners joined by 1, 2, 4 or 12 more from 25% to
 # 75% of the nominal run), every row at one outer rate with no retuning: the preset's 0.1, and
-# every other rate a pair was run at (set once, as a user would; the tuned ladder's rates are
-# seed 0 only). The arrival/one rows at 0.1 are the scavenging notebook's own
+# every other rate a pair was run at (set once, as a user would; the tuned ladder's other rates
+# are seed 0 only, its winners three seeds). The arrival/one rows at 0.1 are the scavenging notebook's own
 # (`notebooks/results/scavenging/`: the same configs; this code reruns them with other bits, see
 # BENCHMARKS). Two times per row, each over a 4-learner run's own time to the same loss, seed by
 # seed: to the same pair's 4-learner final loss (does adding learners help that pair?), and to
