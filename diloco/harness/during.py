@@ -37,9 +37,10 @@ class HarnessEvals:
     fns = self.island.fns
     lm = model.JaxLM(fns.graphdef, params, self.tokenizer, self.window, fns.mesh)
     found = tasks_lib.scores(tasks_lib.run(lm, self.task_list, limit=self.limit))
-    row = records.row(0, found, lm.stats.padding)
-    row.pop("step"), row.pop("event")
-    return {**row, **({"harness_truncated": lm.stats.truncated} if lm.stats.truncated else {})}
+    return {
+        **records.columns(found, lm.stats.padding),
+        **({"harness_truncated": lm.stats.truncated} if lm.stats.truncated else {}),
+    }
 
 
 def make(config: ml_collections.ConfigDict, island) -> HarnessEvals | None:

@@ -16,13 +16,18 @@ from diloco.watch import trackers
 DIRNAME = "eval_harness"
 
 
-def row(step: int, scores: dict[str, dict[str, float]], padding: float) -> dict[str, Any]:
-  """A metrics row: harness/<task>/<metric> and its _stderr for each task (and the average)."""
-  out: dict[str, Any] = {"step": step, "event": "harness", "harness_padding": padding}
+def columns(scores: dict[str, dict[str, float]], padding: float) -> dict[str, Any]:
+  """harness/<task>/<metric> and its _stderr for each task (and the average), and the padding."""
+  out: dict[str, Any] = {"harness_padding": padding}
   for task, s in scores.items():
     out[f"harness/{task}/{s['metric']}"] = s["value"]
     out[f"harness/{task}/{s['metric']}_stderr"] = s["stderr"]
   return out
+
+
+def row(step: int, scores: dict[str, dict[str, float]], padding: float) -> dict[str, Any]:
+  """A metrics row of a finished run's harness evaluation."""
+  return {"step": step, "event": "harness", **columns(scores, padding)}
 
 
 def write(run, task_list: list, results: dict, metrics_row: dict[str, Any]) -> str:
