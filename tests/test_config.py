@@ -203,7 +203,8 @@ def test_a_mode_preset_is_read_from_the_declarations():
   c = shakespeare.get_config("mode=decoupled")
   preset = presets.mode_preset(c, "decoupled")
   assert preset["outer.fragments"] == 24 and preset["outer.merge"] == "rda"
-  assert preset["outer.lr"] == 0.1 and "outer.learners" not in preset
+  assert preset["outer.lr"] == 0.2 and preset["outer.merge_clock"] == "period"
+  assert "outer.learners" not in preset
   assert "outer.inner_steps" not in presets.policy_keys(c)  # compare keeps its own H
   assert {"outer.merge", "outer.quorum", "outer.codec"} <= set(presets.policy_keys(c))
   with pytest.raises(ValueError, match="as declared"):

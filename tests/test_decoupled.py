@@ -58,9 +58,10 @@ def test_same_seed_same_bits_other_seed_other_run(tmp_path):
 
 
 def test_decoupled_code_path_in_the_synchronous_limit_is_synchronous_diloco(tmp_path):
-  """Quorum = all, no grace, equal weights, mean, τ=0, no latency, equal speeds: non-blocking
-  learners (the decoupled path) do exactly what blocking ones do."""
+  """Quorum = all on arrival, no grace, equal weights, mean, τ=0, no latency, equal speeds:
+  non-blocking learners (the decoupled path) do exactly what blocking ones do."""
   limit = dict(
+      outer__merge_clock="arrival",
       outer__quorum=0,
       outer__grace_gamma=0.0,
       outer__weighting="equal",

@@ -115,6 +115,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   regime = "per_learner" in b
   mode = "decoupled" if a.method == "decoupled" else "diloco"
   c = shakespeare.get_config(f"mode={mode},model={b['model']},learners={LEARNERS}")
+  c.outer.merge_clock = "arrival"  # these tables' clock (the Decoupled preset's until issue 69)
   c.outer.delivery = "replace"  # the rule this table was measured under
   per = b["per_learner"] if regime else b["batch"] // LEARNERS
   c.seed, c.seq_len, c.steps, c.batch_size = a.seed, b["seq"], b["steps"], per

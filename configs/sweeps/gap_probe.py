@@ -85,6 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"run must be one of {sorted(runs)}, got {a.run!r}")
   mode, m, batch, h, outer, extra = runs[a.run]
   c = shakespeare.get_config(f"mode={mode},model=small,learners={m}")
+  c.outer.merge_clock = "arrival"  # these tables' clock (the Decoupled preset's until issue 69)
   steps = extra.get("steps", STEPS)
   c.seed, c.seq_len, c.steps, c.batch_size = 0, 64, steps, batch
   c.optimizer.lr = extra.get("lr", LR)

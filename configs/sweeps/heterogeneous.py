@@ -88,6 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.outer.update(dict(inner_steps=h, fragments=2 if a.tiny else FRAGMENTS, lr=a.outer_lr))
   c.outer.delivery = "replace"  # issue 32's table (delivery.py sweeps the rules over this run)
   c.outer.fragment_kind = "balanced"
+  c.outer.merge_clock = "arrival"  # these tables' clock (the Decoupled preset's until issue 69)
   if a.policy == "wait_all":
     c.outer.update(dict(quorum=LEARNERS, blocking=True, grace_gamma=0.0))
   else:

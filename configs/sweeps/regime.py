@@ -73,6 +73,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"method must be dp or diloco, got {a.method!r}")
   m = LEARNERS if a.method == "diloco" else 1
   c = shakespeare.get_config(f"mode={a.method},model=tiny,learners={m}")
+  c.outer.merge_clock = "arrival"  # these tables' clock (the Decoupled preset's until issue 69)
   c.seed, c.seq_len, c.steps = a.seed, 64, a.steps
   c.batch_size = a.batch * LEARNERS // m  # per learner; dp: the whole global batch on one island
   warmup = max(a.steps // 20, 1)

@@ -309,11 +309,11 @@ def _outer() -> dict:
           domains.among_of("diloco.outer.optimizers", "NAMES"),
       ),
       lr=(
-          # the Decoupled preset's rebase wants a smaller outer rate (its best in the README main
-          # job: 0.1, where replace's is 0.4; issue 51's table)
-          Auto(0.4, decoupled=0.1),
-          "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md; the Decoupled preset's "
-          "rebase: 0.1)",
+          # the Decoupled preset (rebase, period clock) wants a smaller outer rate: its best in the
+          # README main job is 0.2 (issue 69's table d; 0.1 under the arrival clock, issue 51)
+          Auto(0.4, decoupled=0.2),
+          "outer learning rate (0.4 beat 0.7 and 1.0 here, BENCHMARKS.md; the Decoupled preset: "
+          "0.2)",
           domains.positive(),
       ),
       momentum=(0.9, "outer Nesterov momentum", domains.unit_open()),
@@ -345,7 +345,9 @@ def _outer() -> dict:
           domains.among_of("diloco.outer.policies", "MERGES"),
       ),
       merge_clock=(
-          "arrival",
+          # Decoupled: period, by issue 69's evidence (BENCHMARKS "The merge clock": it wins the
+          # main job and the scavenging goal at one rate; arrival wins the heterogeneous table)
+          Auto("arrival", decoupled="period"),
           "when a fragment merges: arrival (its quorum, then the grace window) | period (once "
           "per H steps of the K-th fastest live learner's pace; docs/algorithms.md)",
           domains.among_of("diloco.outer.sync.merge_clock", "CLOCKS"),
