@@ -8,7 +8,8 @@ Variants after the colon, comma-separated (e.g. `configs/shakespeare.py:model=ti
   mode=dp          one island, data-parallel SPMD over every local device (the default mode).
   mode=diloco      M learners, all synced every H steps, mean, Nesterov outer step.
   mode=streaming   Streaming DiLoCo: P fragments at staggered offsets, overlap tau, fp4.
-  mode=decoupled   Decoupled DiLoCo: quorum K, adaptive grace, token weights, RDA; never waits.
+  mode=decoupled   Decoupled DiLoCo: quorum K, adaptive grace, token weights, RDA, each fragment
+                   merged once per period of the fast learners' pace; never waits.
   mode=compare     dp, diloco and decoupled on one token budget, the last learner 3x slower, each
                    at its own tuned inner lr (compare.inner_lrs); prints a table (with the
                    held-out shakespeare_line_end task's accuracy: eval.harness_tasks, pip install
@@ -41,8 +42,9 @@ it means.
 Expected on 2 CPU cores (BENCHMARKS.md has measured figures): mode=dp, small model, 300 steps of
 32x128 bytes reaches about 2.7 bits per byte in 2-3 minutes. mode=compare (the tiny model, 28,832
 parameters; M=2 learners of 16x64 bytes a step, 2,000 steps, H=20: 100 outer steps, 142 bytes per
-parameter; each method at the inner lr that won configs/sweeps/main_job.py) ends at about 2.68
-(dp), 2.67 (DiLoCo) and 2.75 (Decoupled DiLoCo) bits per byte on the whole validation split.
+parameter; each method at the inner lr that won configs/sweeps/main_job.py) ends at about 2.66
+(dp), 2.67 (DiLoCo) and 2.72 (Decoupled DiLoCo) bits per byte on the whole validation split (the
+README's table).
 """
 
 import ml_collections
