@@ -66,3 +66,16 @@ def pytest_collection_modifyitems(items):
   for item in items:
     if DURATIONS["seconds"].get(item.nodeid, 0.0) >= SLOW_S:
       item.add_marker("slow")
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """The suite leaves no network namespace (and nothing running inside one) behind: checked once,
+  by the controller, after every worker is done (tests/test_net_faults.py makes them)."""
+  if hasattr(session.config, "workerinput"):
+    return
+  from diloco.rpc import netns
+
+  left = netns.leftovers()
+  if left:
+    print(f"\nleft behind by the suite: {left}", flush=True)
+    session.exitstatus = 1

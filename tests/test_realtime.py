@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from configs import shakespeare
+from diloco.chaos import schedule
 from diloco.outer import fragments, optimizers, policies, protocol
+from diloco.outer.outcomes import Code
 from diloco.outer.codecs import compression
 from diloco.outer.sync.synchronizer import Synchronizer
 from diloco.recovery import sync_checkpoint
-from diloco.rpc import sync_main
+from diloco.rpc import sync_main, transport
 from diloco.runtime import learner_loop, sync_host
 
 
@@ -524,3 +526,36 @@ def test_a_blocking_learner_sends_a_rebases_progress_while_it_waits():
   assert trainer.received[0] == (2, True)  # the merge of its upload, its later step kept
   assert [(u.base_version, u.steps) for u in link.sent][:1] == [(2, 1)]  # that step, sent again
   assert trainer.steps == 12 and not loop.stop.is_set()
+
+
+def test_an_upload_refused_when_a_later_upload_merges_its_round_reaches_its_learners_poll():
+  """Quorum 2: learner 0's upload (non-finite) is answered on arrival and waits; learner 1's
+  upload merges the round, which refuses learner 0's. The refusal is learner 1's call's
+  business only if it is its own: learner 0 finds it in its next poll, naming its upload by the
+  sent time it gave it (7.5, not the host's), so its machine stops waiting for an answer
+  (tests/test_threads_chaos.py: a poisoned upload under the period clock)."""
+  params = {"embed": {"w": np.zeros(2, np.float32)}}
+  policy = policies.Policy(
+      policies.MinQuorum(2), policies.NoGrace(), policies.EqualWeights(), policies.Mean()
+  )
+  sync = Synchronizer(params, fragments.strided(params, 1), policy, optimizers.sgd(1.0))
+  host = sync_host.SyncHost(sync, absent_after_s=60.0)
+  finite = compression.encode_tree({"embed/w": np.ones(2, np.float32)}, "fp32")
+  nan = schedule.poison(finite, "nan", 1.0)  # (past the encoder's finite check, as a fault is)
+  up = lambda m, delta: protocol.Upload(m, 0, 0, delta, steps=3, tokens=24, time=0.0,
+                                        sent_time=7.5 + m, step_time=0.1)  # fmt: skip
+  try:
+    for m in (0, 1):
+      host.join(m, f"s{m}", (0,))
+    assert host.upload(0, "s0", up(0, nan)) == 0  # waits for the quorum
+    assert host.upload(1, "s1", up(1, finite)) == 1  # merges, without learner 0's
+    got = host.poll(0, "s0", 0, 0.0)
+    assert [type(s).__name__ for _, s in got] == ["Refused", "Send"]
+    refusal = got[0][1]
+    assert (refusal.learner, refusal.fragment, refusal.sent_time) == (0, 0, 7.5)
+    assert refusal.code is Code.NON_FINITE
+    assert [type(s).__name__ for _, s in host.poll(1, "s1", 0, 0.0)] == ["Send"]  # (its own: none)
+    # Through the wire as it is, code and all.
+    assert transport.decode_message(transport.encode_message(refusal)) == refusal
+  finally:
+    host.close()

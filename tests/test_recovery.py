@@ -177,7 +177,10 @@ def test_a_crashed_learner_rejoins_holding_exactly_the_global_fragments(tmp_path
           "crash learner 2 at t=13.5s for 8s; crash learner 0 at t=9999s for 1s",
           eval_every=2,
           outer__delivery="replace",
-          outer__lr=0.4,  # (replace's rate; the preset's 0.1 is rebase's)
+          outer__lr=0.4,  # (replace's rate; the preset's 0.2 is rebase's under period)
+          # Merges on arrival: under the period clock a merge scheduled inside the downtime may
+          # still take the upload it sent before the crash (which arrived in time).
+          outer__merge_clock="arrival",
       ),
       str(tmp_path),
   )

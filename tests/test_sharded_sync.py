@@ -132,10 +132,16 @@ def test_a_shards_grace_window_reads_only_its_own_uploads():
 CASES = {
     "diloco": {},
     "streaming": {},
-    # Decoupled DiLoCo without the two rules that read other fragments' history: the adaptive
-    # grace window (see the test above) and clipping against the outlier screen's norms, whose
-    # pooled history (any fragment's) a shard keeps of its own fragments.
-    "decoupled": {"outer.grace_gamma": 0.0, "outer.clip_factor": 0.0},
+    # Decoupled DiLoCo without the rules that read other fragments' history: the adaptive
+    # grace window (see the test above), clipping against the outlier screen's norms, whose
+    # pooled history (any fragment's) a shard keeps of its own fragments, and the period
+    # clock's pace, which a shard measures from its own fragments' uploads (a scheduled time a
+    # few microseconds off one synchronizer's can take or miss an upload arriving then).
+    "decoupled": {
+        "outer.grace_gamma": 0.0,
+        "outer.clip_factor": 0.0,
+        "outer.merge_clock": "arrival",
+    },
 }
 
 

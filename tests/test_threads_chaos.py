@@ -209,8 +209,10 @@ def _config(spec: str, **outer):
 def learner_faults():
   """2 Decoupled learners: learner 1 crashes, 0 sends a corrupt upload and a poisoned one.
 
-  Without a grace window (K = 1) every accepted upload is merged (or rejected) as it arrives, so
-  the poisoned one cannot be replaced by a newer upload of the same fragment before its round.
+  A learner never sends a fragment again before its last upload of it is answered, so the
+  poisoned one cannot be replaced by a newer upload of the same fragment before its round
+  (under the preset's period clock that round merges at its scheduled time, after the upload
+  was answered: its refusal reaches the learner's poll, without which learner 0 never settled).
   """
   config = _config(
       "mode=decoupled,runlocal,learners=2,steps=400,chaos=corrupt learner 0 at "
@@ -256,12 +258,16 @@ def test_corrupt_and_poisoned_uploads_are_rejected_and_counted(learner_faults):
 def test_synchronizer_crashes_restore_the_last_checkpoint():
   """Two synchronizer crashes (one while writing a checkpoint) and a learner that starts over."""
   # A long run: learners that send while their next step runs can finish 400 steps in under
-  # 4 s of schedule time, and a fault after the end is ignored; the 'save' crash needs a
-  # checkpoint write between 0.2 s and 4 s, and the synchronizer back up by 5 s (at 3 s, a
-  # save crash that fired after 2 s on a loaded machine left it down and the 'now' one ignored).
+  # 4 s of schedule time, and a fault after the end is ignored; the 'save' crash fires at the
+  # first checkpoint write after 0.2 s, and the synchronizer must be back up before the 'now'
+  # one. The first write waits for the first merges, after compilation: at 4.26 s with the
+  # suite's XLA flags on an idle machine (the 'now' crash was at 5 s then: the synchronizer,
+  # down until 6.0 s, ignored it every time; under load it came later still). The learners
+  # were at step 2-4 at 6 s in those runs, and 1,000 steps took 65 s of wall time (260 schedule
+  # seconds): at 12 and 13 s they are still training.
   config = _config(
       "mode=decoupled,runlocal,learners=2,steps=1000,chaos=sync_crash at t=0.2s "
-      "for 1s save; sync_crash at t=5s for 0.5s; crash learner 1 at t=6s for 0.5s",
+      "for 1s save; sync_crash at t=12s for 0.5s; crash learner 1 at t=13s for 0.5s",
       learner_checkpoint_every=0,
   )
   run, globals_, copies = threads.train(config)

@@ -28,7 +28,27 @@ def add_deploy_section(c: ml_collections.ConfigDict) -> ml_collections.ConfigDic
           "CA certificate the learners verify the synchronizer with "
           "(scripts/make_certs.py makes a local pair)",
       ),
-      absent_after_s=(5.0, "a learner silent this long is left out of quorums until it rejoins"),
+      absent_after_s=(
+          5.0,
+          "a learner silent this long (no heartbeat, poll or upload; heartbeats every quarter of "
+          "it) is left out of quorums until it rejoins",
+      ),
+      call_timeout_s=(
+          10.0,
+          "gRPC: a Join's or heartbeat's deadline, and the floor of an upload's or poll's; a call "
+          "unanswered this long is given up and the learner rejoins (trains on meanwhile)",
+      ),
+      link_floor_mbit_s=(
+          8.0,
+          "gRPC: an upload's (a poll's) deadline adds its bytes at this rate, so a link slower "
+          "than planned makes it late instead of cutting it off; set it below your slowest link",
+      ),
+      keepalive_s=(
+          10.0,
+          "gRPC: both sides ping a connection silent this long and drop it when a ping goes "
+          "unanswered as long again (a half-open connection is found within twice this)",
+      ),
+      poll_wait_s=(1.0, "gRPC: the synchronizer holds a learner's long poll at most this long"),
       deliver_timeout_s=(
           300.0,
           "gRPC learners done training wait this long for the run to settle; progress whose "
@@ -98,8 +118,14 @@ def check(deploy: ml_collections.ConfigDict) -> None:
     raise ValueError("deploy.bind is empty (127.0.0.1 for loopback, or an address to listen on)")
   if deploy.absent_after_s <= 0:
     raise ValueError(f"deploy.absent_after_s must be > 0, got {deploy.absent_after_s}")
-  if deploy.deliver_timeout_s <= 0:
-    raise ValueError(f"deploy.deliver_timeout_s must be > 0, got {deploy.deliver_timeout_s}")
+  for key in ("deliver_timeout_s", "call_timeout_s", "link_floor_mbit_s", "keepalive_s"):
+    if deploy[key] <= 0:
+      raise ValueError(f"deploy.{key} must be > 0, got {deploy[key]}")
+  if deploy.keepalive_s < 1:
+    raise ValueError(f"deploy.keepalive_s must be >= 1 (the server's least ping interval), got "
+                     f"{deploy.keepalive_s}")  # fmt: skip
+  if deploy.poll_wait_s <= 0:
+    raise ValueError(f"deploy.poll_wait_s must be > 0, got {deploy.poll_wait_s}")
   if deploy.devices_per_learner < 0:
     raise ValueError(f"deploy.devices_per_learner must be >= 0, got {deploy.devices_per_learner}")
   if deploy.chaos_time_scale <= 0:

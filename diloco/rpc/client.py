@@ -61,9 +61,13 @@ class GrpcLink:
     self.codec_bytes_sent = self.codec_bytes_received = 0  # the codec's payload counts
     self.acked = 0
     self.generation = 0
+    self.largest_upload = 0  # codec bytes of the largest upload so far (a poll's deadline)
     self.step_time, self.steps, self.tokens = 0.0, 0, 0
     # The learner's totals and last loss for the status page ({total_steps, total_tokens, loss}).
     self.report: Callable[[], dict] = dict
+    # Told {"event": "unreachable", "code"} and {"event": "reachable"} as the link changes.
+    self.on_link: Callable[[dict], None] = lambda event: None
+    self.reachable = True
     self.last_settled = False
 
     def counted_out(data: bytes) -> bytes:
@@ -95,12 +99,25 @@ class GrpcLink:
 
   def _call(self, fn):
     try:
-      return fn()
+      out = fn()
     except grpc.RpcError as err:
       code = err.code() if hasattr(err, "code") else None
       if code in _UNREACHABLE or code is None:
+        self._reached(False, code)
         raise link_lib.Unreachable(str(err)) from err
+      self._reached(True)
       raise link_lib.Refused(refusal_code(err), err.details() or str(code)) from err
+    self._reached(True)
+    return out
+
+  def _reached(self, ok: bool, code=None) -> None:
+    """Tells `on_link` when the synchronizer stops answering (the first call given up) and when
+    it answers again."""
+    with self._lock:
+      changed, self.reachable = ok != self.reachable, ok
+    if changed:
+      name = getattr(code, "name", str(code)).lower()
+      self.on_link({"event": "reachable"} if ok else {"event": "unreachable", "code": name})
 
   def join(self, versions, generations) -> link_lib.Joined:
     req = pb.JoinRequest(
@@ -140,9 +157,9 @@ class GrpcLink:
   def upload(self, up: protocol.Upload) -> None:
     chunks = service.chunks(up, self.limits.chunk_bytes, learner=self.learner, session=self.session)
     self.step_time, self.steps, self.tokens = up.step_time, up.steps, up.tokens
-    self._call(
-        lambda: self._upload(chunks, timeout=self.limits.call_timeout_s, metadata=self._md())
-    )
+    timeout = self.limits.deadline_s(up.nbytes)
+    self._call(lambda: self._upload(chunks, timeout=timeout, metadata=self._md()))
+    self.largest_upload = max(self.largest_upload, up.nbytes)
     self.codec_bytes_sent += up.nbytes
 
   def poll(self, wait_s: float) -> list[protocol.Send]:
@@ -152,7 +169,9 @@ class GrpcLink:
 
     def fetch():
       got, joiner, seq = [], None, None
-      for data in self._poll(req, timeout=wait_s + self.limits.call_timeout_s, metadata=self._md()):
+      # (what a poll brings back is about what this learner uploads: merged fragments)
+      timeout = wait_s + self.limits.deadline_s(self.largest_upload)
+      for data in self._poll(req, timeout=timeout, metadata=self._md()):
         c = pb.Chunk.FromString(data)
         if c.index == 0:
           joiner, seq = (

@@ -72,7 +72,9 @@ def restore(learner: multihost.SpmdLearner, ckpt: LearnerCheckpointer) -> int | 
 
 
 class _Progress:
-  """Appends {step, loss, time, versions} every `log_every` steps to WORKDIR/progress.jsonl,
+  """Appends {step, loss, time, versions} every `log_every` steps to WORKDIR/progress.jsonl
+  ({event: unreachable | reachable, target, code, step, time} to WORKDIR/link.jsonl as the
+  synchronizer stops and starts answering),
   and one {time, pid, restored_step, versions} line per process start to WORKDIR/starts.jsonl;
   keeps the last loss for the heartbeats (the status page) and shows a bar on a terminal."""
 
@@ -90,10 +92,20 @@ class _Progress:
     with jsonl.open_append(paths.join(workdir, "starts.jsonl")) as f:
       f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **start}) + "\n")
     self.f = jsonl.open_append(paths.join(workdir, "progress.jsonl"))
+    self.links, self._lock = jsonl.open_append(paths.join(workdir, "link.jsonl")), threading.Lock()
 
   def write(self, record: dict) -> None:
     self.f.write(json.dumps({**record, "time": time.time()}) + "\n")
     self.f.flush()
+
+  def link(self, event: dict) -> None:
+    """A row of link.jsonl (from a link's threads: one at a time)."""
+    with self._lock:
+      if self.links is None:  # (closed: the run is over)
+        return
+      row = {**event, "step": self.seen[0], "time": time.time()}
+      self.links.write(json.dumps(row) + "\n")
+      self.links.flush()
 
   def __call__(self, lrn, device_metrics) -> None:
     self.seen = (lrn.steps, list(lrn.c_steps))  # (for the heartbeat thread: one step's pair)
@@ -109,6 +121,9 @@ class _Progress:
   def close(self) -> None:
     self.bar.close()
     self.f.close()
+    with self._lock:
+      self.links, links = None, self.links
+    links.close()
 
 
 def _faults(config, learner_id: int, workdir: str) -> learner_faults.ProcessFaults:
@@ -299,6 +314,7 @@ def connect(config, learner, targets: list[str], token: str, progress: "_Progres
         start_step=start(),
         c_steps=progress.seen[1],  # (where a restarted peer resumes: learner_rejoin.py)
     )
+    link.on_link = lambda event, target=target: progress.link({**event, "target": target})
     links.append(link)
   if len(links) == 1:
     return links[0]

@@ -12,9 +12,15 @@ class Limits:
   max_learners: int = 64
   progress_per_s: float = 50.0
   absent_after_s: float = 5.0  # a learner silent this long is left out of quorums
-  call_timeout_s: float = 10.0  # deadline of every unary and upload call
-  poll_wait_s: float = 1.0  # long-poll wait; its deadline is this plus call_timeout_s
-  keepalive_ms: int = 10_000
+  call_timeout_s: float = 10.0  # deadline of a unary call; the floor of a transfer's
+  poll_wait_s: float = 1.0  # long-poll wait; its deadline is this plus a transfer's
+  keepalive_ms: int = 10_000  # ping an idle or silent connection this often; drop it unanswered
+  link_floor_bytes_per_s: float = 1e6  # a transfer's deadline adds its bytes at this rate
+
+  def deadline_s(self, nbytes: int) -> float:
+    """The deadline of a call that moves `nbytes`: call_timeout_s plus the bytes at the floor
+    rate, so an upload over a link slower than planned is late, not cut off and resent forever."""
+    return self.call_timeout_s + nbytes / self.link_floor_bytes_per_s
 
   def __post_init__(self):
     if self.chunk_bytes + 1024 > self.max_message_bytes:
@@ -24,6 +30,11 @@ class Limits:
       )
     if min(self.max_chunks, self.max_learners, self.max_upload_bytes) < 1:
       raise ValueError("limits must be positive")
+    if (
+        min(self.call_timeout_s, self.poll_wait_s, self.keepalive_ms, self.link_floor_bytes_per_s)
+        <= 0
+    ):
+      raise ValueError("timeouts, keepalive and the link floor must be positive")
 
   @classmethod
   def from_deploy(cls, deploy) -> "Limits":
@@ -33,6 +44,10 @@ class Limits:
         chunk_bytes=int(deploy.chunk_bytes),
         max_learners=int(deploy.max_learners),
         absent_after_s=float(deploy.absent_after_s),
+        call_timeout_s=float(deploy.call_timeout_s),
+        poll_wait_s=float(deploy.poll_wait_s),
+        keepalive_ms=int(round(float(deploy.keepalive_s) * 1000)),
+        link_floor_bytes_per_s=float(deploy.link_floor_mbit_s) * 1e6 / 8,
     )
 
   def channel_options(self) -> list[tuple[str, int]]:

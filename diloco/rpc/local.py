@@ -1,8 +1,10 @@
 """Start, kill and restart a synchronizer and M learner processes on this machine.
 
 Used by scripts/launch_local.py, scripts/chaos_local.py and the tests. Every process writes its log
-to WORKDIR/logs/<name>.log (appended across restarts); the synchronizer binds 127.0.0.1 on a port
-it picks itself and writes to WORKDIR/sync/port, which the learners are then pointed at (with
+to WORKDIR/logs/<name>.log (appended across restarts); the synchronizer binds 127.0.0.1 (with a
+`network`, its namespace's address: every process then runs in its own host's namespace,
+diloco/rpc/netns.py) on a port it picks itself and writes to WORKDIR/sync/port, which the
+learners are then pointed at (with
 `shards` S > 1, S synchronizer processes sync0..sync{S-1}, each in its own WORKDIR/sync<s>, and
 every learner is pointed at all of them). Settings
 of the deployment reach every process as --config.deploy.KEY=VALUE overrides (`overrides`). With
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from diloco import paths
 
@@ -44,6 +47,9 @@ class LocalCluster:
   starts: dict = dataclasses.field(default_factory=dict)
   shards: int = 1  # outer.sync_shards: synchronizer processes
   ports: dict = dataclasses.field(default_factory=dict)  # shard -> its port
+  # A `netns.Network` whose hosts are named like the processes (sync, learner0, ...): each runs
+  # in its host's namespace, the synchronizer bound to its address; None: all on loopback.
+  network: Any = None
   _local_logs: str | None = None
 
   def sync_name(self, shard: int = 0) -> str:
@@ -63,6 +69,13 @@ class LocalCluster:
     )
     return env
 
+  def address(self, host: str) -> str:
+    """Where `host` (a process name) is reached: its namespace's address, or loopback."""
+    return self.network.address(host) if self.network is not None else "127.0.0.1"
+
+  def _bind_args(self, name: str) -> list[str]:
+    return [] if self.network is None else [f"--config.deploy.bind={self.address(name)}"]
+
   @property
   def logs(self) -> str:
     """The processes' logs: WORKDIR/logs, or a local directory when the workdir is a bucket's
@@ -76,8 +89,10 @@ class LocalCluster:
   def _spawn(self, name: str, args: list[str], devices: int) -> subprocess.Popen:
     os.makedirs(self.logs, exist_ok=True)
     log = open(os.path.join(self.logs, f"{name}.log"), "ab")
+    host = name.split(".")[0]  # (learner<m>.p<i> runs on learner<m>'s host)
+    prefix = self.network.prefix(host) if self.network is not None else []
     proc = subprocess.Popen(
-        [sys.executable, *args, *self.overrides],
+        [*prefix, sys.executable, *args, *self.overrides],
         cwd=REPO,
         env=self._env(devices),
         stdout=log,
@@ -106,6 +121,7 @@ class LocalCluster:
             f"--workdir={sync_dir}",
             f"--config.deploy.port={port}",
             f"--config.deploy.absent_after_s={self.absent_after_s}",
+            *self._bind_args(name),
             *shard_flag,
             *self._shard_args(),
         ],
@@ -133,7 +149,9 @@ class LocalCluster:
     """Starts (or restarts) every process of learner m; returns its process 0."""
     if len(self.ports) < self.shards:
       raise ValueError("start the synchronizer (every shard) first")
-    targets = ",".join(f"127.0.0.1:{self.ports[s]}" for s in range(self.shards))
+    targets = ",".join(
+        f"{self.address(self.sync_name(s))}:{self.ports[s]}" for s in range(self.shards)
+    )
     args = [
         "-m",
         "experiments.learner",
@@ -173,6 +191,13 @@ class LocalCluster:
       if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+  def freeze(self, name: str) -> None:
+    """SIGSTOP to the process and its children: it stops mid-whatever, its sockets stay open."""
+    os.killpg(self.procs[name].pid, signal.SIGSTOP)
+
+  def thaw(self, name: str) -> None:
+    os.killpg(self.procs[name].pid, signal.SIGCONT)
 
   def alive(self, name: str) -> bool:
     return name in self.procs and self.procs[name].poll() is None

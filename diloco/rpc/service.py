@@ -60,6 +60,15 @@ CODE_KEY = "diloco-refusal"
 log = logging.getLogger(__name__)
 
 
+def _cut_off(chunks: Iterator[bytes], on_cut) -> Iterator[bytes]:
+  """`chunks`, calling `on_cut` when the stream breaks off (grpc raises inside the iterator)."""
+  try:
+    yield from chunks
+  except grpc.RpcError:
+    on_cut()
+    raise
+
+
 class Service:
   """Handlers of SynchronizerService over one SyncHost."""
 
@@ -163,10 +172,11 @@ class Service:
   def upload(self, chunks: Iterator[bytes], context) -> bytes:
     self._auth(context)
     joiner = transport.Reassembler(self.limits.max_upload_bytes, self.limits.max_chunks)
-    first, started = None, None
+    first, started, received = None, None, 0
     try:
-      for data in chunks:
+      for data in _cut_off(chunks, lambda: self._cut(first, received)):
         c = self._parse(pb.Chunk, data, context)
+        received += 1
         if first is None:
           first, started = c, self.host.now()
         if (c.learner, c.session, c.fragment) != (first.learner, first.session, first.fragment):
@@ -196,6 +206,15 @@ class Service:
     reply = pb.UploadReply(generation=self.host.sync.generation, merges=merges)
     return self._reply(reply, first.learner)
 
+  def _cut(self, first, received: int) -> None:
+    """An upload's stream broke off after `received` chunks (the call cancelled, its connection
+    gone): nothing of it reaches the synchronizer; counted and logged."""
+    self.host.count("upload_cut")
+    row = {"event": "upload_cut", "chunks": received, "time": self.host.now()}
+    if first is not None:
+      row.update(learner=first.learner, fragment=first.fragment, of=first.total)
+    self.host.on_log(row)
+
   def poll(self, data: bytes, context) -> Iterator[bytes]:
     self._auth(context)
     req = self._parse(pb.PollRequest, data, context)
@@ -206,7 +225,7 @@ class Service:
       self._fail(context, err.code, str(err))
     for seq, send in sends:
       with self._lock:
-        self.codec_bytes_down += send.nbytes
+        self.codec_bytes_down += getattr(send, "nbytes", 0)  # (a late refusal carries none)
       for chunk in chunks(send, self.limits.chunk_bytes, learner=req.learner, seq=seq):
         yield self._reply(chunk, req.learner)
 

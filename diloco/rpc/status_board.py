@@ -174,11 +174,14 @@ class StatusBoard:
   def _learner(self, m, is_live, reports, seen, staleness, held, now) -> dict[str, Any]:
     r = reports.get(m, {})
     up, down = self.service.bytes_of(m) if self.service is not None else (0, 0)
+    heard, absent = self.host.last_seen.get(m), self.host.absent_since.get(m)
     return {
         "learner": m,
         "live": is_live,
         "finished": bool(r.get("finished", False)),
         "last_progress_s": now - seen[m] if m in seen else None,
+        "last_seen_s": now - heard if heard is not None else None,
+        "absent_s": now - absent if absent is not None and not is_live else None,
         "step": r.get("step"),
         "tokens": r.get("tokens"),
         "loss": r.get("loss"),

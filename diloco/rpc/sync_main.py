@@ -250,6 +250,8 @@ def run(
     ckpt.save(sync.merges, _with_sessions(sync.state_dict(), board))
     summary = _summary(sync, board, svc, bound, restored_from, restored, time.monotonic() - t0)
     summary["restore_s"] = restore_s
+    # The wall time of its clock's zero: a metrics row's time plus this is the row's wall time.
+    summary["wall_t0"] = time.time() - host.now()
     summary["checkpoints"] = {
         "saves": ckpt.saves,
         "bytes_written": ckpt.bytes_written,

@@ -22,14 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from diloco.outer import protocol
+from diloco.outer import outcomes, protocol
 from diloco.outer.codecs import compression
 
 MAGIC = b"DLW1"
 _HEAD = struct.Struct("<4sI")
 MESSAGES: dict[str, type] = {
     c.__name__: c
-    for c in (protocol.Join, protocol.Leave, protocol.Upload, protocol.Send, protocol.Tick)
+    for c in (
+        protocol.Join,
+        protocol.Leave,
+        protocol.Upload,
+        protocol.Send,
+        protocol.Tick,
+        protocol.Refused,  # a refusal at merge time, to the learner's poll
+    )
 }
 # Array dtypes that may travel as full values (fp32 fragments) on the wire.
 _DTYPES = ("<f4",)
@@ -59,6 +66,8 @@ def encode_message(msg: Any) -> bytes:
   blobs: list[bytes] = []
   for f in dataclasses.fields(msg):
     value = getattr(msg, f.name)
+    if isinstance(value, outcomes.Code):
+      value = value.value
     if value is None or not isinstance(value, Mapping):
       fields[f.name] = list(value) if isinstance(value, tuple) else value
       continue
@@ -134,6 +143,11 @@ def decode_message(data: bytes, max_bytes: int | None = None) -> Any:
       kwargs[k] = maps[k]
     else:
       kwargs[k] = tuple(v) if isinstance(v, list) else v
+  if cls is protocol.Refused:
+    code = outcomes.find(str(kwargs.get("code")))
+    if code is None:
+      raise WireError("malformed", f"Refused with an unknown code {kwargs.get('code')!r}")
+    kwargs["code"] = code
   try:
     return cls(**kwargs)
   except (TypeError, ValueError) as err:

@@ -293,6 +293,8 @@ class FaultyLink:
     return bad
 
   def _taint_down(self, send: protocol.Send) -> protocol.Send:
+    if not isinstance(send, protocol.Send):
+      return send  # (a late refusal: no fragment to corrupt)
     with self.shared.lock:
       bad, f = self.clock.layer.taint_down(send, self.clock.now(), self.shared.rng)
     if f is None:

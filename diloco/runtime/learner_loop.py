@@ -184,7 +184,10 @@ class _LearnerLoop:
     for p in take_refused() if take_refused is not None else ():
       self.machine.unsent(p)
     for s in sends:
-      self._decide(self.machine.arrived(s))
+      if isinstance(s, protocol.Refused):  # refused when its round merged, after the upload
+        self._at_sync(lambda s=s: self._refused_late(s))
+      else:
+        self._decide(self.machine.arrived(s))
 
   def _decide(self, decisions: list) -> None:
     """Carries out the machine's decisions: apply, drop, join again, send again."""
@@ -306,6 +309,13 @@ class _LearnerLoop:
     if err.code not in learner_machine.RESYNC:  # (those are sent again, or were merged)
       code = str(err.code.value)
       self.refused_steps[code] = self.refused_steps.get(code, 0) + up.steps
+    self._decide(self.machine.refused(refusal))
+
+  def _refused_late(self, refusal: protocol.Refused) -> None:
+    """An upload answered on arrival and refused when its round merged (the screen, a
+    non-finite merge): nothing will come back for it; the machine decides what goes again."""
+    if refusal.sent_time is not None:
+      self.learner.not_merged(refusal.fragment, refusal.sent_time)
     self._decide(self.machine.refused(refusal))
 
   def settle(self, timeout_s: float) -> bool:

