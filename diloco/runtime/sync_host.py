@@ -67,9 +67,8 @@ class SyncHost:
     self.cond = threading.Condition()
     self.sessions: dict[int, str] = {}
     self.last_seen: dict[int, float] = {}  # learner -> when any call of its session was last heard
-    self.absent_since: dict[int, float] = (
-        {}
-    )  # learner -> when it was declared absent, until it rejoins
+    # learner -> when it was declared absent, until it joins again (the status page)
+    self.absent_since: dict[int, float] = {}
     self.reported: dict[int, tuple[str, Peer]] = {}  # learner -> (session, its last report)
     self.finished: set[int] = set()
     # Told the run is settled and silent since (`settled`): gone, as far as sends go.

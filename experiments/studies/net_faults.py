@@ -88,27 +88,24 @@ class Run:
     self.marks[name] = time.time()
     return self.marks[name]
 
-  def status(self) -> dict:
-    """The synchronizer's /status, read from its own host (the page binds its address)."""
+  def _fetch(self, page: str) -> str:
+    """A page of the synchronizer's status service, read from its own host (it binds there)."""
     port = open(self.path("sync", "status_port")).read().strip()
-    url = f"http://{self.cluster.address('sync')}:{port}/status"
+    url = f"http://{self.cluster.address('sync')}:{port}/{page}"
     code = (
         "import sys, urllib.request; r = urllib.request.Request(sys.argv[1], headers="
-        "{'Authorization': 'Bearer ' + sys.argv[2]}); print(urllib.request.urlopen(r, timeout=5).read().decode())"
-    )
-    out = self.net.run("sync", [sys.executable, "-c", code, url, self.cluster.token], timeout=30)
-    return json.loads(out.stdout)
-
-  def metrics(self) -> str:
-    port = open(self.path("sync", "status_port")).read().strip()
-    url = f"http://{self.cluster.address('sync')}:{port}/metrics"
-    code = (
-        "import sys, urllib.request; r = urllib.request.Request(sys.argv[1], headers="
-        "{'Authorization': 'Bearer ' + sys.argv[2]}); print(urllib.request.urlopen(r, timeout=5).read().decode())"
+        "{'Authorization': 'Bearer ' + sys.argv[2]}); "
+        "print(urllib.request.urlopen(r, timeout=5).read().decode())"
     )
     return self.net.run(
         "sync", [sys.executable, "-c", code, url, self.cluster.token], timeout=30
     ).stdout
+
+  def status(self) -> dict:
+    return json.loads(self._fetch("status"))
+
+  def metrics(self) -> str:
+    return self._fetch("metrics")
 
 
 @contextlib.contextmanager
