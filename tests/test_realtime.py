@@ -429,6 +429,16 @@ def test_background_saves_take_at_most_their_share_of_the_time():
     saves.close()
 
 
+def _quorum_host(k: int) -> sync_host.SyncHost:
+  """A host over one two-float fragment merging by the mean at quorum `k`, nobody found absent."""
+  params = {"embed": {"w": np.zeros(2, np.float32)}}
+  policy = policies.Policy(
+      policies.MinQuorum(k), policies.NoGrace(), policies.EqualWeights(), policies.Mean()
+  )
+  sync = Synchronizer(params, fragments.strided(params, 1), policy, optimizers.sgd(1.0))
+  return sync_host.SyncHost(sync, absent_after_s=60.0)
+
+
 def test_a_learner_told_settled_is_not_waited_for_by_a_later_merge():
   """test_learner_process.py's restart (synchronous saves and asynchronous alike, one run in
   four on a loaded machine): learner 1, finished, polled a merge that called for an upload of
@@ -436,12 +446,7 @@ def test_a_learner_told_settled_is_not_waited_for_by_a_later_merge():
   its send waited for learner 0 to poll it, and learner 1 was not settled until learner 0 was
   found absent, after its own deliver timeout. A learner told settled is no longer waited for,
   until it beats or uploads again."""
-  params = {"embed": {"w": np.zeros(2, np.float32)}}
-  policy = policies.Policy(
-      policies.MinQuorum(1), policies.NoGrace(), policies.EqualWeights(), policies.Mean()
-  )
-  sync = Synchronizer(params, fragments.strided(params, 1), policy, optimizers.sgd(1.0))
-  host = sync_host.SyncHost(sync, absent_after_s=60.0)
+  host = _quorum_host(1)
   delta = compression.encode_tree({"embed/w": np.ones(2, np.float32)}, "fp32")
   up = lambda m, base: protocol.Upload(m, 0, base, delta, steps=3, tokens=24, time=0.0,
                                        sent_time=0.0, step_time=0.1)  # fmt: skip
@@ -534,12 +539,7 @@ def test_an_upload_refused_when_a_later_upload_merges_its_round_reaches_its_lear
   business only if it is its own: learner 0 finds it in its next poll, naming its upload by the
   sent time it gave it (7.5, not the host's), so its machine stops waiting for an answer
   (tests/test_threads_chaos.py: a poisoned upload under the period clock)."""
-  params = {"embed": {"w": np.zeros(2, np.float32)}}
-  policy = policies.Policy(
-      policies.MinQuorum(2), policies.NoGrace(), policies.EqualWeights(), policies.Mean()
-  )
-  sync = Synchronizer(params, fragments.strided(params, 1), policy, optimizers.sgd(1.0))
-  host = sync_host.SyncHost(sync, absent_after_s=60.0)
+  host = _quorum_host(2)
   finite = compression.encode_tree({"embed/w": np.ones(2, np.float32)}, "fp32")
   nan = schedule.poison(finite, "nan", 1.0)  # (past the encoder's finite check, as a fault is)
   up = lambda m, delta: protocol.Upload(m, 0, 0, delta, steps=3, tokens=24, time=0.0,
