@@ -137,15 +137,27 @@ def test_silent_learner_is_absent_until_it_rejoins():
 
 
 class _SlowLink:
-  """A link whose uploads take `upload_s` and whose polls long-poll an outbox."""
+  """A link whose uploads take `upload_s` and whose polls long-poll an outbox; a Join waits
+  while `hold_join` is set and fails while `join_fails`; a failing upload fails once
+  `release_upload` is set."""
 
   def __init__(self, upload_s: float):
+    import threading
+
     self.upload_s, self.uploaded, self.outbox, self.joins = upload_s, [], [], 0
-    self.fail_next_upload = self.refuse_next_upload = False
-    self.cond = __import__("threading").Condition()
+    self.fail_next_upload = self.refuse_next_upload = self.join_fails = False
+    self.cond = threading.Condition()
+    self.hold_join, self.release_join = threading.Event(), threading.Event()
+    self.release_upload = threading.Event()  # what a failing upload waits for
+    self.release_upload.set()
 
   def join(self, versions, generations):
+    if self.hold_join.is_set():
+      self.release_join.wait()
+    if self.join_fails:
+      raise link_lib.Unreachable("no route")
     self.joins += 1
+    return ("joined", versions)
 
   def progress(self, finished):
     return False
@@ -156,6 +168,7 @@ class _SlowLink:
     time_lib.sleep(self.upload_s)
     if self.fail_next_upload:
       self.fail_next_upload = False
+      self.release_upload.wait()
       raise link_lib.Unreachable("link down")
     if self.refuse_next_upload:
       self.refuse_next_upload = False
@@ -223,8 +236,48 @@ def test_background_link_bounds_its_queue_and_flushes_before_finished():
     link.upload(up(2))
     link.progress(finished=True)  # returns only once every queued upload has gone out
     assert inner.uploaded == [up(0), up(2)] and link.pending_uploads() == 0
-    assert link.refused == 1 and link.take_refused() == [1] and link.take_refused() == []
+    # Handed back once, with its refusal, for the loop to treat as a refused send.
+    (back, err), *more = link.take_returned()
+    assert link.refused == 1 and back == up(1) and err.code == "stale" and not more
+    assert link.take_returned() == []
     with pytest.raises(ValueError, match="max_outstanding"):
       async_link.BackgroundLink(inner, max_outstanding=0)
+  finally:
+    link.close()
+
+
+def test_background_link_joins_in_a_thread_and_hands_back_what_it_never_sent():
+  import collections
+  from diloco.runtime import async_link
+
+  inner = _SlowLink(upload_s=0.0)
+  link = async_link.BackgroundLink(inner, poll_wait_s=0.05, max_outstanding=3)
+  up = collections.namedtuple("Up", "fragment")
+  try:
+    inner.hold_join.set()  # a Join on the wire: the caller is answered JOINING, never held
+    assert link.join_nowait((0,), ()) is async_link.JOINING
+    assert link.join_nowait((0,), ()) is async_link.JOINING  # (the same Join: not a second)
+    inner.release_join.set()
+    answer = async_link.JOINING
+    while answer is async_link.JOINING:
+      answer = link.join_nowait((0,), ())
+    assert answer == ("joined", (0,)) and inner.joins == 1
+    inner.hold_join.clear()
+    inner.join_fails = True  # a failed Join is raised once, to the caller that asks next
+    assert link.join_nowait((1,), ()) is async_link.JOINING
+    with pytest.raises(link_lib.Unreachable, match="no route"):
+      while link.join_nowait((1,), ()) is async_link.JOINING:
+        pass
+    # The sender fails on u0 while u1 and u2 wait behind it: those two were never sent and
+    # come back with no refusal (the next Join sends them again); u0 may have arrived.
+    inner.fail_next_upload = True
+    inner.release_upload.clear()
+    link.upload(up(0))
+    link.upload(up(1))
+    link.upload(up(2))
+    inner.release_upload.set()
+    with link._cond:
+      link._cond.wait_for(lambda: link._error is not None, 5.0)
+    assert link.take_returned() == [(up(1), None), (up(2), None)] and inner.uploaded == []
   finally:
     link.close()

@@ -52,10 +52,13 @@ def talks_to_sync() -> bool:
   return jax.process_index() == 0
 
 
-def loop_link_for(link, blocking: bool):
-  """The link the learner loop uses: for non-blocking learners, merged fragments are polled by a
-  thread (uploads stay on the loop's thread, which sends them while a step computes)."""
-  return link if blocking else async_link.BackgroundLink(link, send_in_thread=False)
+def loop_link_for(link, blocking: bool, fragments: int = 1):
+  """The link the learner loop uses: for non-blocking learners, Joins, polls and uploads are
+  made by threads (async_link.py), so a slow, cut or frozen link never holds up a step; one
+  upload per fragment may be out at once (the machine decides no more)."""
+  if blocking:
+    return link
+  return async_link.BackgroundLink(link, send_in_thread=True, max_outstanding=fragments)
 
 
 def make_learner(config: ml_collections.ConfigDict, m: int) -> multihost.SpmdLearner:
@@ -351,10 +354,10 @@ def _summary(
 def _train(config, learner, link, next_batch, on_step, rejoin) -> dict[str, Any]:
   """The learner loop over `link` until SIGTERM or `config.steps`; the followers are told the end.
 
-  Non-blocking learners poll in a thread (`loop_link_for`); a multi-process learner's link keeps
-  its followers in step.
+  Non-blocking learners join, poll and upload in threads (`loop_link_for`); a multi-process
+  learner's link keeps its followers in step.
   """
-  loop_link = outer_link = loop_link_for(link, config.outer.blocking)
+  loop_link = outer_link = loop_link_for(link, config.outer.blocking, len(learner.versions))
   if jax.process_count() > 1:
     multihost.lead(learner, run_until=config.steps, overlap=learner.run_every)
     loop_link = multihost.KeepFollowers(loop_link, learner)

@@ -343,6 +343,10 @@ class KeepFollowers:
     self._keep()
     return self.link.join(versions, generations)
 
+  def join_nowait(self, versions, generations):
+    self._keep()  # (a blocking learner's plain link joins at once)
+    return getattr(self.link, "join_nowait", self.link.join)(versions, generations)
+
   def poll(self, wait_s: float):
     self._keep()
     return self.link.poll(wait_s)
@@ -355,6 +359,10 @@ class KeepFollowers:
 
   def take_refused(self) -> list[int]:
     take = getattr(self.link, "take_refused", None)
+    return take() if take is not None else []
+
+  def take_returned(self) -> list:
+    take = getattr(self.link, "take_returned", None)
     return take() if take is not None else []
 
 

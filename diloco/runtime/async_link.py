@@ -2,29 +2,34 @@
 
 `BackgroundLink` wraps any `runtime.link.Link` (gRPC or in-process). A poller thread long-polls for
 merged fragments while the learner is joined and buffers them, so `poll` returns what has arrived
-without a round trip per step. Joins and heartbeats pass through as they are.
+without a round trip per step. Heartbeats pass through as they are; a Join may be made in a thread
+too (`join_nowait`: what a gRPC learner does, so a synchronizer that is cut off or frozen costs it
+no steps while each Join waits out its deadline).
 
 Uploads take one of two paths:
-- `send_in_thread=False` (what experiments.learner uses for Decoupled learners): on the caller's
-  thread, as with the plain link. The learner loop sends them while its next step computes
-  (learner_loop._LearnerLoop.train), and the round trip still bounds how far a learner whose steps
-  are shorter than it runs ahead of the synchronizer.
-- `send_in_thread=True` (experimental; scripts/bench_wire.py --link=background): a sender thread
-  empties a queue in order. Four tiny-model Decoupled learners on a 2-core host, with steps
-  shorter than an upload's round trip, diverged with it: they stay in phase, upload each fragment
-  from the same base version, and with K=1 and a grace window shorter than the synchronizer's
-  check each upload merges alone (staleness 0, 1, 2, 3 in equal numbers), so the merged step is
-  the sum of four outer gradients rather than their mean (BENCHMARKS.md; measured before
-  staleness damping, which `mode=decoupled` now has for that case).
+- `send_in_thread=False` (the threads runtime's in-process links): on the caller's thread, as with
+  the plain link. The learner loop sends them while its next step computes
+  (learner_loop._LearnerLoop.train), and the round trip bounds how far a learner whose steps are
+  shorter than it runs ahead of the synchronizer.
+- `send_in_thread=True` (gRPC learners, rpc/learner_main.py): a sender thread empties a queue in
+  order, so a slow or cut link delays the uploads, never the steps. What bounds the run-ahead then
+  is the learner's machine: it decides no upload of a fragment whose last one is unanswered (its
+  progress goes in the next one), so at most one upload per fragment is out. Four tiny-model
+  Decoupled learners on a 2-core host, with steps shorter than an upload's round trip, once
+  diverged with this path: they stayed in phase, uploaded each fragment from the same base
+  version, and with K=1 each upload merged alone, so the merged step was the sum of four outer
+  gradients rather than their mean (BENCHMARKS.md, "Four tiny learners on two cores"). That was
+  before staleness damping, which `mode=decoupled` has for that case.
 
-With the sender thread, at most `max_outstanding` uploads are queued or being sent (default one).
-A heartbeat that reports the learner finished first waits until every queued upload is sent, so
-the synchronizer hears of all of them before it settles the run. A refused upload cannot be raised
-to the caller any more: it is counted in `refused` and its fragment is handed out by
-`take_refused`, so the learner loop stops waiting for an answer to it. A failure to reach the
-synchronizer, in either thread, is raised by the next call, so the learner loop re-joins with
-backoff as it would with the plain link. Blocking learners (synchronous modes) do not use this
-link: they wait for an answer to every upload anyway.
+With the sender thread, at most `max_outstanding` uploads are queued or being sent (default one);
+`upload` waits for room beyond that. A heartbeat that reports the learner finished first waits
+until every queued upload is sent, so the synchronizer hears of all of them before it settles the
+run. An upload the sender could not deliver cannot be raised to the caller any more: `take_returned`
+hands it back with its refusal (`link.Refused`), or with None when it was still queued as the link
+failed (never sent), for the learner loop to treat as the plain link's caller would. A failure to
+reach the synchronizer, in any thread, is raised by the next call, so the learner loop re-joins
+with backoff as it would with the plain link. Blocking learners (synchronous modes) do not use
+this link: they wait for an answer to every upload anyway.
 """
 
 import collections
@@ -32,6 +37,16 @@ import threading
 
 from diloco.outer import protocol
 from diloco.runtime import link as link_lib
+
+
+class Joining:
+  """What `join_nowait` returns while its Join is still on the wire."""
+
+  def __repr__(self) -> str:
+    return "JOINING"
+
+
+JOINING = Joining()
 
 
 class BackgroundLink:
@@ -52,7 +67,8 @@ class BackgroundLink:
     self._error: link_lib.Unreachable | None = None
     self._joined = self._closed = False
     self.refused = 0
-    self._refused_fragments: list[int] = []
+    self._returned: list[tuple[protocol.Upload, link_lib.Refused | None]] = []
+    self._join_call: dict | None = None  # join_nowait's Join: {done, answer | error}
     self._threads = [threading.Thread(target=self._poll_loop, daemon=True, name="poller")]
     if send_in_thread:
       self._threads.append(threading.Thread(target=self._send_loop, daemon=True, name="uploader"))
@@ -71,7 +87,9 @@ class BackgroundLink:
   def _failed(self, err: link_lib.Unreachable) -> None:
     with self._cond:
       self._error, self._joined = err, False
-      self._uploads.clear()  # the synchronizer forgets them; the loop re-joins
+      # Never sent: handed back (the loop re-joins, and its Join sends them again, afresh).
+      self._returned += [(up, None) for up in self._uploads]
+      self._uploads.clear()
       self._cond.notify_all()
 
   def join(self, versions, generations) -> link_lib.Joined | None:
@@ -83,6 +101,40 @@ class BackgroundLink:
       self._joined = True
       self._cond.notify_all()
     return joined
+
+  def join_nowait(self, versions, generations):
+    """A Join made in a thread: starts one and returns JOINING, returns JOINING while it is on
+    the wire, then its answer once (or raises its failure). Nothing is fetched or sent for the
+    learner until it is answered."""
+    with self._cond:
+      call = self._join_call
+      if call is None:
+        self._error, self._joined = None, False
+        self._join_call = {"done": False}
+        args = (versions, generations, self._join_call)
+        threading.Thread(target=self._join_in_thread, args=args, daemon=True, name="joiner").start()
+        return JOINING
+      if not call["done"]:
+        return JOINING
+      self._join_call = None
+    if "error" in call:
+      raise call["error"]
+    return call["answer"]
+
+  def _join_in_thread(self, versions, generations, call: dict) -> None:
+    try:
+      with self._inner_lock:
+        answer = self.inner.join(versions, generations)
+    except (link_lib.Unreachable, link_lib.Refused) as err:
+      result = {"error": err}
+    except Exception as err:  # noqa: BLE001 - the loop must hear of it, not wait forever
+      result = {"error": link_lib.Unreachable(f"join failed: {err!r}")}
+    else:
+      result = {"answer": answer}
+    with self._cond:
+      call.update(result, done=True)
+      self._joined = "answer" in result
+      self._cond.notify_all()
 
   def progress(self, finished: bool) -> bool:
     self._raise_error()
@@ -116,13 +168,17 @@ class BackgroundLink:
     self._raise_error()
     return got
 
-  def take_refused(self) -> list[int]:
-    """The fragments of uploads refused since the last call (no answer will come for them),
-    with those the inner link hands back (a sharded link's down shards)."""
+  def take_returned(self) -> list[tuple[protocol.Upload, link_lib.Refused | None]]:
+    """The sender thread's uploads since the last call that no answer will come for: each with
+    its refusal, or None if it was never sent (see the module doc)."""
     with self._cond:
-      got, self._refused_fragments = self._refused_fragments, []
+      got, self._returned = self._returned, []
+    return got
+
+  def take_refused(self) -> list[int]:
+    """The fragments the inner link hands back (a sharded link's down shards)."""
     take = getattr(self.inner, "take_refused", None)
-    return got + (take() if take is not None else [])
+    return take() if take is not None else []
 
   def pending_uploads(self) -> int:
     with self._cond:
@@ -161,10 +217,10 @@ class BackgroundLink:
     while (up := self._next_upload()) is not None:
       try:
         self.inner.upload(up)
-      except link_lib.Refused:
+      except link_lib.Refused as err:
         with self._cond:
           self.refused += 1
-          self._refused_fragments.append(up.fragment)
+          self._returned.append((up, err))
       except link_lib.Unreachable as err:
         self._failed(err)
       except Exception as err:  # noqa: BLE001 - a dead sender thread would hang the learner

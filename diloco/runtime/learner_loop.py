@@ -31,6 +31,7 @@ from diloco.outer.learner import learner_machine
 from diloco.outer.sync import admission
 from diloco.outer.learner.learner import Learner
 from diloco.outer.outcomes import Code
+from diloco.runtime import async_link
 from diloco.runtime.link import Link, Refused, Unreachable
 
 
@@ -94,6 +95,9 @@ def run_learner(
       # Steps of its uploads the synchronizer refused for good, by code (e.g. an outlier screen
       # rejecting the large delta of a long outage): answered, so not undelivered, but lost.
       "refused_steps": dict(sorted(loop.refused_steps.items())),
+      # The longest a Join or an upload call held the training thread: up to a call's deadline
+      # on a silent link, unless the link makes them in threads (async_link, gRPC learners).
+      "longest_call_s": loop.longest_call_s,
   }
 
 
@@ -126,6 +130,7 @@ class _LearnerLoop:
     self.refused_steps: dict[str, int] = {}  # refusal code -> steps of the uploads it refused
     self.deferred: list[Callable[[], None]] = []  # refusals met inside a run of steps
     self.rejoin = None  # told of each Join's answer and each fragment applied
+    self.longest_call_s = 0.0  # the longest Join or upload call the loop made (`_timed`)
 
   def at_sync(self) -> bool:
     """Whether the learner may be changed other than by a step now (see the module doc)."""
@@ -145,11 +150,17 @@ class _LearnerLoop:
   def ensure_joined(self) -> bool:
     if self.joined or time.monotonic() < self.retry_at:
       return self.joined
+    # A link that joins in a thread (async_link) answers JOINING until its Join is answered:
+    # the loop trains on meanwhile, unjoined, rather than wait out a silent host's deadline.
+    join = getattr(self.link, "join_nowait", self.link.join)
     try:
-      answer = self.link.join(tuple(self.learner.versions), tuple(self.learner.generations))
+      answer = self._timed(join, tuple(self.learner.versions), tuple(self.learner.generations))
     except (Unreachable, Refused):
       self.fail()
       return False
+    if answer is async_link.JOINING:
+      return False
+    self._take_returned()  # (uploads of before the Join: a late refusal, or never sent)
     self.joined, self.backoff, self.last_beat = True, 0.1, time.monotonic()
     self.joins += 1
     # Sends of an older synchronizer generation still buffered (fetched before it restarted)
@@ -175,6 +186,7 @@ class _LearnerLoop:
     return self.joined  # (the sending may have found it gone again)
 
   def deliver(self, wait_s: float) -> None:
+    self._take_returned()
     try:
       sends = self.link.poll(wait_s)
     except (Unreachable, Refused):
@@ -188,6 +200,16 @@ class _LearnerLoop:
         self._at_sync(lambda s=s: self._refused_late(s))
       else:
         self._decide(self.machine.arrived(s))
+
+  def _take_returned(self) -> None:
+    """A link that uploads in a thread hands back what no answer will come for: as the caller's
+    `_send` would have found them, refused or never sent."""
+    take = getattr(self.link, "take_returned", None)
+    for up, err in take() if take is not None else ():
+      if err is None:
+        self._at_sync(lambda up=up: self.learner.not_merged(up.fragment, up.sent_time))
+      else:
+        self._at_sync(lambda up=up, err=err: self._refused(up, err))
 
   def _decide(self, decisions: list) -> None:
     """Carries out the machine's decisions: apply, drop, join again, send again."""
@@ -227,10 +249,13 @@ class _LearnerLoop:
 
     A non-blocking learner sends the uploads due after step t while step t+1 runs (JAX
     dispatches a step and returns), so the round trip overlaps the computation instead of
-    idling it; the answer comes within the overlap tau the schedule already allows. The
-    round trip still bounds how far it runs ahead: a learner whose steps are shorter than it
-    waits for it at its next send (see runtime/async_link.py for what happened without that
-    bound). A blocking learner sends at once: it waits for the answers anyway.
+    idling it; the answer comes within the overlap tau the schedule already allows. Over a
+    link that sends in a thread (a gRPC learner's) the send only queues the upload, and a
+    fragment whose last upload is unanswered is not sent again, so a slow link makes uploads
+    late and larger, never steps slower (runtime/async_link.py). Over the caller's-thread link
+    the round trip bounds how far it runs ahead: a learner whose steps are shorter than it
+    waits for it at its next send. A blocking learner sends at once: it waits for the answers
+    anyway.
     """
     learner, last, outbox = self.learner, time.monotonic(), self.outbox
     self.machine.blocking, self.machine.overlap = blocking, overlap
@@ -287,7 +312,7 @@ class _LearnerLoop:
     while outbox and self.joined:
       up = outbox.pop(0)
       try:
-        self.link.upload(up)
+        self._timed(self.link.upload, up)
       except Refused as err:
         self._at_sync(lambda up=up, err=err: self._refused(up, err))
       except Unreachable:  # (it may have arrived: a rebase may take it as merged)
@@ -295,6 +320,15 @@ class _LearnerLoop:
     for up in outbox:  # never sent: unanswered in the machine, the next Join sends them afresh
       self._at_sync(lambda up=up: self.learner.not_merged(up.fragment, up.sent_time))
     outbox.clear()
+
+  def _timed(self, call, *args):
+    """A Join or upload call, its time kept if it is the longest so far (`longest_call_s`:
+    what the network held the training thread for, at most, in one call)."""
+    t0 = time.monotonic()
+    try:
+      return call(*args)
+    finally:
+      self.longest_call_s = max(self.longest_call_s, time.monotonic() - t0)
 
   def _at_sync(self, change: Callable[[], None]) -> None:
     """Changes the learner now at a sync point, else at the next one."""
