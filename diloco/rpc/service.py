@@ -69,6 +69,13 @@ def _cut_off(chunks: Iterator[bytes], on_cut) -> Iterator[bytes]:
     raise
 
 
+def _ended(context) -> bool:
+  """Whether a call is over: cancelled, or its deadline passed (the state gRPC records a moment
+  after it ends a request stream for that reason)."""
+  remaining = context.time_remaining()
+  return not context.is_active() or (remaining is not None and remaining <= 0)
+
+
 class Service:
   """Handlers of SynchronizerService over one SyncHost."""
 
@@ -185,6 +192,9 @@ class Service:
               "chunks of one upload name different learners, sessions or fragments",
           )
         joiner.add(transport.Piece(c.index, c.total, c.length, c.crc, c.data))
+      if _ended(context):  # its deadline passed mid-stream (a silent learner cannot cancel):
+        self._cut(first, received)  # gRPC may end the chunks as if they were all there
+        return b""  # (nobody waits for this answer)
       up = transport.decode_message(joiner.done(), self.limits.max_upload_bytes)
       if not isinstance(up, transport.protocol.Upload):
         raise transport.WireError("malformed", f"expected an Upload, got {type(up).__name__}")
