@@ -8,7 +8,9 @@ each host's `eth0` joined by a veth pair to the bridge (its end `h<i>` there), a
   both directions without a reset: an open TCP connection goes silent, a new one times out.
   `heal(host)` brings it back.
 - `cap(host, bits_per_s)`: a token bucket (`tc tbf`) on both ends of the host's link, so its
-  uploads and its downloads each pass at that rate; `uncap(host)` removes it.
+  uploads and its downloads each pass at that rate (`downloads=False`: its uploads only);
+  `uncap(host)` removes it. `unacked_bytes(host, peer)`: what the host sent the peer over TCP
+  that is not acknowledged yet.
 (Freezing a process, SIGSTOP and SIGCONT, needs no namespace: `LocalCluster.freeze`.)
 
 Every namespace is named `dlnet-<pid>-<n>-<role>` (the creating process's id), deleted by
@@ -147,6 +149,13 @@ class Network:
   def run(self, host: str, args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([*self.prefix(host), *args], capture_output=True, text=True, **kwargs)
 
+  def unacked_bytes(self, host: str, peer: str) -> int:
+    """Bytes `host` has sent to `peer` over TCP that `peer` has not acknowledged yet (the
+    Send-Q of its established connections, `ss`): what is still on, or waiting for, the wire."""
+    args = ["ss", "-tnH", "state", "established", "dst", self.address(peer)]
+    out = self.run(host, args, check=True, timeout=10).stdout
+    return sum(int(line.split()[1]) for line in out.splitlines() if line.strip())
+
   def _port(self, host: str) -> str:
     return f"h{self.hosts.index(host)}"
 
@@ -159,11 +168,12 @@ class Network:
     for host in hosts:
       _ip("-n", self.bridge, "link", "set", self._port(host), "up")
 
-  def cap(self, host: str, bits_per_s: float, queue_s: float = 0.5) -> None:
-    """Both directions of `host`'s link at most `bits_per_s` (tbf: a 10 ms burst, packets that
-    would wait past `queue_s` in its queue dropped, as a router's buffer would)."""
+  def cap(self, host: str, bits_per_s: float, queue_s: float = 0.5, downloads: bool = True) -> None:
+    """`host`'s uploads (and, with `downloads`, its downloads) at most `bits_per_s`: a token
+    bucket (tbf) with a burst of one full-size packet at least, or 10 ms at the rate; packets
+    that would wait past `queue_s` in its queue are dropped, as a router's buffer would."""
     rate = str(max(int(bits_per_s), 8000))
-    burst = str(max(int(bits_per_s / 8 / 100), 3200))
+    burst = str(max(int(bits_per_s / 8 / 100), 1600))
     tbf = [
         "root",
         "tbf",
@@ -174,13 +184,16 @@ class Network:
         "latency",
         f"{int(queue_s * 1000)}ms",
     ]
-    for ns, dev in ((self.ns[host], "eth0"), (self.bridge, self._port(host))):
+    ends = [(self.ns[host], "eth0")] + [(self.bridge, self._port(host))] * downloads
+    for ns, dev in ends:
       subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, *tbf], check=True)
     self._caps.add(host)
 
   def uncap(self, host: str) -> None:
     for ns, dev in ((self.ns[host], "eth0"), (self.bridge, self._port(host))):
-      subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+      subprocess.run(  # (one end may have none: `downloads=False`)
+          ["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False, capture_output=True
+      )
     self._caps.discard(host)
 
   def close(self) -> None:

