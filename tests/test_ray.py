@@ -14,7 +14,11 @@ from diloco.launch import ray_local
 # it outlasts its own restart and the synchronizer's (a fresh Ray worker, JAX's import, the
 # checkpoint: 5-15 s each) whatever the machine's speed: 600 unstraggled steps take 15-30 s on 2
 # cores, and with 900 of them and no straggle the run once ended before the new synchronizer came.
-CONFIG = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps=600"
+# With the straggle, learner 1 was at step 121 when it first merged with the restarted shard (30 s
+# after its first start), still straggling, and at 195 when the straggle ended; the 400 steps after
+# that took 18 s more. 400 steps in all leave it 3x the steps it needed, and end 8 s sooner.
+STEPS = 400
+CONFIG = f"configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps={STEPS}"
 FLAGS = (
     "--config.chaos.schedule=straggle learner 1 at t=0s for 40s x3",
     "--config.outer.learner_checkpoint_every=20",
@@ -84,7 +88,7 @@ def test_ray_brings_back_a_killed_learner_and_synchronizer(tmp_path):
   assert len(starts) == 2 and starts[1]["pid"] != starts[0]["pid"] == kills[0]["pid"]
   assert starts[1]["restored_step"] is not None and starts[1]["restored_step"] >= 20
   assert report["learners"][1]["restored_step"] == starts[1]["restored_step"]
-  assert [r["steps"] for r in report["learners"]] == [600, 600]
+  assert [r["steps"] for r in report["learners"]] == [STEPS, STEPS]
   # Shard 1 restarted as its own generation 1 from its checkpoint, arrays equal to it; shard 0
   # never restarted, and merged its own fragments while shard 1 was away.
   shard0, shard1 = report["shards"]

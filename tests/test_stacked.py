@@ -121,6 +121,9 @@ def _run(mode: str, workdir: str, stack: bool, kind: str = "auto", codec: str = 
           "outer.stack_learners": "on" if stack else "off",
           "outer.stack_step": kind,
           "deploy.devices_per_learner": 1,  # a row of the stack per device
+          # No synchronizer checkpoints (the chaos preset's, every P merges): nothing here
+          # restores the synchronizer, and its saves were 2 of a run's 10 s (warm).
+          "outer.sync_checkpoint_every": 0,
       }
   )
   if codec:
