@@ -240,6 +240,18 @@ def test_heartbeats_after_the_last_step_say_finished():
   stopped.train(lambda: None, steps=2, overlap=0, blocking=False, on_step=None)
   stopped.beat()
   assert stopped.link.beats == [False]
+  # Told to leave after its first step (SIGUSR1 in a learner process): it trains no further and
+  # is finished as if its steps were done, its upload of that step answered first.
+  left = learner_loop._LearnerLoop(_Trainer(), _BeatLink(), threading.Event(), 1.0, 1.0,
+                                   random.Random(0))  # fmt: skip
+  left.learner.generations, left.joined = [0], True
+  left.train(lambda: None, steps=5, overlap=0, blocking=False,
+             on_step=lambda lrn, _: left.leave.set())  # fmt: skip
+  assert left.learner.steps == 1 and left.trained
+  left.beat()
+  left.machine.inflight.clear()
+  left.beat()
+  assert left.link.beats == [False, True]
 
 
 class _Holder:

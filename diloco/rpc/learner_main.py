@@ -351,8 +351,15 @@ def _summary(
   }
 
 
+# A learner process sent this stops training at its next sync point, delivers what it holds,
+# settles and exits 0, as if its steps were done (a scavenged learner handed back, a time-boxed
+# run's end); SIGTERM stops it without delivering (a preemption: it saves and exits 75).
+LEAVE_SIGNAL = signal.SIGUSR1
+
+
 def _train(config, learner, link, next_batch, on_step, rejoin) -> dict[str, Any]:
-  """The learner loop over `link` until SIGTERM or `config.steps`; the followers are told the end.
+  """The learner loop over `link` until SIGTERM, LEAVE_SIGNAL or `config.steps`; the followers
+  are told the end.
 
   Non-blocking learners join, poll and upload in threads (`loop_link_for`); a multi-process
   learner's link keeps its followers in step.
@@ -361,8 +368,9 @@ def _train(config, learner, link, next_batch, on_step, rejoin) -> dict[str, Any]
   if jax.process_count() > 1:
     multihost.lead(learner, run_until=config.steps, overlap=learner.run_every)
     loop_link = multihost.KeepFollowers(loop_link, learner)
-  stop = threading.Event()
+  stop, leave = threading.Event(), threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
+  signal.signal(LEAVE_SIGNAL, lambda *_: leave.set())
   try:
     result = learner_loop.run_learner(
         learner,
@@ -373,12 +381,17 @@ def _train(config, learner, link, next_batch, on_step, rejoin) -> dict[str, Any]
         blocking=config.outer.blocking,
         heartbeat_s=config.deploy.absent_after_s / 4,
         stop=stop,
+        leave=leave,
         on_step=on_step,
         seed=learner.index,
         settle_timeout_s=config.deploy.deliver_timeout_s,
         rejoin=rejoin,
     )
-    return {**result, "stopped_by": preemption.SIGNAL if stop.is_set() else None}
+    return {
+        **result,
+        "stopped_by": preemption.SIGNAL if stop.is_set() else None,
+        "left_at": learner.steps if leave.is_set() else None,  # (SIGUSR1: its steps end here)
+    }
   finally:
     multihost.end(learner)
     outer_link.close()  # a BackgroundLink closes the gRPC link too

@@ -199,6 +199,13 @@ class LocalCluster:
   def thaw(self, name: str) -> None:
     os.killpg(self.procs[name].pid, signal.SIGCONT)
 
+  def leave(self, name: str) -> None:
+    """Tells learner `name` to finish now: it delivers what it holds, settles and exits 0
+    (learner_main.LEAVE_SIGNAL)."""
+    from diloco.rpc import learner_main  # (a JAX program: imported only when asked)
+
+    self.procs[name].send_signal(learner_main.LEAVE_SIGNAL)
+
   def alive(self, name: str) -> bool:
     return name in self.procs and self.procs[name].poll() is None
 

@@ -45,6 +45,7 @@ def run_learner(
     blocking: bool,
     heartbeat_s: float = 0.5,
     stop: threading.Event | None = None,
+    leave: threading.Event | None = None,
     on_step: Callable[..., None] | None = None,
     max_backoff_s: float = 4.0,
     settle_timeout_s: float = 60.0,
@@ -58,11 +59,14 @@ def run_learner(
   does not get the learner marked absent. Blocking learners (synchronous modes) do not start step
   s+overlap+1 before the fragment sent at step s is back; non-blocking ones never wait.
   `rejoin` (a restarted process's, rpc/learner_rejoin.py) hears of every Join's answer and of
-  every fragment applied.
+  every fragment applied. `leave` set ends training at the next sync point as if `steps` were
+  reached: the learner then delivers what it holds and settles, as at its last step (`stop` ends
+  it without delivering: a preemption).
   """
   loop = _LearnerLoop(
       learner, link, stop or threading.Event(), heartbeat_s, max_backoff_s, random.Random(seed)
   )
+  loop.leave = leave or threading.Event()
   loop.first_join_s = 8 * heartbeat_s if first_join_s is None else first_join_s
   loop.rejoin = rejoin
   beating = threading.Event()
@@ -131,6 +135,7 @@ class _LearnerLoop:
     self.deferred: list[Callable[[], None]] = []  # refusals met inside a run of steps
     self.rejoin = None  # told of each Join's answer and each fragment applied
     self.longest_call_s = 0.0  # the longest Join or upload call the loop made (`_timed`)
+    self.leave = threading.Event()  # set: train no further, deliver and settle (`run_learner`)
 
   def at_sync(self) -> bool:
     """Whether the learner may be changed other than by a step now (see the module doc)."""
@@ -262,7 +267,8 @@ class _LearnerLoop:
     if 0 < steps <= learner.steps:  # restored at its end: deliver what its checkpoint holds
       self.machine.holding()
     first_join_by = last + self.first_join_s
-    while learner.steps < steps and not (self.stop.is_set() and self.at_sync()):
+    ending = lambda: (self.stop.is_set() or self.leave.is_set()) and self.at_sync()
+    while learner.steps < steps and not ending():
       if self.at_sync():  # (inside a run of steps nothing changed what is decided here)
         self.catch_up()
         if self.ensure_joined():
@@ -300,7 +306,7 @@ class _LearnerLoop:
         self._send(outbox)
     self._send(outbox)
     self.catch_up()  # (the loop ends at a sync point)
-    self.trained = learner.steps >= steps
+    self.trained = learner.steps >= steps or self.leave.is_set()
 
   def _upload(self, p: int, step_time: float) -> protocol.Upload:
     sent = time.monotonic()  # (the host stamps its own times; this one orders it after Joins)
