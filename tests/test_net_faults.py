@@ -222,7 +222,7 @@ def test_a_synchronizer_away_past_the_deliver_timeout_makes_learners_save_and_ex
   for m in (0, 1):
     s = out[f"learner{m}"]
     assert s["saved_at_stop"] and s["undelivered_steps"], s  # what it trained is kept, named
-    assert s["steps"] == 80
+    assert s["steps"] == s["left_at"] > 0  # (it trained up to when it was told to finish)
 
 
 def test_the_defaults_heal_a_40_s_partition_and_notice_a_dead_host_within_a_minute():
