@@ -25,10 +25,14 @@ def main() -> int:
   args = parser.parse_args()
   names = args.scenarios.split(",")
   unknown = [n for n in names if n not in nf.SCENARIOS]
+  ran = [n for n in names if os.path.exists(os.path.join(args.workdir, n))]
   why = netns.available()
-  if unknown or why:
-    print(f"error: {why or f'--scenarios: unknown {unknown}; expected among {sorted(nf.SCENARIOS)}'}",
-          file=sys.stderr)  # fmt: skip
+  if unknown:
+    why = f"--scenarios: unknown {unknown}; expected among {sorted(nf.SCENARIOS)}"
+  elif ran:  # (a synchronizer would restore the last run's state from it: its counts add up)
+    why = f"{args.workdir} already holds a run of {', '.join(ran)}: remove it or pick another"
+  if why:
+    print(f"error: {why}", file=sys.stderr)
     return 2
   os.makedirs(args.workdir, exist_ok=True)
   path = os.path.join(args.workdir, "report.json")

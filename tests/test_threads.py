@@ -279,5 +279,24 @@ def test_background_link_joins_in_a_thread_and_hands_back_what_it_never_sent():
     with link._cond:
       link._cond.wait_for(lambda: link._error is not None, 5.0)
     assert link.take_returned() == [(up(1), None), (up(2), None)] and inner.uploaded == []
+    # An upload of a session a later Join replaced fails after that Join: the new session goes
+    # on (its Join sent that progress again, afresh); before, the learner joined once more.
+    with pytest.raises(link_lib.Unreachable):
+      link.poll(0.0)
+    inner.join_fails, inner.fail_next_upload = False, True
+    inner.release_upload.clear()
+    assert link.join_nowait((2,), ()) is async_link.JOINING
+    while link.join_nowait((2,), ()) is async_link.JOINING:
+      pass
+    link.upload(up(3))  # (its sender takes it, then waits to fail)
+    with link._cond:
+      link._cond.wait_for(lambda: link._sending is not None, 5.0)
+    assert link.join_nowait((3,), ()) is async_link.JOINING  # a later Join while it is out
+    while link.join_nowait((3,), ()) is async_link.JOINING:
+      pass
+    inner.release_upload.set()
+    with link._cond:
+      link._cond.wait_for(lambda: link._sending is None, 5.0)
+    assert link.poll(0.0) == [] and link.take_returned() == []  # (no failure raised)
   finally:
     link.close()

@@ -69,6 +69,7 @@ class BackgroundLink:
     self.refused = 0
     self._returned: list[tuple[protocol.Upload, link_lib.Refused | None]] = []
     self._join_call: dict | None = None  # join_nowait's Join: {done, answer | error}
+    self._epoch = 0  # one per Join: a call of an earlier one failing later fails nothing
     self._threads = [threading.Thread(target=self._poll_loop, daemon=True, name="poller")]
     if send_in_thread:
       self._threads.append(threading.Thread(target=self._send_loop, daemon=True, name="uploader"))
@@ -84,17 +85,30 @@ class BackgroundLink:
     if err is not None:
       raise err
 
-  def _failed(self, err: link_lib.Unreachable) -> None:
+  def _failed(self, err: link_lib.Unreachable, epoch: int) -> None:
+    """A call of Join `epoch`'s session failed: the loop must join again (nothing if a later
+    Join was made meanwhile: that call's upload was sent again by it, afresh)."""
     with self._cond:
+      if epoch != self._epoch:
+        return
       self._error, self._joined = err, False
-      # Never sent: handed back (the loop re-joins, and its Join sends them again, afresh).
-      self._returned += [(up, None) for up in self._uploads]
-      self._uploads.clear()
+      self._drop_queue()
       self._cond.notify_all()
+
+  def _drop_queue(self) -> None:  # under self._cond
+    """Uploads never sent are handed back (the loop joins again, and its Join sends them again,
+    afresh): none of them goes out in a later session as well."""
+    self._returned += [(up, None) for up, _ in self._uploads]
+    self._uploads.clear()
+
+  def _new_session(self) -> None:  # under self._cond
+    self._epoch += 1
+    self._error, self._joined = None, False
+    self._drop_queue()
 
   def join(self, versions, generations) -> link_lib.Joined | None:
     with self._cond:
-      self._error, self._joined = None, False
+      self._new_session()
     with self._inner_lock:
       joined = self.inner.join(versions, generations)
     with self._cond:
@@ -109,7 +123,7 @@ class BackgroundLink:
     with self._cond:
       call = self._join_call
       if call is None:
-        self._error, self._joined = None, False
+        self._new_session()
         self._join_call = {"done": False}
         args = (versions, generations, self._join_call)
         threading.Thread(target=self._join_in_thread, args=args, daemon=True, name="joiner").start()
@@ -156,7 +170,7 @@ class BackgroundLink:
       )
     self._raise_error()
     with self._cond:
-      self._uploads.append(up)
+      self._uploads.append((up, self._epoch))
       self._cond.notify_all()
 
   def poll(self, wait_s: float) -> list[protocol.Send]:
@@ -203,42 +217,47 @@ class BackgroundLink:
       self._cond.wait_for(lambda: ready() or self._closed)
       return not self._closed
 
-  def _next_upload(self) -> protocol.Upload | None:
-    """Takes the next queued upload as the one being sent; None once the link closes."""
+  def _next_upload(self) -> tuple[protocol.Upload, int] | None:
+    """Takes the next queued upload (and its session) as the one being sent; None once the
+    link closes."""
     with self._cond:
       self._cond.wait_for(lambda: self._uploads or self._closed)
       if self._closed:
         return None
-      up = self._sending = self._uploads.popleft()
+      up, epoch = self._uploads.popleft()
+      self._sending = up
       self._cond.notify_all()  # room in the queue
-      return up
+      return up, epoch
 
   def _send_loop(self) -> None:
-    while (up := self._next_upload()) is not None:
+    while (item := self._next_upload()) is not None:
+      up, epoch = item
       try:
         self.inner.upload(up)
-      except link_lib.Refused as err:
-        with self._cond:
+      except link_lib.Refused as err:  # (even of a replaced session: the learner's machine
+        with self._cond:  # knows whether a later Join answered for it, `LearnerMachine.refused`)
           self.refused += 1
           self._returned.append((up, err))
       except link_lib.Unreachable as err:
-        self._failed(err)
+        self._failed(err, epoch)
       except Exception as err:  # noqa: BLE001 - a dead sender thread would hang the learner
-        self._failed(link_lib.Unreachable(f"upload failed: {err!r}"))
+        self._failed(link_lib.Unreachable(f"upload failed: {err!r}"), epoch)
       with self._cond:
         self._sending = None
         self._cond.notify_all()  # a finished heartbeat may be waiting for this
 
   def _poll_loop(self) -> None:
     while self._wait_until(lambda: self._joined):
+      with self._cond:
+        epoch = self._epoch
       try:
         with self._inner_lock:
           got = self.inner.poll(self.poll_wait_s)
       except link_lib.Unreachable as err:
-        self._failed(err)
+        self._failed(err, epoch)
         continue
       except link_lib.Refused as err:  # e.g. not joined any more: the loop re-joins
-        self._failed(link_lib.Unreachable(str(err)))
+        self._failed(link_lib.Unreachable(str(err)), epoch)
         continue
       if got:
         with self._cond:
