@@ -52,9 +52,9 @@ class Limits:
 
   def channel_options(self) -> list[tuple[str, int]]:
     """gRPC's channel arguments. A lost connection is tried again at most a call's deadline
-    apart, each attempt given as long: with gRPC's own defaults (attempts up to 2 minutes
-    apart, 20 s each) a learner whose link came back waited 8.5 s to be answered again in a
-    scaled-down test whose calls have 2 s (tests/test_net_faults.py)."""
+    apart, each attempt given as long (gRPC's own defaults: attempts up to 2 minutes apart, 20 s
+    each), so a learner whose link comes back is answered again within about its own backoff
+    and a call (docs/deployment.md)."""
     call_ms = int(round(self.call_timeout_s * 1000))
     return [
         ("grpc.max_send_message_length", self.max_message_bytes),
