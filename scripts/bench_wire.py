@@ -28,11 +28,11 @@ apart it prints, for each run, how much of the wall time this process's threads 
 and runnable but waiting for the core (another task had it), from the kernel's schedstat.
 
 `--link=learner` (the default) is the link as the learner process (experiments.learner) uses it
-for Decoupled learners: merged fragments long-polled by a thread (`async_link.BackgroundLink` with
-`send_in_thread=False`), uploads sent by the training thread while the next step computes.
+for Decoupled learners: Joins, long polls and uploads made by threads
+(`async_link.BackgroundLink` with `send_in_thread=True`, one upload per fragment out at most;
+until 2026-12-07 uploads went from the training thread while the next step computed).
 `--link=plain` is the bare gRPC link (a poll round trip before every step). `--link=background`
-also sends uploads from a thread; experimental (before staleness damping, four tiny learners
-with it diverged; see diloco/runtime/async_link.py).
+is a BackgroundLink with one upload out at most.
 """
 
 import argparse
@@ -182,7 +182,7 @@ def main() -> None:
     placement = {name: _allowed(p.pid) for name, p in cluster.procs.items()}
     link = client_lib.GrpcLink(f"127.0.0.1:{cluster.port}", 0, cluster.token)
     if args.link == "learner":
-      link = learner_main.loop_link_for(link, config.outer.blocking)
+      link = learner_main.loop_link_for(link, config.outer.blocking, config.outer.fragments)
     elif args.link == "background":
       link = async_link.BackgroundLink(link)
 

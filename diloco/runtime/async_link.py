@@ -7,8 +7,8 @@ too (`join_nowait`: what a gRPC learner does, so a synchronizer that is cut off 
 no steps while each Join waits out its deadline).
 
 Uploads take one of two paths:
-- `send_in_thread=False` (the threads runtime's in-process links): on the caller's thread, as with
-  the plain link. The learner loop sends them while its next step computes
+- `send_in_thread=False` (each shard's link inside a gRPC learner's `sharded_link.ShardedLink`,
+  whose own caller is a sender thread): on the caller's thread, as with the plain link. The learner loop sends them while its next step computes
   (learner_loop._LearnerLoop.train), and the round trip bounds how far a learner whose steps are
   shorter than it runs ahead of the synchronizer.
 - `send_in_thread=True` (gRPC learners, rpc/learner_main.py): a sender thread empties a queue in

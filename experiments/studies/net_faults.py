@@ -153,7 +153,13 @@ class Run:
 
 
 @contextlib.contextmanager
-def hosts(workdir: str, spec: str, extra: tuple[str, ...] = (), paced: bool = True):
+def hosts(
+    workdir: str,
+    spec: str,
+    extra: tuple[str, ...] = (),
+    paced: bool = True,
+    absent_after_s: float = ABSENT_S,
+):
   """A synchronizer and two learners, each on its own host, their steps slowed (`paced`:
   PACE) or not; everything removed on exit. The corpus is prepared here first: the hosts have
   no route out (pip's download of the sdist)."""
@@ -165,7 +171,7 @@ def hosts(workdir: str, spec: str, extra: tuple[str, ...] = (), paced: bool = Tr
       workdir,
       overrides=(*TIMEOUTS, *RUN, *(PACE if paced else ()), "--config.deploy.status_port=0",
                  *extra),  # fmt: skip
-      absent_after_s=ABSENT_S,
+      absent_after_s=absent_after_s,
       network=net,
   )
   try:
@@ -367,11 +373,14 @@ def slow_link(
   """Learner 1 uncapped for `stretch_s` (its upload rate and both step rates measured), then
   capped to `share` of that upload rate (both directions) for as long, then uncapped; the run
   ends once its late uploads have merged. The link floor (deploy.link_floor_mbit_s) is set below
-  the cap by configuration, as a user who knows the link would: else an upload's deadline
-  assumes a faster link than this one, each upload misses it, and the learner joins and sends it
-  again without end."""
-  floor = ("--config.deploy.link_floor_mbit_s=0.004",)
-  with hosts(workdir, spec.format(steps=OPEN_ENDED), floor, paced) as run:
+  the cap, and the call deadline and the absence timeout above the seconds a heartbeat waits
+  behind the fragments queued on the link, by configuration, as a user who knows the link would
+  (docs/deployment.md): else an upload's deadline assumes a faster link than this one and each
+  upload misses it, and the learner is declared absent and joins again (where it lost held
+  progress: BENCHMARKS.md, "Faults the kernel makes")."""
+  floor = ("--config.deploy.link_floor_mbit_s=0.004", "--config.deploy.call_timeout_s=10")
+  spec = spec.format(steps=OPEN_ENDED)
+  with hosts(workdir, spec, floor, paced, absent_after_s=10.0) as run:
     if paced:
       run.wait_paced()
     else:
