@@ -87,6 +87,7 @@ def _pace(out, m) -> float:
   """Learner m's steps per second from its slowed pace's start to the first fault."""
   t_from, t_to = out["marks"]["paced"], out["marks"]["learner_cut"]["cut"]
   rows = [r for r in out["progress"][m] if t_from <= r[0] <= t_to]
+  assert len(rows) >= 2, (m, rows)  # (the harness waits for `gap` steps of each: 3 rows)
   (t0, s0), (t1, s1) = rows[0], rows[-1]
   return (s1 - s0) / (t1 - t0)
 

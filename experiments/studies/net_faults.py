@@ -308,7 +308,9 @@ def faults(workdir: str, gap: int = 15) -> dict:
   with hosts(workdir, spec, ("--config.deploy.chunk_bytes=512",)) as run:
     run.wait_paced()
     run.mark("paced")  # (each learner's pace: its steps from here to the first fault)
-    run.wait_step(1, run.step(1) + gap)
+    at = _steps(run)
+    for m in (0, 1):  # (each learner `gap` steps on: the slower one's pace has rows to span)
+      run.wait_step(m, at[m] + gap)
     for name, phase in phases:
       phase(run, run.marks.setdefault(name, {}))
       run.wait_merged((0, 1), time.time())
