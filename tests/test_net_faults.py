@@ -79,10 +79,6 @@ def test_no_call_held_a_learners_training_thread_through_five_faults(faults):
     assert longest < 0.5 * nf.CALL_S, (m, longest)
 
 
-def _steps_during(marks, start, end, m) -> int:
-  return marks[end][m] - marks[start][m]
-
-
 def _pace(out, m) -> float:
   """Learner m's steps per second from its slowed pace's start to the first fault."""
   t_from, t_to = out["marks"]["paced"], out["marks"]["learner_cut"]["cut"]

@@ -66,7 +66,8 @@ def run_learner(
   loop = _LearnerLoop(
       learner, link, stop or threading.Event(), heartbeat_s, max_backoff_s, random.Random(seed)
   )
-  loop.leave = leave or threading.Event()
+  if leave is not None:
+    loop.leave = leave
   loop.first_join_s = 8 * heartbeat_s if first_join_s is None else first_join_s
   loop.rejoin = rejoin
   beating = threading.Event()
