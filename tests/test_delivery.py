@@ -15,6 +15,7 @@ from configs import shakespeare
 from diloco import train
 from diloco.config import build, checks
 from diloco.outer import protocol
+from diloco.outer.learner import learner_machine
 from diloco.outer.codecs import compression
 
 
@@ -130,6 +131,40 @@ def test_rebase_takes_the_upload_a_rejoin_answer_names_and_a_restored_learner_st
   _steps(restored, batches, 1)
   restored.receive(protocol.Send(0, 0, 1, values=one, own=u.key))
   assert _same(restored._read(0), one) and restored.c_steps[0] == 0
+
+
+def test_rebase_takes_a_second_join_answer_naming_an_upload_already_merged_as_anothers_merge():
+  # The slow link of tests/test_net_faults.py: the answer of one Join (version 1, naming u)
+  # reached the learner after its next Join had left reporting version 0, and that Join's
+  # answer (version 3) names u again. The learner's machine takes the second as a merge that
+  # does not hold its pending upload u2: θ keeps every step since version 1, u2 stays pending.
+  # (Before, the learner found no pending u, replaced θ with version 3 and lost those steps.)
+  learner, batches = _learner("rebase")
+  machine = learner_machine.LearnerMachine(learner, 1, blocking=False, overlap=0)
+  arrive = lambda send: [d for d in machine.arrived(send) if isinstance(d, learner_machine.Apply)]
+  theta0 = learner.global_copy[0]
+  _steps(learner, batches, 2)
+  assert machine.stepped([0]) == [learner_machine.Upload(0)]
+  u = _upload(learner, 0.0)
+  _steps(learner, batches, 1)
+  one = {k: v - 0.25 for k, v in theta0.items()}
+  (first,) = arrive(protocol.Send(0, 0, 1, values=one, own=u.key))
+  learner.receive(first.send)  # u's 2 steps are in version 1: the 1 after it is kept
+  assert learner.c_steps[0] == 1 and machine.stepped([0]) == [learner_machine.Upload(0)]
+  u2 = _upload(learner, 1.0)
+  _steps(learner, batches, 2)
+  before = learner._read(0)
+  three = {k: v - 0.5 for k, v in theta0.items()}
+  (second,) = arrive(protocol.Send(0, 0, 3, values=three, own=u.key))
+  assert second.send.own is None and second.send.checksum_ok()
+  learner.receive(second.send)
+  assert _same(learner._read(0), {k: three[k] + (before[k] - one[k]) for k in three})
+  assert learner.c_steps[0] == 3 and learner.sent[0] == [u2] and machine.undelivered() == {0: 3}
+  _, four = _own(learner, 4)  # then u2's own merge: the 2 steps after it stay
+  (last,) = arrive(four)
+  assert last.send.own == u2.key
+  learner.receive(last.send)
+  assert learner.c_steps[0] == 2 and machine.undelivered() == {}
 
 
 def test_at_own_sync_with_overlap_takes_the_newest_tau_steps_later_mixed_by_alpha():

@@ -305,6 +305,25 @@ def test_an_older_version_from_a_restarted_synchronizer_is_taken_as_base_and_res
   assert machine.arrived(send) == [lm.Apply(send), lm.Resend(0, (1, 3))]
 
 
+def test_a_fragment_sent_again_on_a_regressed_answer_is_not_sent_a_second_time_after_the_join():
+  # A rebasing learner restored at its end (fragment 0 unanswered, 4 steps) joins a restarted
+  # synchronizer whose answer, read first, is an older version: it sends fragment 0 again on
+  # it, with everything. Its unanswered upload is not sent once more as it was: that copy has
+  # the same key, was refused as a duplicate and made the learner join again.
+  held = Held(versions=[5, 5], c_steps=[4, 0], steps=8, delivery="rebase")
+  machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)
+  machine.holding()
+  machine.join_sent(10.0)
+  send = _values(0, 3, gen=1)
+  assert machine.arrived(send) == [lm.Apply(send), lm.Resend(0, (1, 3))]
+  held.apply(send)
+  held.c_steps[0] = 4  # (Learner.receive keeps its parameters and counters)
+  assert machine.resend_due(0, (1, 3), now=10.5) == [lm.Upload(0)]
+  assert machine.joined_unseen() == [] and machine.undelivered() == {0: 4}
+  machine.join_sent(20.0)  # a later Join sends it again as it was (it may have been lost)
+  assert machine.joined_unseen() == [lm.Resend(0, None, as_sent=True)]
+
+
 def test_a_learner_restored_at_its_end_holds_its_progress_as_unanswered():
   held = Held(c_steps=[4, 0], steps=8)
   machine = lm.LearnerMachine(held, P, blocking=False, overlap=1)

@@ -128,6 +128,17 @@ def test_sigterm_saves_the_learner_at_its_step_and_exits_75(cluster):
   assert _json(os.path.join(c.workdir, "learner1", "summary.json"))["steps"] == 80
 
 
+def _after(c: local.LocalCluster, t: float) -> dict:
+  """The synchronizer's events from wall time `t` on and each process's last log lines: a
+  failure's evidence, as a CI run keeps no workdir."""
+  rows = read_jsonl(os.path.join(c.workdir, "sync", "metrics.jsonl"))
+  out = {"sync": [r for r in rows if r.get("event") and r.get("wall_time", 0) > t]}
+  for name in ("sync", "learner0", "learner1"):
+    with open(os.path.join(c.workdir, "logs", f"{name}.log")) as f:
+      out[name + ".log"] = f.read().splitlines()[-25:]
+  return out
+
+
 def test_learners_whose_synchronizer_stays_away_save_say_what_and_deliver_after_a_restart(
     tmp_path,
 ):
@@ -184,7 +195,7 @@ def test_learners_whose_synchronizer_stays_away_save_say_what_and_deliver_after_
     c.start_sync()
     for m in (0, 1):
       c.start_learner(m)
-    assert c.wait(150) == {"sync": 0, "learner0": 0, "learner1": 0}
+    assert c.wait(150) == {"sync": 0, "learner0": 0, "learner1": 0}, _after(c, restarted_at)
     merges = [
         r
         for r in read_jsonl(os.path.join(c.workdir, "sync", "metrics.jsonl"))
@@ -194,7 +205,10 @@ def test_learners_whose_synchronizer_stays_away_save_say_what_and_deliver_after_
     # before the kill had been merged (a copy refused as a duplicate), the steps after it.
     for m in (0, 1):
       s = _json(os.path.join(c.workdir, f"learner{m}", "summary.json"))
-      assert s["restored_step"] == 80 and s["undelivered_steps"] == {} and s["settled"]
+      assert s["restored_step"] == 80 and s["undelivered_steps"] == {} and s["settled"], (
+          s,
+          _after(c, restarted_at),
+      )
       for p, n in held[m].items():
         sent = [k for r in merges if r["fragment"] == int(p) for l, k in zip(r["learners"], r["steps"]) if l == m]  # fmt: skip
         assert sent and max(sent) <= n and max(sent) >= s_unreachable[m], (m, p, n, sent)

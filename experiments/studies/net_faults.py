@@ -371,18 +371,21 @@ def slow_link(
     share: float = 0.1,
     stretch_s: float = 4.0,
     paced: bool = True,
+    call_s: float = CALL_S,
+    absent_s: float = ABSENT_S,
 ) -> dict:
   """Learner 1 uncapped for `stretch_s` (its upload rate and both step rates measured), then
   capped to `share` of that upload rate (both directions) for as long, then uncapped; the run
   ends once its late uploads have merged. The link floor (deploy.link_floor_mbit_s) is set below
-  the cap, and the call deadline and the absence timeout above the seconds a heartbeat waits
-  behind the fragments queued on the link, by configuration, as a user who knows the link would
-  (docs/deployment.md): else an upload's deadline assumes a faster link than this one and each
-  upload misses it, and the learner is declared absent and joins again (where it lost held
-  progress: BENCHMARKS.md, "Faults the kernel makes")."""
-  floor = ("--config.deploy.link_floor_mbit_s=0.004", "--config.deploy.call_timeout_s=10")
+  the cap, so that an upload's deadline allows for this link. The call deadline and the absence
+  timeout stay the other scenarios' (`call_s`, `absent_s`): a heartbeat waits behind the
+  fragments queued on the capped link for longer than both, so the synchronizer finds learner 1
+  absent and it joins again while it holds progress (where it once lost one or two fragments'
+  worth: BENCHMARKS.md, "Faults the kernel makes"). docs/deployment.md tells a user who knows
+  the link to set both above that wait instead."""
+  floor = ("--config.deploy.link_floor_mbit_s=0.004", f"--config.deploy.call_timeout_s={call_s}")
   spec = spec.format(steps=OPEN_ENDED)
-  with hosts(workdir, spec, floor, paced, absent_after_s=10.0) as run:
+  with hosts(workdir, spec, floor, paced, absent_after_s=absent_s) as run:
     if paced:
       run.wait_paced()
     else:
@@ -436,5 +439,8 @@ SCENARIOS = {
     "faults": faults,
     "sync_away": sync_away,
     "slow_link": slow_link,
-    "slow_link_sync": lambda w: slow_link(w, spec=SYNCHRONOUS, share=2.0, paced=False),
+    # (its measured slowdown is the link's: no absence and rejoin in it, as a user would set)
+    "slow_link_sync": lambda w: slow_link(
+        w, spec=SYNCHRONOUS, share=2.0, paced=False, call_s=10.0, absent_s=10.0
+    ),
 }

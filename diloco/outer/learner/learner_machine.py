@@ -185,6 +185,8 @@ class LearnerMachine:
     # Rebasing: fragments whose unanswered upload went again as it was (`joined_unseen`); what
     # was trained after it goes once a merge names it (`arrived`), or afresh if it is refused.
     self.as_sent: dict[int, float] = {}  # fragment -> when the copy went
+    # Per fragment, the key of the last upload a version it took merged (`_named_once`).
+    self.taken: dict[int, tuple[int, int, int]] = {}
     self.joined_gen = -1  # the synchronizer generation that answered the last real-time Join
     self.skipped = 0  # due uploads not sent: the last one of that fragment was unanswered
     # What it decided, in order: ("upload", p, base version, step), ("apply", p, version, step)
@@ -193,10 +195,10 @@ class LearnerMachine:
 
   _STATE = ("inflight", "join_inflight", "last_join", "restoring", "awaiting", "resent")
   _STATE += ("skipped", "decisions", "merged_unseen", "after_join", "answering", "as_sent")
-  _STATE += ("joined_gen", "refused_base")
+  _STATE += ("joined_gen", "refused_base", "taken")
   # (absent from older snapshots)
   _NEWER = {"after_join": set(), "answering": None, "as_sent": {}, "joined_gen": -1}
-  _NEWER["refused_base"] = set()
+  _NEWER.update(refused_base=set(), taken={})
 
   def state(self) -> dict:
     """Its protocol state (not the learner it reads), for a snapshot of a virtual run."""
@@ -242,7 +244,7 @@ class LearnerMachine:
     if code is not None:
       rejoin = self._resync() if code in REJOIN_ON_SEND else None
       return [Drop(send, code)] + ([rejoin] if rejoin is not None else []) + self._answered(send)
-    p = send.fragment
+    p, send = send.fragment, self._named_once(send)
     if self._delivery() == "replace" or send.includes_own or self.held.versions[p] < 0:
       self.inflight.pop(p, None)  # (under the other rules, its upload is still pending there)
     if self.held.versions[p] >= 0:  # (a first copy is where it starts: the virtual builder's)
@@ -268,6 +270,21 @@ class LearnerMachine:
         self.awaiting = None
         out.append(Rejoined())
     return out + self._answered(send)
+
+  def _named_once(self, send: protocol.Send) -> protocol.Send:
+    """`send`, less its `own` if the learner already took that upload as merged. A Join's
+    answer names the learner's last merged upload when the versions the Join reported predate
+    its merge; on a slow link the answer of one Join can reach the learner after the next Join
+    left, and both answers name the same upload. Taken twice, the second found it no longer
+    pending and replaced θ_p, dropping the progress made since (a capped learner lost 90
+    steps of one fragment: BENCHMARKS.md, "Faults the kernel makes")."""
+    p = send.fragment
+    if not send.includes_own:
+      return send
+    if self.taken.get(p) == send.own:
+      return dataclasses.replace(send, own=None, checksum=None)
+    self.taken[p] = send.own
+    return send
 
   def _answered(self, send: protocol.Send) -> list[Decision]:
     """The uploads held back for the Join's answer go once all of it has arrived: those it did
@@ -382,11 +399,17 @@ class LearnerMachine:
     Under rebase an unanswered upload goes again as it was sent (`as_sent`): others' merges
     may have moved the version held since, and a copy computed afresh on that newer base is no
     duplicate of the upload, which the synchronizer may still hold or have merged since the
-    answer was read (the Join may be a resync, not a restart): both would be merged."""
+    answer was read (the Join may be a resync, not a restart): both would be merged.
+
+    A fragment already sent again since the Join (the answer, read first under rebase, was an
+    older version from a restarted synchronizer: `regressed`) holds all of its progress in that
+    upload: a second copy of it was refused as a duplicate and cost a Join more (a restarted
+    learner pair of tests/test_learner_process.py sent every fragment twice)."""
     self.join_inflight = False
     rebase = self._delivery() == "rebase"
-    out = [Resend(p, None, as_sent=rebase) for p in sorted(self.inflight)]
-    return out + [Resend(p, None) for p in sorted(set(answered) - set(self.inflight))]
+    gone = {p for p, t in self.resent if t >= self.last_join}  # sent again since, afresh
+    out = [Resend(p, None, as_sent=rebase) for p in sorted(set(self.inflight) - gone)]
+    return out + [Resend(p, None) for p in sorted(set(answered) - set(self.inflight) - gone)]
 
   def holding(self) -> None:
     """A learner restored with nothing left to train: the progress its checkpoint holds may
@@ -423,6 +446,7 @@ class LearnerMachine:
     self.inflight.clear()
     self.merged_unseen.clear()
     self.refused_base.clear()
+    self.taken.clear()  # (restored from before a merge it took: that merge is news again)
     self.after_join, self.answering, self.as_sent = set(), None, {}
     self.join_inflight, self.restoring, self.awaiting = False, True, None
     return [self._rejoin("restored")]
@@ -431,6 +455,7 @@ class LearnerMachine:
     self.inflight.clear()
     self.merged_unseen.clear()
     self.refused_base.clear()
+    self.taken.clear()
     self.after_join, self.answering, self.as_sent = set(), None, {}
     self.join_inflight, self.restoring, self.awaiting = False, False, None
 
