@@ -349,9 +349,9 @@ def test_grpc_processes_with_a_learner_3x_slower_keep_the_period(tmp_path):
   # 1 straggling x3 (after it measured its own pace), both training 96 steps under the period
   # clock: every merge but each fragment's first kept its scheduled time or had both learners
   # in, and a fragment merges at most about once per period (n merges span at least n - 2
-  # periods; 1.25 leaves room for the pace's EMA moving). (The arrival clock through the same
-  # processes is every other gRPC test's; how many merges each clock makes is compared on the
-  # virtual clock above: two learner processes on two loaded cores do not keep a 3x pace.)
+  # periods; 1.25 leaves room for the pace's EMA moving). (How many merges each clock makes is
+  # compared on the virtual clock above: two learner processes on two loaded cores do not keep
+  # a 3x pace; the arrival clock through the same processes is the next test.)
   period, period_merges = _grpc_run(tmp_path, "period")
   assert period["clock"] == "period" and len(period["merges_per_period"]) == 4
   assert max(period["merges_per_period"].values()) <= 1.25, period
@@ -359,6 +359,25 @@ def test_grpc_processes_with_a_learner_3x_slower_keep_the_period(tmp_path):
   for r in period_merges:
     assert r["due_s"] is None or r["time"] >= r["due_s"] or len(r["learners"]) == 2, r
   print(f"period: {len(period_merges)} merges, per period {period['merges_per_period']}")
+
+
+def test_grpc_processes_with_a_learner_3x_slower_merge_each_round_their_arrivals_open(tmp_path):
+  # The same processes under the arrival clock, with today's count: each merge is a round its
+  # first upload opened (K = 1: the quorum met on arrival, `time - grace_s` is that arrival),
+  # holding every upload of the fragment that arrived until it merged, and the next round opens
+  # at the next arrival. So each fragment merges once per such round, whatever the period: the
+  # count the code before the merge clock made (on the virtual clock, bit for bit, above).
+  summary, merges = _grpc_run(tmp_path, "arrival")
+  assert summary["clock"] == "arrival" and merges
+  assert all(r["clock"] == "arrival" and r["due_s"] is None for r in merges)
+  for p in range(4):
+    rows = [r for r in merges if r["fragment"] == p]
+    for r in rows:
+      assert r["time"] - r["grace_s"] == pytest.approx(min(r["arrived"]), abs=1e-6), r
+    for r, nxt in zip(rows, rows[1:]):
+      assert min(nxt["arrived"]) >= r["time"], (r, nxt)
+  both = sum(len(r["learners"]) == 2 for r in merges)
+  print(f"arrival: {len(merges)} merges, {both} with both learners, {summary['merges_per_period']}")
 
 
 def test_the_pace_is_measured_between_arrivals():

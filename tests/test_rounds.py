@@ -46,9 +46,11 @@ def test_without_a_grace_window_the_quorum_merges_at_once():
 
 
 def test_merge_record_normalises_weights_and_keeps_only_merged_clips():
-  ups = [types.SimpleNamespace(learner=m, steps=s, tokens=64 * s) for m, s in ((0, 3), (2, 1))]
+  ups = [types.SimpleNamespace(learner=m, steps=s, tokens=64 * s, time=t)
+         for m, s, t in ((0, 3, 11.5), (2, 1, 11.75))]  # fmt: skip
   record = rounds.merge_record(1, 12.0, 5, 11.5, ups, np.array([3.0, 1.0]), [0, 2], {2, 4})
   assert record["weights"] == [0.75, 0.25] and record["grace_s"] == 0.5
+  assert record["arrived"] == [11.5, 11.75]
   assert record["learners"] == [0, 2] and record["clipped"] == [2]
   assert (record["version"], record["quorum"], record["tokens"]) == (5, 2, [192, 64])
   assert rounds.merge_record(0, 1.0, 1, None, ups, np.ones(2), [0, 0], set())["grace_s"] == 0.0

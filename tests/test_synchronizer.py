@@ -158,6 +158,7 @@ def test_synchronous_merge_is_the_hand_computed_nesterov_step_and_learners_match
       "steps": [4, 4],
       "tokens": [128, 128],
       "clipped": [],
+      "arrived": [1.0, 1.0],  # (both uploads at t = 1)
       # the merge clock: by arrival, a whole outer step; its period, H (1 here) times the
       # reference learner's 0.25 s a step
       "clock": "arrival",

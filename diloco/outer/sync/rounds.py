@@ -107,4 +107,5 @@ def merge_record(
       "steps": [u.steps for u in ups],
       "tokens": [u.tokens for u in ups],
       "clipped": sorted(clipped & {u.learner for u in ups}),
+      "arrived": [u.time for u in ups],  # (when each upload arrived, on the merge's clock)
   }
