@@ -17,6 +17,7 @@ from diloco.config import build, checks
 from diloco.outer import protocol
 from diloco.outer.learner import learner_machine
 from diloco.outer.codecs import compression
+from diloco.outer.outcomes import Code
 
 
 def _learner(delivery: str, overlap: int = 0, alpha: float = 0.0, anchor: str = "base"):
@@ -165,6 +166,46 @@ def test_rebase_takes_a_second_join_answer_naming_an_upload_already_merged_as_an
   assert last.send.own == u2.key
   learner.receive(last.send)
   assert learner.c_steps[0] == 2 and machine.undelivered() == {}
+
+
+def test_rebase_after_a_duplicate_waits_for_the_merge_that_names_the_upload():
+  # The slow link again: u (2 steps on version 0) was unanswered at a Join, and its copy
+  # computed afresh was refused as a duplicate (u had been merged). The Join's answer, queued
+  # before that merge, then arrives: version 1, naming nothing. It does not hold u, so all 3
+  # steps stay on top of it; the merge that names u then takes u's 2 steps out and the rest goes
+  # again. (Before, version 1 took u as merged, and the merge naming u, no longer pending,
+  # replaced θ: the progress since was lost.)
+  learner, batches = _learner("rebase")
+  machine = learner_machine.LearnerMachine(learner, 1, blocking=False, overlap=0)
+  theta0 = learner.global_copy[0]
+  _steps(learner, batches, 2)
+  machine.stepped([0])
+  u = _upload(learner, 0.0)
+  _steps(learner, batches, 1)
+  machine.join_sent(5.0)
+  assert machine.joined_unseen() == [learner_machine.Resend(0, None, as_sent=True)]
+  assert machine.resend_due(0, None, now=5.0, as_sent=True) == [learner_machine.Upload(0)]
+  assert learner.sent_again(0, 5.0) is None  # (on the version held: computed afresh)
+  copy = _upload(learner, 5.1)
+  learner.not_merged(0, copy.sent_time)
+  refused = protocol.Refused(0, 0, Code.DUPLICATE, "", 5.2, copy.sent_time, 0, 0)
+  assert machine.refused(refused) == [learner_machine.Rejoin("refused")]
+  before = learner._read(0)
+  one, answer = _others(learner)
+  assert machine.arrived(answer) == [learner_machine.Apply(answer)]
+  learner.receive(answer)
+  assert _same(learner._read(0), {k: one[k] + (before[k] - theta0[k]) for k in one})
+  assert learner.c_steps[0] == 3 and learner.sent[0] == [u]
+  _steps(learner, batches, 1)
+  before = learner._read(0)
+  two, merge = _own(learner, 2)
+  assert merge.own == u.key
+  want = [learner_machine.Apply(merge, rebase=True), learner_machine.Resend(0, (0, 2))]
+  assert machine.arrived(merge) == want
+  learner.receive(merge, rebase=True)
+  d = compression.decode_tree(u.delta)
+  assert _same(learner._read(0), {k: two[k] + ((before[k] - one[k]) + d[k]) for k in two})
+  assert learner.c_steps[0] == 2
 
 
 def test_at_own_sync_with_overlap_takes_the_newest_tau_steps_later_mixed_by_alpha():

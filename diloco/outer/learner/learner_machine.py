@@ -175,6 +175,9 @@ class LearnerMachine:
     # Fragments whose upload on the version held was merged, the merge not received yet (a
     # copy sent again after a Join was refused as a duplicate): its arrival rebases.
     self.merged_unseen: set[int] = set()
+    # ... and the generation that refused it: a send of that generation merges it only if it names
+    # one of the learner's uploads (`arrived`).
+    self.unseen_gen: dict[int, int] = {}
     # Fragments whose upload was refused for its base (unknown to a restarted synchronizer): the
     # Join's answer sends a newer version, and on it the progress goes again.
     self.refused_base: set[int] = set()
@@ -195,10 +198,10 @@ class LearnerMachine:
 
   _STATE = ("inflight", "join_inflight", "last_join", "restoring", "awaiting", "resent")
   _STATE += ("skipped", "decisions", "merged_unseen", "after_join", "answering", "as_sent")
-  _STATE += ("joined_gen", "refused_base", "taken")
+  _STATE += ("joined_gen", "refused_base", "taken", "unseen_gen")
   # (absent from older snapshots)
   _NEWER = {"after_join": set(), "answering": None, "as_sent": {}, "joined_gen": -1}
-  _NEWER.update(refused_base=set(), taken={})
+  _NEWER.update(refused_base=set(), taken={}, unseen_gen={})
 
   def state(self) -> dict:
     """Its protocol state (not the learner it reads), for a snapshot of a virtual run."""
@@ -255,7 +258,9 @@ class LearnerMachine:
     if regressed(send, self.held):  # what the restored state lacks goes again
       self.merged_unseen.discard(p)
       out.append(Resend(p, (send.generation, send.version)))
-    elif p in self.merged_unseen:  # what it trained after its merged upload goes again
+    elif p in self.merged_unseen and (
+        send.includes_own or send.generation != self.unseen_gen.get(p)
+    ):  # what it trained after its merged upload goes again (see `refused`)
       self.merged_unseen.discard(p)
       self.as_sent.pop(p, None)
       self.decisions.append(("rebase", p, send.version, self.held.steps))
@@ -316,7 +321,14 @@ class LearnerMachine:
     base = (refusal.base_generation, refusal.base_version)
     held = (self.held.generations[p], self.held.versions[p])
     if refusal.code is Code.DUPLICATE and base == held and self._delivery() != "at_own_sync":
-      self.merged_unseen.add(p)  # an earlier upload on this version was merged
+      # An earlier upload on this version was merged. The synchronizer that refused names it in
+      # every send of a version that holds it (the merge's, a Join's answer), so one of its
+      # sends that names none holds it not: a Join's answer queued before that merge, on which
+      # the rebase took the upload as merged, and the merge's own send, naming an upload no
+      # longer pending, then dropped the progress since (the slow-link test, 88 steps). A
+      # restarted synchronizer's send may hold it without naming it.
+      self.merged_unseen.add(p)
+      self.unseen_gen[p] = self.held.heard_generation(p)
     if refusal.code in RESYNC and sent is not None and sent > self.last_join:
       out.append(self._resync("refused"))
     if refusal.code in REBASE and self._delivery() != "at_own_sync":  # (it takes no version)
