@@ -167,8 +167,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   if a.study not in KEYS:
     raise ValueError(f"study={a.study!r}: expected one of {tuple(KEYS)}")
   keys, cells = KEYS[a.study], _cells(a)
-  if a.study == "b" and a.part == "preset":  # every row at one outer rate, every seed: the
-    rate = float(a.rates) if a.rates else 0.1  # preset's, or one named (set once, never retuned)
+  if a.study == "b" and a.part == "preset":  # every row at one outer rate, every seed: 0.1 (the
+    rate = float(a.rates) if a.rates else 0.1  # preset's until the period clock), or one named
     return [_point("b", c, outer_lr=rate, seed=s) for s in range(a.seeds) for c in cells]
   if a.study == "d" and a.part == "baseline":
     return [dict(study="d", method="diloco", seed=s) for s in range(a.seeds)]

@@ -10,8 +10,9 @@ equal weights and a plain mean, with blocking learners; Decoupled DiLoCo changes
 
 Decoupled DiLoCo (paper defaults, reconstructed): P=24 balanced fragments, each synced every H=24
 steps, tau=2, quorum K=1, adaptive grace, token weights, RDA, fp4; learners never wait and keep
-the progress a merge they were not part of lacks (`outer.delivery=rebase`, outer lr 0.1). Merges are
-damped by staleness: learners in phase whose uploads of one base merge one by one (K=1, a grace
+the progress a merge they were not part of lacks (`outer.delivery=rebase`); each fragment merges once
+per H steps of the fastest live learner's pace (`outer.merge_clock=period`, outer lr 0.2: issue
+69's evidence, BENCHMARKS.md "The merge clock"). Merges are damped by staleness: learners in phase whose uploads of one base merge one by one (K=1, a grace
 window shorter than their spread) would otherwise add their outer gradients up. Outer gradients
 above 4x the recent median norm are clipped to it: after an outage of the synchronizer, learners
 that trained on upload the progress of many steps at once, and the outer momentum would carry it
