@@ -148,7 +148,9 @@ def _heterogeneous(c: ml_collections.ConfigDict, m: int) -> None:
   """Decoupled DiLoCo at the paper's setting: the second half of the M learners 18% slower, every
   step with a 10% log-normal jitter, on the simulated clock; the Decoupled preset (rebase) but
   H, which stays the protocol's, and P = 4 fragments (xs has 10 tensors, fewer than the preset's
-  24; one P for every size)."""
+  24; one P for every size), by the arrival clock its column was run under (the preset's until
+  issue 69)."""
+  c.outer.merge_clock = "arrival"
   c.outer.fragments = FRAGMENTS
   c.sim.speeds = ",".join(["1"] * (m - m // 2) + [f"{SLOWER:g}"] * (m // 2))
   c.sim.step_jitter = JITTER
