@@ -41,6 +41,11 @@ def test_the_sweep_builds_each_study_as_documented():
   preset = mc.get_sweep("study=b,part=preset,pairs=period/one,seeds=2")
   assert len(preset) == 5 * 2 and {p["outer_lr"] for p in preset} == {0.1}
   assert {p["extra"] for p in preset} == {0, 1, 2, 4, 12} and {p["seed"] for p in preset} == {0, 1}
+  # Waiting for all (by arrival only) keeps to the pairs named, as every cell does.
+  waits = mc.get_sweep("study=c,policies=wait_all,pairs=arrival/tokens,rates=0.4,part=tune")
+  assert [(p["policy"], p["clock"], p["scale"]) for p in waits] == [
+      ("wait_all", "arrival", "tokens")
+  ]
   named = mc.get_sweep("study=b,part=preset,pairs=period/one,rates=0.2")
   assert len(named) == 15 and {p["outer_lr"] for p in named} == {0.2}
   # Several pairs are joined by '+' (',' separates variants); a pair not run is refused.

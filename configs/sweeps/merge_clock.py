@@ -138,7 +138,7 @@ def _cells(a) -> list[tuple]:
     return [(k, *p) for k in scavenging.EXTRAS for p in pairs]
   if a.study == "c":
     cells = [(pol, *p) for pol in ("k1", "k1_grace") for p in pairs]
-    cells += [("wait_all", "arrival", "one"), ("wait_all", "arrival", "tokens")]
+    cells += [("wait_all", *p) for p in pairs if p[0] == "arrival"]  # (period: refused, blocking)
     named = a.policies.split("/") if a.policies else None
     return [c for c in cells if named is None or c[0] in named]
   return pairs
