@@ -244,6 +244,23 @@ def test_all_learners_waits_for_stalled_learners_until_they_leave():
   assert sync.versions == [1, 0]
 
 
+def test_a_round_of_all_members_stops_waiting_for_a_learner_that_finished():
+  # Synchronous DiLoCo's learners told to leave at different steps: learner 0 uploaded at its
+  # sync point, learner 1 left mid-period and reports itself finished. Its round merges
+  # learner 0's upload alone; a round whose quorum is met without it is left to that quorum.
+  sync = _sync(policies.SYNCHRONOUS, optimizers.sgd(1.0), learners=2)
+  delta = {E: _f([1.0, 1.0], [1.0, 1.0]), W0: _f([0.0, 0.5], [0.0, 0.0])}
+  assert sync.handle(_up(0, 0, delta, base=0, time=1.0)) == []
+  assert sync.handle(Tick(50.0)) == [] and sync.finished(0, 50.0) == []  # (0 is in it)
+  (record,) = _merges(sync.finished(1, 51.0))
+  assert record["learners"] == [0] and record["time"] == 51.0 and sync.versions == [1, 0]
+  assert sync.finished(1, 52.0) == []  # (nothing waits for it now)
+  k2 = _sync(policies.Policy(policies.MinQuorum(2), policies.NoGrace(), **EQUAL_MEAN),
+             optimizers.sgd(1.0), learners=3)  # fmt: skip
+  assert k2.handle(_up(0, 0, delta, base=0)) == [] and k2.finished(2, 2.0) == []
+  assert not k2.rounds[0].abstaining  # (2 of 3: learner 1's upload still merges it)
+
+
 def test_merged_work_sums_the_steps_and_tokens_of_merged_uploads_and_survives_a_restart():
   sync = _sync(
       policies.Policy(policies.MinQuorum(2), policies.NoGrace(), **EQUAL_MEAN),

@@ -177,6 +177,7 @@ class SyncHost:
         )
       if finished:
         self.finished.add(learner)
+        self._act(self.sync.finished(learner, self.now()))
       else:  # (a finished learner with an upload in flight again: learner_loop.beat)
         self.finished.discard(learner)
       if report is not None:

@@ -163,6 +163,25 @@ class Synchronizer:
       return out + self._maybe_release(event.time)
     raise TypeError(f"unknown event {event!r}")
 
+  def finished(self, learner: int, now: float) -> list[Action]:
+    """`learner` trains no more and has nothing unanswered (its heartbeat says finished). A
+    round open without its upload whose quorum needs every learner it counts would wait for it
+    forever (a synchronous run whose learners were told to leave at different steps: one left
+    mid-period, the other's last upload waited for it): the learner abstains from such rounds
+    until it uploads again. A round that can merge without it (K below the learners counted)
+    is left to its quorum and grace window."""
+    quorum, waiting = self.policy.quorum, []
+    for p, rnd in self.rounds.items():
+      group = (self.members if quorum.of_members else self.live) - rnd.abstaining
+      if rnd.pending and learner in group - set(rnd.pending):
+        if quorum.required(len(group)) >= len(group):
+          waiting.append(p)
+    if waiting:
+      self.clock.resume(now)
+    for p in waiting:
+      self.rounds[p].abstaining.add(learner)
+    return [a for p in waiting for a in self._maybe_merge(p, now)]
+
   def _join(self, event: Join) -> list[Action]:
     refused = admission.invalid_join(event, self.frag.num_fragments)
     if refused is not None:
