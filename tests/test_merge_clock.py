@@ -320,19 +320,19 @@ def test_the_real_time_host_merges_at_the_stated_times(clock):
   assert {r["clock"] for r in merges} == {clock}
 
 
-GRPC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps=96"
+GRPC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps={steps}"
 
 
-def _grpc_run(tmp_path, clock: str) -> tuple[dict, list[dict]]:
-  """A synchronizer and two learner processes under `clock`, learner 1 straggling x3: the
-  synchronizer's `merge_clock` summary and its merge records."""
+def _grpc_run(tmp_path, clock: str, steps: int = 96) -> tuple[dict, list[dict]]:
+  """A synchronizer and two learner processes under `clock`, learner 1 straggling x3, `steps`
+  each: the synchronizer's `merge_clock` summary and its merge records."""
   overrides = (
       f"--config.outer.merge_clock={clock}",
       "--config.chaos.schedule=straggle learner 1 at t=0s for 1000000s x3",
       "--config.outer.learner_checkpoint_every=0",
       "--config.progress_bar=False",
   )
-  c = local.LocalCluster(GRPC, 2, str(tmp_path / clock), overrides=overrides)
+  c = local.LocalCluster(GRPC.format(steps=steps), 2, str(tmp_path / clock), overrides=overrides)
   try:
     c.start()
     assert c.wait(240) == {"sync": 0, "learner0": 0, "learner1": 0}
@@ -367,7 +367,7 @@ def test_grpc_processes_with_a_learner_3x_slower_merge_each_round_their_arrivals
   # holding every upload of the fragment that arrived until it merged, and the next round opens
   # at the next arrival. So each fragment merges once per such round, whatever the period: the
   # count the code before the merge clock made (on the virtual clock, bit for bit, above).
-  summary, merges = _grpc_run(tmp_path, "arrival")
+  summary, merges = _grpc_run(tmp_path, "arrival", steps=48)  # (6 uploads of each fragment each)
   assert summary["clock"] == "arrival" and merges
   assert all(r["clock"] == "arrival" and r["due_s"] is None for r in merges)
   for p in range(4):
