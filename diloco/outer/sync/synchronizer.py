@@ -170,17 +170,21 @@ class Synchronizer:
     mid-period, the other's last upload waited for it): the learner abstains from such rounds
     until it uploads again. A round that can merge without it (K below the learners counted)
     is left to its quorum and grace window."""
-    quorum, waiting = self.policy.quorum, []
+    waiting = []
     for p, rnd in self.rounds.items():
-      group = (self.members if quorum.of_members else self.live) - rnd.abstaining
+      group = self._group(rnd)
       if rnd.pending and learner in group - set(rnd.pending):
-        if quorum.required(len(group)) >= len(group):
+        if self.policy.quorum.required(len(group)) >= len(group):
           waiting.append(p)
     if waiting:
       self.clock.resume(now)
     for p in waiting:
       self.rounds[p].abstaining.add(learner)
     return [a for p in waiting for a in self._maybe_merge(p, now)]
+
+  def _group(self, rnd: rounds.Round) -> set[int]:
+    """The learners a round counts: its quorum's (members or live), less those abstaining."""
+    return (self.members if self.policy.quorum.of_members else self.live) - rnd.abstaining
 
   def _join(self, event: Join) -> list[Action]:
     refused = admission.invalid_join(event, self.frag.num_fragments)
@@ -253,7 +257,7 @@ class Synchronizer:
 
   def _maybe_merge(self, p: int, now: float) -> list[Action]:
     rnd = self.rounds[p]
-    group = (self.members if self.policy.quorum.of_members else self.live) - rnd.abstaining
+    group = self._group(rnd)
     emas = (self.ema_step, self.ema_quorum, self.ema_sync)
     step = rounds.advance(rnd, group, self.policy, now, *emas, due=self.clock.due_at(p))
     if step is rounds.MERGE:
