@@ -348,6 +348,25 @@ def test_screen_round_by_hand():
   assert v.norms == pytest.approx([1.0, 1e6], rel=1e-6) and v.rms == pytest.approx([0.5, 5e5])
 
 
+def test_an_upload_carrying_more_steps_than_h_may_be_as_many_times_the_limit():
+  """H = 8, a history of norms 1 (limit 10 x 1): an upload of 72 steps (9 H) may reach 90, one
+  of 8 steps or fewer only 10. A learner back from an outage with 72 steps of one fragment was
+  refused as an outlier and lost them (tests/test_learner_process.py's restart, 2 runs in 5 under
+  load); the clip (2 x 1) is the same for every upload."""
+  screen = integrity.OutlierScreen(factor=10.0, min_history=4, window=4, clip_factor=2.0, period=8)
+  deltas = [{"w": np.full(4, x / 2, np.float32)} for x in (50.0, 50.0, 95.0, 4.0)]  # norms
+  v = screening.screen_round(deltas, 4, screen, [1.0] * 4, [], steps=[72, 8, 72, 4])
+  assert v.rejected == {
+      1: (Code.OUTLIER, "outlier: norm 50 above the limit 10"),
+      2: (Code.OUTLIER, "outlier: norm 95 above the limit 90"),
+  }
+  assert v.scale == {0: 2.0 / 50.0, 3: 0.5}  # both clipped to 2
+  assert [screen.allowance(k) for k in (0, 8, 12, 72)] == [1.0, 1.0, 1.5, 9.0]
+  assert integrity.OutlierScreen(factor=10.0).allowance(72) == 1.0  # period 0: none
+  with pytest.raises(ValueError, match="period must be >= 0"):
+    integrity.OutlierScreen(period=-1)
+
+
 def test_outliers_enter_the_history_so_a_general_rise_is_followed():
   """Learners' norms x1000 (a warm-up ending): rejected until they are half of the window."""
   sync = _sync(screen=integrity.OutlierScreen(factor=100.0, min_history=2, window=4))

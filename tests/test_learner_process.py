@@ -211,7 +211,10 @@ def test_learners_whose_synchronizer_stays_away_save_say_what_and_deliver_after_
       )
       for p, n in held[m].items():
         sent = [k for r in merges if r["fragment"] == int(p) for l, k in zip(r["learners"], r["steps"]) if l == m]  # fmt: skip
-        assert sent and max(sent) <= n and max(sent) >= s_unreachable[m], (m, p, n, sent)
+        assert sent and max(sent) <= n and max(sent) >= s_unreachable[m], (
+            (m, p, n, sent),
+            _after(c, restarted_at),
+        )
     # The summary counts the steps trained while the synchronizer was away (reported by no
     # heartbeat: the restarted processes start at 80) and the merges of both generations.
     work = _json(os.path.join(c.workdir, "sync", "summary.json"))["learners"]

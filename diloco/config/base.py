@@ -406,7 +406,8 @@ def _outer() -> dict:
       ),
       outlier_factor=(
           100.0,
-          "reject outer gradients with norm > factor x recent median; 0 = off",
+          "reject outer gradients with norm > factor x recent median (x k/H for one carrying k > H "
+          "steps); 0 = off",
           domains.nonneg("0: off"),
       ),
       outlier_history=(4, "norms of a fragment the outlier median is taken over", domains.count()),

@@ -100,7 +100,11 @@ def outlier_screen(o: ml_collections.ConfigDict) -> integrity.OutlierScreen | No
   if o.outlier_factor <= 0:
     return None
   return integrity.OutlierScreen(
-      o.outlier_factor, o.outlier_history, o.outlier_window, clip_factor=o.get("clip_factor", 0.0)
+      o.outlier_factor,
+      o.outlier_history,
+      o.outlier_window,
+      clip_factor=o.get("clip_factor", 0.0),
+      period=o.inner_steps,
   )
 
 

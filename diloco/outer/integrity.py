@@ -83,6 +83,15 @@ class OutlierScreen:
   fragment, n the fragment's number of values. The very first upload of a run is compared with
   itself only. Zero norms (no movement, e.g. a first step at learning rate 0) set no scale and are
   left out of the medians.
+
+  An upload carrying k inner steps, more than the `period` H a fragment's upload carries in the
+  usual course (a learner back from an outage, or from a synchronizer restart, with all it
+  trained meanwhile), may be k/H times the limit before it is rejected: each inner step moves a
+  weight by about the learning rate, so honest progress grows at most linearly in the steps.
+  Against a history of H-step norms from the warm-up, such an upload was rejected as an outlier
+  and its progress lost (a learner restarted with 72 steps of one fragment against H = 8:
+  norm 15.34 above the limit 15.12). The clip is not widened: it is there for exactly those
+  uploads. 0: no allowance.
   """
 
   factor: float = 100.0
@@ -93,6 +102,7 @@ class OutlierScreen:
   # learners upload progress of many more steps than usual; the outer momentum would carry each
   # such step several times over.
   clip_factor: float = 0.0
+  period: int = 0  # H: the inner steps an upload carries in the usual course (0: no allowance)
 
   def __post_init__(self):
     if not self.factor > 1:
@@ -103,6 +113,8 @@ class OutlierScreen:
       )
     if self.min_history < 1 or self.window < self.min_history:
       raise ValueError(f"need 1 <= min_history <= window, got {self.min_history}, {self.window}")
+    if self.period < 0:
+      raise ValueError(f"period must be >= 0, got {self.period}")
 
   def limit(
       self, norms: Sequence[float], rms: Sequence[float], size: int, round_norms: Sequence[float]
@@ -115,6 +127,10 @@ class OutlierScreen:
     scale = float(np.sqrt(size))
     rms = [r for r in list(rms[-self.window :]) + [n / scale for n in round_norms] if r > 0]
     return self.factor * scale * lower_median(rms) if rms else float("inf")
+
+  def allowance(self, steps: int) -> float:
+    """How many times the limit an upload of `steps` inner steps may reach (k/H above H)."""
+    return max(1.0, steps / self.period) if self.period > 0 else 1.0
 
   def remember(self, history: Sequence[float], seen: Sequence[float]) -> list[float]:
     """The history after these values were seen (the last `window` kept)."""

@@ -30,10 +30,12 @@ def screen_round(
     screen: integrity.OutlierScreen,
     norms: list[float],
     rms: list[float],
+    steps: Sequence[int] = (),
 ) -> Verdicts:
   """Rejects non-finite deltas (NaN or Inf values, or an overflow of the norm) and those whose
-  norm is above the screen's limit; scales the others above the clipping norm down to it.
-  Outliers enter the histories too, so a general shift of the norms is followed."""
+  norm is above the screen's limit (times its allowance for the inner `steps` each carries);
+  scales the others above the clipping norm down to it. Outliers enter the histories too, so a
+  general shift of the norms is followed."""
   rejected: dict[int, tuple[Code, str]] = {}
   scale: dict[int, float] = {}
   found = {i: integrity.norm(d) for i, d in enumerate(deltas)}
@@ -44,8 +46,9 @@ def screen_round(
   limit = screen.limit(norms, rms, size, list(found.values())) if found else 0.0
   clip = limit / screen.factor * screen.clip_factor
   for i, n in found.items():
-    if not n <= limit:
-      rejected[i] = (Code.OUTLIER, f"outlier: norm {n:.4g} above the limit {limit:.4g}")
+    allowed = limit * screen.allowance(steps[i] if steps else 0)
+    if not n <= allowed:
+      rejected[i] = (Code.OUTLIER, f"outlier: norm {n:.4g} above the limit {allowed:.4g}")
     elif 0 < clip < n:
       scale[i] = clip / n
   seen = list(found.values())
@@ -63,10 +66,11 @@ def screened(
     screen: integrity.OutlierScreen,
     norms: list[float],
     rms: list[float],
+    steps: Sequence[int] = (),
 ) -> tuple[list[Mapping[str, np.ndarray]], dict[int, tuple[Code, str]], set[int], list, list]:
   """`screen_round` over a fragment of `values`' size applied: (the deltas, clipped ones scaled
   down; the rejected; the indices clipped; the two norm histories after the round)."""
-  v = screen_round(deltas, sum(x.size for x in values.values()), screen, norms, rms)
+  v = screen_round(deltas, sum(x.size for x in values.values()), screen, norms, rms, steps)
   deltas = list(deltas)
   for i, factor in v.scale.items():
     d = deltas[i]

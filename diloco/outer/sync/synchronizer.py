@@ -275,7 +275,7 @@ class Synchronizer:
     deltas = [compression.Decoded(u.delta) for u in ups]  # each leaf decoded as it is merged
     if self.screen is not None:
       deltas, rejected, scaled, f.norms, self.rms = screening.screened(
-          deltas, f.values, self.screen, f.norms, self.rms
+          deltas, f.values, self.screen, f.norms, self.rms, [u.steps for u in ups]
       )
       clipped = {ups[i].learner for i in scaled}
     return (*self._drop(p, now, ups, deltas, rejected), clipped)
