@@ -39,7 +39,7 @@ def names() -> list[str]:
 
 
 @contextlib.contextmanager
-def _kernel_env():
+def kernel_env():
   """The environment the kernel inherits: results-only, full mode, the repository importable, the
   inline backend (MPLBACKEND unset)."""
   saved = dict(os.environ)
@@ -61,24 +61,45 @@ def slow_cells(nb: nbformat.NotebookNode) -> set[int]:
   return {i for i, c in enumerate(nb.cells) if SLOW in c.metadata.get("tags", ())}
 
 
-def execute(name: str, timeout: int = 900, skip_slow: bool = False) -> nbformat.NotebookNode:
+def execute(
+    name: str, timeout: int = 900, skip_slow: bool = False, km=None
+) -> nbformat.NotebookNode:
   """notebooks/<name>.py executed in results-only full mode (`clean`ed); raises on a cell's error.
-  `skip_slow`: the cells tagged SLOW are not run and have no outputs."""
+  `skip_slow`: the cells tagged SLOW are not run and have no outputs. `km`: a running kernel to
+  run it in (`run_in`), started in results-only mode (`kernel_env`); else a fresh one."""
   nb = jupytext.read(NOTEBOOKS / f"{name}.py")
   skipped = {i: nb.cells[i].source for i in slow_cells(nb)} if skip_slow else {}
   for i in skipped:
     nb.cells[i].source = ""
-  with _kernel_env():
-    nbclient.NotebookClient(
-        nb,
-        kernel_name="python3",
-        timeout=timeout,
-        record_timing=False,
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
-    ).execute()
+  if km is not None:
+    run_in(km, nb, timeout)
+  else:
+    with kernel_env():
+      run_in(None, nb, timeout)
   for i, source in skipped.items():
     nb.cells[i].source = source
   return clean(nb)
+
+
+# A shared kernel's namespace between two notebooks: emptied, its figures closed.
+RESET = "%reset -f\nimport matplotlib.pyplot as _plt\n_plt.close('all')\ndel _plt"
+
+
+def run_in(km, nb: nbformat.NotebookNode, timeout: int) -> None:
+  """Executes `nb` in place, in a kernel started in notebooks/ (None: a fresh one, in this
+  process's environment). A running one (the tests': its start and imports were 4-8 s of each
+  notebook's) has its namespace emptied first (`RESET`)."""
+  options = dict(timeout=timeout, record_timing=False)
+  if km is not None:
+    reset = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(RESET)])
+    nbclient.NotebookClient(reset, km=km, **options).execute()
+  nbclient.NotebookClient(
+      nb,
+      km=km,
+      kernel_name="python3",
+      resources={"metadata": {"path": str(NOTEBOOKS)}},
+      **options,
+  ).execute()
 
 
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:

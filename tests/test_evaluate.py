@@ -127,9 +127,9 @@ def test_a_whole_split_evaluation_on_eight_devices_finishes(tmp_path):
   """Issue 49, point 2: mode=dp on 8 local devices aborted in its final evaluation of the whole
   validation split (every batch's all-reduce dispatched before any result was fetched; one
   participant never arrived and XLA's 40 s rendezvous timeout raised SIGABRT), every time."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  # (the suite's eight devices and XLA flags, whose compiled programs the cache holds)
   flags = ("--config.steps=20", "--config.data.final_eval_sequences=0")
-  out = proc_helpers.train(tmp_path / "run", *flags, env=env, timeout=240)
+  out = proc_helpers.train(tmp_path / "run", *flags, timeout=240)
   assert out.returncode == 0, out.stderr[-2000:]
   summary = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert summary["finished"] and math.isfinite(summary["eval_loss"])

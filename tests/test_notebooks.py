@@ -3,8 +3,15 @@ scripts/render_notebooks.py computes from the checked-in results (not stale), an
 runs in tiny mode and draws.
 
 goodput and bandwidth train nothing: the staleness test executes every line of theirs that tiny mode
-would (with larger sweeps), so they have no tiny run here (~13 s saved)."""
+would (with larger sweeps), so they have no tiny run here (~13 s saved).
 
+The staleness tests share one kernel and the tiny runs another, each notebook in an emptied
+namespace (`render.run_in`): a kernel's start and its imports were 4-8 s of each notebook's. A
+notebook that leaned on a name another defined would fail here (the namespace is emptied), and
+one whose tables depended on what another left in an imported module would differ from its
+.ipynb, rendered in a fresh kernel."""
+
+import contextlib
 import copy
 import importlib.util
 import os
@@ -12,8 +19,8 @@ import pathlib
 import re
 import sys
 
+import jupyter_client
 import jupytext
-import nbclient
 import nbformat
 import pytest
 
@@ -72,39 +79,57 @@ def test_ipynb_holds_the_py_and_its_outputs(name):
   assert NOTEBOOKS[name][1] in "".join(render.tables(stored).values())
 
 
+@contextlib.contextmanager
+def _kernel():
+  """A python3 kernel in notebooks/, started in this process's environment as it is now."""
+  km = jupyter_client.KernelManager(kernel_name="python3")
+  km.start_kernel(cwd=str(render.NOTEBOOKS), env=dict(os.environ))
+  try:
+    yield km
+  finally:
+    km.shutdown_kernel(now=True)
+
+
+@pytest.fixture(scope="module")
+def results_kernel():
+  with render.kernel_env(), _kernel() as km:
+    yield km
+
+
+@pytest.fixture(scope="module")
+def tiny_kernel():
+  """Tiny mode, on one CPU device, as the notebooks' own runs had: with the suite's eight, each of
+  M learners got its own device and compiled every program once per device (heterogeneous: 16
+  compiles of two train steps, 60 s; on one device 19 s)."""
+  with pytest.MonkeyPatch.context() as env:
+    env.setenv("DILOCO_NOTEBOOK_TINY", "1")
+    env.delenv(render.RESULTS_ONLY, raising=False)
+    env.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend makes the PNGs
+    flags = os.environ.get("XLA_FLAGS", "").replace(
+        "--xla_force_host_platform_device_count=8", "--xla_force_host_platform_device_count=1"
+    )
+    env.setenv("XLA_FLAGS", flags)
+    with _kernel() as km:
+      yield km
+
+
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
-def test_ipynb_outputs_are_those_of_the_checked_in_results(name):
+def test_ipynb_outputs_are_those_of_the_checked_in_results(name, results_kernel):
   """Re-executed against notebooks/results/ (never training), the tables are those stored; the
   cells tagged slow (a fit, or figures only) are not re-executed."""
   stored = render.read(name)
-  fresh = render.execute(name, timeout=240, skip_slow=True)
+  fresh = render.execute(name, timeout=240, skip_slow=True, km=results_kernel)
   stale = render.differences(name, stored, fresh, skip=render.slow_cells(stored))
   if stale:
     pytest.fail(stale, pytrace=False)
 
 
 @pytest.mark.parametrize("name", sorted(TRAINING))
-def test_notebook_runs_in_tiny_mode_and_draws(name, monkeypatch):
+def test_notebook_runs_in_tiny_mode_and_draws(name, tiny_kernel):
   figures, line = NOTEBOOKS[name]
-  monkeypatch.setenv("DILOCO_NOTEBOOK_TINY", "1")
-  monkeypatch.delenv(render.RESULTS_ONLY, raising=False)
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-  monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend makes the PNGs
-  # One CPU device, as the notebooks' own runs had: with the suite's eight, each of M learners
-  # got its own device and compiled every program once per device (heterogeneous: 16 compiles of
-  # two train steps, 60 s; on one device 19 s).
-  flags = os.environ.get("XLA_FLAGS", "").replace(
-      "--xla_force_host_platform_device_count=8", "--xla_force_host_platform_device_count=1"
-  )
-  monkeypatch.setenv("XLA_FLAGS", flags)
   nb = jupytext.read(REPO / "notebooks" / f"{name}.py")
-  client = nbclient.NotebookClient(
-      nb,
-      kernel_name="python3",
-      timeout=240,
-      resources={"metadata": {"path": str(REPO / "notebooks")}},
-  )
-  client.execute()
+  render.run_in(tiny_kernel, nb, timeout=240)
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
   assert not [o for o in outputs if o.output_type == "error"]
   pngs = [o for o in outputs if "image/png" in o.get("data", {})]

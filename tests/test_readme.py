@@ -98,7 +98,7 @@ def _commands(text: str) -> list[str]:
 RUN_BY = {
     "python3 -m venv .venv && .venv/bin/pip install -q -e '.[eval]' && .venv/bin/python -m experiments.train"
     " --config=configs/shakespeare.py:mode=compare": "tests/test_train.py",  # (runlocal there)
-    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,eval]'": ".ci/run",
+    "python3 -m venv .venv && .venv/bin/pip install -q --no-compile -e '.[dev,eval]'": ".ci/run",
     "python -m experiments.config --config=configs/shakespeare.py:mode=decoupled": "tests/test_readme.py",
     "python -m experiments.sweep --config=my_sweep.py:runlocal": "tests/test_own_experiments.py",
 }

@@ -267,9 +267,9 @@ def test_synchronizer_crashes_restore_the_last_checkpoint():
   # down until 6.0 s, ignored it every time; under load it came later still). The learners
   # were at step 2-4 at 6 s in those runs; with the compilation cache warm, at step 170 at 13.8 s
   # (the learner crash, which waits for the synchronizer to be back): at 12 and 13 s they are
-  # still training with 600 steps. Learner 1 starts over then, so its run is the steps' time again
-  # (1,000 steps: 66 s of wall time, 600: about 40).
-  steps = 600
+  # still training with 400 steps. Learner 1 starts over then, so its run is the steps' time again
+  # (1,000 steps: 66 s of wall time, 600: about 40, 400: about 27).
+  steps = 400
   config = _config(
       f"mode=decoupled,runlocal,learners=2,steps={steps},chaos=sync_crash at t=0.2s "
       "for 1s save; sync_crash at t=12s for 0.5s; crash learner 1 at t=13s for 0.5s",
