@@ -39,12 +39,16 @@ def names() -> list[str]:
 
 
 @contextlib.contextmanager
-def kernel_env():
-  """The environment the kernel inherits: results-only, full mode, the repository importable, the
-  inline backend (MPLBACKEND unset)."""
+def kernel_env(tiny: bool = False):
+  """The environment the kernel inherits: results-only, full mode (`tiny`: training, in tiny
+  mode), the repository importable, the inline backend (MPLBACKEND unset)."""
   saved = dict(os.environ)
-  os.environ[RESULTS_ONLY] = "1"
-  os.environ.pop("DILOCO_NOTEBOOK_TINY", None)
+  if tiny:
+    os.environ["DILOCO_NOTEBOOK_TINY"] = "1"
+    os.environ.pop(RESULTS_ONLY, None)
+  else:
+    os.environ[RESULTS_ONLY] = "1"
+    os.environ.pop("DILOCO_NOTEBOOK_TINY", None)
   os.environ.pop("MPLBACKEND", None)
   os.environ["PYTHONPATH"] = os.pathsep.join(
       p for p in (str(REPO), saved.get("PYTHONPATH", "")) if p

@@ -158,11 +158,15 @@ def test_learners_whose_synchronizer_stays_away_save_say_what_and_deliver_after_
   try:
     rows = lambda m: read_jsonl(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))
     c.start()
+
     # Kill once the faster of the two reached step 25, both training (either can be the faster:
     # learner 1 reached 26 when learner 0 was at 50, and under two `yes` loops learner 1 was at 75
     # when learner 0 reached 25, left with too few steps to train any unreachable).
-    step = lambda m: rows(m)[-1]["step"] if rows(m) else -1
-    wait_for(lambda: min(step(0), step(1)) >= 0 and max(step(0), step(1)) >= 25, 120, "step 25")
+    def faster_at_25() -> bool:
+      steps = [max((r["step"] for r in rows(m)), default=-1) for m in (0, 1)]
+      return min(steps) >= 0 and max(steps) >= 25
+
+    wait_for(faster_at_25, 120, "step 25")
     at_kill = {m: rows(m)[-1]["step"] for m in (0, 1)}  # (as far as their logs had got)
     c.kill("sync")
     codes = c.wait(120)

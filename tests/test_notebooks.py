@@ -101,15 +101,10 @@ def tiny_kernel():
   """Tiny mode, on one CPU device, as the notebooks' own runs had: with the suite's eight, each of
   M learners got its own device and compiled every program once per device (heterogeneous: 16
   compiles of two train steps, 60 s; on one device 19 s)."""
-  with pytest.MonkeyPatch.context() as env:
-    env.setenv("DILOCO_NOTEBOOK_TINY", "1")
-    env.delenv(render.RESULTS_ONLY, raising=False)
-    env.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend makes the PNGs
-    flags = os.environ.get("XLA_FLAGS", "").replace(
+  with render.kernel_env(tiny=True):
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "").replace(
         "--xla_force_host_platform_device_count=8", "--xla_force_host_platform_device_count=1"
-    )
-    env.setenv("XLA_FLAGS", flags)
+    )  # (kernel_env puts the environment back as it was)
     with _kernel() as km:
       yield km
 
