@@ -5,7 +5,18 @@ import collections
 import json
 import os
 import pathlib
+import sys
 import tempfile
+
+# The suite byte-compiles what it imports, once: every process it starts (xdist's workers, the
+# learners, synchronizers and kernels the tests start) writes the .pyc files of the modules it
+# imports first, even where PYTHONDONTWRITEBYTECODE is set (this machine sets it). So the
+# README's test command installs without compiling: pip compiles all 17,711 files of the
+# environment on one core (100 s), and the suite imports about 3,300 of them (15 s of CPU to
+# compile; without .pyc files every process compiled what it imported again, 9 s of CPU against 4
+# for the learner's modules with lm-eval and Ray). docs/testing.md.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # XLA's backend optimisation off and its older, per-op emitters for fused loops: compiling tiny
 # programs, not running them, is most of the suite's time (BENCHMARKS.md, "The test suite's

@@ -1,6 +1,7 @@
 """What every main does with its `--config`: a typo in a key is one line, a bad config is one
 message naming every bad key, a workdir that holds another run is refused, with no traceback."""
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -20,6 +21,17 @@ HELP = (
 )
 
 
+@contextlib.contextmanager
+def _no_bytecode():
+  """Config files load without writing a __pycache__ beside them: a command writes nothing in the
+  folder of the config file it was given (a bad one least of all)."""
+  before, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+  try:
+    yield
+  finally:
+    sys.dont_write_bytecode = before
+
+
 def load_module(path: str):
   """Imports a config file by path (as ml_collections' config_flags does)."""
   if not os.path.isfile(path):
@@ -27,7 +39,8 @@ def load_module(path: str):
   name = "config_file_" + re.sub(r"\W", "_", os.path.abspath(path))
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  with _no_bytecode():
+    spec.loader.exec_module(module)
   return module
 
 
@@ -113,7 +126,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
   config does not have, or a config file that raises as it loads a usage error (exit 2, one line)
   rather than absl's exit 1 or a traceback."""
   try:
-    return flags.FLAGS(argv)
+    with _no_bytecode():  # (config_flags loads the config files as it parses)
+      return flags.FLAGS(argv)
   except flags.Error as e:  # one line (absl names each missing flag on a line of its own)
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if "Traceback (most recent call last):" in lines:  # (config_flags': a get_config that raised)
