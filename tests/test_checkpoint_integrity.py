@@ -61,6 +61,32 @@ def _like():
   return {"w": jax.ShapeDtypeStruct((1000,), jnp.float32, sharding=sharding)}
 
 
+def test_a_state_saved_from_host_copies_restores_to_its_bits_and_shardings(tmp_path):
+  """Checkpointer saves NumPy copies of the arrays this process holds whole (`_on_host`); a restore
+  onto the target's shardings gives jax.Arrays with those shardings and the saved bits: one split
+  over the 8 devices, one replicated on them, a scalar step."""
+  mesh = jax.make_mesh((8,), ("data",))
+  split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  values = np.random.default_rng(0).standard_normal((16, 3)).astype(np.float32)
+  state = {
+      "split": jax.device_put(values, split),
+      "whole": jax.device_put(values[:2], whole),
+      "step": jax.device_put(np.int32(7), whole),
+  }
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(checkpoint._on_host(state)))
+  ckpt = checkpoint.Checkpointer(str(tmp_path), 1)
+  assert ckpt.save(7, state)
+  shardings = jax.tree.map(lambda x: x.sharding, state)
+  step, back = ckpt.restore(checkpoint.abstract_like(state, shardings))
+  ckpt.close()
+  assert step == 7
+  for k in state:
+    assert isinstance(back[k], jax.Array) and back[k].sharding == state[k].sharding, k
+    assert back[k].dtype == state[k].dtype, k
+    np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(state[k]))
+
+
 @pytest.fixture
 def warnings(monkeypatch):
   seen = []
@@ -269,12 +295,12 @@ def test_a_dp_run_whose_final_checkpoint_is_corrupt_retrains_it_and_finishes(tmp
 
 @pytest.fixture
 def small_disk(tmp_path):
-  """A real 1.5 MiB filesystem (tmpfs; needs root): the first tiny checkpoint fits (0.5-0.9 MiB
-  with the run's 0.25 MiB summary reserve), not all."""
+  """A real 1.125 MiB filesystem (tmpfs; needs root): the first tiny checkpoint fits (0.4 MiB, and
+  the run's 0.25 MiB summary reserve), not a second beside it (1.25x the first must be free)."""
   mount = tmp_path / "disk"
   mount.mkdir()
   done = subprocess.run(
-      ["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mount)], check=False
+      ["mount", "-t", "tmpfs", "-o", "size=1152k", "tmpfs", str(mount)], check=False
   )
   if done.returncode:
     pytest.skip("cannot mount a tmpfs here (not root?); the raising test below covers the code")

