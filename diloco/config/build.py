@@ -20,7 +20,7 @@ import optax
 
 from diloco import data as data_lib
 from diloco.chaos import schedule as chaos
-from diloco.inner import island as island_lib, sharding, stacked
+from diloco.inner import island as island_lib, sharding, stacked, step as step_lib
 from diloco.outer import fragments, integrity, optimizers, policies
 from diloco.outer.sync import ownership
 from diloco.outer.learner.learner import Learner
@@ -180,14 +180,13 @@ class Parts:
     groups: dict[int, list[int]] = {}
     for m in sorted(self.islands):
       groups.setdefault(self.batches[m], []).append(m)
-    opt_cfg = island_lib.optimizer_config(self.config)
     for batch, members in groups.items():
       mesh = stack_mesh(self.config, [self.islands[m].fns.mesh for m in members])
       isl = self.islands[members[0]]
       model_cfg, tokens = isl.model_cfg, batch * self.config.seq_len
       rows = mesh.shape[sharding.LEARNERS]
       kind = stack_step(self.config, isl.flops_per_token * tokens, rows)
-      fns = stacked.build_stacked_fns(model_cfg, opt_cfg, mesh, len(members), kind)
+      fns = stacked.build_stacked_fns(model_cfg, isl.opt_cfg, mesh, len(members), kind)
       stack = stacked.Stack(fns)
       self.rows.update({m: (stack, row) for row, m in enumerate(members)})
 
@@ -355,3 +354,61 @@ def one_learner(
 def synchronizer_only(config: ml_collections.ConfigDict) -> Parts:
   """No learner: what the synchronizer process needs (initial parameters on one device)."""
   return _cut(config, initial_params(config), {})
+
+
+@dataclasses.dataclass(frozen=True)
+class Clock:
+  """A learner's simulated clock in numbers (runtime/virtual.py's LearnerClock adds the jitter)."""
+
+  step_s: float  # mean seconds per step: sim.step_s by its speed and its batch
+  start_s: float
+  stop_s: float  # > 0: it stops there
+
+
+def clocks(config: ml_collections.ConfigDict, batches: Sequence[int]) -> list[Clock]:
+  """Each learner's clock: `sim.step_s` by its speed (`sim.speeds`) and batch, its start and stop
+  (`sim.start_times`, `sim.stop_times`)."""
+  sim, m_count = config.sim, config.outer.learners
+  speeds = parse_list(sim.speeds, m_count, float, 1.0, "sim.speeds")
+  starts = parse_list(sim.start_times, m_count, float, 0.0, "sim.start_times")
+  stops = parse_list(sim.get("stop_times", ""), m_count, float, 0.0, "sim.stop_times")
+  if any(s <= 0 for s in speeds):
+    raise ValueError(f"sim.speeds must be positive, got {sim.speeds!r}")
+  return [
+      Clock(sim.step_s * speeds[m] * batches[m] / config.batch_size, starts[m], stops[m])
+      for m in range(m_count)
+  ]
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualRun:
+  """What the virtual runner drives: the parts, every learner holding the start, each one's
+  clock, the synchronizer at the start and the fault schedule."""
+
+  parts: Parts
+  learners: list[Learner]
+  clocks: list[Clock]
+  sync: Synchronizer | ShardedSynchronizer
+  faults: list[chaos.Fault]
+
+
+def virtual_run(config: ml_collections.ConfigDict, parts: Parts | None = None) -> VirtualRun:
+  """The virtual runtime's run: `parts` (default: every learner here, stacked as
+  `outer.stack_learners` says) with its learners, clocks, synchronizer and faults."""
+  parts = parts or local_learners(config, stacked_learners=stacks(config))
+  learners = [parts.make_learner(m, holds_start=True) for m in range(config.outer.learners)]
+  times = clocks(config, parts.batches)
+  if config.sim.get("join_schedule", "own") == "clock":
+    _join_mid_schedule(learners, times)
+  return VirtualRun(parts, learners, times, parts.make_sync(), faults(config))
+
+
+def _join_mid_schedule(learners: Sequence[Learner], times: Sequence[Clock]) -> None:
+  """`sim.join_schedule=clock`: a learner that starts late starts its learning-rate schedule
+  where one of its speed that started at t = 0 would be (its start time over its step time), as a
+  learner lent to a run for a stretch joins it mid-schedule; `own`: at its first step."""
+  for learner, clock in zip(learners, times):
+    if clock.start_s > 0:
+      at = int(clock.start_s / clock.step_s)
+      opt = step_lib.restarted(learner.state.opt_state, at, fresh=False)
+      learner.state = learner.state._replace(opt_state=opt)

@@ -20,6 +20,7 @@ class Island:
   fns: step_lib.StepFns
   data: Any  # diloco.data.Datasets
   model_cfg: transformer.ModelConfig
+  opt_cfg: step_lib.OptimizerConfig
   seed: int
   param_count: int
   flops_per_token: float
@@ -128,6 +129,7 @@ def build_island(
       fns=fns,
       data=data,
       model_cfg=model_cfg,
+      opt_cfg=optimizer_config(config),
       seed=config.seed,
       param_count=transformer.param_count(shapes.params),
       flops_per_token=(

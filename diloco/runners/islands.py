@@ -17,7 +17,7 @@ from diloco import metrics
 from diloco.chaos import schedule as chaos
 from diloco.config import build
 from diloco.data.corpus import mixture
-from diloco.inner import step as step_lib, warm_start
+from diloco.inner import warm_start
 from diloco.outer import fragments, protocol
 from diloco.runners import island_log, island_summary
 from diloco.runtime import preemption, virtual, virtual_chaos, virtual_snapshot
@@ -41,15 +41,12 @@ def _run(
     config: ml_collections.ConfigDict, workdir: str, parts: build.Parts | None
 ) -> dict[str, Any]:
   o, t_wall = config.outer, time.perf_counter()
-  parts = parts or build.local_learners(config, stacked_learners=build.stacks(config))
-  learners = [parts.make_learner(m, holds_start=True) for m in range(o.learners)]
-  clocks = _clocks(config)
-  _join_schedules(config, learners, clocks)
-  sync = parts.make_sync()
+  made = build.virtual_run(config, parts)
+  parts, learners, sync, faults = made.parts, made.learners, made.sync, made.faults
+  clocks = _clocks(config, made.clocks)
   for m in range(o.learners):
     if clocks[m].joined:  # (one that starts late joins when it starts)
       sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
-  faults = build.faults(config)
   snap = None if faults else virtual_snapshot.load(workdir, config)
   recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
   budget = config.steps * sum(parts.batches) * config.seq_len
@@ -196,36 +193,18 @@ def draw_timeline(
   )
 
 
-def _join_schedules(config: ml_collections.ConfigDict, learners, clocks) -> None:
-  """`sim.join_schedule=clock`: a learner that starts late starts its learning-rate schedule
-  where one of its speed that started at t = 0 would be (its start time over its step time), as a
-  learner lent to a run for a stretch joins it mid-schedule; `own`: at its first step."""
-  if config.sim.get("join_schedule", "own") != "clock":
-    return
-  for learner, clock in zip(learners, clocks):
-    if clock.start_s > 0:
-      at = int(clock.start_s / clock.step_s)
-      opt = step_lib.restarted(learner.state.opt_state, at, fresh=False)
-      learner.state = learner.state._replace(opt_state=opt)
-
-
-def _clocks(config: ml_collections.ConfigDict) -> list[virtual.LearnerClock]:
-  """Each learner's simulated clock: step time by speed and batch, seeded jitter, start time."""
-  sim, m_count = config.sim, config.outer.learners
-  batches = build.batch_sizes(config)
-  speeds = build.parse_list(sim.speeds, m_count, float, 1.0, "sim.speeds")
-  starts = build.parse_list(sim.start_times, m_count, float, 0.0, "sim.start_times")
-  stops = build.parse_list(sim.get("stop_times", ""), m_count, float, 0.0, "sim.stop_times")
-  if any(s <= 0 for s in speeds):
-    raise ValueError(f"sim.speeds must be positive, got {sim.speeds!r}")
+def _clocks(
+    config: ml_collections.ConfigDict, clocks: list[build.Clock]
+) -> list[virtual.LearnerClock]:
+  """Each learner's simulated clock (`build.clocks`), with its seeded jitter."""
   return [
       virtual.LearnerClock(
-          step_s=sim.step_s * speeds[m] * batches[m] / config.batch_size,
+          step_s=c.step_s,
           rng=np.random.default_rng([config.seed, m]),
-          jitter=sim.step_jitter,
-          start_s=starts[m],
-          stop_s=stops[m],
-          joined=starts[m] <= 0,
+          jitter=config.sim.step_jitter,
+          start_s=c.start_s,
+          stop_s=c.stop_s,
+          joined=c.start_s <= 0,
       )
-      for m in range(m_count)
+      for m, c in enumerate(clocks)
   ]
