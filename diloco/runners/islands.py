@@ -47,7 +47,8 @@ def _run(
   for m in range(o.learners):
     if clocks[m].joined:  # (one that starts late joins when it starts)
       sync.handle(protocol.Join(m, 0.0, tuple([0] * o.fragments)))
-  snap = None if faults else virtual_snapshot.load(workdir, config)
+  digest = preemption.config_digest(config)  # names the run's snapshot
+  snap = None if faults else virtual_snapshot.load(workdir, digest)
   recover = parts.recovery(workdir) if parts.checkpoints_on(bool(faults)) else None
   budget = config.steps * sum(parts.batches) * config.seq_len
   resume = snap["extra"] if snap else None
@@ -73,7 +74,7 @@ def _run(
     raise
   if runtime.stopped_by is not None:
     snap = {**log.state(), "evals": evals.rows}
-    return _stopped(config, parts, runtime, log, iters, workdir, recover, snap, t_wall)
+    return _stopped(config, parts, runtime, log, iters, workdir, recover, (digest, snap), t_wall)
   runtime.finish()
   if recover is not None:
     recover.close()
@@ -133,14 +134,16 @@ def _runtime(config, parts, learners, sync, clocks, faults, log, on_step, recove
   return virtual.VirtualRuntime(*args, **kwargs)
 
 
-def _stopped(config, parts, runtime, log, iters, workdir, recover, state, t_wall) -> dict:
-  """Saves the snapshot of a run stopped early (not with faults: resumable False) and returns
-  its summary: finished False, why, and where it stands."""
+def _stopped(config, parts, runtime, log, iters, workdir, recover, named, t_wall) -> dict:
+  """Saves the snapshot of a run stopped early (`named`: the config's digest and the runner's
+  state; not with faults: resumable False) and returns its summary: finished False, why, and
+  where it stands."""
   wall = time.perf_counter() - t_wall
   resumable = not isinstance(runtime.faults, virtual_chaos.Chaos)
   snapshot = ""
   if resumable:
-    snap = virtual_snapshot.take(config, runtime, iters, state)
+    digest, state = named
+    snap = virtual_snapshot.take(digest, runtime, iters, state)
     snapshot = virtual_snapshot.save(workdir, snap)
   log.close()
   if recover is not None:

@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
@@ -29,7 +28,7 @@ from diloco.outer.learner.learner import Learner
 from diloco.outer.learner.stacked_learner import StackedLearner
 from diloco.outer.sync.sharded import ShardedSynchronizer
 from diloco.outer.sync.synchronizer import Synchronizer
-from diloco.runtime import preemption, virtual
+from diloco.runtime import virtual
 
 FILE = "virtual_run.pkl"  # under WORKDIR/checkpoints
 FORMAT = 6  # 2: learners' protocol state in "machines" (was in the clocks); 3: sync "fragments";
@@ -130,17 +129,18 @@ def _stacks(learners: Sequence[Learner]) -> list[Any]:
 
 
 def take(
-    config: ml_collections.ConfigDict,
+    digest: str,
     runtime: virtual.VirtualRuntime,
     data_iters: Sequence[Any],
     extra: Mapping[str, Any],
 ) -> dict[str, Any]:
-  """The snapshot of a runtime stopped at an event boundary (`extra`: the runner's state)."""
+  """The snapshot of a runtime stopped at an event boundary (`digest`: its config's
+  `preemption.config_digest`; `extra`: the runner's state)."""
   seq = next(runtime._seq)
   runtime._seq = itertools.count(seq)  # what it would have numbered next
   return {
       "format": FORMAT,
-      "config": preemption.config_digest(config),
+      "config": digest,
       "runtime": {k: getattr(runtime, k) for k in _RUNTIME_FIELDS},
       "seq": seq,
       "queue": _queue(runtime.queue),
@@ -179,13 +179,14 @@ def save(workdir: str, snap: Mapping[str, Any]) -> str:
   return target
 
 
-def load(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any] | None:
-  """The workdir's snapshot, or None; ValueError if it was taken with another config."""
+def load(workdir: str, digest: str) -> dict[str, Any] | None:
+  """The workdir's snapshot, or None; ValueError if it was taken with another config (another
+  `preemption.config_digest`, `digest` being this run's)."""
   target = path(workdir)
   if not paths.exists(target):
     return None
   snap = pickle.loads(paths.read_bytes(target))
-  if snap.get("format") != FORMAT or snap.get("config") != preemption.config_digest(config):
+  if snap.get("format") != FORMAT or snap.get("config") != digest:
     raise errors.InputError(
         f"{target} is the snapshot of a run with another config (or format); run this config"
         " in another workdir, or delete the snapshot to start over"
