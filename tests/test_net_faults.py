@@ -88,6 +88,12 @@ def _pace(out, m) -> float:
   return (s1 - s0) / (t1 - t0)
 
 
+def _steps_between(out, m, t_from, t_to) -> int:
+  """Learner m's steps from its last progress row before `t_from` to its last before `t_to`."""
+  at = lambda t: max((s for t_row, s in out["progress"][m] if t_row <= t), default=0)
+  return at(t_to) - at(t_from)
+
+
 def _trained_on(out, phase, start, end, learners=(0, 1)) -> None:
   """Each of `learners` made at least a quarter of its pace's steps between the phase's two
   marks (the other worker's tests share the two cores: its pace moves by half; a learner whose
@@ -199,8 +205,11 @@ def test_a_learner_on_a_tenth_of_the_link_it_needs_trains_on_and_its_uploads_com
   assert out["learner1"]["longest_call_s"] < 0.5 * nf.CALL_S, out["learner1"]
   assert capped[1] >= 0.5 * before[1] and capped[0] >= 0.5 * before[0], (before, capped)
   # Its uploads arrive late, not lost: what it trained while capped reaches merges by the uncap
-  # and just after it, in uploads of many more steps than uncapped ones (H = 8), and its merged
-  # share stays a clean run's (0.98).
+  # and just after it, in uploads of many more steps than uncapped ones (H = 8), and of each
+  # fragment fewer steps went unmerged than it trained while capped: those left are the run's
+  # tail, trained after the fragment's last merge (its merged share was 0.98 in a clean run, and
+  # 0.93 on a slowed machine where it trained 85 steps in all and 1-10 of each fragment's were
+  # the tail; a bound of 0.95 on the share failed there).
   marks = out["marks"]
 
   def mine(t_from, t_to):
@@ -209,7 +218,10 @@ def test_a_learner_on_a_tenth_of_the_link_it_needs_trains_on_and_its_uploads_com
 
   uncapped, late = mine(marks["measure"], marks["cap"]), mine(marks["cap"], marks["uncap"] + 5)
   assert max(late) > 3 * sum(uncapped) / len(uncapped), (uncapped, late)
-  assert out["merged_share"]["1"] >= 0.95, out["merged_share"]
+  work = out["sync"]["learners"]["1"]
+  unmerged = [work["trained_steps"] - n for n in work["merged_steps"].values()]
+  capped_steps = _steps_between(out, 1, marks["cap"], marks["uncap"])
+  assert max(unmerged) < capped_steps, (unmerged, capped_steps, out["merged_share"])
 
 
 @needs_root

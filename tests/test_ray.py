@@ -6,6 +6,7 @@ shard holds exactly its checkpoint and merges its fragments again."""
 
 import json
 import os
+import signal
 
 from diloco.chaos import recovery_times
 from diloco.launch import ray_local
@@ -40,6 +41,16 @@ def _merged_after(wd: str, t: float, m: int | None = None, role: str = "sync1") 
   )
 
 
+def _serving_since(wd: str, role: str, t: float) -> bool:
+  """`role`'s process wrote WORKDIR/<role>/port after `t`: a process started since serves (a
+  restarted synchronizer removes the file as it starts and writes it once it listens)."""
+  port = os.path.join(wd, role, "port")
+  try:
+    return os.path.getmtime(port) > t
+  except FileNotFoundError:
+    return False
+
+
 def _all_merges(wd: str) -> list[dict]:
   return sorted(
       ray_local.merges(wd, "sync0") + ray_local.merges(wd, "sync1"), key=lambda r: r["time"]
@@ -59,11 +70,20 @@ def _run_with_kills(wd: str, log: str, jax_cache: str) -> list[dict]:
           lambda: ray_local.rows(f"{wd}/learner1/starts.jsonl")[1:], 90, proc=proc
       )
       assert starts[0]["restored_step"] is not None
-      kills.append(ray_local.kill(wd, "sync1"))
-      ray_local.wait_for(
-          lambda: ray_local.state(wd)["procs"]["sync1"]["pid"] != kills[1]["pid"], 60, proc=proc
-      )
-      ray_local.wait_for(lambda: _merged_after(wd, kills[1]["time"], 1), 60, proc=proc)
+      # Learner 1 is frozen (SIGSTOP) from just before shard 1's kill until shard 1's new process
+      # serves (its port file written again), so that it cannot end its run before the restarted
+      # shard could merge its work, whatever the machine's speed: on a slowed machine shard 1
+      # took 22 s to come back, learner 1 ended 26 s later without having reached it, and the
+      # launcher exited while the test waited.
+      frozen = ray_local.state(wd)["procs"]["learner1"]["pid"]
+      os.kill(frozen, signal.SIGSTOP)
+      try:
+        kills.append(ray_local.kill(wd, "sync1"))
+        ray_local.wait_for(lambda: _serving_since(wd, "sync1", kills[1]["time"]), 120, proc=proc)
+      finally:
+        os.kill(frozen, signal.SIGCONT)
+      assert ray_local.state(wd)["procs"]["sync1"]["pid"] != kills[1]["pid"]
+      ray_local.wait_for(lambda: _merged_after(wd, kills[1]["time"], 1), 90, proc=proc)
       assert proc.wait(timeout=180) == 0
     finally:
       if proc.poll() is None:

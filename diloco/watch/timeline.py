@@ -83,6 +83,17 @@ def figure(
   fig = Figure(figsize=(9.0, 2.4 + 0.45 * m_count + 1.6))
   FigureCanvasAgg(fig)
   ax, axm = fig.subplots(2, 1, sharex=True, gridspec_kw=dict(height_ratios=[m_count + 1.5, 2.2]))
+  # Margins fixed in inches (the labels', the title's and legend's): matplotlib's tight_layout
+  # measured every text of the figure: a draw took 0.40-0.43 s of CPU with it, 0.32-0.33 without.
+  width, height = fig.get_size_inches()
+  gap, top, bottom = 0.3, 0.65, 0.55
+  fig.subplots_adjust(
+      left=1.25 / width,
+      right=1 - 0.45 / width,
+      top=1 - top / height,
+      bottom=bottom / height,
+      hspace=gap / ((height - top - bottom - gap) / 2),
+  )
   bar = lambda spans, y, color: ax.broken_barh(
       [(s, e - s) for s, e in spans], (y - 0.35, 0.7), color=color, linewidth=0
   )
@@ -108,7 +119,6 @@ def figure(
   )
   ax.set_title(title or "timeline", fontsize=10, pad=22)
   _merges(fig, axm, merges, m_count, fragments, end)
-  fig.tight_layout()
   return fig, ax, axm
 
 
