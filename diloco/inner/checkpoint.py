@@ -247,8 +247,8 @@ class Checkpointer:
   def _short_of_space(self, state: Any) -> str:
     """Why the disk cannot hold another save ('' when it can): less free space than 1.25x the
     largest committed step, or with none yet 2x the state's bytes (orbax's files took 1.15x of
-    them from host copies; 1.70x from jax.Arrays on eight devices). Checked first, so that a full disk is one line
-    rather than the storage library's errors from every thread it writes with."""
+    them from host copies; 1.70x from jax.Arrays on eight devices). Checked first, so that a full
+    disk is one line rather than the storage library's errors from every thread it writes with."""
     free = paths.free_bytes(self.directory)
     if free == float("inf"):  # a bucket
       return ""

@@ -74,7 +74,7 @@ def _run(
     raise
   if runtime.stopped_by is not None:
     snap = {**log.state(), "evals": evals.rows}
-    return _stopped(config, parts, runtime, log, iters, workdir, recover, (digest, snap), t_wall)
+    return _stopped(config, parts, runtime, log, iters, workdir, recover, snap, t_wall, digest)
   runtime.finish()
   if recover is not None:
     recover.close()
@@ -134,15 +134,14 @@ def _runtime(config, parts, learners, sync, clocks, faults, log, on_step, recove
   return virtual.VirtualRuntime(*args, **kwargs)
 
 
-def _stopped(config, parts, runtime, log, iters, workdir, recover, named, t_wall) -> dict:
-  """Saves the snapshot of a run stopped early (`named`: the config's digest and the runner's
-  state; not with faults: resumable False) and returns its summary: finished False, why, and
-  where it stands."""
+def _stopped(config, parts, runtime, log, iters, workdir, recover, state, t_wall, digest) -> dict:
+  """Saves the snapshot of a run stopped early (`state`: the runner's; `digest`: its config's,
+  naming the snapshot; not with faults: resumable False) and returns its summary: finished False,
+  why, and where it stands."""
   wall = time.perf_counter() - t_wall
   resumable = not isinstance(runtime.faults, virtual_chaos.Chaos)
   snapshot = ""
   if resumable:
-    digest, state = named
     snap = virtual_snapshot.take(digest, runtime, iters, state)
     snapshot = virtual_snapshot.save(workdir, snap)
   log.close()
