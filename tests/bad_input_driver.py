@@ -1,6 +1,6 @@
-"""Runs one main (`experiments.<name>`) on several command lines in one process, as `python -m`
-would run each, for tests/test_bad_input.py: one import of the main and its libraries instead of
-one per command.
+"""Runs mains (`experiments.<name>`) on several command lines in one process, as `python -m`
+would run each, for tests/test_bad_input.py: one import of the libraries instead of one per
+command (or per main).
 
   python tests/bad_input_driver.py CASES.json RESULTS.json
 

@@ -159,23 +159,33 @@ def test_learners_whose_synchronizer_stays_away_save_say_what_and_deliver_after_
     rows = lambda m: read_jsonl(os.path.join(c.workdir, f"learner{m}", "progress.jsonl"))
     c.start()
 
-    # Kill once the faster of the two reached step 25, both training (either can be the faster:
-    # learner 1 reached 26 when learner 0 was at 50, and under two `yes` loops learner 1 was at 75
-    # when learner 0 reached 25, left with too few steps to train any unreachable).
-    def faster_at_25() -> bool:
-      steps = [max((r["step"] for r in rows(m)), default=-1) for m in (0, 1)]
-      return min(steps) >= 0 and max(steps) >= 25
+    # Each learner is frozen (SIGSTOP) once its log reaches step 25, until both have; the
+    # synchronizer is killed and both go on: each has most of its 80 steps left to train
+    # unreachable, whatever their speeds (with the faster alone at 25, a loaded machine had
+    # learner 1 at 75 and learner 0 at 5, and learner 1 trained its last 5 before noticing).
+    frozen = set()
 
-    wait_for(faster_at_25, 120, "step 25")
-    at_kill = {m: rows(m)[-1]["step"] for m in (0, 1)}  # (as far as their logs had got)
-    c.kill("sync")
+    def both_at_25() -> bool:
+      for m in {0, 1} - frozen:
+        if max((r["step"] for r in rows(m)), default=-1) >= 25:
+          c.freeze(f"learner{m}")
+          frozen.add(m)
+      return frozen == {0, 1}
+
+    try:
+      wait_for(both_at_25, 120, "step 25")
+      at_kill = {m: rows(m)[-1]["step"] for m in (0, 1)}  # (as far as their logs had got)
+      c.kill("sync")
+    finally:
+      for m in frozen:
+        c.thaw(f"learner{m}")
     codes = c.wait(120)
     assert codes == {"sync": -9, "learner0": 75, "learner1": 75}, codes
     held, s_unreachable = {}, {}
     for m in (0, 1):
       s = _json(os.path.join(c.workdir, f"learner{m}", "summary.json"))
-      # Most of what was left after the kill was trained unreachable (on a loaded machine learner 1
-      # may be either side of learner 0; its log, and noticing the outage, lag a few steps).
+      # Most of what was left after the kill was trained unreachable (its log, and noticing the
+      # outage, lag a few steps).
       assert s["steps"] == 80 and not s["settled"], s
       assert s["unreachable_steps"] >= (80 - at_kill[m]) // 2 > 0, (
           m,

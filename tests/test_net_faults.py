@@ -205,11 +205,13 @@ def test_a_learner_on_a_tenth_of_the_link_it_needs_trains_on_and_its_uploads_com
   assert out["learner1"]["longest_call_s"] < 0.5 * nf.CALL_S, out["learner1"]
   assert capped[1] >= 0.5 * before[1] and capped[0] >= 0.5 * before[0], (before, capped)
   # Its uploads arrive late, not lost: what it trained while capped reaches merges by the uncap
-  # and just after it, in uploads of many more steps than uncapped ones (H = 8), and of each
-  # fragment fewer steps went unmerged than it trained while capped: those left are the run's
-  # tail, trained after the fragment's last merge (its merged share was 0.98 in a clean run, and
-  # 0.93 on a slowed machine where it trained 85 steps in all and 1-10 of each fragment's were
-  # the tail; a bound of 0.95 on the share failed there).
+  # and just after it, in uploads that carry at least half the capped stretch's steps, more than
+  # any uncapped one (H = 8); and of each fragment fewer steps went unmerged than it trained
+  # while capped: those left are the run's tail, trained after the fragment's last merge (its
+  # merged share was 0.98 in a clean run, and 0.93 on a slowed machine where it trained 85 steps
+  # in all and 1-10 of each fragment's were the tail; a bound of 0.95 on the share failed there).
+  # (Not a multiple of the uncapped uploads: under a third pytest worker it trained fewer steps
+  # in the 4 s stretch, and its largest late upload carried 23 steps against 3 x 8.)
   marks = out["marks"]
 
   def mine(t_from, t_to):
@@ -217,10 +219,10 @@ def test_a_learner_on_a_tenth_of_the_link_it_needs_trains_on_and_its_uploads_com
             if 1 in r["learners"]]  # fmt: skip
 
   uncapped, late = mine(marks["measure"], marks["cap"]), mine(marks["cap"], marks["uncap"] + 5)
-  assert max(late) > 3 * sum(uncapped) / len(uncapped), (uncapped, late)
+  capped_steps = _steps_between(out, 1, marks["cap"], marks["uncap"])
+  assert max(late) >= capped_steps / 2 and max(late) > max(uncapped), (uncapped, late, capped_steps)
   work = out["sync"]["learners"]["1"]
   unmerged = [work["trained_steps"] - n for n in work["merged_steps"].values()]
-  capped_steps = _steps_between(out, 1, marks["cap"], marks["uncap"])
   assert max(unmerged) < capped_steps, (unmerged, capped_steps, out["merged_share"])
 
 

@@ -136,6 +136,58 @@ def test_silent_learner_is_absent_until_it_rejoins():
     host.close()
 
 
+class _HeldMerge(_TwoFragmentSync):
+  """An upload's handling (a merge, under the host's lock) waits for `release`."""
+
+  def __init__(self):
+    import threading
+
+    super().__init__()
+    self.merging, self.release = threading.Event(), threading.Event()
+
+  def handle(self, event):
+    if isinstance(event, protocol.Upload):
+      self.merging.set()
+      assert self.release.wait(30)
+    return super().handle(event)
+
+
+def test_a_learner_waiting_on_a_long_merge_is_not_silent():
+  """The merge a learner's upload sets off holds the host's lock for 10 s (a first merge that
+  compiles on a loaded machine held it for 5 s), while the other learner long-polls for its
+  result: neither is absent at 10 s; the uploader's silence starts when its call ends and the
+  poller's when its poll does."""
+  import threading
+
+  clock, sync = _Clock(), _HeldMerge()
+  host = sync_host.SyncHost(sync, absent_after_s=2.0, clock=clock)
+  got = {}
+  up = protocol.Upload(1, 0, 0, {}, 10, 80, 0.0, 0.0, 1.0)
+  uploader = threading.Thread(target=lambda: got.update(merges=host.upload(1, "b", up)))
+  poller = threading.Thread(target=lambda: got.update(sends=host.poll(0, "a", 0, wait_s=60)))
+  try:
+    host.join(0, "a", (0, 0))
+    host.join(1, "b", (0, 0))
+    poller.start()
+    uploader.start()
+    assert sync.merging.wait(30)
+    clock.t = 10.0
+    sync.release.set()
+    uploader.join(30)
+    with host.cond:
+      host.tick(10.0)
+      assert sync.live == {0, 1} and "absent" not in host.counts
+      host.tick(12.0)  # silent for exactly absent_after_s since the upload's answer: not yet
+      assert sync.live == {0, 1}
+      host.tick(12.5)  # learner 1 silent 2.5 s; learner 0 still in its poll
+      assert sync.live == {0} and host.counts["absent"] == 1
+      assert [e.learner for e in sync.events if isinstance(e, protocol.Leave)] == [1]
+  finally:
+    host.close()
+  poller.join(30)
+  assert got == {"merges": 0, "sends": []}
+
+
 class _SlowLink:
   """A link whose uploads take `upload_s` and whose polls long-poll an outbox; a Join waits
   while `hold_join` is set and fails while `join_fails`; a failing upload fails once

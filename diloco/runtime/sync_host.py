@@ -14,6 +14,8 @@ before anything reaches the synchronizer, so they leave its state unchanged; an 
 synchronizer refuses on arrival raises its `outcomes.Code`, whatever else it set off.
 """
 
+import collections
+import contextlib
 import dataclasses
 import heapq
 import threading
@@ -67,6 +69,9 @@ class SyncHost:
     self.cond = threading.Condition()
     self.sessions: dict[int, str] = {}
     self.last_seen: dict[int, float] = {}  # learner -> when any call of its session was last heard
+    # (learner, session) -> its calls being served now, under a lock of their own (`_serving`).
+    self.serving: collections.Counter = collections.Counter()
+    self._serving_lock = threading.Lock()
     # learner -> when it was declared absent, until it joins again (the status page)
     self.absent_since: dict[int, float] = {}
     self.reported: dict[int, tuple[str, Peer]] = {}  # learner -> (session, its last report)
@@ -167,7 +172,7 @@ class SyncHost:
   ) -> bool:
     """A heartbeat (with what the learner `report`s of itself, if anything); returns whether
     the run is settled (see `settled`)."""
-    with self.cond:
+    with self._serving(learner, session), self.cond:
       self._check_session(learner, session)
       self.released.discard(learner)
       if not self._take_token(learner):
@@ -223,7 +228,7 @@ class SyncHost:
     Clocks of different hosts are not comparable, so the upload's times are the host's own:
     it arrived now and left when its first chunk came in (`started`, host time), or now.
     """
-    with self.cond:
+    with self._serving(learner, session), self.cond:
       self._check_session(learner, session)
       self.released.discard(learner)
       if up.learner != learner:
@@ -250,7 +255,7 @@ class SyncHost:
   ) -> list[tuple[int, protocol.Send | protocol.Refused]]:
     """Sends (and late refusals) numbered after `after_seq`, waiting up to `wait_s` for one."""
     deadline = time.monotonic() + max(wait_s, 0.0)
-    with self.cond:
+    with self._serving(learner, session), self.cond:
       self._check_session(learner, session)
       while True:
         box = self.outbox[learner]
@@ -266,6 +271,24 @@ class SyncHost:
         self.last_seen[learner] = self.now()
 
   # ---- actions, timers and liveness ----
+
+  @contextlib.contextmanager
+  def _serving(self, learner: int, session: str):
+    """A learner is heard while a call of its session is served and silent from when the last
+    one ended: waiting for the lock a merge holds, or in a poll for its result, is not silence.
+    (A first merge that compiled under the lock for 5 s on a loaded machine had both learners
+    of a synchronous run found absent while they waited on it: tests/test_threads.py.)"""
+    with self._serving_lock:
+      self.serving[(learner, session)] += 1
+    try:
+      yield
+    finally:
+      with self._serving_lock:
+        self.serving[(learner, session)] -= 1
+        if not self.serving[(learner, session)]:
+          del self.serving[(learner, session)]
+        if self.sessions.get(learner) == session:
+          self.last_seen[learner] = max(self.last_seen.get(learner, 0.0), self.now())
 
   def _act(self, actions: list[protocol.Action], answered=None) -> None:
     """Carries out the synchronizer's actions; a refusal that is not the calling upload's answer
@@ -294,16 +317,21 @@ class SyncHost:
   def _background(self) -> None:
     while not self._stop.wait(0.05):
       with self.cond:
-        now = self.now()
-        while self.timers and self.timers[0] <= now:
-          heapq.heappop(self.timers)
-          self._act(self.sync.handle(protocol.Tick(now)))
-        for m in sorted(self.sync.live):
-          if now - self.last_seen.get(m, now) > self.absent_after_s:
-            self.counts["absent"] = self.counts.get("absent", 0) + 1
-            self.on_log({"event": "absent", "learner": m, "time": now})
-            self.absent_since[m] = now
-            self._act(self.sync.handle(protocol.Leave(m, now)))
+        self.tick(self.now())
+
+  def tick(self, now: float) -> None:
+    """Fires the timers due by `now` and finds the silent learners absent (under the lock)."""
+    while self.timers and self.timers[0] <= now:
+      heapq.heappop(self.timers)
+      self._act(self.sync.handle(protocol.Tick(now)))
+    for m in sorted(self.sync.live):
+      if self.serving[(m, self.sessions.get(m))] > 0:
+        continue
+      if now - self.last_seen.get(m, now) > self.absent_after_s:
+        self.counts["absent"] = self.counts.get("absent", 0) + 1
+        self.on_log({"event": "absent", "learner": m, "time": now})
+        self.absent_since[m] = now
+        self._act(self.sync.handle(protocol.Leave(m, now)))
 
   def close(self) -> None:
     self._stop.set()
