@@ -31,13 +31,16 @@ def _cluster(tmp_path, steps, faults, *more):
 
 
 def _speed(tmp_path, m, start, end):
-  """Learner m's steps per second between schedule times `start` and `end`."""
+  """Learner m's steps per second between schedule times `start` and `end`, from its first and
+  last step there: at least 5 steps spanning half the stretch (a count of steps would depend on
+  the machine's speed: a slowed machine made 8 steps of 0.5 s in the 3.9 s of the 3x window)."""
   with open(tmp_path / f"learner{m}" / learner_faults.CLOCK_FILE) as f:
     t0 = json.load(f)["t0"]
   rows = read_jsonl(str(tmp_path / f"learner{m}" / "progress.jsonl"))
   inside = [(r["time"] - t0, r["step"]) for r in rows if start <= r["time"] - t0 <= end]
-  assert len(inside) >= 10, (start, end, len(inside))
+  assert len(inside) >= 5, (start, end, inside)
   (ta, sa), (tb, sb) = inside[0], inside[-1]
+  assert tb - ta >= (end - start) / 2, (start, end, inside)
   return (sb - sa) / (tb - ta)
 
 
