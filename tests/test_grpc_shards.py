@@ -2,7 +2,9 @@
 
 The learners are given far more steps than the test lets them take: it waits for each event
 (both learners training, the outage, the restarted shard merging) rather than racing the
-learners to the end of a budget, then stops every process with SIGTERM.
+learners to the end of a budget, then stops every process with SIGTERM. Their steps sleep to 4x
+their own time from 2 s on (net_faults' pace): each wait counts steps and merges, and the learners
+spinning at full speed through the shard's restart (imports, compile) were most of the test's CPU.
 """
 
 import json
@@ -17,9 +19,11 @@ from diloco.config import build
 from diloco.outer import fragments
 from diloco.outer.sync import ownership
 from diloco.rpc import local
+from experiments.studies import net_faults as nf
 
 SPEC = "configs/shakespeare.py:mode=decoupled,runlocal,learners=2,steps=100000"
 FOUR_FRAGMENTS = ("--config.outer.fragments=4", "--config.outer.fragment_kind=balanced")
+OVERRIDES = (*FOUR_FRAGMENTS, *nf.RUN, *nf.PACE)  # (RUN: the defaults a chaos schedule changes)
 
 
 def _merges(c, name: str, after: float = 0.0) -> list[dict]:
@@ -59,7 +63,7 @@ def _summary(c, name: str) -> dict:
 
 def test_a_killed_shard_holds_back_only_its_fragments_and_restarts(tmp_path):
   owned1 = _owned(1)
-  c = local.LocalCluster(SPEC, 2, str(tmp_path), overrides=FOUR_FRAGMENTS, shards=2)
+  c = local.LocalCluster(SPEC, 2, str(tmp_path), overrides=OVERRIDES, shards=2)
   try:
     c.start()
     wait_for(
