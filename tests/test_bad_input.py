@@ -22,13 +22,15 @@ RUNLOCAL = f"--config={REPO}/configs/shakespeare.py:runlocal"
 
 
 def _inputs(d):
-  """A small JSON Lines file, one bad line, a file that is not Parquet, a run without a config."""
+  """A small JSON Lines file, one bad line, a file that is not Parquet, a run whose config does not
+  parse, an empty workdir."""
   (d / "raw").mkdir()
   (d / "raw" / "a.jsonl").write_text(json.dumps({"text": "some words"}) + "\n")
   (d / "bad.jsonl").write_text(json.dumps({"text": "fine"}) + '\n{"text": "x", oops}\n')
   (d / "bad.parquet").write_bytes(b"not parquet at all")
   (d / "run").mkdir()
   (d / "run" / "config.json").write_text("{ half a config")
+  (d / "empty").mkdir()
   (d / "corpus").mkdir()
   (d / "corpus" / "manifest.json").write_text("[]")
   (d / "bad.py").write_text("def get_config(:\n")
@@ -44,6 +46,10 @@ NOT_FOUND = "No such file|does not exist"
 GONE = f"the bucket {NO_BUCKET} does not exist"
 SYNTAX = "D/bad.py line 1: SyntaxError: invalid syntax"
 LOCAL = "writes with local file calls, so a bucket URL would become a local directory"
+NO_RUN = (  # (the whole line)
+    r"^error: workdir D/empty holds no run \(no config\.json\); pass the --workdir of a run that "
+    r"`python -m experiments\.train` wrote$"
+)
 TOKEN = "--token_from=env:BAD_INPUT_TOKEN"  # (set for the commands: their token is checked first)
 
 
@@ -90,9 +96,11 @@ CASES = {
     "evaluate/missing file": ("evaluate", ["--workdir=D/none"], "holds no run"),
     "evaluate/missing bucket": ("evaluate", [f"--workdir={NO_BUCKET}/run"], GONE),
     "evaluate/malformed": ("evaluate", ["--workdir=D/run"], "config.json is not a run's config"),
+    "evaluate/empty workdir": ("evaluate", ["--workdir=D/empty"], NO_RUN),
     "sample/missing file": ("sample", ["--workdir=D/none"], "holds no run"),
     "sample/missing bucket": ("sample", [f"--workdir={NO_BUCKET}/run"], GONE),
     "sample/malformed": ("sample", ["--workdir=D/run"], "config.json is not a run's config"),
+    "sample/empty workdir": ("sample", ["--workdir=D/empty"], NO_RUN),
     "prepare tokenizer/missing file": (
         "prepare",
         ["tokenizer", "--inputs=D/none*.jsonl", "--tokenizer=D/out/t.json"],
