@@ -2,8 +2,9 @@
 byte-level BPE tokenizer of 8,192 ids trained on it by `experiments.prepare tokenizer`, its shards
 written to the bucket by `experiments.prepare shards`, and one learner island of two processes
 (`jax.distributed` on the loopback, FSDP over both) training on it: each process copies and reads
-only its own shards, and the run stopped after its middle checkpoint and resumed ends with the
-uninterrupted run's parameters. The bucket is the Cloud Storage server of tests/object_store.py."""
+only its own shards, the summary's parameter hash is the saved model's (gathered from both), and
+the run stopped after its middle checkpoint and resumed ends with the uninterrupted run's
+parameters. The bucket is the Cloud Storage server of tests/object_store.py."""
 
 import functools
 import json
@@ -12,11 +13,15 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 
-from diloco import paths
+from diloco import metrics, paths
 from diloco.data.corpus import manifest as manifest_lib
+from diloco.inner import checkpoint, island as island_lib
+from diloco.outer import fragments
 from diloco.rpc import local
+from diloco.runners import finished_run
 from object_store import bucket  # noqa: F401 (a fixture)
 from proc_helpers import REPO, train_command
 
@@ -104,6 +109,20 @@ def _run(tmp_path, bucket_url, workdir):
     return json.load(f)
 
 
+def _saved_sha256(workdir: str, step: int) -> str:
+  """The parameter hash of checkpoint `step` of the run in `workdir`, its config from config.json
+  on one device of this process."""
+  config = finished_run.read_config(workdir)
+  config.update_from_flattened_dict({"distributed": False, "mesh.fsdp": 1, "mesh.data": 1})
+  isl = island_lib.build_island(config, jax.devices()[:1])
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), every=1, set_aside=False)
+  saved, state = ckpt.restore(isl.abstract_state())
+  ckpt.close()
+  assert saved == step
+  flat = fragments.flatten(jax.device_get(state.params))
+  return metrics.params_sha256({k: np.asarray(v) for k, v in flat.items()})
+
+
 def test_two_processes_read_their_own_shards_from_a_bucket_and_resume_exactly(tmp_path, bucket):
   m = _prepare(bucket)
   assert m.vocab_size == VOCAB and max(s.max_id for s in m.shards) > 4000  # (8,192 BPE ids used)
@@ -121,6 +140,9 @@ def test_two_processes_read_their_own_shards_from_a_bucket_and_resume_exactly(tm
   for i, mine in ((0, [0, 2]), (1, [1, 3])):
     cached = sorted(os.listdir(tmp_path / f"cache{i}" / "corpus" / "shards"))
     assert cached == sorted(f"{m.shards[k].sha256[:24]}.array_record" for k in mine), (i, cached)
+  # The summary's hash covers the whole model, gathered from both processes of the FSDP island:
+  # it is the final checkpoint's, restored here onto one device.
+  assert whole["params_sha256"] == _saved_sha256(workdir, 12)
   # Stopped after step 6, as if killed: the checkpoint holds both processes' reader positions.
   shutil.rmtree(os.path.join(workdir, "checkpoints", "12"))
   resumed = _run(tmp_path, bucket, workdir)
