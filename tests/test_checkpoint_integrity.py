@@ -10,6 +10,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -264,6 +265,35 @@ def test_a_corrupt_synchronizer_step_is_set_aside_and_saved_again(tmp_path, warn
   assert reopened.save(2, state(20))  # before: skipped as existing, so merge 2 had no checkpoint
   assert reopened.intact_steps() == [2, 1]
   assert reopened.restore(state(0))["meta"] == {"versions": [20]}
+  reopened.close()
+
+
+STEP_METADATA = orbax_metadata.step_metadata_file_path("x").name  # orbax's, written at its commit
+
+
+@pytest.mark.parametrize("left", [[], [STEP_METADATA]], ids=["empty", "metadata"])
+def test_a_synchronizer_killed_while_removing_its_oldest_step_restores_the_newest(
+    tmp_path, left, warnings
+):
+  """A SIGKILL while orbax removed the oldest step (`keep`) left its directory with some of its
+  files, which a restarted synchronizer sealed as committed (no save in progress) and then failed
+  to read in every restore (KeyError: 'Item "meta" was not found in the checkpoint', in a full
+  run of test_grpc.py's synchronizer kill). It is set aside; the newest step restores."""
+  state = lambda v: {"arrays": {"g": np.full(512, v, np.float32)}, "meta": {"versions": [int(v)]}}
+  ckpt = sync_checkpoint.SyncCheckpointer(str(tmp_path), keep=2)
+  assert ckpt.save(1, state(1)) and ckpt.save(2, state(2))
+  ckpt.close()
+  oldest = tmp_path / "1"
+  for name in os.listdir(oldest):  # the items and the manifest removed, `left` not yet
+    if name not in left:
+      path = oldest / name
+      shutil.rmtree(path) if path.is_dir() else path.unlink()
+  reopened = sync_checkpoint.SyncCheckpointer(str(tmp_path), keep=2)
+  got = reopened.restore(state(0))
+  assert got["meta"] == {"versions": [2]} and float(got["arrays"]["g"][0]) == 2.0
+  assert _set_aside(tmp_path, 1) == ["1.corrupt-1"] and reopened.intact_steps() == [2]
+  assert any("checkpoint 1" in w and "does not read" in w for w in warnings), warnings
+  assert reopened.save(3, state(3)) and reopened.intact_steps() == [3, 2]
   reopened.close()
 
 

@@ -124,12 +124,28 @@ class SyncCheckpointer:
     self._writer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
   def intact_steps(self) -> list[int]:
-    """Steps whose files match their checksum manifest, newest first (the others are logged and
-    set aside as `<merges>.corrupt-<n>`, so that those merges can be saved again)."""
+    """Steps whose files match their checksum manifest and whose layout reads, newest first (the
+    others are logged and set aside as `<merges>.corrupt-<n>`, so that those merges can be saved
+    again).
+
+    A process killed while orbax removed its oldest step (`keep`) leaves that step's directory
+    with some of its files: neither a save in progress nor a commit to orbax's eye, so it is
+    sealed as committed above, but its items are gone and reading its layout raised (a restarted
+    synchronizer then failed in every restore)."""
     steps = self._manager.all_steps()
     for step in steps:  # committed by orbax, killed before its manifest: whole, sealed now
       manifest.seal_committed(paths.join(self.directory, str(step)))
     intact = manifest.intact_steps(self.directory, steps, self._verified, move=True)
+    for step in list(intact):
+      try:
+        self._layout(step)
+      except (KeyError, FileNotFoundError) as e:  # orbax: an item not found in the step
+        moved = manifest.set_aside(self.directory, step)
+        logging.warning(
+            "synchronizer checkpoint %d in %s is not used: its layout does not read (%s); moved to "
+            "%s (kept for inspection)", step, self.directory, e, moved
+        )  # fmt: skip
+        intact.remove(step)
     if len(intact) < len(steps):
       self._manager.reload()  # orbax caches its step list: forget the steps set aside
     return intact
