@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from diloco import paths
+from diloco.rpc import forked
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,6 +51,10 @@ class LocalCluster:
   # A `netns.Network` whose hosts are named like the processes (sync, learner0, ...): each runs
   # in its host's namespace, the synchronizer bound to its address; None: all on loopback.
   network: Any = None
+  # Start each process as a fork of one server that has imported the library (diloco/rpc/forked.py):
+  # ~4 s less CPU a start. A process whose environment differs from the server's where the
+  # libraries read it at import starts as a fresh interpreter.
+  fork: bool = True
   _local_logs: str | None = None
 
   def sync_name(self, shard: int = 0) -> str:
@@ -86,20 +91,25 @@ class LocalCluster:
       self._local_logs = tempfile.mkdtemp(prefix="diloco-logs-")
     return self._local_logs
 
-  def _spawn(self, name: str, args: list[str], devices: int) -> subprocess.Popen:
+  def _spawn(self, name: str, args: list[str], devices: int) -> subprocess.Popen | forked.Forked:
     os.makedirs(self.logs, exist_ok=True)
-    log = open(os.path.join(self.logs, f"{name}.log"), "ab")
+    log_path = os.path.join(self.logs, f"{name}.log")
+    env = self._env(devices)
     host = name.split(".")[0]  # (learner<m>.p<i> runs on learner<m>'s host)
-    prefix = self.network.prefix(host) if self.network is not None else []
-    proc = subprocess.Popen(
-        [*prefix, sys.executable, *args, *self.overrides],
-        cwd=REPO,
-        env=self._env(devices),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
+    if self.fork and args[0] == "-m" and forked.compatible(env):
+      netns = self.network.ns[host] if self.network is not None else ""
+      proc = forked.Forked(args[1], [*args[2:], *self.overrides], env, REPO, log_path, netns)
+    else:
+      prefix = self.network.prefix(host) if self.network is not None else []
+      with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [*prefix, sys.executable, *args, *self.overrides],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     self.procs[name] = proc
     self.starts[name] = self.starts.get(name, 0) + 1
     return proc
