@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+from diloco.rpc import forked
+
 
 def read_jsonl(path: str) -> list[dict]:
   """The records of a JSON-lines file ([] while it does not exist yet)."""
@@ -40,15 +42,9 @@ def train_command(workdir, *flags: str, variants: str = "runlocal") -> list[str]
 
 
 def train(workdir, *flags: str, env=None, timeout: float = 300) -> subprocess.CompletedProcess:
-  """Runs `train_command` from the repository's root to its end; its output captured."""
-  return subprocess.run(
-      train_command(workdir, *flags),
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+  """Runs `train_command` from the repository's root to its end (a fork of the preloaded
+  server where it can be, diloco/rpc/forked.py); its output captured."""
+  return forked.run(train_command(workdir, *flags)[1:], env or dict(os.environ), REPO, timeout)
 
 
 def only_at_sync_points(summary: dict) -> None:

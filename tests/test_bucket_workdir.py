@@ -9,13 +9,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from diloco import errors, jsonl, paths, train
 from diloco.inner import manifest
 from diloco.recovery import workdir as workdir_lib
+from diloco.rpc import forked
 from configs import shakespeare
 
 from object_store import bucket  # noqa: F401 (a fixture)
@@ -24,11 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _train(workdir: str, cwd: str, config: str, *flags: str) -> subprocess.CompletedProcess:
-  cmd = [sys.executable, "-m", "experiments.train", f"--config={config}", f"--workdir={workdir}"]
-  env = {**os.environ, "PYTHONPATH": ROOT}
-  return subprocess.run(
-      cmd + list(flags), cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-  )
+  argv = ["-m", "experiments.train", f"--config={config}", f"--workdir={workdir}", *flags]
+  return forked.run(argv, {**os.environ, "PYTHONPATH": ROOT}, cwd, timeout=300)
 
 
 @pytest.mark.parametrize("mode", ["dp", "decoupled"])

@@ -22,6 +22,7 @@ from diloco.inner import checkpoint, island as island_lib
 from diloco.outer import fragments
 from diloco.rpc import local
 from diloco.runners import finished_run
+from diloco.rpc import forked
 from object_store import bucket  # noqa: F401 (a fixture)
 from proc_helpers import REPO, train_command
 
@@ -98,12 +99,8 @@ def _run(tmp_path, bucket_url, workdir):
     env = {**os.environ, "XLA_FLAGS": local.xla_flags(2)}
     env |= {"JAX_PLATFORMS": "cpu", "DILOCO_DATA_DIR": str(tmp_path / f"cache{i}")}
     command = train_command(workdir, *flags, f"--process_id={i}", variants="runlocal,mode=dp")
-    procs.append(
-        subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    )
-  outs = [p.communicate(timeout=300)[0] for p in procs]
+    procs.append(forked.start(command[1:], env, REPO, str(tmp_path / f"log{i}")))
+  outs = [(p.wait(300), (tmp_path / f"log{i}").read_text())[1] for i, p in enumerate(procs)]
   assert [p.returncode for p in procs] == [0, 0], "\n\n".join(o[-4000:] for o in outs)
   with open(os.path.join(workdir, "summary.json")) as f:
     return json.load(f)

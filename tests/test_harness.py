@@ -7,8 +7,6 @@ the validation plays and shares no line with the training split."""
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +22,7 @@ from diloco.data import tokenizers
 from diloco.harness import model as harness_model, shakespeare_task, tasks
 from diloco.inner import sharding
 from diloco.models import losses, transformer as tr
+from diloco.rpc import forked
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WINDOW = 32
@@ -175,13 +174,8 @@ def test_the_cli_refuses_a_bad_task_folder_before_writing(tmp_path):
   bad.mkdir()
   (bad / "t.yaml").write_text("task: [\n")
   before = sorted(os.listdir(run))
-  p = subprocess.run(
-      [sys.executable, "-m", "experiments.evaluate", f"--workdir={run}", f"--tasks={bad}"],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
+  argv = ["-m", "experiments.evaluate", f"--workdir={run}", f"--tasks={bad}"]
+  p = forked.run(argv, dict(os.environ), REPO, timeout=300)
   assert p.returncode == 2, p.stderr[-2000:]
   assert p.stderr.strip().splitlines()[-1].startswith(f"error: --tasks: {bad}/t.yaml")
   assert sorted(os.listdir(run)) == before

@@ -15,6 +15,7 @@ import pytest
 from configs import shakespeare
 from diloco import metrics, train
 from diloco.inner import manifest
+from diloco.rpc import forked
 from diloco.runtime import preemption, virtual_snapshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,19 +66,18 @@ def _orbax_tmp(workdir) -> list[str]:
 
 def _sigterm_mid_run(mode: str, workdir, log_path) -> tuple[int, dict]:
   """Starts the main, sends SIGTERM once it has logged a training row; (exit code, summary)."""
-  with open(log_path, "w") as log:
-    proc = subprocess.Popen(_command(mode, workdir), cwd=REPO, stdout=log, stderr=log)
-    rows, deadline = workdir / metrics.METRICS_FILE, time.monotonic() + 300
-    while not (rows.exists() and '"loss"' in rows.read_text()):
-      assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-      time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    rc = proc.wait(300)
+  proc = forked.start(_command(mode, workdir)[1:], dict(os.environ), REPO, str(log_path))
+  rows, deadline = workdir / metrics.METRICS_FILE, time.monotonic() + 300
+  while not (rows.exists() and '"loss"' in rows.read_text()):
+    assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGTERM)
+  rc = proc.wait(300)
   return rc, json.loads((workdir / metrics.SUMMARY_FILE).read_text())
 
 
 def _finish(mode: str, workdir) -> dict:
-  proc = subprocess.run(_command(mode, workdir), cwd=REPO, capture_output=True, text=True)
+  proc = forked.run(_command(mode, workdir)[1:], dict(os.environ), REPO, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads((workdir / metrics.SUMMARY_FILE).read_text())
 
@@ -199,22 +199,21 @@ def test_kill_9_between_saves_resumes_from_the_newest_committed_save(tmp_path):
   at step 0; now the manifest is written when orbax commits, and the rerun resumes at step 50."""
   workdir = tmp_path / "run"
   command = _command("dp", workdir) + ["--config.checkpoint_every=50"]
-  with open(tmp_path / "log", "w") as log:
-    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
-    rows, deadline = workdir / metrics.METRICS_FILE, time.monotonic() + 300
-    # Killed once step 70 has run and the save of step 50 has its manifest (written when orbax
-    # commits it; before, only at the next save): a CI run of a loaded suite had killed it at step
-    # 70 before that save had committed, and the rerun began at 0.
-    sealed = workdir / "checkpoints" / "50" / manifest.NAME
-    while not (
-        rows.exists() and any(r.get("step", 0) >= 70 for r in _rows(rows)) and sealed.exists()
-    ):
-      assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
-      time.sleep(0.02)
-    proc.kill()
-    proc.wait(60)
+  proc = forked.start(command[1:], dict(os.environ), REPO, str(tmp_path / "log"))
+  rows, deadline = workdir / metrics.METRICS_FILE, time.monotonic() + 300
+  # Killed once step 70 has run and the save of step 50 has its manifest (written when orbax
+  # commits it; before, only at the next save): a CI run of a loaded suite had killed it at step
+  # 70 before that save had committed, and the rerun began at 0.
+  sealed = workdir / "checkpoints" / "50" / manifest.NAME
+  while not (
+      rows.exists() and any(r.get("step", 0) >= 70 for r in _rows(rows)) and sealed.exists()
+  ):
+    assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
+    time.sleep(0.02)
+  proc.kill()
+  proc.wait(60)
   assert proc.returncode == -signal.SIGKILL
-  rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+  rerun = forked.run(command[1:], dict(os.environ), REPO, timeout=300)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   summary = json.loads((workdir / metrics.SUMMARY_FILE).read_text())
   assert summary["resumed_from_step"] >= 50 and summary["finished"]

@@ -3,13 +3,12 @@
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from diloco import train
 from diloco.sweeps import sweep, sweep_run
+from diloco.rpc import forked
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -160,14 +159,10 @@ def test_a_failing_point_is_reported_and_the_others_go_on(sweep_file, tmp_path):
 
 def test_main_dry_run_prints_one_command_per_point_and_runs_nothing(sweep_file, tmp_path):
   workdir = tmp_path / "w"
-  out = subprocess.run(
-      [sys.executable, "-m", "experiments.sweep", f"--config={_spec(sweep_file)}"]
-      + [f"--workdir={workdir}", "--dry_run"],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      check=True,
-  ).stdout.splitlines()
+  argv = ["-m", "experiments.sweep", f"--config={_spec(sweep_file)}"]
+  done = forked.run(argv + [f"--workdir={workdir}", "--dry_run"], dict(os.environ), REPO, 300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = done.stdout.splitlines()
   assert len(out) == 2 and all("-m experiments.train" in line for line in out)
   assert out[1].endswith(
       f"--workdir={workdir}/size=d8l1+method=diloco+learners=2+outer.lr=0.5+seed=0"
@@ -176,13 +171,8 @@ def test_main_dry_run_prints_one_command_per_point_and_runs_nothing(sweep_file, 
 
 
 def test_main_fails_with_usage_error_naming_the_key(sweep_file, tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.sweep", f"--config={_spec(sweep_file, 'typo')}"]
-      + [f"--workdir={tmp_path / 'w'}"],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-  )
+  argv = ["-m", "experiments.sweep", f"--config={_spec(sweep_file, 'typo')}"]
+  proc = forked.run(argv + [f"--workdir={tmp_path / 'w'}"], dict(os.environ), REPO, 300)
   assert proc.returncode != 0 and "outer.lrr" in proc.stderr
 
 

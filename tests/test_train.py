@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -12,6 +10,7 @@ import pytest
 from configs import shakespeare
 from diloco import metrics, train
 from diloco.inner import checkpoint, island as island_lib
+from diloco.rpc import forked
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_KEYS = {
@@ -41,13 +40,7 @@ ROW_KEYS = {
 
 
 def _run_main(*args):
-  return subprocess.run(
-      [sys.executable, "-m", "experiments.train", *args],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
+  return forked.run(["-m", "experiments.train", *args], dict(os.environ), REPO, timeout=600)
 
 
 def test_runlocal_through_the_main_writes_valid_outputs(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 from configs import shakespeare
 from diloco import metrics, train
 from diloco.recovery import workdir as workdir_lib
+from diloco.rpc import forked
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -222,11 +223,12 @@ def test_two_runs_started_together_on_one_workdir_one_is_refused(tmp_path):
   rendezvous timeout raising SIGABRT); it finishes with a finite loss."""
   whole_split = "--config.data.final_eval_sequences=0"
   command = proc_helpers.train_command(tmp_path / "run", "--config.steps=200", whole_split)
+  logs = [(tmp_path / f"out{i}", tmp_path / f"err{i}") for i in range(2)]
   procs = [
-      subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for _ in range(2)
+      forked.start(command[1:], dict(os.environ), str(REPO), str(out), err_path=str(err))
+      for out, err in logs
   ]
-  outs = [(p.wait(300), p.stderr.read()) for p in procs]
+  outs = [(p.wait(300), err.read_text()) for p, (_, err) in zip(procs, logs)]
   codes = sorted(rc for rc, _ in outs)
   assert codes == [0, 2], outs
   refused = next(err for rc, err in outs if rc == 2)

@@ -24,13 +24,19 @@ import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import traceback
 from multiprocessing import forkserver
 
-# The modules the entry points import, so that the server holds them: the learner's and the
-# synchronizer's (with JAX, flax, optax, orbax, grain, gRPC), and the config the tests run.
-PRELOAD = ("diloco.rpc.learner_main", "diloco.rpc.sync_main", "diloco.rpc.multihost")
+# The modules the entry points import, so that the server holds them: the learner's, the
+# synchronizer's and the main's (with JAX, flax, optax, orbax, grain, gRPC).
+PRELOAD = (
+    "diloco.rpc.learner_main",
+    "diloco.rpc.sync_main",
+    "diloco.rpc.multihost",
+    "diloco.train",
+)
 # Variables read at import by what the server preloads (JAX's config flags, XLA's Python client,
 # Python itself, the math libraries' thread pools, numba, gRPC, TensorFlow-style logging): a
 # start must have the server's values of every one of them to be forked. (XLA_FLAGS is read when
@@ -82,14 +88,23 @@ class Forked:
   """A forked entry module, as much of subprocess.Popen's interface as the launchers use."""
 
   def __init__(
-      self, module: str, args: list[str], env: dict, cwd: str, log_path: str, netns: str = ""
+      self,
+      module: str,
+      args: list[str],
+      env: dict,
+      cwd: str,
+      log_path: str,
+      netns: str = "",
+      err_path: str = "",
   ):
-    """`netns`: the name of the network namespace to run in (as `ip netns exec NAME` would)."""
+    """Its stdout appended to `log_path`, its stderr too (or to `err_path`); `netns`: the name
+    of the network namespace to run in (as `ip netns exec NAME` would)."""
     _ensure_server(env)
     self.args = [sys.executable, "-m", module, *args]
     ctx = multiprocessing.get_context("forkserver")
+    paths = (log_path, err_path or log_path)
     self._process = ctx.Process(
-        target=_run, args=(module, list(args), dict(env), cwd, log_path, netns), daemon=False
+        target=_run, args=(module, list(args), dict(env), cwd, paths, netns), daemon=False
     )
     self._process.start()
     self.pid = self._process.pid
@@ -118,17 +133,62 @@ class Forked:
     self.send_signal(signal.SIGKILL)
 
 
-def _run(module: str, args: list[str], env: dict, cwd: str, log_path: str, netns: str) -> None:
-  """In the fork: a new session (in its network namespace), the log as stdout and stderr, the
+def start(
+    argv: list[str],
+    env: dict,
+    cwd: str,
+    log_path: str,
+    netns: str = "",
+    err_path: str = "",
+    fork: bool = True,
+) -> Forked | subprocess.Popen:
+  """`python ARGV` in its own session, its output appended to `log_path` (stderr to `err_path`,
+  if given): a fork where ARGV is `-m MODULE ...` and `env` is `compatible` (and `fork`), else a
+  fresh interpreter (through `ip netns exec` for a `netns`)."""
+  if fork and argv[0] == "-m" and compatible(env):
+    return Forked(argv[1], argv[2:], env, cwd, log_path, netns, err_path)
+  prefix = ["ip", "netns", "exec", netns] if netns else []
+  with open(log_path, "ab") as out, open(err_path or os.devnull, "ab") as err:
+    return subprocess.Popen(
+        [*prefix, sys.executable, *argv],
+        cwd=cwd,
+        env=env,
+        stdout=out,
+        stderr=err if err_path else subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def run(argv: list[str], env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
+  """`python ARGV` to its end, as subprocess.run(capture_output=True, text=True) would: started
+  by `start`, its stdout and stderr read back; killed with its session past `timeout`."""
+  with tempfile.TemporaryDirectory(prefix="diloco-forked-") as tmp:
+    out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+    proc = start(argv, env, cwd, out, err_path=err)
+    try:
+      code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+      raise
+    with (
+        open(out, encoding="utf-8", errors="replace") as o,
+        open(err, encoding="utf-8", errors="replace") as e,
+    ):
+      return subprocess.CompletedProcess([sys.executable, *argv], code, o.read(), e.read())
+
+
+def _run(module: str, args: list[str], env: dict, cwd: str, paths: tuple, netns: str) -> None:
+  """In the fork: a new session (in its network namespace), its stdout and stderr files, the
   start's environment and directory, then the module as __main__ and the interpreter's own end
   (never returns)."""
   os.setsid()
   if netns:
     _enter_netns(netns)
-  fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-  os.dup2(fd, 1)
-  os.dup2(fd, 2)
-  os.close(fd)
+  for target, path in zip((1, 2), paths):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, target)
+    os.close(fd)
   os.chdir(cwd)
   os.environ.clear()
   os.environ.update(env)

@@ -19,7 +19,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -96,20 +95,8 @@ class LocalCluster:
     log_path = os.path.join(self.logs, f"{name}.log")
     env = self._env(devices)
     host = name.split(".")[0]  # (learner<m>.p<i> runs on learner<m>'s host)
-    if self.fork and args[0] == "-m" and forked.compatible(env):
-      netns = self.network.ns[host] if self.network is not None else ""
-      proc = forked.Forked(args[1], [*args[2:], *self.overrides], env, REPO, log_path, netns)
-    else:
-      prefix = self.network.prefix(host) if self.network is not None else []
-      with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [*prefix, sys.executable, *args, *self.overrides],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    netns = self.network.ns[host] if self.network is not None else ""
+    proc = forked.start([*args, *self.overrides], env, REPO, log_path, netns, fork=self.fork)
     self.procs[name] = proc
     self.starts[name] = self.starts.get(name, 0) + 1
     return proc
