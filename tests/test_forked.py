@@ -35,6 +35,14 @@ PROBE = textwrap.dedent("""
 
 @pytest.fixture
 def probe(tmp_path, monkeypatch):
+  # This process's environment as the server's where it is read at import: the server is this
+  # worker's, perhaps started by an earlier test in another environment.
+  forked.ensure_server(dict(os.environ))
+  for k in list(os.environ):
+    if k.startswith(forked.IMPORT_TIME) and k != "PYTHONPATH":
+      monkeypatch.delenv(k)
+  for k, v in forked.server_environment().items():
+    monkeypatch.setenv(k, v)
   (tmp_path / "probe_pkg").mkdir()
   (tmp_path / "probe_pkg" / "__init__.py").write_text("")
   (tmp_path / "probe_pkg" / "probe.py").write_text(PROBE)

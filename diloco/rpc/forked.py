@@ -37,22 +37,26 @@ PRELOAD = (
     "diloco.rpc.multihost",
     "diloco.train",
 )
-# Variables read at import by what the server preloads (JAX's config flags, XLA's Python client,
-# Python itself, the math libraries' thread pools, numba, gRPC, TensorFlow-style logging): a
-# start must have the server's values of every one of them to be forked. (XLA_FLAGS is read when
-# a process first makes its devices, after the fork; PYTHONPATH is put on the fork's sys.path.)
+# Variables read at import by what the server preloads: JAX's config flags, Python itself, the
+# C++ logging level of the XLA library jaxlib loads, the math libraries' thread pools, numba's
+# config, gRPC's core, the dynamic loader. A start must have the server's values of every one of
+# them to be forked. Read later, in the fork, and so free to differ: XLA_FLAGS and XLA_PYTHON_*
+# (when a process first makes its devices), TPU_* (libtpu's, when a TPU backend starts; the
+# suite's plans set some in the test process), DILOCO_*; PYTHONPATH is put on the fork's sys.path.
 IMPORT_TIME = (
-    "JAX_", "XLA_PYTHON_", "PYTHON", "TF_", "TPU_", "LIBTPU", "NUMBA_", "GRPC_", "OMP_",
-    "OPENBLAS_", "MKL_", "LD_", "ABSL_", "TENSORSTORE_",
+    "JAX_", "PYTHON", "TF_CPP_", "NUMBA_", "GRPC_", "OMP_", "OPENBLAS_", "MKL_", "LD_",
 )  # fmt: skip
 _RUNTIME = {"PYTHONPATH"}
+# What an import sets where unset (jax/__init__.py's default C++ log level): unset is that value.
+_SET_BY_IMPORT = {"TF_CPP_MIN_LOG_LEVEL": "1"}
 
 _server_env: dict[str, str] | None = None
 _lock = threading.Lock()
 
 
 def _import_time(env: dict[str, str]) -> dict[str, str]:
-  return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in _RUNTIME}
+  picked = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in _RUNTIME}
+  return _SET_BY_IMPORT | picked
 
 
 def compatible(env: dict[str, str]) -> bool:
@@ -61,7 +65,12 @@ def compatible(env: dict[str, str]) -> bool:
   return _server_env is None or _import_time(env) == _server_env
 
 
-def _ensure_server(env: dict[str, str]) -> None:
+def server_environment() -> dict[str, str] | None:
+  """The import-time variables the server started with (None: no server yet)."""
+  return None if _server_env is None else dict(_server_env)
+
+
+def ensure_server(env: dict[str, str]) -> None:
   """Starts the server once, in `env`'s import-time environment (this process's own otherwise)."""
   global _server_env
   with _lock:
@@ -71,7 +80,7 @@ def _ensure_server(env: dict[str, str]) -> None:
     saved = {k: os.environ.get(k) for k in set(wanted) | set(_import_time(dict(os.environ)))}
     os.environ.update(wanted)
     for k in set(saved) - set(wanted):
-      del os.environ[k]
+      os.environ.pop(k, None)
     try:
       forkserver.set_forkserver_preload(list(PRELOAD))
       forkserver.ensure_running()
@@ -99,7 +108,7 @@ class Forked:
   ):
     """Its stdout appended to `log_path`, its stderr too (or to `err_path`); `netns`: the name
     of the network namespace to run in (as `ip netns exec NAME` would)."""
-    _ensure_server(env)
+    ensure_server(env)
     self.args = [sys.executable, "-m", module, *args]
     ctx = multiprocessing.get_context("forkserver")
     paths = (log_path, err_path or log_path)
