@@ -11,7 +11,9 @@ interpreter's exit (threads joined, then atexit handlers) at its end.
 
 What a fork cannot take anew is what the preloaded libraries read from the environment at
 import (JAX's configuration from JAX_*, Python's PYTHON* settings, ...): a start whose values of
-those differ from the server's is not forked but started fresh (`compatible`).
+those differ from the server's is not forked but started fresh (`compatible`). Nor does a fork
+see a source file edited since the server imported it: a launcher that must run edited code
+starts fresh interpreters (`LocalCluster(fork=False)`).
 """
 
 from __future__ import annotations
