@@ -20,9 +20,8 @@ from diloco import metrics, paths
 from diloco.data.corpus import manifest as manifest_lib
 from diloco.inner import checkpoint, island as island_lib
 from diloco.outer import fragments
-from diloco.rpc import local
+from diloco.rpc import forked, local
 from diloco.runners import finished_run
-from diloco.rpc import forked
 from object_store import bucket  # noqa: F401 (a fixture)
 from proc_helpers import REPO, train_command
 
@@ -100,7 +99,9 @@ def _run(tmp_path, bucket_url, workdir):
     env |= {"JAX_PLATFORMS": "cpu", "DILOCO_DATA_DIR": str(tmp_path / f"cache{i}")}
     command = train_command(workdir, *flags, f"--process_id={i}", variants="runlocal,mode=dp")
     procs.append(forked.start(command[1:], env, REPO, str(tmp_path / f"log{i}")))
-  outs = [(p.wait(300), (tmp_path / f"log{i}").read_text())[1] for i, p in enumerate(procs)]
+  for p in procs:
+    p.wait(300)
+  outs = [(tmp_path / f"log{i}").read_text() for i in range(len(procs))]
   assert [p.returncode for p in procs] == [0, 0], "\n\n".join(o[-4000:] for o in outs)
   with open(os.path.join(workdir, "summary.json")) as f:
     return json.load(f)

@@ -31,6 +31,8 @@ import threading
 import traceback
 from multiprocessing import forkserver
 
+from diloco.rpc import netns as netns_lib
+
 # The modules the entry points import, so that the server holds them: the learner's, the
 # synchronizer's and the main's (with JAX, flax, optax, orbax, grain, gRPC).
 PRELOAD = (
@@ -158,7 +160,7 @@ def start(
   fresh interpreter (through `ip netns exec` for a `netns`)."""
   if fork and argv[0] == "-m" and compatible(env):
     return Forked(argv[1], argv[2:], env, cwd, log_path, netns, err_path)
-  prefix = ["ip", "netns", "exec", netns] if netns else []
+  prefix = netns_lib.exec_prefix(netns) if netns else []
   with open(log_path, "ab") as out, open(err_path or os.devnull, "ab") as err:
     return subprocess.Popen(
         [*prefix, sys.executable, *argv],

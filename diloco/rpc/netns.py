@@ -104,6 +104,11 @@ def leftovers() -> list[str]:
   return out
 
 
+def exec_prefix(namespace: str) -> list[str]:
+  """The command prefix that runs a program in network namespace `namespace`."""
+  return ["ip", "netns", "exec", namespace]
+
+
 class Network:
   """A bridge and one namespace per host; see the module docstring."""
 
@@ -144,7 +149,7 @@ class Network:
 
   def prefix(self, host: str) -> list[str]:
     """The command prefix that runs a program on `host` (in its namespace)."""
-    return ["ip", "netns", "exec", self.ns[host]]
+    return exec_prefix(self.ns[host])
 
   def run(self, host: str, args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([*self.prefix(host), *args], capture_output=True, text=True, **kwargs)
